@@ -1,0 +1,33 @@
+// Symmetric allocations as torch tensors: wrapping, resolving a tensor back to its allocation, and the guards.
+//
+// The key of an allocation on the torch side is its StorageImpl, shared by the tensor and all its views. On free
+// the storage is invalidated, so every view raises a clear RuntimeError on any torch op instead of touching
+// memory that the heap may hand out again.
+#pragma once
+
+#include <ATen/Tensor.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hp::shmem::torch_binding {
+
+// Collective: allocates and wraps a CPU tensor of `sizes` and `dtype` from the symmetric heap.
+at::Tensor Empty(const std::vector<std::int64_t>& sizes, c10::ScalarType dtype, std::size_t alignment,
+                 std::string call_site);
+
+// Collective: frees the allocation of `tensor` (the very tensor Empty returned) and invalidates its storage.
+void Free(const at::Tensor& tensor, const std::string& call_site);
+
+// The data pointer of `tensor`, or a StatusError naming `what` when its allocation was freed.
+void* DataPointer(const at::Tensor& tensor, const char* what);
+
+// Bytes the tensor's elements span (numel * itemsize); tensors reaching here are contiguous.
+std::size_t ByteSize(const at::Tensor& tensor);
+
+// Forgets every tracked allocation (the runtime shut down; all were freed or leaked).
+void ForgetAll();
+
+}  // namespace hp::shmem::torch_binding

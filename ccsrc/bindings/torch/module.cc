@@ -1,0 +1,229 @@
+// The Python extension `hyper_parallel._shmem_torch`: a thin layer between torch tensors and the runtime.
+//
+// It resolves tensors to addresses and byte counts, keeps tensors alive for operations queued on a stream, and
+// releases the GIL around everything that may wait. Argument rules that need no torch live in the runtime.
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <map>
+#include <memory>
+
+#include "bindings/torch/allocations.h"
+#include "bindings/torch/py_bootstrap.h"
+#include "bindings/torch/status_error.h"
+#include "runtime/config.h"
+#include "runtime/host/host_device.h"
+#include "runtime/logging.h"
+#include "runtime/runtime.h"
+
+namespace py = pybind11;
+
+namespace hp::shmem::torch_binding {
+namespace {
+
+Runtime& R() { return Runtime::Instance(); }
+
+// Python exception classes by status code, registered by the Python layer (which owns them).
+std::map<int, py::object>& ErrorClasses() {
+  static auto* classes = new std::map<int, py::object>();   // never destroyed: outlives the interpreter's teardown
+  return *classes;
+}
+
+void SetErrorClasses(const py::dict& classes) {
+  for (auto item : classes) ErrorClasses()[item.first.cast<int>()] = py::reinterpret_borrow<py::object>(item.second);
+}
+
+// Nothing to keep alive on the default stream: the operation is over when the call returns.
+KeepAlive Keep(StreamHandle stream, std::initializer_list<at::Tensor> tensors) {
+  if (stream == kDefaultStream) return nullptr;
+  return std::make_shared<const std::vector<at::Tensor>>(tensors);
+}
+
+SignalWidth WidthOf(const at::Tensor& signal) {
+  return signal.element_size() == 8 ? SignalWidth::k64 : SignalWidth::k32;
+}
+
+std::unique_ptr<Device> MakeDevice(const Config& config) {
+  if (config.device == "host") return std::make_unique<host::HostDevice>();
+  throw StatusError(InvalidArgument("`HYPER_PARALLEL_SHMEM_DEVICE` must be one of host, but got '" + config.device + "'"));
+}
+
+void Init(int rank, int world_size, py::object all_gather, py::object barrier) {
+  Config config = ValueOrThrow(ParseConfig(ProcessEnv()));
+  std::unique_ptr<Device> device = MakeDevice(config);
+  PyBootstrap bootstrap(rank, world_size, std::move(all_gather), std::move(barrier));
+  Status status;
+  {
+    py::gil_scoped_release nogil;   // the bootstrap takes the GIL back for each exchange
+    status = R().Init(config, std::move(device), bootstrap);
+  }
+  ThrowIfError(std::move(status));
+}
+
+void Shutdown(int rank, int world_size, py::object all_gather, py::object barrier) {
+  PyBootstrap bootstrap(rank, world_size, std::move(all_gather), std::move(barrier));
+  Status status;
+  {
+    py::gil_scoped_release nogil;
+    status = R().Shutdown(bootstrap);
+  }
+  ThrowIfError(std::move(status));
+  ForgetAll();
+}
+
+at::Tensor EmptyTensor(const std::vector<std::int64_t>& sizes, py::object dtype, std::size_t alignment,
+                       std::string call_site) {
+  if (!THPDtype_Check(dtype.ptr())) {
+    throw StatusError(TypeError("`dtype` must be a torch.dtype, but got " + std::string(py::str(py::type::of(dtype)))));
+  }
+  const c10::ScalarType scalar_type = reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type;
+  py::gil_scoped_release nogil;
+  return Empty(sizes, scalar_type, alignment, std::move(call_site));
+}
+
+void FreeTensor(const at::Tensor& tensor, const std::string& call_site) {
+  py::gil_scoped_release nogil;
+  Free(tensor, call_site);
+}
+
+void Put(const at::Tensor& dst, const at::Tensor& src, int pe, StreamHandle stream) {
+  void* dst_ptr = DataPointer(dst, "dst");
+  const void* src_ptr = DataPointer(src, "src");
+  KeepAlive keep = Keep(stream, {dst, src});
+  py::gil_scoped_release nogil;
+  ThrowIfError(R().Put(dst_ptr, src_ptr, ByteSize(dst), ByteSize(src), pe, stream, std::move(keep)));
+}
+
+void Get(const at::Tensor& dst, const at::Tensor& src, int pe, StreamHandle stream) {
+  void* dst_ptr = DataPointer(dst, "dst");
+  const void* src_ptr = DataPointer(src, "src");
+  KeepAlive keep = Keep(stream, {dst, src});
+  py::gil_scoped_release nogil;
+  ThrowIfError(R().Get(dst_ptr, src_ptr, ByteSize(dst), ByteSize(src), pe, stream, std::move(keep)));
+}
+
+void Signal(const at::Tensor& signal, std::int64_t value, int pe, int op, StreamHandle stream) {
+  void* ptr = DataPointer(signal, "signal_tensor");
+  py::gil_scoped_release nogil;
+  ThrowIfError(R().Signal(ptr, WidthOf(signal), value, static_cast<SignalOp>(op), pe, stream));
+}
+
+void WaitSignal(const at::Tensor& signal, std::int64_t value, int cmp, StreamHandle stream) {
+  void* ptr = DataPointer(signal, "signal_tensor");
+  py::gil_scoped_release nogil;
+  ThrowIfError(R().WaitSignal(ptr, WidthOf(signal), static_cast<CompareOp>(cmp), value, stream));
+}
+
+void Barrier(StreamHandle stream) {
+  py::gil_scoped_release nogil;
+  ThrowIfError(R().Barrier(stream));
+}
+
+void AllGather(const at::Tensor& output, const at::Tensor& input, StreamHandle stream) {
+  void* out_ptr = DataPointer(output, "output");
+  const void* in_ptr = DataPointer(input, "input");
+  KeepAlive keep = Keep(stream, {output, input});
+  py::gil_scoped_release nogil;
+  ThrowIfError(R().AllGather(out_ptr, ByteSize(output), in_ptr, ByteSize(input), stream, std::move(keep)));
+}
+
+py::dict AllocationDict(const AllocationInfo& info) {
+  py::dict d;
+  d["allocation_id"] = info.id;
+  d["base"] = info.base;
+  d["offset"] = info.offset;
+  d["bytes"] = info.bytes;
+  d["reserved"] = info.reserved;
+  d["lifecycle"] = info.lifecycle;
+  d["call_site"] = info.call_site;
+  return d;
+}
+
+py::dict DebugState() {
+  const DebugSnapshot s = R().Snapshot();
+  py::dict d;
+  d["state"] = LifecycleStateName(s.state);
+  d["lifecycle"] = s.lifecycle;
+  d["rank"] = s.rank;
+  d["world_size"] = s.world_size;
+  d["device"] = s.device;
+  py::dict config;
+  config["heap_size"] = s.config.heap_size;
+  config["timeout_sec"] = s.config.timeout_sec;
+  config["log_level"] = static_cast<int>(s.config.log_level);
+  config["device"] = s.config.device;
+  d["config"] = config;
+  d["heap_base"] = s.heap_base;
+  d["heap_size"] = s.heap_size;
+  d["allocated"] = s.allocated;
+  d["max_allocated"] = s.max_allocated;
+  d["remaining"] = s.remaining;
+  py::list active, leaked;
+  for (const auto& info : s.active) active.append(AllocationDict(info));
+  for (const auto& info : s.leaked) leaked.append(AllocationDict(info));
+  d["active_allocations"] = active;
+  d["leaked_allocations"] = leaked;
+  d["latest_failure"] = s.latest_failure;
+  return d;
+}
+
+}  // namespace
+}  // namespace hp::shmem::torch_binding
+
+PYBIND11_MODULE(_shmem_torch, m) {
+  using namespace hp::shmem;
+  using namespace hp::shmem::torch_binding;
+  m.doc() = "HyperParallel SHMEM runtime binding for torch (internal: use hyper_parallel.core.multicore.shmem)";
+
+  py::register_exception_translator([](std::exception_ptr error) {
+    try {
+      if (error) std::rethrow_exception(error);
+    } catch (const StatusError& e) {
+      const int code = static_cast<int>(e.status().code());
+      auto& classes = ErrorClasses();
+      auto it = classes.find(code);
+      if (it == classes.end()) it = classes.find(static_cast<int>(StatusCode::kInternal));
+      if (it == classes.end()) {
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+      } else {
+        PyErr_SetString(it->second.ptr(), e.what());
+      }
+    }
+  });
+
+  m.def("set_error_classes", &SetErrorClasses, "Maps status codes (int) to the Python exception classes to raise.");
+  m.def("init", &Init, py::arg("rank"), py::arg("world_size"), py::arg("all_gather"), py::arg("barrier"));
+  m.def("shutdown", &Shutdown, py::arg("rank"), py::arg("world_size"), py::arg("all_gather"), py::arg("barrier"));
+  m.def("state", [] { return std::string(LifecycleStateName(Runtime::Instance().state())); });
+  m.def("lifecycle", [] { return Runtime::Instance().lifecycle(); });
+  m.def("empty", &EmptyTensor, py::arg("sizes"), py::arg("dtype"), py::arg("alignment"), py::arg("call_site"));
+  m.def("free", &FreeTensor, py::arg("tensor"), py::arg("call_site"));
+  m.def("put", &Put, py::arg("dst"), py::arg("src"), py::arg("pe"), py::arg("stream"));
+  m.def("get", &Get, py::arg("dst"), py::arg("src"), py::arg("pe"), py::arg("stream"));
+  m.def("signal", &Signal, py::arg("signal"), py::arg("value"), py::arg("pe"), py::arg("op"), py::arg("stream"));
+  m.def("wait_signal", &WaitSignal, py::arg("signal"), py::arg("value"), py::arg("cmp"), py::arg("stream"));
+  m.def("barrier", &Barrier, py::arg("stream"));
+  m.def("all_gather", &AllGather, py::arg("output"), py::arg("input"), py::arg("stream"));
+  m.def("create_stream", [] { return ValueOrThrow(Runtime::Instance().CreateStream()); });
+  m.def("destroy_stream", [](StreamHandle s) {
+    py::gil_scoped_release nogil;
+    ThrowIfError(Runtime::Instance().DestroyStream(s));
+  });
+  m.def("synchronize_stream", [](StreamHandle s) {
+    py::gil_scoped_release nogil;
+    ThrowIfError(Runtime::Instance().SynchronizeStream(s));
+  });
+  m.def("stream_wait_stream", [](StreamHandle waiter, StreamHandle waited) {
+    py::gil_scoped_release nogil;
+    ThrowIfError(Runtime::Instance().StreamWaitStream(waiter, waited));
+  });
+  m.def("debug_state", &DebugState);
+  m.def("log_level", [] { return static_cast<int>(Logger::Level()); });
+  m.def("status_codes", [] {
+    py::dict codes;
+    for (int c = static_cast<int>(StatusCode::kOk); c <= static_cast<int>(StatusCode::kInternal); ++c) {
+      codes[StatusCodeName(static_cast<StatusCode>(c))] = c;
+    }
+    return codes;
+  });
+}

@@ -1,0 +1,168 @@
+#include "runtime/config.h"
+
+#include <cctype>
+#include <charconv>
+#include <cstdlib>
+#include <limits>
+#include <system_error>
+
+namespace hp::shmem {
+namespace {
+
+constexpr const char* kHeapSizeVar = "HYPER_PARALLEL_SHMEM_HEAP_SIZE";
+constexpr const char* kTimeoutVar = "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC";
+constexpr const char* kLogLevelVar = "HYPER_PARALLEL_SHMEM_LOG_LEVEL";
+constexpr const char* kDeviceVar = "HYPER_PARALLEL_SHMEM_DEVICE";
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+constexpr std::size_t kTiB = std::size_t{1} << 40;
+constexpr double kMaxTimeoutSec = 86400.0;
+
+bool IsSpace(char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; }
+bool IsDigit(char c) { return c >= '0' && c <= '9'; }
+
+// Surrounding whitespace (a stray newline from a shell) is not part of the value.
+std::string Trim(const std::string& text) {
+  std::size_t begin = 0;
+  std::size_t end = text.size();
+  while (begin < end && IsSpace(text[begin])) ++begin;
+  while (end > begin && IsSpace(text[end - 1])) --end;
+  return text.substr(begin, end - begin);
+}
+
+std::string Lower(std::string text) {
+  for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return text;
+}
+
+std::string Broken(const std::string& name, const std::string& what, const std::string& got) {
+  return "`" + name + "` must be " + what + ", but got " + got;
+}
+
+std::string Quoted(const std::string& text) { return "'" + text + "'"; }
+
+// Shortest text that reads back as the same double: 120 -> "120", 0.5 -> "0.5".
+std::string FormatDouble(double value) {
+  char buffer[64];
+  auto [end, ec] = std::to_chars(buffer, buffer + sizeof(buffer), value);
+  if (ec != std::errc()) return std::to_string(value);
+  return std::string(buffer, end);
+}
+
+Result<double> ParseTimeout(const std::string& text) {
+  const std::string what = "a positive number of seconds such as 120 or 0.5";
+  const std::string value = Trim(text);
+  // Plain decimal only: digits with at most one '.', at least one digit; no sign, exponent, inf or nan.
+  std::size_t digits = 0;
+  std::size_t dots = 0;
+  for (char c : value) {
+    if (IsDigit(c)) {
+      ++digits;
+    } else if (c == '.') {
+      ++dots;
+    } else {
+      digits = 0;
+      break;
+    }
+  }
+  if (digits == 0 || dots > 1) return InvalidArgument(Broken(kTimeoutVar, what, Quoted(text)));
+  double seconds = 0.0;
+  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), seconds, std::chars_format::fixed);
+  if (ec == std::errc::result_out_of_range) {
+    return InvalidArgument(Broken(kTimeoutVar, "at most 86400", value));
+  }
+  if (ec != std::errc() || end != value.data() + value.size()) {
+    return InvalidArgument(Broken(kTimeoutVar, what, Quoted(text)));
+  }
+  if (!(seconds > 0.0)) return InvalidArgument(Broken(kTimeoutVar, what, Quoted(text)));
+  if (seconds > kMaxTimeoutSec) return InvalidArgument(Broken(kTimeoutVar, "at most 86400", value));
+  return seconds;
+}
+
+Result<LogLevel> ParseLogLevel(const std::string& text) {
+  const std::string value = Lower(Trim(text));
+  if (value == "0" || value == "debug") return LogLevel::kDebug;
+  if (value == "1" || value == "info") return LogLevel::kInfo;
+  if (value == "2" || value == "warning") return LogLevel::kWarning;
+  if (value == "3" || value == "error") return LogLevel::kError;
+  return InvalidArgument(
+      Broken(kLogLevelVar, "one of 0, 1, 2, 3, DEBUG, INFO, WARNING, ERROR", Quoted(text)));
+}
+
+Result<std::string> ParseDevice(const std::string& text) {
+  const std::string value = Trim(text);
+  if (value == "host") return value;
+  return InvalidArgument(Broken(kDeviceVar, "one of host", Quoted(text)));
+}
+
+}  // namespace
+
+std::string Config::ToString() const {
+  return "heap_size=" + std::to_string(heap_size) + " timeout_sec=" + FormatDouble(timeout_sec) +
+         " log_level=" + std::to_string(static_cast<int>(log_level)) + " device=" + device;
+}
+
+EnvLookup ProcessEnv() {
+  return [](const char* name) -> std::optional<std::string> {
+    const char* value = std::getenv(name);
+    if (value == nullptr) return std::nullopt;
+    return std::string(value);
+  };
+}
+
+Result<std::size_t> ParseByteSize(const std::string& name, const std::string& text) {
+  const std::string what = "a byte count such as 1073741824, 512M or 2GiB";
+  const std::string value = Trim(text);
+  std::size_t pos = 0;
+  while (pos < value.size() && IsDigit(value[pos])) ++pos;
+  if (pos == 0) return InvalidArgument(Broken(name, what, Quoted(text)));
+
+  const std::string suffix = Lower(value.substr(pos));
+  unsigned shift = 0;
+  if (suffix.empty()) {
+    shift = 0;
+  } else if (suffix == "k" || suffix == "kb" || suffix == "kib") {
+    shift = 10;
+  } else if (suffix == "m" || suffix == "mb" || suffix == "mib") {
+    shift = 20;
+  } else if (suffix == "g" || suffix == "gb" || suffix == "gib") {
+    shift = 30;
+  } else {
+    return InvalidArgument(Broken(name, what, Quoted(text)));
+  }
+
+  std::size_t count = 0;
+  auto [end, ec] = std::from_chars(value.data(), value.data() + pos, count);
+  const bool too_big = ec == std::errc::result_out_of_range ||
+                       (ec == std::errc() && count > (std::numeric_limits<std::size_t>::max() >> shift));
+  if (too_big) return InvalidArgument(Broken(name, "a byte count that fits in 64 bits", Quoted(text)));
+  if (ec != std::errc() || end != value.data() + pos) return InvalidArgument(Broken(name, what, Quoted(text)));
+  if (count == 0) return InvalidArgument(Broken(name, "a positive byte count", Quoted(text)));
+  return count << shift;
+}
+
+Result<Config> ParseConfig(const EnvLookup& env) {
+  Config config;
+  if (auto text = env(kHeapSizeVar)) {
+    HP_ASSIGN_OR_RETURN(std::size_t heap_size, ParseByteSize(kHeapSizeVar, *text));
+    if (heap_size < kMiB) {
+      return InvalidArgument(Broken(kHeapSizeVar, "at least 1 MiB", std::to_string(heap_size)));
+    }
+    if (heap_size > kTiB) {
+      return InvalidArgument(Broken(kHeapSizeVar, "at most 1 TiB", std::to_string(heap_size)));
+    }
+    config.heap_size = heap_size;
+  }
+  if (auto text = env(kTimeoutVar)) {
+    HP_ASSIGN_OR_RETURN(config.timeout_sec, ParseTimeout(*text));
+  }
+  if (auto text = env(kLogLevelVar)) {
+    HP_ASSIGN_OR_RETURN(config.log_level, ParseLogLevel(*text));
+  }
+  if (auto text = env(kDeviceVar)) {
+    HP_ASSIGN_OR_RETURN(config.device, ParseDevice(*text));
+  }
+  return config;
+}
+
+}  // namespace hp::shmem

@@ -1,0 +1,47 @@
+// Configuration read from the environment once per lifecycle (a new lifecycle re-reads it).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "runtime/status.h"
+
+namespace hp::shmem {
+
+enum class LogLevel : int { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
+
+struct Config {
+  static constexpr std::size_t kDefaultHeapSize = std::size_t{1} << 30;  // 1 GiB
+  static constexpr double kDefaultTimeoutSec = 120.0;
+
+  std::size_t heap_size = kDefaultHeapSize;   // HYPER_PARALLEL_SHMEM_HEAP_SIZE
+  double timeout_sec = kDefaultTimeoutSec;    // HYPER_PARALLEL_SHMEM_TIMEOUT_SEC
+  LogLevel log_level = LogLevel::kWarning;    // HYPER_PARALLEL_SHMEM_LOG_LEVEL (0 debug .. 3 error)
+  std::string device = "host";                // HYPER_PARALLEL_SHMEM_DEVICE
+
+  // One "key=value" per field, space separated (for logs and debug_state).
+  std::string ToString() const;
+};
+
+// Looks an environment variable up; std::nullopt when unset. Injected so that tests need no real environment.
+using EnvLookup = std::function<std::optional<std::string>(const char* name)>;
+EnvLookup ProcessEnv();
+
+// Parses every HYPER_PARALLEL_SHMEM_* variable. Unset variables keep their defaults; a bad value fails with
+// "`HYPER_PARALLEL_SHMEM_HEAP_SIZE` must be ..., but got '...'".
+//
+//   HEAP_SIZE:   a positive byte count, optionally with a binary suffix K/KB/KiB, M/MB/MiB, G/GB/GiB
+//                (case-insensitive; all mean powers of 1024), e.g. "1073741824", "512M", "2GiB".
+//                At least 1 MiB, at most 1 TiB.
+//   TIMEOUT_SEC: a positive decimal number of seconds (fractions allowed), at most 86400.
+//   LOG_LEVEL:   one of 0, 1, 2, 3, or DEBUG, INFO, WARNING, ERROR (case-insensitive).
+//   DEVICE:      "host" (the only device built into every wheel).
+Result<Config> ParseConfig(const EnvLookup& env);
+
+// Parses a byte count with the suffixes above; `name` is used in the error message.
+Result<std::size_t> ParseByteSize(const std::string& name, const std::string& text);
+
+}  // namespace hp::shmem

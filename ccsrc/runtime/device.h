@@ -1,0 +1,87 @@
+// The Device interface: what the runtime needs from a symmetric-memory backend (host, ascend, later cuda).
+//
+// The runtime owns argument checking, the registry and the lifecycle; a device owns the symmetric heap and
+// moves bytes. Every data-plane call is enqueued on a stream: kDefaultStream is the device's default stream
+// (on the host device, the calling thread: the call completes before it returns).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "runtime/bootstrap.h"
+#include "runtime/status.h"
+
+namespace hp::shmem {
+
+using StreamHandle = std::uintptr_t;
+constexpr StreamHandle kDefaultStream = 0;
+
+enum class SignalOp : int { kSet = 0, kAdd = 1 };
+enum class CompareOp : int { kEq = 0, kNe = 1, kGt = 2, kGe = 3, kLt = 4, kLe = 5 };
+const char* SignalOpName(SignalOp op);
+const char* CompareOpName(CompareOp op);
+
+// Signals are 4- or 8-byte signed integers in symmetric memory.
+enum class SignalWidth : int { k32 = 4, k64 = 8 };
+
+struct DeviceInitArgs {
+  int rank = 0;
+  int world_size = 1;
+  std::size_t heap_size = 0;
+  double timeout_sec = 120.0;
+};
+
+// Keeps the buffers of an enqueued operation alive until it has run (e.g. torch tensors).
+using KeepAlive = std::shared_ptr<const void>;
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  virtual const char* name() const = 0;
+
+  // Collective over the bootstrap: maps the symmetric heap of every rank.
+  virtual Status Init(const DeviceInitArgs& args, Bootstrap& bootstrap) = 0;
+  // Local: waits for every stream, releases the heap. The device cannot be used afterwards.
+  virtual Status Finalize() = 0;
+
+  // Symmetric-heap memory (local address). Deterministic: the same call sequence on every rank gives the same
+  // offsets from heap_base().
+  virtual Result<void*> Allocate(std::size_t bytes, std::size_t alignment) = 0;
+  virtual Status Free(void* ptr) = 0;
+  virtual std::size_t ReservedBytes(const void* ptr) const = 0;
+  virtual std::uintptr_t heap_base() const = 0;
+  virtual std::size_t heap_size() const = 0;
+
+  // Largest byte count one Put/Get call may carry; 0 means no limit. The runtime splits larger transfers.
+  virtual std::size_t max_transfer_bytes() const = 0;
+
+  // Data plane. `symmetric_*` pointers are local addresses inside the heap; the device addresses the same heap
+  // offset on `pe`. Stream order is the only completion guarantee.
+  virtual Status Put(void* symmetric_dst, const void* src, std::size_t bytes, int pe, StreamHandle stream,
+                     KeepAlive keep) = 0;
+  virtual Status Get(void* dst, const void* symmetric_src, std::size_t bytes, int pe, StreamHandle stream,
+                     KeepAlive keep) = 0;
+  // Atomically sets or adds `value` to the signal at the same offset on `pe`; everything enqueued on `stream`
+  // before it is visible on `pe` before the new signal value is.
+  virtual Status Signal(void* symmetric_signal, SignalWidth width, std::int64_t value, SignalOp op, int pe,
+                        StreamHandle stream) = 0;
+  // Waits until the local signal compares true against `value`, at most the configured timeout.
+  virtual Status WaitSignal(void* symmetric_signal, SignalWidth width, CompareOp cmp, std::int64_t value,
+                            StreamHandle stream) = 0;
+  // Every rank reaches the barrier and everything enqueued before it (on every rank) is complete and visible.
+  virtual Status Barrier(StreamHandle stream) = 0;
+
+  // Streams.
+  virtual Result<StreamHandle> CreateStream() = 0;
+  virtual Status DestroyStream(StreamHandle stream) = 0;
+  virtual Status SynchronizeStream(StreamHandle stream) = 0;
+  // Work enqueued on `waiter` after this call starts only when the work enqueued on `waited` so far is done.
+  virtual Status StreamWaitStream(StreamHandle waiter, StreamHandle waited) = 0;
+  // Waits for every stream of the device.
+  virtual Status Quiesce() = 0;
+};
+
+}  // namespace hp::shmem

@@ -1,0 +1,347 @@
+#include "runtime/host/host_device.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "runtime/host/atomics.h"
+#include "runtime/logging.h"
+
+namespace hp::shmem::host {
+
+// Each field a cache line of its own: ranks hammer different words without false sharing.
+struct alignas(64) HostDevice::ControlBlock {
+  std::uint64_t magic;
+  std::int64_t pid;
+  alignas(64) std::uint64_t barrier_arrivals;   // meaningful in rank 0's block: arrivals over all barriers
+  alignas(64) std::uint32_t barrier_sleepers;   // rank 0's block: ranks asleep in a barrier
+  alignas(64) std::uint64_t barrier_epoch;      // the last barrier this rank entered
+  alignas(64) std::uint32_t sleepers;           // waiters of this rank asleep on a signal
+};
+static_assert(sizeof(HostDevice::ControlBlock) <= HostDevice::kControlBytes, "control block too large");
+
+namespace {
+
+constexpr std::uint64_t kMagic = 0x68707368'6d656d31ull;   // "hpshmem1"
+
+std::size_t RoundUp(std::size_t value, std::size_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+
+// Rank-local outcomes of a collective step, made the same on every rank: the first failure (by rank) wins.
+Status AgreeOnStatus(Bootstrap& bootstrap, const Status& local, const char* step) {
+  struct Wire {
+    std::int32_t code;
+    char message[472];
+  };
+  Wire mine{};
+  mine.code = static_cast<std::int32_t>(local.code());
+  std::strncpy(mine.message, local.message().c_str(), sizeof(mine.message) - 1);
+  std::vector<Wire> all(static_cast<std::size_t>(bootstrap.world_size()));
+  HP_RETURN_IF_ERROR(bootstrap.AllGather(&mine, sizeof(Wire), all.data()));
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (all[r].code != 0) {
+      all[r].message[sizeof(all[r].message) - 1] = '\0';
+      return Status(static_cast<StatusCode>(all[r].code),
+                    std::string(step) + " failed on rank " + std::to_string(r) + ": " + all[r].message);
+    }
+  }
+  return Status::Ok();
+}
+
+template <typename T>
+bool Compare(T observed, CompareOp cmp, T expected) {
+  switch (cmp) {
+    case CompareOp::kEq: return observed == expected;
+    case CompareOp::kNe: return observed != expected;
+    case CompareOp::kGt: return observed > expected;
+    case CompareOp::kGe: return observed >= expected;
+    case CompareOp::kLt: return observed < expected;
+    case CompareOp::kLe: return observed <= expected;
+  }
+  return false;
+}
+
+template <typename T>
+void ApplySignal(T* address, T value, SignalOp op) {
+  if (op == SignalOp::kSet) {
+    StoreSeqCst(address, value);
+  } else {
+    FetchAddSeqCst(address, value);
+  }
+}
+
+}  // namespace
+
+HostDevice::HostDevice() = default;
+
+HostDevice::~HostDevice() {
+  if (!segments_.empty()) (void)Finalize();
+}
+
+HostDevice::ControlBlock* HostDevice::control(int pe) const {
+  return reinterpret_cast<ControlBlock*>(bases_[static_cast<std::size_t>(pe)] + heap_size_);
+}
+
+char* HostDevice::PeerAddress(const void* local, int pe) const {
+  const std::size_t offset = static_cast<const char*>(local) - bases_[static_cast<std::size_t>(rank_)];
+  return bases_[static_cast<std::size_t>(pe)] + offset;
+}
+
+std::uintptr_t HostDevice::heap_base() const {
+  return bases_.empty() ? 0 : reinterpret_cast<std::uintptr_t>(bases_[static_cast<std::size_t>(rank_)]);
+}
+
+std::chrono::steady_clock::time_point HostDevice::Deadline() const {
+  return std::chrono::steady_clock::now() + timeout_;
+}
+
+Status HostDevice::Init(const DeviceInitArgs& args, Bootstrap& bootstrap) {
+  if (!segments_.empty()) return StateError("host device is already initialised: rank=" + std::to_string(rank_));
+  rank_ = args.rank;
+  world_size_ = args.world_size;
+  heap_size_ = RoundUp(args.heap_size, static_cast<std::size_t>(sysconf(_SC_PAGESIZE)));
+  timeout_ = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(args.timeout_sec));
+  spin_ = SpinPolicy::For(world_size_);
+  const std::size_t segment_bytes = heap_size_ + kControlBytes;
+
+  RemoveStaleSegments();
+
+  // 1. Create our segment, after checking that the machine can hold every rank's.
+  ShmSegment own;
+  Status created = CheckShmCapacity(segment_bytes * static_cast<std::size_t>(world_size_));
+  if (created.ok()) {
+    auto segment = ShmSegment::Create(segment_bytes);
+    if (segment.ok()) {
+      own = std::move(segment).value();
+    } else {
+      created = segment.status();
+    }
+  }
+  HP_RETURN_IF_ERROR(AgreeOnStatus(bootstrap, created, "creating the symmetric heap"));
+
+  // 2. Learn every rank's segment name and map it.
+  char name[64] = {};
+  std::strncpy(name, own.name().c_str(), sizeof(name) - 1);
+  std::vector<char> names(sizeof(name) * static_cast<std::size_t>(world_size_));
+  HP_RETURN_IF_ERROR(bootstrap.AllGather(name, sizeof(name), names.data()));
+  std::vector<ShmSegment> segments(static_cast<std::size_t>(world_size_));
+  Status mapped = Status::Ok();
+  for (int r = 0; r < world_size_ && mapped.ok(); ++r) {
+    if (r == rank_) continue;
+    auto peer = ShmSegment::Open(std::string(&names[sizeof(name) * static_cast<std::size_t>(r)]), segment_bytes);
+    if (peer.ok()) {
+      segments[static_cast<std::size_t>(r)] = std::move(peer).value();
+    } else {
+      mapped = peer.status();
+    }
+  }
+  // Everyone has mapped everything once this agreement returns: the names can go.
+  HP_RETURN_IF_ERROR(AgreeOnStatus(bootstrap, mapped, "mapping the peers' symmetric heaps"));
+  HP_RETURN_IF_ERROR(own.Unlink());
+  segments[static_cast<std::size_t>(rank_)] = std::move(own);
+
+  segments_ = std::move(segments);
+  bases_.clear();
+  for (const ShmSegment& segment : segments_) bases_.push_back(static_cast<char*>(segment.data()));
+  ControlBlock* mine = control(rank_);
+  mine->magic = kMagic;
+  mine->pid = getpid();
+  barrier_epoch_ = 0;
+  heap_ = std::make_unique<HeapAllocator>(heap_size_);
+  // Our control block must be initialised before any peer uses it.
+  HP_RETURN_IF_ERROR(bootstrap.Barrier());
+  HP_LOG(kInfo, "host device initialised: world_size=" + std::to_string(world_size_) +
+                    " heap_size=" + std::to_string(heap_size_) + " heap_base=" + Hex(heap_base()));
+  return Status::Ok();
+}
+
+Status HostDevice::Finalize() {
+  Status quiesced = Quiesce();
+  {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    streams_.clear();
+  }
+  heap_.reset();
+  bases_.clear();
+  segments_.clear();
+  return quiesced;
+}
+
+Result<void*> HostDevice::Allocate(std::size_t bytes, std::size_t alignment) {
+  if (!heap_) return StateError("host device is not initialised: op=Allocate");
+  HP_ASSIGN_OR_RETURN(std::size_t offset, heap_->Allocate(bytes, alignment));
+  return static_cast<void*>(bases_[static_cast<std::size_t>(rank_)] + offset);
+}
+
+Status HostDevice::Free(void* ptr) {
+  if (!heap_) return StateError("host device is not initialised: op=Free");
+  return heap_->Free(static_cast<std::size_t>(static_cast<char*>(ptr) - bases_[static_cast<std::size_t>(rank_)]));
+}
+
+std::size_t HostDevice::ReservedBytes(const void* ptr) const {
+  if (!heap_) return 0;
+  return heap_->ReservedBytes(
+      static_cast<std::size_t>(static_cast<const char*>(ptr) - bases_[static_cast<std::size_t>(rank_)]));
+}
+
+Result<std::shared_ptr<HostStream>> HostDevice::FindStream(StreamHandle stream) const {
+  std::lock_guard<std::mutex> lock(streams_mu_);
+  auto it = streams_.find(stream);
+  if (it == streams_.end()) {
+    return InvalidArgument("`stream` must be a live stream of the host device, but got handle " + Hex(stream));
+  }
+  return it->second;
+}
+
+Status HostDevice::Submit(StreamHandle stream, std::function<Status()> op) {
+  if (stream == kDefaultStream) return op();
+  HP_ASSIGN_OR_RETURN(std::shared_ptr<HostStream> host_stream, FindStream(stream));
+  host_stream->Enqueue(std::move(op));
+  return Status::Ok();
+}
+
+Status HostDevice::Put(void* symmetric_dst, const void* src, std::size_t bytes, int pe, StreamHandle stream,
+                       KeepAlive keep) {
+  char* remote = PeerAddress(symmetric_dst, pe);
+  return Submit(stream, [remote, src, bytes, keep = std::move(keep)] {
+    std::memcpy(remote, src, bytes);
+    return Status::Ok();
+  });
+}
+
+Status HostDevice::Get(void* dst, const void* symmetric_src, std::size_t bytes, int pe, StreamHandle stream,
+                       KeepAlive keep) {
+  const char* remote = PeerAddress(symmetric_src, pe);
+  return Submit(stream, [dst, remote, bytes, keep = std::move(keep)] {
+    std::memcpy(dst, remote, bytes);
+    return Status::Ok();
+  });
+}
+
+Status HostDevice::DoSignal(void* symmetric_signal, SignalWidth width, std::int64_t value, SignalOp op, int pe) {
+  char* remote = PeerAddress(symmetric_signal, pe);
+  // Publish every earlier write (memcpy may use non-temporal stores) before the signal can be seen.
+  FullFence();
+  if (width == SignalWidth::k32) {
+    ApplySignal(reinterpret_cast<std::int32_t*>(remote), static_cast<std::int32_t>(value), op);
+  } else {
+    ApplySignal(reinterpret_cast<std::int64_t*>(remote), value, op);
+  }
+  WakeIfSleeping(remote, &control(pe)->sleepers);
+  return Status::Ok();
+}
+
+Status HostDevice::Signal(void* symmetric_signal, SignalWidth width, std::int64_t value, SignalOp op, int pe,
+                          StreamHandle stream) {
+  return Submit(stream, [=] { return DoSignal(symmetric_signal, width, value, op, pe); });
+}
+
+Status HostDevice::DoWaitSignal(void* symmetric_signal, SignalWidth width, CompareOp cmp, std::int64_t value) {
+  auto observe = [symmetric_signal, width]() -> std::int64_t {
+    return width == SignalWidth::k32 ? LoadAcquire(static_cast<const std::int32_t*>(symmetric_signal))
+                                     : LoadAcquire(static_cast<const std::int64_t*>(symmetric_signal));
+  };
+  auto done = [&] { return Compare(observe(), cmp, value); };
+  auto describe = [&] {
+    const std::size_t offset = static_cast<char*>(symmetric_signal) - bases_[static_cast<std::size_t>(rank_)];
+    return std::string("signal wait timed out: signal=") + Hex(reinterpret_cast<std::uintptr_t>(symmetric_signal)) +
+           " heap_offset=" + Hex(offset) + " cmp=" + CompareOpName(cmp) + " expected=" + std::to_string(value) +
+           " observed=" + std::to_string(observe()) +
+           " timeout_sec=" + std::to_string(std::chrono::duration<double>(timeout_).count());
+  };
+  return WaitUntil(symmetric_signal, &control(rank_)->sleepers, done, spin_, Deadline(), describe);
+}
+
+Status HostDevice::WaitSignal(void* symmetric_signal, SignalWidth width, CompareOp cmp, std::int64_t value,
+                              StreamHandle stream) {
+  return Submit(stream, [=] { return DoWaitSignal(symmetric_signal, width, cmp, value); });
+}
+
+Status HostDevice::DoBarrier() {
+  // A counting barrier on one word of rank 0's block: barrier number e is complete once e * world_size
+  // arrivals have been counted. The word only grows, so nothing is ever reset.
+  const std::uint64_t epoch = ++barrier_epoch_;
+  const std::uint64_t target = epoch * static_cast<std::uint64_t>(world_size_);
+  ControlBlock* root = control(0);
+  StoreSeqCst(&control(rank_)->barrier_epoch, epoch);
+  if (FetchAddSeqCst(&root->barrier_arrivals, std::uint64_t{1}) + 1 == target) {
+    WakeIfSleeping(&root->barrier_arrivals, &root->barrier_sleepers);
+    return Status::Ok();
+  }
+  auto done = [&] { return LoadAcquire(&root->barrier_arrivals) >= target; };
+  auto describe = [&] {
+    std::string missing;
+    for (int r = 0; r < world_size_; ++r) {
+      if (LoadAcquire(&control(r)->barrier_epoch) < epoch) missing += (missing.empty() ? "" : ",") + std::to_string(r);
+    }
+    const std::uint64_t arrived = LoadAcquire(&root->barrier_arrivals) - (epoch - 1) * world_size_;
+    return "barrier timed out: epoch=" + std::to_string(epoch) + " expected_arrivals=" + std::to_string(world_size_) +
+           " observed_arrivals=" + std::to_string(arrived) + " missing_ranks=[" + missing + "]" +
+           " timeout_sec=" + std::to_string(std::chrono::duration<double>(timeout_).count());
+  };
+  return WaitUntil(&root->barrier_arrivals, &root->barrier_sleepers, done, spin_, Deadline(), describe);
+}
+
+Status HostDevice::Barrier(StreamHandle stream) {
+  return Submit(stream, [this] { return DoBarrier(); });
+}
+
+Result<StreamHandle> HostDevice::CreateStream() {
+  auto stream = std::make_shared<HostStream>();
+  const auto handle = reinterpret_cast<StreamHandle>(stream.get());
+  std::lock_guard<std::mutex> lock(streams_mu_);
+  streams_.emplace(handle, std::move(stream));
+  return handle;
+}
+
+Status HostDevice::DestroyStream(StreamHandle stream) {
+  std::shared_ptr<HostStream> host_stream;
+  {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    auto it = streams_.find(stream);
+    if (it == streams_.end()) {
+      return InvalidArgument("`stream` must be a live stream of the host device, but got handle " + Hex(stream));
+    }
+    host_stream = std::move(it->second);
+    streams_.erase(it);
+  }
+  return host_stream->Synchronize();
+}
+
+Status HostDevice::SynchronizeStream(StreamHandle stream) {
+  if (stream == kDefaultStream) return Status::Ok();
+  HP_ASSIGN_OR_RETURN(std::shared_ptr<HostStream> host_stream, FindStream(stream));
+  return host_stream->Synchronize();
+}
+
+Status HostDevice::StreamWaitStream(StreamHandle waiter, StreamHandle waited) {
+  if (waited == kDefaultStream || waiter == waited) return Status::Ok();   // the default stream never lags
+  HP_ASSIGN_OR_RETURN(std::shared_ptr<HostStream> waited_stream, FindStream(waited));
+  const std::uint64_t ticket = waited_stream->last_ticket();
+  if (waiter == kDefaultStream) {
+    waited_stream->WaitFor(ticket);
+    return Status::Ok();
+  }
+  HP_ASSIGN_OR_RETURN(std::shared_ptr<HostStream> waiter_stream, FindStream(waiter));
+  waiter_stream->Enqueue([waited_stream, ticket] {
+    waited_stream->WaitFor(ticket);
+    return Status::Ok();
+  });
+  return Status::Ok();
+}
+
+Status HostDevice::Quiesce() {
+  std::vector<std::shared_ptr<HostStream>> streams;
+  {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    for (auto& entry : streams_) streams.push_back(entry.second);
+  }
+  Status first = Status::Ok();
+  for (auto& stream : streams) {
+    Status status = stream->Synchronize();
+    if (first.ok() && !status.ok()) first = std::move(status);
+  }
+  return first;
+}
+
+}  // namespace hp::shmem::host

@@ -1,0 +1,85 @@
+// The host device: symmetric memory for the processes of one machine over POSIX shared memory.
+//
+// Every rank creates one segment (a control block, then its heap) and maps the segments of all the others, so
+// a put is a memcpy into the peer's mapping, a signal an atomic on it, and a wait a futex on the local word.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "runtime/device.h"
+#include "runtime/heap.h"
+#include "runtime/host/host_stream.h"
+#include "runtime/host/shm_segment.h"
+#include "runtime/host/wait.h"
+
+namespace hp::shmem::host {
+
+class HostDevice final : public Device {
+ public:
+  HostDevice();
+  ~HostDevice() override;
+
+  const char* name() const override { return "host"; }
+  Status Init(const DeviceInitArgs& args, Bootstrap& bootstrap) override;
+  Status Finalize() override;
+
+  Result<void*> Allocate(std::size_t bytes, std::size_t alignment) override;
+  Status Free(void* ptr) override;
+  std::size_t ReservedBytes(const void* ptr) const override;
+  std::uintptr_t heap_base() const override;
+  std::size_t heap_size() const override { return heap_size_; }
+  std::size_t max_transfer_bytes() const override { return 0; }
+
+  Status Put(void* symmetric_dst, const void* src, std::size_t bytes, int pe, StreamHandle stream,
+             KeepAlive keep) override;
+  Status Get(void* dst, const void* symmetric_src, std::size_t bytes, int pe, StreamHandle stream,
+             KeepAlive keep) override;
+  Status Signal(void* symmetric_signal, SignalWidth width, std::int64_t value, SignalOp op, int pe,
+                StreamHandle stream) override;
+  Status WaitSignal(void* symmetric_signal, SignalWidth width, CompareOp cmp, std::int64_t value,
+                    StreamHandle stream) override;
+  Status Barrier(StreamHandle stream) override;
+
+  Result<StreamHandle> CreateStream() override;
+  Status DestroyStream(StreamHandle stream) override;
+  Status SynchronizeStream(StreamHandle stream) override;
+  Status StreamWaitStream(StreamHandle waiter, StreamHandle waited) override;
+  Status Quiesce() override;
+
+  // Bytes of the control block behind every heap (the heap starts at the page-aligned mapping).
+  static constexpr std::size_t kControlBytes = 4096;
+  struct ControlBlock;
+
+ private:
+
+  ControlBlock* control(int pe) const;
+  char* PeerAddress(const void* local, int pe) const;
+  // Runs `op` now on the default stream, or queues it on a host stream (keeping `keep` alive until it ran).
+  Status Submit(StreamHandle stream, std::function<Status()> op);
+  Result<std::shared_ptr<HostStream>> FindStream(StreamHandle stream) const;
+
+  Status DoSignal(void* symmetric_signal, SignalWidth width, std::int64_t value, SignalOp op, int pe);
+  Status DoWaitSignal(void* symmetric_signal, SignalWidth width, CompareOp cmp, std::int64_t value);
+  Status DoBarrier();
+  std::chrono::steady_clock::time_point Deadline() const;
+
+  int rank_ = 0;
+  int world_size_ = 0;
+  std::size_t heap_size_ = 0;
+  std::chrono::nanoseconds timeout_{0};
+  SpinPolicy spin_;
+  std::vector<ShmSegment> segments_;          // index = rank; segments_[rank_] is ours
+  std::vector<char*> bases_;                  // mapping of each rank's segment
+  std::unique_ptr<HeapAllocator> heap_;
+  std::uint64_t barrier_epoch_ = 0;           // barriers this rank has entered
+
+  mutable std::mutex streams_mu_;
+  std::map<StreamHandle, std::shared_ptr<HostStream>> streams_;
+};
+
+}  // namespace hp::shmem::host

@@ -1,0 +1,37 @@
+#include "runtime/host/wait.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <climits>
+
+namespace hp::shmem::host {
+
+SpinPolicy SpinPolicy::For(int ranks) {
+  SpinPolicy policy;
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  if (cores > 0 && ranks > cores) {
+    policy.spin = std::chrono::nanoseconds(0);
+    policy.yields = 2;
+  }
+  return policy;
+}
+
+void FutexWait(const void* word, std::uint32_t expected, std::chrono::nanoseconds timeout) {
+  timespec ts;
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000000);
+  ts.tv_nsec = static_cast<long>(timeout.count() % 1000000000);
+  // Not FUTEX_PRIVATE: the word lives in memory shared between processes. EAGAIN, EINTR and ETIMEDOUT all
+  // mean "look again", which every caller does.
+  syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void FutexWakeAll(const void* word) { syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0); }
+
+void WakeIfSleeping(const void* word, const std::uint32_t* sleepers) {
+  if (LoadSeqCst(sleepers) != 0) FutexWakeAll(word);
+}
+
+}  // namespace hp::shmem::host

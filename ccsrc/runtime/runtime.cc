@@ -1,0 +1,455 @@
+#include "runtime/runtime.h"
+
+#include <cstring>
+
+#include "runtime/logging.h"
+#include "runtime/transfer.h"
+
+namespace hp::shmem {
+
+const char* LifecycleStateName(LifecycleState state) {
+  switch (state) {
+    case LifecycleState::kUninitialized: return "uninitialized";
+    case LifecycleState::kInitialized: return "initialized";
+    case LifecycleState::kFailed: return "failed";
+  }
+  return "?";
+}
+
+const char* SignalOpName(SignalOp op) { return op == SignalOp::kSet ? "set" : "add"; }
+
+const char* CompareOpName(CompareOp op) {
+  switch (op) {
+    case CompareOp::kEq: return "eq";
+    case CompareOp::kNe: return "ne";
+    case CompareOp::kGt: return "gt";
+    case CompareOp::kGe: return "ge";
+    case CompareOp::kLt: return "lt";
+    case CompareOp::kLe: return "le";
+  }
+  return "?";
+}
+
+namespace {
+bool IsPowerOfTwo(std::size_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+std::string DescribeAllocation(const AllocationInfo& info) {
+  return "allocation_id=" + std::to_string(info.id) + " base=" + Hex(info.base) + " bytes=" + std::to_string(info.bytes);
+}
+}  // namespace
+
+Runtime& Runtime::Instance() {
+  static Runtime* runtime = new Runtime();   // never destroyed: deleters may report to it during exit
+  return *runtime;
+}
+
+LifecycleState Runtime::state() const { return state_.load(); }
+
+std::uint64_t Runtime::lifecycle() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return lifecycle_;
+}
+
+Status Runtime::Record(Status status) const {
+  if (!status.ok()) {
+    std::lock_guard<std::mutex> lock(failure_mu_);
+    latest_failure_ = status.ToString();
+  }
+  return status;
+}
+
+Status Runtime::RequireInitialized(const char* op) const {
+  const LifecycleState state = state_.load();
+  if (state == LifecycleState::kInitialized) return Status::Ok();
+  return StateError(std::string("shmem runtime is not initialised: op=") + op + " state=" + LifecycleStateName(state) +
+                    " (call acquire_shmem() first)");
+}
+
+Status Runtime::CheckPe(int pe, const char* what) const {
+  if (pe >= 0 && pe < world_size_) return Status::Ok();
+  return InvalidArgument(std::string("`") + what + "` must be in [0, " + std::to_string(world_size_) + "), but got " +
+                         std::to_string(pe));
+}
+
+Status Runtime::Init(const Config& config, std::unique_ptr<Device> device, Bootstrap& bootstrap) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const LifecycleState state = state_.load();
+  if (state != LifecycleState::kUninitialized) {
+    return Record(StateError(std::string("shmem runtime cannot be initialised: state=") + LifecycleStateName(state) +
+                             " lifecycle=" + std::to_string(lifecycle_)));
+  }
+  if (device == nullptr) return Record(InvalidArgument("`device` must be a device, but got nullptr"));
+  const int rank = bootstrap.rank();
+  const int world_size = bootstrap.world_size();
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    return Record(InvalidArgument("`rank` must be in [0, world_size), but got rank=" + std::to_string(rank) +
+                                  " world_size=" + std::to_string(world_size)));
+  }
+  Logger::SetLevel(config.log_level);
+  Logger::SetRank(rank);
+
+  DeviceInitArgs args;
+  args.rank = rank;
+  args.world_size = world_size;
+  args.heap_size = config.heap_size;
+  args.timeout_sec = config.timeout_sec;
+  HP_RETURN_IF_ERROR(Record(device->Init(args, bootstrap)));
+
+  // The check records live in symmetric memory of their own: the first allocation, identical on every rank.
+  auto control = device->Allocate(2 * static_cast<std::size_t>(world_size) * sizeof(CheckRecord), 64);
+  if (!control.ok()) {
+    (void)device->Finalize();
+    return Record(control.status());
+  }
+  std::memset(control.value(), 0, 2 * static_cast<std::size_t>(world_size) * sizeof(CheckRecord));
+
+  rank_ = rank;
+  world_size_ = world_size;
+  config_ = config;
+  device_ = std::move(device);
+  control_ = control.value();
+  check_sequence_ = 0;
+  registry_.Reset();
+  ++lifecycle_;
+  {
+    std::lock_guard<std::mutex> failure_lock(failure_mu_);
+    latest_failure_.clear();
+  }
+  // Every rank's control records are zero before anyone writes into them.
+  Status ready = device_->Barrier(kDefaultStream);
+  if (!ready.ok()) {
+    (void)device_->Finalize();
+    device_.reset();
+    return Record(ready);
+  }
+  state_.store(LifecycleState::kInitialized);
+  HP_LOG(kInfo, "shmem runtime initialised: lifecycle=" + std::to_string(lifecycle_) + " device=" + device_->name() +
+                    " world_size=" + std::to_string(world_size_) + " " + config_.ToString());
+  return Status::Ok();
+}
+
+Result<std::vector<Runtime::CheckRecord>> Runtime::Exchange(CheckRecord mine) {
+  mine.sequence = ++check_sequence_;
+  // Two slots alternate: a rank writes slot s only after the barrier of the previous exchange, which every rank
+  // passes only after reading slot s of the exchange before that.
+  const std::size_t slot = mine.sequence & 1;
+  auto* records = static_cast<CheckRecord*>(control_);
+  CheckRecord* my_slot = records + slot * world_size_ + rank_;
+  for (int pe = 0; pe < world_size_; ++pe) {
+    HP_RETURN_IF_ERROR(device_->Put(my_slot, &mine, sizeof(mine), pe, kDefaultStream, nullptr));
+  }
+  HP_RETURN_IF_ERROR(device_->Barrier(kDefaultStream));
+  std::vector<CheckRecord> all(static_cast<std::size_t>(world_size_));
+  HP_RETURN_IF_ERROR(device_->Get(all.data(), records + slot * world_size_, all.size() * sizeof(CheckRecord), rank_,
+                                  kDefaultStream, nullptr));
+  for (int r = 0; r < world_size_; ++r) {
+    if (all[static_cast<std::size_t>(r)].sequence != mine.sequence) {
+      return Mismatch("ranks are not in the same collective: rank=" + std::to_string(rank_) + " " + Describe(mine) +
+                      ", rank=" + std::to_string(r) + " sequence=" +
+                      std::to_string(all[static_cast<std::size_t>(r)].sequence) +
+                      " (a rank skipped or added an empty/free, or called barrier() instead)");
+    }
+  }
+  return all;
+}
+
+std::string Runtime::Describe(const CheckRecord& record) {
+  const char* op = record.op == static_cast<std::uint32_t>(CheckOp::kEmpty)  ? "Empty"
+                   : record.op == static_cast<std::uint32_t>(CheckOp::kFree) ? "Free"
+                                                                              : "Shutdown";
+  std::string text = std::string("op=") + op + " sequence=" + std::to_string(record.sequence);
+  if (record.op == static_cast<std::uint32_t>(CheckOp::kShutdown)) {
+    return text + " live_allocations=" + std::to_string(record.count);
+  }
+  text += " bytes=" + std::to_string(record.bytes);
+  if (record.op == static_cast<std::uint32_t>(CheckOp::kEmpty)) text += " alignment=" + std::to_string(record.alignment);
+  return text + " offset=" + Hex(record.offset);
+}
+
+Result<AllocationInfo> Runtime::Allocate(std::size_t bytes, std::size_t alignment, std::string call_site) {
+  HP_RETURN_IF_ERROR(Record(RequireInitialized("empty")));
+  if (alignment == 0) alignment = HeapAllocator::kMinAlignment;
+  if (!IsPowerOfTwo(alignment)) {
+    return Record(InvalidArgument("`alignment` must be a power of two, but got " + std::to_string(alignment)));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto local = device_->Allocate(bytes, alignment);
+  const std::uintptr_t heap_base = device_->heap_base();
+  CheckRecord mine{};
+  mine.op = static_cast<std::uint32_t>(CheckOp::kEmpty);
+  mine.status = static_cast<std::int32_t>(local.status().code());
+  mine.bytes = bytes;
+  mine.alignment = alignment;
+  mine.offset = local.ok() ? reinterpret_cast<std::uintptr_t>(local.value()) - heap_base : 0;
+  auto undo = [&] {
+    if (local.ok()) (void)device_->Free(local.value());
+  };
+
+  auto all = Exchange(mine);
+  if (!all.ok()) {
+    undo();
+    return Record(all.status());
+  }
+  if (!local.ok()) return Record(local.status());
+  for (int r = 0; r < world_size_; ++r) {
+    const CheckRecord& theirs = all.value()[static_cast<std::size_t>(r)];
+    if (theirs.status != 0) {
+      undo();
+      return Record(Status(static_cast<StatusCode>(theirs.status),
+                           "symmetric allocation failed on another rank: rank=" + std::to_string(r) +
+                               " status=" + StatusCodeName(static_cast<StatusCode>(theirs.status)) + " " +
+                               Describe(theirs)));
+    }
+    if (theirs.op != mine.op || theirs.bytes != mine.bytes || theirs.alignment != mine.alignment ||
+        theirs.offset != mine.offset) {
+      undo();
+      return Record(Mismatch("ranks disagree on a symmetric allocation: rank=" + std::to_string(rank_) + " " +
+                             Describe(mine) + ", rank=" + std::to_string(r) + " " + Describe(theirs)));
+    }
+  }
+  AllocationInfo info;
+  info.base = reinterpret_cast<std::uintptr_t>(local.value());
+  info.offset = mine.offset;
+  info.bytes = bytes;
+  info.reserved = device_->ReservedBytes(local.value());
+  info.lifecycle = lifecycle_;
+  info.call_site = std::move(call_site);
+  info.id = registry_.Register(info.lifecycle, info.base, info.offset, info.bytes, info.reserved, info.call_site);
+  HP_LOG(kDebug, "op=Empty " + DescribeAllocation(info) + " offset=" + Hex(info.offset) +
+                     " call_site=" + (info.call_site.empty() ? "?" : info.call_site));
+  return info;
+}
+
+Status Runtime::Free(std::uint64_t allocation_id, const std::string& call_site) {
+  HP_RETURN_IF_ERROR(Record(RequireInitialized("free")));
+  std::lock_guard<std::mutex> lock(mu_);
+  HP_ASSIGN_OR_RETURN(AllocationInfo info, registry_.Get(allocation_id));
+  if (info.state != AllocationState::kActive) {
+    return Record(StateError(std::string("allocation is not active: allocation_id=") + std::to_string(allocation_id) +
+                             " state=" + AllocationStateName(info.state)));
+  }
+  // Our own queued operations may still touch the memory.
+  Status quiesced = device_->Quiesce();
+  if (!quiesced.ok()) {
+    (void)Record(quiesced);
+    HP_LOG(kError, "a stream operation failed before free: " + quiesced.ToString());
+  }
+  CheckRecord mine{};
+  mine.op = static_cast<std::uint32_t>(CheckOp::kFree);
+  mine.bytes = info.bytes;
+  mine.offset = info.offset;
+  HP_ASSIGN_OR_RETURN(std::vector<CheckRecord> all, Exchange(mine));
+  for (int r = 0; r < world_size_; ++r) {
+    const CheckRecord& theirs = all[static_cast<std::size_t>(r)];
+    if (theirs.op != mine.op || theirs.bytes != mine.bytes || theirs.offset != mine.offset) {
+      return Record(Mismatch("ranks disagree on a symmetric free: rank=" + std::to_string(rank_) + " " +
+                             Describe(mine) + ", rank=" + std::to_string(r) + " " + Describe(theirs)));
+    }
+  }
+  HP_RETURN_IF_ERROR(Record(registry_.MarkFreed(allocation_id).status()));
+  HP_RETURN_IF_ERROR(Record(device_->Free(reinterpret_cast<void*>(info.base))));
+  HP_LOG(kDebug, "op=Free " + DescribeAllocation(info) + " offset=" + Hex(info.offset) +
+                     " call_site=" + (call_site.empty() ? "?" : call_site));
+  return Status::Ok();
+}
+
+void Runtime::OnStorageReleased(std::uint64_t allocation_id) {
+  if (!registry_.MarkStorageReleased(allocation_id)) return;
+  auto info = registry_.Get(allocation_id);
+  std::string what = "allocation_id=" + std::to_string(allocation_id);
+  if (info.ok()) what = DescribeAllocation(info.value());
+  HP_LOG(kError, "symmetric allocation leaked: its last tensor died without shmem.free(): " + what +
+                     " root_rank=" + std::to_string(rank_) +
+                     (info.ok() && !info->call_site.empty() ? " call_site=" + info->call_site : std::string()));
+}
+
+Result<SymmetricRange> Runtime::ResolveSymmetric(const void* address, std::size_t bytes, const char* what) const {
+  auto found = registry_.FindActive(reinterpret_cast<std::uintptr_t>(address), bytes);
+  if (!found.ok()) {
+    // The registry names the argument `tensor`; name the caller's.
+    std::string message = found.status().message();
+    const std::string generic = "`tensor`";
+    if (message.compare(0, generic.size(), generic) == 0) message = std::string("`") + what + "`" + message.substr(generic.size());
+    return Status(found.status().code(), message);
+  }
+  return SymmetricRange{found->id, const_cast<void*>(address), bytes};
+}
+
+Status Runtime::TransferChunks(std::size_t bytes, const std::function<Status(std::size_t, std::size_t)>& fn) {
+  return ForEachChunk(bytes, device_->max_transfer_bytes(), [&](const Chunk& chunk) { return fn(chunk.offset, chunk.bytes); });
+}
+
+Status Runtime::Put(const void* symmetric_dst, const void* src, std::size_t dst_bytes, std::size_t src_bytes, int pe,
+                    StreamHandle stream, KeepAlive keep) {
+  HP_RETURN_IF_ERROR(Record(RequireInitialized("put")));
+  HP_RETURN_IF_ERROR(Record(CheckPe(pe, "pe")));
+  if (src_bytes != dst_bytes) {
+    return Record(InvalidArgument("`src` must have as many bytes as `dst` (" + std::to_string(dst_bytes) +
+                                  "), but got " + std::to_string(src_bytes)));
+  }
+  HP_RETURN_IF_ERROR(Record(ResolveSymmetric(symmetric_dst, dst_bytes, "dst").status()));
+  auto* dst = static_cast<char*>(const_cast<void*>(symmetric_dst));
+  const auto* from = static_cast<const char*>(src);
+  return Record(TransferChunks(dst_bytes, [&](std::size_t offset, std::size_t n) {
+    return device_->Put(dst + offset, from + offset, n, pe, stream, keep);
+  }));
+}
+
+Status Runtime::Get(void* dst, const void* symmetric_src, std::size_t dst_bytes, std::size_t src_bytes, int pe,
+                    StreamHandle stream, KeepAlive keep) {
+  HP_RETURN_IF_ERROR(Record(RequireInitialized("get")));
+  HP_RETURN_IF_ERROR(Record(CheckPe(pe, "pe")));
+  if (src_bytes != dst_bytes) {
+    return Record(InvalidArgument("`src` must have as many bytes as `dst` (" + std::to_string(dst_bytes) +
+                                  "), but got " + std::to_string(src_bytes)));
+  }
+  HP_RETURN_IF_ERROR(Record(ResolveSymmetric(symmetric_src, src_bytes, "src").status()));
+  auto* to = static_cast<char*>(dst);
+  const auto* from = static_cast<const char*>(symmetric_src);
+  return Record(TransferChunks(dst_bytes, [&](std::size_t offset, std::size_t n) {
+    return device_->Get(to + offset, from + offset, n, pe, stream, keep);
+  }));
+}
+
+Status Runtime::Signal(const void* symmetric_signal, SignalWidth width, std::int64_t value, SignalOp op, int pe,
+                       StreamHandle stream) {
+  HP_RETURN_IF_ERROR(Record(RequireInitialized("signal")));
+  HP_RETURN_IF_ERROR(Record(CheckPe(pe, "pe")));
+  HP_RETURN_IF_ERROR(
+      Record(ResolveSymmetric(symmetric_signal, static_cast<std::size_t>(width), "signal_tensor").status()));
+  return Record(device_->Signal(const_cast<void*>(symmetric_signal), width, value, op, pe, stream));
+}
+
+Status Runtime::WaitSignal(const void* symmetric_signal, SignalWidth width, CompareOp cmp, std::int64_t value,
+                           StreamHandle stream) {
+  HP_RETURN_IF_ERROR(Record(RequireInitialized("wait_signal")));
+  HP_RETURN_IF_ERROR(
+      Record(ResolveSymmetric(symmetric_signal, static_cast<std::size_t>(width), "signal_tensor").status()));
+  return Record(device_->WaitSignal(const_cast<void*>(symmetric_signal), width, cmp, value, stream));
+}
+
+Status Runtime::Barrier(StreamHandle stream) {
+  HP_RETURN_IF_ERROR(Record(RequireInitialized("barrier")));
+  return Record(device_->Barrier(stream));
+}
+
+Status Runtime::AllGather(const void* symmetric_output, std::size_t output_bytes, const void* input,
+                          std::size_t input_bytes, StreamHandle stream, KeepAlive keep) {
+  HP_RETURN_IF_ERROR(Record(RequireInitialized("all_gather")));
+  const std::size_t expected = input_bytes * static_cast<std::size_t>(world_size_);
+  if (output_bytes != expected) {
+    return Record(InvalidArgument("`output` must have world_size * input bytes (" + std::to_string(world_size_) +
+                                  " * " + std::to_string(input_bytes) + " = " + std::to_string(expected) +
+                                  "), but got " + std::to_string(output_bytes)));
+  }
+  HP_RETURN_IF_ERROR(Record(ResolveSymmetric(symmetric_output, output_bytes, "output").status()));
+  if (input_bytes == 0) return Status::Ok();
+  // Push: every rank writes its block into every peer's output, starting with its right neighbour so that no
+  // two ranks write to the same peer at once. The first barrier makes sure no peer still uses its output.
+  char* slot = static_cast<char*>(const_cast<void*>(symmetric_output)) + static_cast<std::size_t>(rank_) * input_bytes;
+  HP_RETURN_IF_ERROR(Record(device_->Barrier(stream)));
+  for (int step = 0; step < world_size_; ++step) {
+    const int pe = (rank_ + 1 + step) % world_size_;
+    if (pe == rank_ && slot == input) continue;   // in place: our block is already there
+    HP_RETURN_IF_ERROR(Record(TransferChunks(input_bytes, [&](std::size_t offset, std::size_t n) {
+      return device_->Put(slot + offset, static_cast<const char*>(input) + offset, n, pe, stream, keep);
+    })));
+  }
+  return Record(device_->Barrier(stream));
+}
+
+Result<StreamHandle> Runtime::CreateStream() {
+  HP_RETURN_IF_ERROR(Record(RequireInitialized("Stream")));
+  auto stream = device_->CreateStream();
+  if (!stream.ok()) return Record(stream.status());
+  return stream;
+}
+
+Status Runtime::DestroyStream(StreamHandle stream) {
+  HP_RETURN_IF_ERROR(RequireInitialized("Stream.destroy"));
+  return Record(device_->DestroyStream(stream));
+}
+
+Status Runtime::SynchronizeStream(StreamHandle stream) {
+  HP_RETURN_IF_ERROR(Record(RequireInitialized("synchronize")));
+  return Record(device_->SynchronizeStream(stream));
+}
+
+Status Runtime::StreamWaitStream(StreamHandle waiter, StreamHandle waited) {
+  HP_RETURN_IF_ERROR(Record(RequireInitialized("wait_stream")));
+  return Record(device_->StreamWaitStream(waiter, waited));
+}
+
+Status Runtime::Shutdown(Bootstrap& bootstrap) {
+  HP_RETURN_IF_ERROR(Record(RequireInitialized("shutdown")));
+  std::lock_guard<std::mutex> lock(mu_);
+  Status quiesced = device_->Quiesce();
+  if (!quiesced.ok()) {
+    (void)Record(quiesced);
+    HP_LOG(kError, "a stream operation failed before shutdown: " + quiesced.ToString());
+  }
+  const std::vector<AllocationInfo> live = registry_.Active();
+  CheckRecord mine{};
+  mine.op = static_cast<std::uint32_t>(CheckOp::kShutdown);
+  mine.count = live.size();
+  HP_ASSIGN_OR_RETURN(std::vector<CheckRecord> all, Exchange(mine));
+  std::string holders;
+  for (int r = 0; r < world_size_; ++r) {
+    const CheckRecord& theirs = all[static_cast<std::size_t>(r)];
+    if (theirs.op != mine.op) {
+      return Record(Mismatch("ranks are not all shutting down: rank=" + std::to_string(rank_) + " " + Describe(mine) +
+                             ", rank=" + std::to_string(r) + " " + Describe(theirs)));
+    }
+    if (theirs.count != 0) holders += " rank" + std::to_string(r) + "=" + std::to_string(theirs.count);
+  }
+  if (!holders.empty()) {
+    std::string list;
+    for (const AllocationInfo& info : live) list += (list.empty() ? "" : ", ") + DescribeAllocation(info);
+    return Record(StateError("shutdown refused: live allocations remain (free them, then close again):" + holders +
+                             " local=[" + list + "]"));
+  }
+  for (const AllocationInfo& info : registry_.Leaked()) {
+    HP_LOG(kWarning, "shutting down with a leaked allocation: " + DescribeAllocation(info));
+  }
+  HP_RETURN_IF_ERROR(Record(bootstrap.Barrier()));
+  Status finalized = device_->Finalize();
+  if (!finalized.ok()) {
+    state_.store(LifecycleState::kFailed);
+    return Record(Status(finalized.code(), "device finalize failed, the runtime cannot be used again: " +
+                                               finalized.message()));
+  }
+  device_.reset();
+  control_ = nullptr;
+  registry_.Reset();
+  state_.store(LifecycleState::kUninitialized);
+  HP_LOG(kInfo, "shmem runtime shut down: lifecycle=" + std::to_string(lifecycle_));
+  return Status::Ok();
+}
+
+DebugSnapshot Runtime::Snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  DebugSnapshot snapshot;
+  snapshot.state = state_.load();
+  snapshot.lifecycle = lifecycle_;
+  snapshot.config = config_;
+  if (snapshot.state == LifecycleState::kInitialized) {
+    snapshot.rank = rank_;
+    snapshot.world_size = world_size_;
+    snapshot.device = device_->name();
+    snapshot.heap_base = device_->heap_base();
+    snapshot.heap_size = device_->heap_size();
+  }
+  snapshot.allocated = registry_.allocated_bytes();
+  if (snapshot.state == LifecycleState::kInitialized) {
+    const std::size_t used = snapshot.allocated + device_->ReservedBytes(control_);
+    snapshot.remaining = snapshot.heap_size > used ? snapshot.heap_size - used : 0;
+  }
+  snapshot.max_allocated = registry_.max_allocated_bytes();
+  snapshot.active = registry_.Active();
+  snapshot.leaked = registry_.Leaked();
+  std::lock_guard<std::mutex> failure_lock(failure_mu_);
+  snapshot.latest_failure = latest_failure_;
+  return snapshot;
+}
+
+}  // namespace hp::shmem

@@ -1,0 +1,145 @@
+// The Runtime: the one per-process object that owns a lifecycle of symmetric memory.
+//
+//   kUninitialized --Init--> kInitialized --Shutdown--> kUninitialized (a new lifecycle may start)
+//                                 |  Shutdown refused (live allocations): stays kInitialized
+//                                 '- device Finalize failed --> kFailed (terminal)
+//
+// It checks every argument that needs no framework (ranks, byte ranges, allocation membership), keeps the
+// allocation registry, verifies that ranks allocate symmetrically, and turns data-plane calls into device calls.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <functional>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/config.h"
+#include "runtime/device.h"
+#include "runtime/heap.h"
+#include "runtime/registry.h"
+#include "runtime/status.h"
+
+namespace hp::shmem {
+
+enum class LifecycleState { kUninitialized, kInitialized, kFailed };
+const char* LifecycleStateName(LifecycleState state);
+
+// A byte range of symmetric memory resolved against the registry.
+struct SymmetricRange {
+  std::uint64_t allocation_id;
+  void* address;
+  std::size_t bytes;
+};
+
+struct DebugSnapshot {
+  LifecycleState state = LifecycleState::kUninitialized;
+  std::uint64_t lifecycle = 0;
+  int rank = -1;
+  int world_size = 0;
+  std::string device;
+  Config config;
+  std::uintptr_t heap_base = 0;
+  std::size_t heap_size = 0;
+  std::size_t allocated = 0;
+  std::size_t max_allocated = 0;
+  std::size_t remaining = 0;      // heap_size minus every reservation, the runtime's own included
+  std::vector<AllocationInfo> active;
+  std::vector<AllocationInfo> leaked;
+  std::string latest_failure;   // "" when nothing failed
+};
+
+class Runtime {
+ public:
+  // The process-wide runtime.
+  static Runtime& Instance();
+
+  Runtime() = default;
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  // Collective over `bootstrap`: starts a lifecycle on `device`. On failure the runtime is left uninitialised.
+  Status Init(const Config& config, std::unique_ptr<Device> device, Bootstrap& bootstrap);
+  // Collective: waits for the device, refuses (on every rank alike, kStateError listing them) while any rank
+  // holds live allocations, then passes `bootstrap`'s barrier and releases the device.
+  Status Shutdown(Bootstrap& bootstrap);
+
+  LifecycleState state() const;
+  std::uint64_t lifecycle() const;   // 0 before the first Init; +1 per Init
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+
+  // Collective: a symmetric allocation, checked against every rank's (same size, alignment and offset).
+  Result<AllocationInfo> Allocate(std::size_t bytes, std::size_t alignment, std::string call_site);
+  // Collective: frees an active allocation, checked against every rank's.
+  Status Free(std::uint64_t allocation_id, const std::string& call_site);
+  // The last storage of an allocation died (from a deleter, possibly on any thread).
+  void OnStorageReleased(std::uint64_t allocation_id);
+
+  // Resolves [address, address + bytes) against the active allocations; `what` names the argument in errors.
+  Result<SymmetricRange> ResolveSymmetric(const void* address, std::size_t bytes, const char* what) const;
+
+  // Data plane. Zero bytes are validated no-ops. `pe` is the rank inside the root.
+  Status Put(const void* symmetric_dst, const void* src, std::size_t dst_bytes, std::size_t src_bytes, int pe,
+             StreamHandle stream, KeepAlive keep);
+  Status Get(void* dst, const void* symmetric_src, std::size_t dst_bytes, std::size_t src_bytes, int pe,
+             StreamHandle stream, KeepAlive keep);
+  Status Signal(const void* symmetric_signal, SignalWidth width, std::int64_t value, SignalOp op, int pe,
+                StreamHandle stream);
+  Status WaitSignal(const void* symmetric_signal, SignalWidth width, CompareOp cmp, std::int64_t value,
+                    StreamHandle stream);
+  Status Barrier(StreamHandle stream);
+  // output (symmetric) receives world_size * input_bytes: rank r's input at r * input_bytes, on every rank.
+  Status AllGather(const void* symmetric_output, std::size_t output_bytes, const void* input, std::size_t input_bytes,
+                   StreamHandle stream, KeepAlive keep);
+
+  Result<StreamHandle> CreateStream();
+  Status DestroyStream(StreamHandle stream);
+  Status SynchronizeStream(StreamHandle stream);
+  Status StreamWaitStream(StreamHandle waiter, StreamHandle waited);
+
+  DebugSnapshot Snapshot() const;
+
+  // Remembers `status` as the latest failure when it is not OK; returns it unchanged.
+  Status Record(Status status) const;
+
+ private:
+  // One rank's part of a collective check, exchanged through the runtime's own control allocation.
+  struct CheckRecord {
+    std::uint64_t sequence;
+    std::uint32_t op;        // CheckOp
+    std::int32_t status;     // StatusCode of the local step
+    std::uint64_t bytes;
+    std::uint64_t alignment;
+    std::uint64_t offset;
+    std::uint64_t count;     // op-specific (live allocations at shutdown)
+    std::uint64_t reserved[2];
+  };
+  static_assert(sizeof(CheckRecord) == 64, "a check record fills one cache line");
+  enum class CheckOp : std::uint32_t { kEmpty = 1, kFree = 2, kShutdown = 3 };
+
+  Status RequireInitialized(const char* op) const;
+  Status CheckPe(int pe, const char* what) const;
+  // Publishes `mine` to every rank and returns every rank's record (index = rank).
+  Result<std::vector<CheckRecord>> Exchange(CheckRecord mine);
+  static std::string Describe(const CheckRecord& record);
+  Status TransferChunks(std::size_t bytes, const std::function<Status(std::size_t offset, std::size_t n)>& fn);
+
+  mutable std::mutex mu_;   // lifecycle, allocation and the check exchange
+  std::atomic<LifecycleState> state_{LifecycleState::kUninitialized};
+  std::uint64_t lifecycle_ = 0;
+  int rank_ = -1;
+  int world_size_ = 0;
+  Config config_;
+  std::unique_ptr<Device> device_;
+  AllocationRegistry registry_;
+  void* control_ = nullptr;            // 2 * world_size CheckRecords, the first allocation of every lifecycle
+  std::uint64_t check_sequence_ = 0;
+  mutable std::mutex failure_mu_;
+  mutable std::string latest_failure_;
+};
+
+}  // namespace hp::shmem

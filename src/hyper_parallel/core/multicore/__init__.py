@@ -1,0 +1,1 @@
+"""MultiCore components: the SHMEM runtime lives in :mod:`hyper_parallel.core.multicore.shmem`."""

@@ -1,0 +1,53 @@
+"""The HyperParallel SHMEM runtime (seed 001): symmetric memory and one-sided communication.
+
+Typical use, on every rank of an initialised ``torch.distributed`` WORLD::
+
+    from hyper_parallel.core.multicore import shmem
+
+    with shmem.acquire_shmem():
+        buf = shmem.empty(world, 1024, dtype=torch.float32)
+        shmem.put(buf[rank], torch.ones(1024), pe=(rank + 1) % world)
+        shmem.barrier()
+        shmem.free(buf)
+
+The runtime runs on the ``host`` device: POSIX shared memory between the processes of one machine.
+"""
+
+from hyper_parallel.core.multicore.shmem._debug import DebugState, debug_state
+from hyper_parallel.core.multicore.shmem._lifecycle import Handle, acquire_shmem
+from hyper_parallel.core.multicore.shmem._memory import empty, free
+from hyper_parallel.core.multicore.shmem._rma import all_gather, barrier, get, put, signal, wait_signal
+from hyper_parallel.core.multicore.shmem._streams import Stream, current_stream, default_stream, stream
+from hyper_parallel.core.multicore.shmem.errors import (
+    ShmemDeviceError,
+    ShmemError,
+    ShmemMismatchError,
+    ShmemOutOfMemoryError,
+    ShmemStateError,
+    ShmemTimeoutError,
+)
+
+__all__ = [
+    "DebugState",
+    "Handle",
+    "ShmemDeviceError",
+    "ShmemError",
+    "ShmemMismatchError",
+    "ShmemOutOfMemoryError",
+    "ShmemStateError",
+    "ShmemTimeoutError",
+    "Stream",
+    "acquire_shmem",
+    "all_gather",
+    "barrier",
+    "current_stream",
+    "debug_state",
+    "default_stream",
+    "empty",
+    "free",
+    "get",
+    "put",
+    "signal",
+    "stream",
+    "wait_signal",
+]

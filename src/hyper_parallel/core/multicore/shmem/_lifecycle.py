@@ -1,0 +1,169 @@
+"""The process-wide runtime lifecycle: ``acquire_shmem`` handles, the root identity and the bootstrap.
+
+The first handle resolves the root (the ordered global ranks of a ProcessGroup) and initialises the runtime;
+later handles only count. The last ``close()`` quiesces the device, checks on every rank that nothing is still
+allocated, passes a barrier of the root group and shuts down. Nothing here runs a collective from a destructor,
+a weakref callback or atexit: only an explicit ``close()`` does.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from hyper_parallel.core.multicore.shmem._binding import C
+from hyper_parallel.core.multicore.shmem.errors import ShmemStateError
+
+_lock = threading.RLock()
+
+
+@dataclass
+class _Root:
+    group: dist.ProcessGroup
+    ranks: tuple  # global ranks in root order; the index is the PE
+    rank: int  # this process's PE
+    lifecycle: int
+    references: int = 0
+
+
+_root: Optional[_Root] = None
+
+
+def _all_gather_bytes(group: dist.ProcessGroup, payload: bytes) -> bytes:
+    """The bootstrap's all_gather: every rank's bytes, concatenated in root order."""
+    mine = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, mine, group=group)
+    return b"".join(t.numpy().tobytes() for t in gathered)
+
+
+def _bootstrap(group: dist.ProcessGroup):
+    return (lambda payload: _all_gather_bytes(group, payload)), (lambda: dist.barrier(group=group))
+
+
+def _resolve_ranks(root_group: Optional[dist.ProcessGroup]) -> tuple:
+    if not dist.is_available() or not dist.is_initialized():
+        raise ShmemStateError(
+            "torch.distributed is not initialised: call dist.init_process_group() before acquire_shmem()"
+        )
+    group = dist.group.WORLD if root_group is None else root_group
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"`root_group` must be a torch.distributed.ProcessGroup or None, but got {type(group).__name__}")
+    return group, tuple(dist.get_process_group_ranks(group))
+
+
+class Handle:
+    """A reference to the process's SHMEM runtime; it carries no communication methods.
+
+    Close it (or leave its ``with`` block) on every rank in the same order: the last close is collective.
+    """
+
+    def __init__(self, lifecycle: int) -> None:
+        self._lifecycle = lifecycle
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` has released this reference."""
+        return self._closed
+
+    def close(self) -> None:
+        """Releases this reference; the last one shuts the runtime down (collective over the root group).
+
+        Idempotent. When the shutdown is refused because allocations are still live on some rank, this handle
+        stays open: free them and call ``close()`` again.
+
+        Raises:
+            ShmemStateError: live allocations remain on some rank (the message lists them).
+            ShmemTimeoutError: a rank did not reach the shutdown in time.
+        """
+        global _root
+        with _lock:
+            if self._closed:
+                return
+            root = _root
+            if root is None or root.lifecycle != self._lifecycle:
+                self._closed = True  # its lifecycle already ended
+                return
+            if root.references > 1:
+                root.references -= 1
+                self._closed = True
+                return
+            all_gather, barrier = _bootstrap(root.group)
+            C.shutdown(root.rank, len(root.ranks), all_gather, barrier)
+            root.references = 0
+            _root = None
+            self._closed = True
+
+    def __enter__(self) -> "Handle":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Handle(lifecycle={self._lifecycle}, closed={self._closed})"
+
+
+def acquire_shmem(root_group: Optional[dist.ProcessGroup] = None) -> Handle:
+    """Returns a reference to the process's SHMEM runtime, initialising it on first use.
+
+    The first handle is collective over ``root_group``: every rank maps every other rank's symmetric heap
+    (``HYPER_PARALLEL_SHMEM_HEAP_SIZE`` bytes, read anew for every lifecycle). Later handles only count.
+
+    Args:
+        root_group: the ProcessGroup whose ranks form the root (None: the WORLD group). Another group object
+            with the same ranks in the same order shares the runtime. In this version the root must be the
+            whole WORLD.
+
+    Returns:
+        A :class:`Handle`; close it on every rank (or use it as a context manager).
+
+    Raises:
+        ShmemStateError: torch.distributed is not initialised.
+        TypeError: ``root_group`` is not a ProcessGroup.
+        ValueError: the group does not cover the WORLD, or differs from the active runtime's root.
+        ShmemOutOfMemoryError: /dev/shm cannot hold the symmetric heaps.
+    """
+    global _root
+    group, ranks = _resolve_ranks(root_group)
+    with _lock:
+        if _root is not None:
+            if ranks != _root.ranks:
+                raise ValueError(
+                    f"`root_group` must have the ranks of the active runtime's root {list(_root.ranks)}, "
+                    f"but got {list(ranks)}"
+                )
+            _root.references += 1
+            return Handle(_root.lifecycle)
+        world = dist.get_world_size()
+        if ranks != tuple(range(world)):
+            raise ValueError(
+                f"`root_group` must cover the whole WORLD in rank order {list(range(world))}, but got {list(ranks)}"
+            )
+        rank = ranks.index(dist.get_rank())
+        all_gather, barrier = _bootstrap(group)
+        C.init(rank, len(ranks), all_gather, barrier)
+        _root = _Root(group=group, ranks=ranks, rank=rank, lifecycle=C.lifecycle(), references=1)
+        return Handle(_root.lifecycle)
+
+
+def root_info() -> Optional[_Root]:
+    """The active root, or None (internal)."""
+    return _root
+
+
+def require_root(op: str) -> _Root:
+    """The active root.
+
+    Raises:
+        ShmemStateError: no runtime is active.
+    """
+    root = _root
+    if root is None:
+        raise ShmemStateError(f"shmem runtime is not initialised: op={op} (call acquire_shmem() first)")
+    return root

@@ -1,0 +1,93 @@
+"""Symmetric allocation: ``empty`` and ``free``, both collective over the root."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Optional
+
+import torch
+
+from hyper_parallel.core.multicore.shmem._binding import C
+from hyper_parallel.core.multicore.shmem._checks import check_tensor, type_name
+from hyper_parallel.core.multicore.shmem._lifecycle import require_root
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+_LOG_DEBUG = 0
+
+
+def user_call_site() -> str:
+    """``file:line in function`` of the first frame outside this package, or "" unless logging at DEBUG.
+
+    Only computed when HYPER_PARALLEL_SHMEM_LOG_LEVEL=0 asks for allocation logs, so it costs nothing otherwise.
+    """
+    if C.log_level() != _LOG_DEBUG:
+        return ""
+    frame = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR + os.sep):
+        frame = frame.f_back
+    if frame is None:
+        return ""
+    return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+
+
+def _parse_size(size: tuple) -> list:
+    dims = size[0] if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
+    if not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
+        raise TypeError(f"`size` must be ints or one sequence of ints, but got {tuple(size)!r}")
+    if any(d < 0 for d in dims):
+        raise ValueError(f"`size` must contain non-negative dimensions, but got {list(dims)}")
+    return list(dims)
+
+
+def empty(*size, dtype: Optional[torch.dtype] = None, alignment: Optional[int] = None) -> torch.Tensor:
+    """Allocates an uninitialised CPU tensor in the symmetric heap (collective over the root).
+
+    Every rank must call ``empty`` in the same order with the same size, dtype and alignment: the runtime
+    verifies it and fails on every rank with each side's values instead of corrupting memory.
+
+    Args:
+        *size: the shape, torch-style: ``empty(2, 3)`` or ``empty((2, 3))``.
+        dtype: the element type (default: ``torch.get_default_dtype()``).
+        alignment: byte alignment of the allocation inside the heap, a power of two (default 64).
+
+    Returns:
+        A tensor living at the same heap offset on every rank.
+
+    Raises:
+        TypeError: a dimension is not an int, or ``dtype`` is not a torch.dtype.
+        ValueError: a negative dimension, or an alignment that is not a power of two.
+        ShmemStateError: no runtime is active.
+        ShmemMismatchError: ranks disagree on the allocation.
+        ShmemOutOfMemoryError: the heap cannot hold it (on any rank).
+    """
+    require_root("empty")
+    dims = _parse_size(size)
+    if dtype is None:
+        dtype = torch.get_default_dtype()
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"`dtype` must be a torch.dtype, but got {type_name(dtype)}")
+    if alignment is None:
+        alignment = 0
+    elif isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise ValueError(f"`alignment` must be a power of two, but got {alignment!r}")
+    return C.empty(dims, dtype, alignment, user_call_site())
+
+
+def free(tensor: torch.Tensor) -> None:
+    """Frees the whole allocation of a tensor returned by :func:`empty` (collective over the root).
+
+    Afterwards the tensor and every view of it raise a RuntimeError naming the allocation on any use.
+
+    Args:
+        tensor: the very tensor ``empty`` returned (not a view of it).
+
+    Raises:
+        TypeError: not a tensor.
+        ValueError: a view, or a tensor that ``empty`` did not return.
+        ShmemStateError: already freed, from an earlier lifecycle, or no runtime is active.
+        ShmemMismatchError: ranks disagree on the free.
+    """
+    require_root("free")
+    check_tensor("tensor", tensor)
+    C.free(tensor, user_call_site())

@@ -1,0 +1,114 @@
+"""The data plane: one-sided put/get, signals, barrier and all_gather over the root.
+
+Each call is enqueued on the current stream (:mod:`._streams`); on the default stream it is complete when it
+returns. PEs are ranks inside the root group.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hyper_parallel.core.multicore.shmem._binding import C
+from hyper_parallel.core.multicore.shmem._checks import check_choice, check_int, check_signal, check_tensor
+from hyper_parallel.core.multicore.shmem._streams import current_handle
+
+_SIGNAL_OPS = {"set": 0, "add": 1}
+_COMPARE_OPS = {"eq": 0, "ne": 1, "gt": 2, "ge": 3, "lt": 4, "le": 5}
+
+
+def put(dst: torch.Tensor, src: torch.Tensor, pe: int) -> None:
+    """Writes ``src`` into the copy of the symmetric tensor ``dst`` that lives on ``pe``.
+
+    Args:
+        dst: a symmetric tensor (from ``empty``, or a contiguous view of one); the same location on ``pe``
+            is written.
+        src: any contiguous CPU tensor with as many bytes as ``dst``.
+        pe: the target rank inside the root.
+
+    Raises:
+        TypeError: an argument of the wrong type.
+        ValueError: ``pe`` out of range, byte counts that differ, a non-contiguous tensor, a ``dst`` outside the
+            symmetric heap or running past its allocation. Nothing is written.
+        ShmemStateError: a freed tensor, or no runtime.
+    """
+    check_tensor("dst", dst)
+    check_tensor("src", src)
+    C.put(dst, src, check_int("pe", pe), current_handle())
+
+
+def get(dst: torch.Tensor, src: torch.Tensor, pe: int) -> None:
+    """Reads the copy of the symmetric tensor ``src`` that lives on ``pe`` into ``dst``.
+
+    Args:
+        dst: any contiguous CPU tensor with as many bytes as ``src``.
+        src: a symmetric tensor; the same location on ``pe`` is read.
+        pe: the source rank inside the root.
+
+    Raises:
+        TypeError, ValueError, ShmemStateError: as :func:`put`, with the roles of ``dst`` and ``src`` swapped.
+    """
+    check_tensor("dst", dst)
+    check_tensor("src", src)
+    C.get(dst, src, check_int("pe", pe), current_handle())
+
+
+def signal(signal_tensor: torch.Tensor, value: int, pe: int, *, op: str = "set") -> None:
+    """Atomically sets or adds ``value`` to the signal on ``pe``, after everything enqueued before it is visible.
+
+    Args:
+        signal_tensor: a one-element int32 (or int64) symmetric tensor.
+        value: the value to set or add; it must fit the signal's dtype.
+        pe: the target rank inside the root.
+        op: ``"set"`` or ``"add"``.
+
+    Raises:
+        TypeError: a signal of another dtype, a non-int value or pe.
+        ValueError: a signal of another size, an unknown op, ``pe`` out of range.
+    """
+    value = check_signal("signal_tensor", signal_tensor, value)
+    op_code = check_choice("op", op, _SIGNAL_OPS)
+    C.signal(signal_tensor, value, check_int("pe", pe), op_code, current_handle())
+
+
+def wait_signal(signal_tensor: torch.Tensor, value: int, *, cmp: str = "eq") -> None:
+    """Waits until the local signal compares true against ``value``.
+
+    Spins briefly, then sleeps in the kernel; gives up after ``HYPER_PARALLEL_SHMEM_TIMEOUT_SEC``.
+
+    Args:
+        signal_tensor: a one-element int32 (or int64) symmetric tensor.
+        value: the value to compare with.
+        cmp: one of ``"eq"``, ``"ne"``, ``"gt"``, ``"ge"``, ``"lt"``, ``"le"`` (signal ``cmp`` value).
+
+    Raises:
+        ShmemTimeoutError: the condition did not hold in time (the message has the expected and observed value).
+        TypeError, ValueError: as :func:`signal`.
+    """
+    value = check_signal("signal_tensor", signal_tensor, value)
+    cmp_code = check_choice("cmp", cmp, _COMPARE_OPS)
+    C.wait_signal(signal_tensor, value, cmp_code, current_handle())
+
+
+def barrier() -> None:
+    """Waits until every rank of the root reaches the barrier; earlier writes are then visible everywhere.
+
+    Raises:
+        ShmemTimeoutError: a rank did not arrive in time (the message names the missing ranks).
+    """
+    C.barrier(current_handle())
+
+
+def all_gather(output: torch.Tensor, input: torch.Tensor) -> None:
+    """Gathers every rank's ``input`` into ``output`` in rank order (collective over the root).
+
+    Args:
+        output: a symmetric tensor of world_size times the input's bytes.
+        input: any contiguous CPU tensor (it may be this rank's slice of ``output``).
+
+    Raises:
+        ValueError: ``output`` is not world_size times the input's bytes, or not symmetric.
+        ShmemTimeoutError: a rank did not arrive in time.
+    """
+    check_tensor("output", output)
+    check_tensor("input", input)
+    C.all_gather(output, input, current_handle())

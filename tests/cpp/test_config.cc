@@ -1,0 +1,214 @@
+#include "runtime/config.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <map>
+#include <string>
+
+namespace hp::shmem {
+namespace {
+
+constexpr const char* kHeap = "HYPER_PARALLEL_SHMEM_HEAP_SIZE";
+constexpr const char* kTimeout = "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC";
+constexpr const char* kLevel = "HYPER_PARALLEL_SHMEM_LOG_LEVEL";
+constexpr const char* kDevice = "HYPER_PARALLEL_SHMEM_DEVICE";
+
+EnvLookup FakeEnv(std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](const char* name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+Result<Config> ParseOne(const char* name, const std::string& value) { return ParseConfig(FakeEnv({{name, value}})); }
+
+void ExpectError(const Result<Config>& result, const std::string& message) {
+  ASSERT_FALSE(result.ok()) << "expected failure: " << message;
+  EXPECT_EQ(result.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(result.status().message(), message);
+}
+
+TEST(ConfigTest, DefaultsWhenNothingIsSet) {
+  Result<Config> result = ParseConfig(FakeEnv({}));
+  ASSERT_TRUE(result.ok()) << result.status().ToString();
+  EXPECT_EQ(result->heap_size, std::size_t{1} << 30);
+  EXPECT_EQ(result->timeout_sec, 120.0);
+  EXPECT_EQ(result->log_level, LogLevel::kWarning);
+  EXPECT_EQ(result->device, "host");
+  EXPECT_EQ(result->ToString(), "heap_size=1073741824 timeout_sec=120 log_level=2 device=host");
+}
+
+TEST(ConfigTest, ToStringShowsEveryField) {
+  Config config;
+  config.heap_size = 2 * 1024 * 1024;
+  config.timeout_sec = 0.5;
+  config.log_level = LogLevel::kDebug;
+  EXPECT_EQ(config.ToString(), "heap_size=2097152 timeout_sec=0.5 log_level=0 device=host");
+}
+
+TEST(ConfigTest, AllVariablesTogether) {
+  Result<Config> result = ParseConfig(
+      FakeEnv({{kHeap, "2GiB"}, {kTimeout, "30.25"}, {kLevel, "error"}, {kDevice, "host"}}));
+  ASSERT_TRUE(result.ok()) << result.status().ToString();
+  EXPECT_EQ(result->heap_size, std::size_t{2} << 30);
+  EXPECT_EQ(result->timeout_sec, 30.25);
+  EXPECT_EQ(result->log_level, LogLevel::kError);
+  EXPECT_EQ(result->device, "host");
+}
+
+TEST(ConfigTest, HeapSizeGoodValues) {
+  const std::pair<const char*, std::size_t> cases[] = {
+      {"1073741824", std::size_t{1} << 30},
+      {"1048576", std::size_t{1} << 20},
+      {"512M", std::size_t{512} << 20},
+      {"512m", std::size_t{512} << 20},
+      {"512MB", std::size_t{512} << 20},
+      {"512MiB", std::size_t{512} << 20},
+      {"512mib", std::size_t{512} << 20},
+      {"2048K", std::size_t{2048} << 10},
+      {"2048kb", std::size_t{2048} << 10},
+      {"2048KiB", std::size_t{2048} << 10},
+      {"2G", std::size_t{2} << 30},
+      {"2gb", std::size_t{2} << 30},
+      {"2GiB", std::size_t{2} << 30},
+      {"1024G", std::size_t{1} << 40},
+      {" 64M\n", std::size_t{64} << 20},
+  };
+  for (const auto& [text, bytes] : cases) {
+    Result<Config> result = ParseOne(kHeap, text);
+    ASSERT_TRUE(result.ok()) << "'" << text << "': " << result.status().ToString();
+    EXPECT_EQ(result->heap_size, bytes) << "'" << text << "'";
+  }
+}
+
+TEST(ConfigTest, HeapSizeBadFormat) {
+  const char* bad[] = {"abc", "", "   ", "-5", "-1G", "+5", "5X", "512MM", "512 M", "1.5G", "12abc", "G", "0x100",
+                       "1e9", "5T", "1024B"};
+  for (const char* text : bad) {
+    ExpectError(ParseOne(kHeap, text), std::string("`HYPER_PARALLEL_SHMEM_HEAP_SIZE` must be a byte count such as "
+                                                   "1073741824, 512M or 2GiB, but got '") +
+                                           text + "'");
+  }
+}
+
+TEST(ConfigTest, HeapSizeZeroAndOverflow) {
+  ExpectError(ParseOne(kHeap, "0"), "`HYPER_PARALLEL_SHMEM_HEAP_SIZE` must be a positive byte count, but got '0'");
+  ExpectError(ParseOne(kHeap, "0G"), "`HYPER_PARALLEL_SHMEM_HEAP_SIZE` must be a positive byte count, but got '0G'");
+  ExpectError(ParseOne(kHeap, "99999999999999999999999"),
+              "`HYPER_PARALLEL_SHMEM_HEAP_SIZE` must be a byte count that fits in 64 bits, but got "
+              "'99999999999999999999999'");
+  ExpectError(ParseOne(kHeap, "17179869184G"),   // 2^34 GiB = 2^64 bytes
+              "`HYPER_PARALLEL_SHMEM_HEAP_SIZE` must be a byte count that fits in 64 bits, but got '17179869184G'");
+}
+
+TEST(ConfigTest, HeapSizeRange) {
+  ExpectError(ParseOne(kHeap, "1024"), "`HYPER_PARALLEL_SHMEM_HEAP_SIZE` must be at least 1 MiB, but got 1024");
+  ExpectError(ParseOne(kHeap, "1048575"),
+              "`HYPER_PARALLEL_SHMEM_HEAP_SIZE` must be at least 1 MiB, but got 1048575");
+  ExpectError(ParseOne(kHeap, "1025G"),
+              "`HYPER_PARALLEL_SHMEM_HEAP_SIZE` must be at most 1 TiB, but got 1100585369600");
+  ExpectError(ParseOne(kHeap, "1099511627777"),
+              "`HYPER_PARALLEL_SHMEM_HEAP_SIZE` must be at most 1 TiB, but got 1099511627777");
+  EXPECT_TRUE(ParseOne(kHeap, "1099511627776").ok());
+  EXPECT_TRUE(ParseOne(kHeap, "1M").ok());
+}
+
+TEST(ConfigTest, ParseByteSizeNamesTheVariable) {
+  Result<std::size_t> ok = ParseByteSize("size", "4KiB");
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok.value(), 4096u);
+  Result<std::size_t> small = ParseByteSize("size", "1");   // no range check here
+  ASSERT_TRUE(small.ok());
+  EXPECT_EQ(small.value(), 1u);
+  Result<std::size_t> bad = ParseByteSize("size", "four");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.status().message(), "`size` must be a byte count such as 1073741824, 512M or 2GiB, but got 'four'");
+}
+
+TEST(ConfigTest, TimeoutGoodValues) {
+  const std::pair<const char*, double> cases[] = {
+      {"120", 120.0}, {"0.5", 0.5}, {".25", 0.25}, {"86400", 86400.0}, {"86400.0", 86400.0}, {"1", 1.0},
+      {" 7.5 ", 7.5}, {"0.001", 0.001},
+  };
+  for (const auto& [text, seconds] : cases) {
+    Result<Config> result = ParseOne(kTimeout, text);
+    ASSERT_TRUE(result.ok()) << "'" << text << "': " << result.status().ToString();
+    EXPECT_DOUBLE_EQ(result->timeout_sec, seconds) << "'" << text << "'";
+  }
+}
+
+TEST(ConfigTest, TimeoutBadValues) {
+  const char* bad[] = {"abc", "", "-1", "-0.5", "0", "0.0", ".", "1.2.3", "1e3", "inf", "nan", "10s", "+5", "0x10"};
+  for (const char* text : bad) {
+    ExpectError(ParseOne(kTimeout, text),
+                std::string("`HYPER_PARALLEL_SHMEM_TIMEOUT_SEC` must be a positive number of seconds such as 120 or "
+                            "0.5, but got '") +
+                    text + "'");
+  }
+}
+
+TEST(ConfigTest, TimeoutRange) {
+  ExpectError(ParseOne(kTimeout, "86400.5"), "`HYPER_PARALLEL_SHMEM_TIMEOUT_SEC` must be at most 86400, but got 86400.5");
+  ExpectError(ParseOne(kTimeout, "100000"), "`HYPER_PARALLEL_SHMEM_TIMEOUT_SEC` must be at most 86400, but got 100000");
+  const std::string huge(400, '9');
+  ExpectError(ParseOne(kTimeout, huge), "`HYPER_PARALLEL_SHMEM_TIMEOUT_SEC` must be at most 86400, but got " + huge);
+}
+
+TEST(ConfigTest, LogLevelGoodValues) {
+  const std::pair<const char*, LogLevel> cases[] = {
+      {"0", LogLevel::kDebug},     {"1", LogLevel::kInfo},       {"2", LogLevel::kWarning},
+      {"3", LogLevel::kError},     {"DEBUG", LogLevel::kDebug},  {"info", LogLevel::kInfo},
+      {"Warning", LogLevel::kWarning}, {"eRRoR", LogLevel::kError}, {" debug\n", LogLevel::kDebug},
+  };
+  for (const auto& [text, level] : cases) {
+    Result<Config> result = ParseOne(kLevel, text);
+    ASSERT_TRUE(result.ok()) << "'" << text << "': " << result.status().ToString();
+    EXPECT_EQ(result->log_level, level) << "'" << text << "'";
+  }
+}
+
+TEST(ConfigTest, LogLevelBadValues) {
+  const char* bad[] = {"4", "-1", "", "verbose", "warn", "02", "1.0", "DEBUGX"};
+  for (const char* text : bad) {
+    ExpectError(ParseOne(kLevel, text),
+                std::string("`HYPER_PARALLEL_SHMEM_LOG_LEVEL` must be one of 0, 1, 2, 3, DEBUG, INFO, WARNING, ERROR, "
+                            "but got '") +
+                    text + "'");
+  }
+}
+
+TEST(ConfigTest, DeviceValues) {
+  Result<Config> good = ParseOne(kDevice, "host");
+  ASSERT_TRUE(good.ok());
+  EXPECT_EQ(good->device, "host");
+  for (const char* text : {"npu", "", "cuda", "HOSTS"}) {
+    ExpectError(ParseOne(kDevice, text),
+                std::string("`HYPER_PARALLEL_SHMEM_DEVICE` must be one of host, but got '") + text + "'");
+  }
+}
+
+TEST(ConfigTest, FirstBadVariableFailsTheWholeParse) {
+  Result<Config> result = ParseConfig(FakeEnv({{kHeap, "64M"}, {kLevel, "loud"}}));
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.status().message().find("`HYPER_PARALLEL_SHMEM_LOG_LEVEL`"), std::string::npos);
+}
+
+TEST(ConfigTest, ProcessEnvReadsTheRealEnvironment) {
+  EnvLookup env = ProcessEnv();
+  ASSERT_EQ(::setenv("HP_SHMEM_TEST_CONFIG_VAR", "hello", 1), 0);
+  EXPECT_EQ(env("HP_SHMEM_TEST_CONFIG_VAR"), std::optional<std::string>("hello"));
+  ASSERT_EQ(::unsetenv("HP_SHMEM_TEST_CONFIG_VAR"), 0);
+  EXPECT_EQ(env("HP_SHMEM_TEST_CONFIG_VAR"), std::nullopt);
+
+  ASSERT_EQ(::setenv(kLevel, "info", 1), 0);
+  Result<Config> result = ParseConfig(ProcessEnv());
+  ::unsetenv(kLevel);
+  ASSERT_TRUE(result.ok()) << result.status().ToString();
+  EXPECT_EQ(result->log_level, LogLevel::kInfo);
+}
+
+}  // namespace
+}  // namespace hp::shmem
