@@ -37,4 +37,10 @@ std::string Hex(unsigned long long value) {
   return buffer;
 }
 
+std::string Decimal(double value) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof(buffer), "%g", value);
+  return buffer;
+}
+
 }  // namespace hp::shmem

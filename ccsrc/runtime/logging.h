@@ -25,5 +25,7 @@ class Logger {
 
 // "0x7f00deadbeef"
 std::string Hex(unsigned long long value);
+// Shortest decimal form: "0.5", "120".
+std::string Decimal(double value);
 
 }  // namespace hp::shmem

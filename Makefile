@@ -1,0 +1,39 @@
+# The two commands of the quick start:  `make demo` and `make test`. Both install what they need first.
+PYTHON ?= python3
+NPROC_DEMO ?= 4
+BUILD_CPP := build/cpp
+BUILD_SAN := build/cpp-sanitize
+
+.PHONY: deps install demo test test-cpp test-cpp-sanitize test-py clean
+
+# Build and test requirements: torch's CPU build, the Python build tools, and googletest from Debian.
+deps:
+	$(PYTHON) -m pip install --quiet "torch==2.13.0" "scikit-build-core>=0.10" "pybind11>=2.12" ninja "pytest>=8"
+	@if [ ! -f /usr/include/gtest/gtest.h ]; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgtest-dev cmake; \
+	fi
+
+install: deps
+	$(PYTHON) -m pip install --quiet --no-build-isolation --no-deps .
+
+demo: install
+	cd examples && $(PYTHON) -m torch.distributed.run --standalone --nproc-per-node $(NPROC_DEMO) ring_demo.py
+
+test: install test-cpp test-cpp-sanitize test-py
+
+test-cpp: deps
+	cmake -S . -B $(BUILD_CPP) -G Ninja -DHP_BUILD_TORCH_BINDING=OFF -DHP_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(BUILD_CPP)
+	ctest --test-dir $(BUILD_CPP) --output-on-failure
+
+test-cpp-sanitize: deps
+	cmake -S . -B $(BUILD_SAN) -G Ninja -DHP_BUILD_TORCH_BINDING=OFF -DHP_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=Debug -DHP_SANITIZE=address,undefined
+	cmake --build $(BUILD_SAN)
+	ctest --test-dir $(BUILD_SAN) --output-on-failure
+
+# Run from tests/ against the installed package, never the source tree's src/.
+test-py: install
+	$(PYTHON) -m pytest tests -q
+
+clean:
+	rm -rf build
