@@ -22,13 +22,13 @@ demo: install
 test: install test-cpp test-cpp-sanitize test-py
 
 test-cpp: deps
-	cmake -S . -B $(BUILD_CPP) -G Ninja -DHP_BUILD_TORCH_BINDING=OFF -DHP_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
-	cmake --build $(BUILD_CPP)
+	cmake -S . -B $(BUILD_CPP) -DHP_BUILD_TORCH_BINDING=OFF -DHP_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(BUILD_CPP) --parallel 2
 	ctest --test-dir $(BUILD_CPP) --output-on-failure
 
 test-cpp-sanitize: deps
-	cmake -S . -B $(BUILD_SAN) -G Ninja -DHP_BUILD_TORCH_BINDING=OFF -DHP_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=Debug -DHP_SANITIZE=address,undefined
-	cmake --build $(BUILD_SAN)
+	cmake -S . -B $(BUILD_SAN) -DHP_BUILD_TORCH_BINDING=OFF -DHP_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=Debug -DHP_SANITIZE=address,undefined
+	cmake --build $(BUILD_SAN) --parallel 2
 	ctest --test-dir $(BUILD_SAN) --output-on-failure
 
 # Run from tests/ against the installed package, never the source tree's src/.

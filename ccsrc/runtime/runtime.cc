@@ -135,13 +135,20 @@ Result<std::vector<Runtime::CheckRecord>> Runtime::Exchange(CheckRecord mine) {
   const std::size_t slot = mine.sequence & 1;
   auto* records = static_cast<CheckRecord*>(control_);
   CheckRecord* my_slot = records + slot * world_size_ + rank_;
+  // Through TransferChunks like every other transfer: the device may carry fewer bytes per call than the records.
   for (int pe = 0; pe < world_size_; ++pe) {
-    HP_RETURN_IF_ERROR(device_->Put(my_slot, &mine, sizeof(mine), pe, kDefaultStream, nullptr));
+    HP_RETURN_IF_ERROR(TransferChunks(sizeof(mine), [&](std::size_t offset, std::size_t n) {
+      return device_->Put(reinterpret_cast<char*>(my_slot) + offset, reinterpret_cast<const char*>(&mine) + offset, n,
+                          pe, kDefaultStream, nullptr);
+    }));
   }
   HP_RETURN_IF_ERROR(device_->Barrier(kDefaultStream));
   std::vector<CheckRecord> all(static_cast<std::size_t>(world_size_));
-  HP_RETURN_IF_ERROR(device_->Get(all.data(), records + slot * world_size_, all.size() * sizeof(CheckRecord), rank_,
-                                  kDefaultStream, nullptr));
+  const char* slot_base = reinterpret_cast<const char*>(records + slot * world_size_);
+  HP_RETURN_IF_ERROR(TransferChunks(all.size() * sizeof(CheckRecord), [&](std::size_t offset, std::size_t n) {
+    return device_->Get(reinterpret_cast<char*>(all.data()) + offset, slot_base + offset, n, rank_, kDefaultStream,
+                        nullptr);
+  }));
   for (int r = 0; r < world_size_; ++r) {
     if (all[static_cast<std::size_t>(r)].sequence != mine.sequence) {
       return Mismatch("ranks are not in the same collective: rank=" + std::to_string(rank_) + " " + Describe(mine) +
@@ -190,6 +197,7 @@ Result<AllocationInfo> Runtime::Allocate(std::size_t bytes, std::size_t alignmen
     undo();
     return Record(all.status());
   }
+  mine.sequence = check_sequence_;   // Exchange numbered its copy; error messages describe ours
   if (!local.ok()) return Record(local.status());
   for (int r = 0; r < world_size_; ++r) {
     const CheckRecord& theirs = all.value()[static_cast<std::size_t>(r)];
@@ -223,7 +231,9 @@ Result<AllocationInfo> Runtime::Allocate(std::size_t bytes, std::size_t alignmen
 Status Runtime::Free(std::uint64_t allocation_id, const std::string& call_site) {
   HP_RETURN_IF_ERROR(Record(RequireInitialized("free")));
   std::lock_guard<std::mutex> lock(mu_);
-  HP_ASSIGN_OR_RETURN(AllocationInfo info, registry_.Get(allocation_id));
+  auto found = registry_.Get(allocation_id);
+  if (!found.ok()) return Record(found.status());
+  AllocationInfo info = std::move(found).value();
   if (info.state != AllocationState::kActive) {
     return Record(StateError(std::string("allocation is not active: allocation_id=") + std::to_string(allocation_id) +
                              " state=" + AllocationStateName(info.state)));
@@ -238,7 +248,10 @@ Status Runtime::Free(std::uint64_t allocation_id, const std::string& call_site) 
   mine.op = static_cast<std::uint32_t>(CheckOp::kFree);
   mine.bytes = info.bytes;
   mine.offset = info.offset;
-  HP_ASSIGN_OR_RETURN(std::vector<CheckRecord> all, Exchange(mine));
+  auto exchanged = Exchange(mine);
+  if (!exchanged.ok()) return Record(exchanged.status());
+  const std::vector<CheckRecord>& all = exchanged.value();
+  mine.sequence = check_sequence_;   // Exchange numbered its copy; error messages describe ours
   for (int r = 0; r < world_size_; ++r) {
     const CheckRecord& theirs = all[static_cast<std::size_t>(r)];
     if (theirs.op != mine.op || theirs.bytes != mine.bytes || theirs.offset != mine.offset) {
@@ -337,7 +350,7 @@ Status Runtime::AllGather(const void* symmetric_output, std::size_t output_bytes
                           std::size_t input_bytes, StreamHandle stream, KeepAlive keep) {
   HP_RETURN_IF_ERROR(Record(RequireInitialized("all_gather")));
   const std::size_t expected = input_bytes * static_cast<std::size_t>(world_size_);
-  if (output_bytes != expected) {
+  if (expected / static_cast<std::size_t>(world_size_) != input_bytes || output_bytes != expected) {
     return Record(InvalidArgument("`output` must have world_size * input bytes (" + std::to_string(world_size_) +
                                   " * " + std::to_string(input_bytes) + " = " + std::to_string(expected) +
                                   "), but got " + std::to_string(output_bytes)));
@@ -392,7 +405,10 @@ Status Runtime::Shutdown(Bootstrap& bootstrap) {
   CheckRecord mine{};
   mine.op = static_cast<std::uint32_t>(CheckOp::kShutdown);
   mine.count = live.size();
-  HP_ASSIGN_OR_RETURN(std::vector<CheckRecord> all, Exchange(mine));
+  auto exchanged = Exchange(mine);
+  if (!exchanged.ok()) return Record(exchanged.status());
+  const std::vector<CheckRecord>& all = exchanged.value();
+  mine.sequence = check_sequence_;   // Exchange numbered its copy; error messages describe ours
   std::string holders;
   for (int r = 0; r < world_size_; ++r) {
     const CheckRecord& theirs = all[static_cast<std::size_t>(r)];

@@ -146,7 +146,7 @@ Status HostDevice::Init(const DeviceInitArgs& args, Bootstrap& bootstrap) {
   ControlBlock* mine = control(rank_);
   mine->magic = kMagic;
   mine->pid = getpid();
-  barrier_epoch_ = 0;
+  barrier_epoch_.store(0);
   heap_ = std::make_unique<HeapAllocator>(heap_size_);
   // Our control block must be initialised before any peer uses it.
   HP_RETURN_IF_ERROR(bootstrap.Barrier());
@@ -247,7 +247,7 @@ Status HostDevice::DoWaitSignal(void* symmetric_signal, SignalWidth width, Compa
     return std::string("signal wait timed out: signal=") + Hex(reinterpret_cast<std::uintptr_t>(symmetric_signal)) +
            " heap_offset=" + Hex(offset) + " cmp=" + CompareOpName(cmp) + " expected=" + std::to_string(value) +
            " observed=" + std::to_string(observe()) +
-           " timeout_sec=" + std::to_string(std::chrono::duration<double>(timeout_).count());
+           " timeout_sec=" + Decimal(std::chrono::duration<double>(timeout_).count());
   };
   return WaitUntil(symmetric_signal, &control(rank_)->sleepers, done, spin_, Deadline(), describe);
 }
@@ -260,7 +260,7 @@ Status HostDevice::WaitSignal(void* symmetric_signal, SignalWidth width, Compare
 Status HostDevice::DoBarrier() {
   // A counting barrier on one word of rank 0's block: barrier number e is complete once e * world_size
   // arrivals have been counted. The word only grows, so nothing is ever reset.
-  const std::uint64_t epoch = ++barrier_epoch_;
+  const std::uint64_t epoch = barrier_epoch_.fetch_add(1) + 1;
   const std::uint64_t target = epoch * static_cast<std::uint64_t>(world_size_);
   ControlBlock* root = control(0);
   StoreSeqCst(&control(rank_)->barrier_epoch, epoch);
@@ -277,7 +277,7 @@ Status HostDevice::DoBarrier() {
     const std::uint64_t arrived = LoadAcquire(&root->barrier_arrivals) - (epoch - 1) * world_size_;
     return "barrier timed out: epoch=" + std::to_string(epoch) + " expected_arrivals=" + std::to_string(world_size_) +
            " observed_arrivals=" + std::to_string(arrived) + " missing_ranks=[" + missing + "]" +
-           " timeout_sec=" + std::to_string(std::chrono::duration<double>(timeout_).count());
+           " timeout_sec=" + Decimal(std::chrono::duration<double>(timeout_).count());
   };
   return WaitUntil(&root->barrier_arrivals, &root->barrier_sleepers, done, spin_, Deadline(), describe);
 }

@@ -4,6 +4,7 @@
 // a put is a memcpy into the peer's mapping, a signal an atomic on it, and a wait a futex on the local word.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -76,7 +77,9 @@ class HostDevice final : public Device {
   std::vector<ShmSegment> segments_;          // index = rank; segments_[rank_] is ours
   std::vector<char*> bases_;                  // mapping of each rank's segment
   std::unique_ptr<HeapAllocator> heap_;
-  std::uint64_t barrier_epoch_ = 0;           // barriers this rank has entered
+  // Barriers this rank has entered. Barriers pair up across ranks by their order, so a process issues one
+  // barrier at a time (from one stream or thread), like one NCCL communicator.
+  std::atomic<std::uint64_t> barrier_epoch_{0};
 
   mutable std::mutex streams_mu_;
   std::map<StreamHandle, std::shared_ptr<HostStream>> streams_;

@@ -105,7 +105,12 @@ Result<ShmSegment> ShmSegment::Open(const std::string& name, std::size_t bytes) 
   const int fd = shm_open(name.c_str(), O_RDWR, 0600);
   if (fd < 0) return DeviceError("shm_open of a peer segment failed: name=" + name + " error=" + ErrnoText(errno));
   struct stat st;
-  if (fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != bytes) {
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    return DeviceError("fstat of a peer segment failed: name=" + name + " error=" + ErrnoText(err));
+  }
+  if (static_cast<std::size_t>(st.st_size) != bytes) {
     close(fd);
     return DeviceError("peer segment has an unexpected size: name=" + name + " expected=" + std::to_string(bytes) +
                        " observed=" + std::to_string(static_cast<long long>(st.st_size)));

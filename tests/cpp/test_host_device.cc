@@ -1,0 +1,303 @@
+// The host device through the Device interface, with thread-ranks: initialisation over POSIX shared memory,
+// capacity checks, the data plane between the ranks' mappings, signals, barriers and streams.
+#include "runtime/host/host_device.h"
+
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/logging.h"
+#include "thread_bootstrap.h"
+
+namespace hp::shmem::host {
+namespace {
+
+using testutil::GatherValue;
+using testutil::RunRanks;
+using testutil::ThreadBootstrap;
+using testutil::ThreadGroup;
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+bool Contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+::testing::AssertionResult IsOk(const Status& status) {
+  if (status.ok()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << status.ToString();
+}
+
+::testing::AssertionResult HasError(const Status& status, StatusCode code, const std::string& part) {
+  if (status.code() == code && Contains(status.message(), part)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "got " << status.ToString() << "; expected " << StatusCodeName(code)
+                                       << " containing '" << part << "'";
+}
+
+DeviceInitArgs Args(Bootstrap& bootstrap, std::size_t heap_size = kMiB, double timeout_sec = 10.0) {
+  DeviceInitArgs args;
+  args.rank = bootstrap.rank();
+  args.world_size = bootstrap.world_size();
+  args.heap_size = heap_size;
+  args.timeout_sec = timeout_sec;
+  return args;
+}
+
+// Entries of /dev/shm that segments of this process would have.
+std::vector<std::string> OwnShmEntries() {
+  std::vector<std::string> found;
+  const std::string prefix = std::string(kSegmentPrefix) + std::to_string(getpid()) + "-";
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return found;
+  while (dirent* entry = readdir(dir)) {
+    if (std::strncmp(entry->d_name, prefix.c_str(), prefix.size()) == 0) found.emplace_back(entry->d_name);
+  }
+  closedir(dir);
+  return found;
+}
+
+std::size_t PageSize() { return static_cast<std::size_t>(sysconf(_SC_PAGESIZE)); }
+
+void* At(void* base, std::size_t offset) { return static_cast<char*>(base) + offset; }
+
+TEST(HostDeviceTest, NotInitialised) {
+  HostDevice device;
+  EXPECT_STREQ(device.name(), "host");
+  EXPECT_EQ(device.heap_base(), 0u);
+  EXPECT_EQ(device.heap_size(), 0u);
+  EXPECT_EQ(device.max_transfer_bytes(), 0u);
+  const Result<void*> allocated = device.Allocate(64, 64);
+  EXPECT_TRUE(HasError(allocated.status(), StatusCode::kStateError, "host device is not initialised: op=Allocate"));
+  char byte = 0;
+  EXPECT_TRUE(HasError(device.Free(&byte), StatusCode::kStateError, "host device is not initialised: op=Free"));
+  EXPECT_EQ(device.ReservedBytes(&byte), 0u);
+  EXPECT_TRUE(IsOk(device.Quiesce()));
+  EXPECT_TRUE(IsOk(device.Finalize()));
+}
+
+TEST(HostDeviceTest, InitLeavesNothingInDevShm) {
+  RunRanks(4, [](int rank, Bootstrap& bootstrap) {
+    HostDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(bootstrap, kMiB + 1), bootstrap)));
+    // Every rank has mapped every segment and unlinked its own: /dev/shm holds nothing of ours.
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+    EXPECT_EQ(OwnShmEntries(), std::vector<std::string>{});
+    EXPECT_EQ(device.heap_size(), kMiB + PageSize());   // rounded up to whole pages
+    EXPECT_NE(device.heap_base(), 0u);
+    EXPECT_EQ(device.heap_base() % PageSize(), 0u);
+    // Every rank maps its own segment at its own address.
+    const std::vector<std::uintptr_t> bases = GatherValue(bootstrap, device.heap_base());
+    for (int r = 0; r < 4; ++r) {
+      if (r != rank) {
+        EXPECT_NE(bases[static_cast<std::size_t>(r)], device.heap_base());
+      }
+    }
+    EXPECT_TRUE(HasError(device.Init(Args(bootstrap), bootstrap), StatusCode::kStateError,
+                         "host device is already initialised: rank=" + std::to_string(rank)));
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+    EXPECT_TRUE(IsOk(device.Finalize()));
+    EXPECT_EQ(device.heap_base(), 0u);
+    EXPECT_TRUE(HasError(device.Allocate(64, 64).status(), StatusCode::kStateError, "op=Allocate"));
+  });
+  EXPECT_EQ(OwnShmEntries(), std::vector<std::string>{});
+}
+
+TEST(HostDeviceTest, InitFailsOnEveryRankWhenDevShmIsTooSmall) {
+  struct statvfs vfs;
+  ASSERT_EQ(statvfs("/dev/shm", &vfs), 0);
+  const std::size_t available = static_cast<std::size_t>(vfs.f_bavail) * static_cast<std::size_t>(vfs.f_frsize);
+  // Larger than the free space, and never written: the check comes before any segment exists.
+  const std::size_t heap_size = available + 64 * kMiB;
+  const std::size_t segment_bytes = (heap_size + PageSize() - 1) / PageSize() * PageSize() + HostDevice::kControlBytes;
+  RunRanks(2, [&](int, Bootstrap& bootstrap) {
+    HostDevice device;
+    const Status status = device.Init(Args(bootstrap, heap_size), bootstrap);
+    EXPECT_TRUE(HasError(status, StatusCode::kOutOfMemory,
+                         "creating the symmetric heap failed on rank 0: shared-memory filesystem too small for the "
+                         "symmetric heaps: path=/dev/shm required=" +
+                             std::to_string(2 * segment_bytes) + " available="));
+    EXPECT_EQ(device.heap_base(), 0u);
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+    EXPECT_EQ(OwnShmEntries(), std::vector<std::string>{});
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));   // every rank has looked before anyone creates a segment again
+    // The device is still usable with a heap that fits.
+    ASSERT_TRUE(IsOk(device.Init(Args(bootstrap), bootstrap)));
+    EXPECT_EQ(device.heap_size(), kMiB);
+    EXPECT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
+TEST(HostDeviceTest, SymmetricHeapAndDataPlane) {
+  RunRanks(4, [](int rank, Bootstrap& bootstrap) {
+    HostDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(bootstrap), bootstrap)));
+    // The same sequence of allocations yields the same offsets on every rank.
+    Result<void*> a = device.Allocate(1000, 64);
+    Result<void*> b = device.Allocate(4096, 4096);
+    ASSERT_TRUE(a.ok() && b.ok());
+    const std::size_t offset_a = reinterpret_cast<std::uintptr_t>(a.value()) - device.heap_base();
+    const std::size_t offset_b = reinterpret_cast<std::uintptr_t>(b.value()) - device.heap_base();
+    EXPECT_EQ(offset_a, 0u);
+    EXPECT_EQ(offset_b % 4096, 0u);
+    EXPECT_EQ(device.ReservedBytes(a.value()), 1024u);
+    EXPECT_EQ(device.ReservedBytes(b.value()), 4096u);
+    EXPECT_EQ(GatherValue(bootstrap, offset_b), std::vector<std::size_t>(4, offset_b));
+    std::memset(b.value(), 0, 4096);
+    ASSERT_TRUE(IsOk(device.Barrier(kDefaultStream)));
+
+    // Each rank writes its 1 KiB block into slot `rank` of every peer's b, then reads slot `rank` of a peer back.
+    std::vector<unsigned char> block(1024, static_cast<unsigned char>(0x10 + rank));
+    for (int pe = 0; pe < 4; ++pe) {
+      ASSERT_TRUE(IsOk(device.Put(At(b.value(), 1024 * static_cast<std::size_t>(rank)), block.data(), 1024, pe,
+                                  kDefaultStream, nullptr)));
+    }
+    ASSERT_TRUE(IsOk(device.Barrier(kDefaultStream)));
+    for (int r = 0; r < 4; ++r) {
+      const auto* slot = static_cast<const unsigned char*>(At(b.value(), 1024 * static_cast<std::size_t>(r)));
+      EXPECT_EQ(slot[0], 0x10 + r);
+      EXPECT_EQ(slot[1023], 0x10 + r);
+    }
+    std::vector<unsigned char> got(1024, 0);
+    ASSERT_TRUE(IsOk(device.Get(got.data(), At(b.value(), 1024 * static_cast<std::size_t>(rank)), 1024,
+                                (rank + 2) % 4, kDefaultStream, nullptr)));
+    EXPECT_EQ(got, block);
+
+    EXPECT_TRUE(IsOk(device.Free(a.value())));
+    EXPECT_TRUE(HasError(device.Free(a.value()), StatusCode::kInvalidArgument, ""));
+    ASSERT_TRUE(IsOk(device.Barrier(kDefaultStream)));
+    EXPECT_TRUE(IsOk(device.Free(b.value())));
+    EXPECT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
+TEST(HostDeviceTest, SignalsWakeWaitersOnOtherRanks) {
+  // Four ranks outnumber the cores of small CI machines: waiters sleep in the futex rather than spin.
+  RunRanks(4, [](int rank, Bootstrap& bootstrap) {
+    HostDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(bootstrap), bootstrap)));
+    Result<void*> signals = device.Allocate(64, 64);
+    ASSERT_TRUE(signals.ok());
+    std::memset(signals.value(), 0, 64);
+    auto* counter = static_cast<std::int64_t*>(signals.value());
+    auto* flag = static_cast<std::int32_t*>(At(signals.value(), 8));
+    ASSERT_TRUE(IsOk(device.Barrier(kDefaultStream)));
+    if (rank == 0) {
+      // Every other rank adds its rank; then rank 0 releases them all with a set.
+      EXPECT_TRUE(IsOk(device.WaitSignal(counter, SignalWidth::k64, CompareOp::kEq, 1 + 2 + 3, kDefaultStream)));
+      for (int pe = 1; pe < 4; ++pe) {
+        EXPECT_TRUE(IsOk(device.Signal(flag, SignalWidth::k32, -5, SignalOp::kSet, pe, kDefaultStream)));
+      }
+    } else {
+      EXPECT_TRUE(IsOk(device.Signal(counter, SignalWidth::k64, rank, SignalOp::kAdd, 0, kDefaultStream)));
+      EXPECT_TRUE(IsOk(device.WaitSignal(flag, SignalWidth::k32, CompareOp::kEq, -5, kDefaultStream)));
+    }
+    ASSERT_TRUE(IsOk(device.Barrier(kDefaultStream)));
+    EXPECT_EQ(*counter, rank == 0 ? 6 : 0);
+    EXPECT_EQ(*flag, rank == 0 ? 0 : -5);
+    EXPECT_TRUE(IsOk(device.Free(signals.value())));
+    EXPECT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
+TEST(HostDeviceTest, BarrierTimeoutNamesEveryMissingRank) {
+  RunRanks(4, [](int rank, Bootstrap& bootstrap) {
+    HostDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(bootstrap, kMiB, 0.25), bootstrap)));
+    if (rank < 2) {
+      const Status status = device.Barrier(kDefaultStream);
+      EXPECT_EQ(status.code(), StatusCode::kTimeout);
+      EXPECT_EQ(status.message(), "barrier timed out: epoch=1 expected_arrivals=4 observed_arrivals=2 "
+                                  "missing_ranks=[2,3] timeout_sec=" + Decimal(0.25));
+    }
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+    // The late ranks complete barrier 1 between themselves; then all four are in step.
+    if (rank >= 2) {
+      EXPECT_TRUE(IsOk(device.Barrier(kDefaultStream)));
+    }
+    EXPECT_TRUE(IsOk(device.Barrier(kDefaultStream)));
+    EXPECT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
+TEST(HostDeviceTest, StreamsOrderWorkAndReportErrors) {
+  RunRanks(2, [](int rank, Bootstrap& bootstrap) {
+    HostDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(bootstrap, kMiB, 0.1), bootstrap)));
+    Result<void*> buffer = device.Allocate(4096, 64);
+    ASSERT_TRUE(buffer.ok());
+    std::memset(buffer.value(), 0, 4096);
+    ASSERT_TRUE(IsOk(device.Barrier(kDefaultStream)));
+
+    Result<StreamHandle> stream = device.CreateStream();
+    ASSERT_TRUE(stream.ok());
+    auto data = std::make_shared<std::vector<unsigned char>>(2048, static_cast<unsigned char>(rank + 1));
+    // put to the peer, then a barrier, all on the stream.
+    ASSERT_TRUE(IsOk(device.Put(At(buffer.value(), 2048 * static_cast<std::size_t>(rank)), data->data(), 2048,
+                                1 - rank, stream.value(), data)));
+    ASSERT_TRUE(IsOk(device.Barrier(stream.value())));
+    data.reset();
+    ASSERT_TRUE(IsOk(device.SynchronizeStream(stream.value())));
+    const auto* peer_block = static_cast<const unsigned char*>(At(buffer.value(), 2048 * static_cast<std::size_t>(1 - rank)));
+    EXPECT_EQ(peer_block[0], 2 - rank);
+    EXPECT_EQ(peer_block[2047], 2 - rank);
+
+    // A failing wait on the stream: Quiesce reports it, later work was skipped.
+    Result<void*> signals = device.Allocate(64, 64);
+    ASSERT_TRUE(signals.ok());
+    std::memset(signals.value(), 0, 64);
+    ASSERT_TRUE(IsOk(device.WaitSignal(signals.value(), SignalWidth::k32, CompareOp::kEq, 1, stream.value())));
+    ASSERT_TRUE(IsOk(device.Signal(At(signals.value(), 8), SignalWidth::k32, 9, SignalOp::kSet, rank,
+                                   stream.value())));
+    EXPECT_TRUE(HasError(device.Quiesce(), StatusCode::kTimeout,
+                         "signal wait timed out: signal=" + Hex(reinterpret_cast<std::uintptr_t>(signals.value()))));
+    EXPECT_EQ(*static_cast<const std::int32_t*>(At(signals.value(), 8)), 0);
+    EXPECT_TRUE(IsOk(device.Quiesce()));
+    ASSERT_TRUE(IsOk(device.Signal(At(signals.value(), 8), SignalWidth::k32, 9, SignalOp::kSet, rank,
+                                   stream.value())));
+    EXPECT_TRUE(IsOk(device.SynchronizeStream(stream.value())));
+    EXPECT_EQ(*static_cast<const std::int32_t*>(At(signals.value(), 8)), 9);
+
+    // Unknown handles.
+    const StreamHandle bogus = 0x1234;
+    const std::string unknown = "`stream` must be a live stream of the host device, but got handle 0x1234";
+    EXPECT_TRUE(HasError(device.SynchronizeStream(bogus), StatusCode::kInvalidArgument, unknown));
+    EXPECT_TRUE(HasError(device.DestroyStream(bogus), StatusCode::kInvalidArgument, unknown));
+    EXPECT_TRUE(HasError(device.StreamWaitStream(stream.value(), bogus), StatusCode::kInvalidArgument, unknown));
+    EXPECT_TRUE(HasError(device.StreamWaitStream(bogus, stream.value()), StatusCode::kInvalidArgument, unknown));
+    EXPECT_TRUE(HasError(device.Put(buffer.value(), buffer.value(), 8, rank, bogus, nullptr),
+                         StatusCode::kInvalidArgument, unknown));
+    EXPECT_TRUE(IsOk(device.SynchronizeStream(kDefaultStream)));
+    EXPECT_TRUE(IsOk(device.StreamWaitStream(stream.value(), kDefaultStream)));
+    EXPECT_TRUE(IsOk(device.StreamWaitStream(stream.value(), stream.value())));
+    EXPECT_TRUE(IsOk(device.DestroyStream(stream.value())));
+    EXPECT_TRUE(HasError(device.DestroyStream(stream.value()), StatusCode::kInvalidArgument, "`stream` must be"));
+
+    ASSERT_TRUE(IsOk(device.Barrier(kDefaultStream)));
+    EXPECT_TRUE(IsOk(device.Free(signals.value())));
+    EXPECT_TRUE(IsOk(device.Free(buffer.value())));
+    EXPECT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
+TEST(HostDeviceTest, FinalizeReportsAFailedStreamOperation) {
+  ThreadGroup group(1);
+  ThreadBootstrap bootstrap(group, 0);
+  HostDevice device;
+  ASSERT_TRUE(IsOk(device.Init(Args(bootstrap, kMiB, 0.02), bootstrap)));
+  Result<void*> signal = device.Allocate(8, 64);
+  ASSERT_TRUE(signal.ok());
+  Result<StreamHandle> stream = device.CreateStream();
+  ASSERT_TRUE(stream.ok());
+  ASSERT_TRUE(IsOk(device.WaitSignal(signal.value(), SignalWidth::k64, CompareOp::kEq, 1, stream.value())));
+  const Status status = device.Finalize();
+  EXPECT_TRUE(HasError(status, StatusCode::kTimeout, "cmp=eq expected=1 observed=0 timeout_sec=" + Decimal(0.02)));
+  EXPECT_EQ(device.heap_base(), 0u);
+}
+
+}  // namespace
+}  // namespace hp::shmem::host

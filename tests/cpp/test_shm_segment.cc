@@ -1,0 +1,236 @@
+// POSIX shared-memory segments: naming, permissions, mapping, unlinking, capacity checks, stale-segment cleanup.
+#include "runtime/host/shm_segment.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+namespace hp::shmem::host {
+namespace {
+
+bool Contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// The /dev/shm path of a segment name ("/hpshmem-..." -> "/dev/shm/hpshmem-...").
+std::string ShmPath(const std::string& name) { return "/dev/shm" + name; }
+
+bool Exists(const std::string& name) {
+  struct stat st;
+  return stat(ShmPath(name).c_str(), &st) == 0;
+}
+
+// Creates a named segment directly through shm_open (as another process would have).
+bool CreateRaw(const std::string& name) {
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return false;
+  close(fd);
+  return true;
+}
+
+// A pid that belonged to a process which has exited and been reaped.
+pid_t DeadPid() {
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  int status = 0;
+  waitpid(child, &status, 0);
+  return child;
+}
+
+unsigned long long AvailableShmBytes() {
+  struct statvfs vfs;
+  if (statvfs("/dev/shm", &vfs) != 0) return 0;
+  return static_cast<unsigned long long>(vfs.f_bavail) * static_cast<unsigned long long>(vfs.f_frsize);
+}
+
+TEST(ShmSegmentTest, PrefixConstant) { EXPECT_STREQ(kSegmentPrefix, "hpshmem-"); }
+
+TEST(ShmSegmentTest, CreateNamesMapsAndRestrictsTheSegment) {
+  Result<ShmSegment> created = ShmSegment::Create(8192);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  ShmSegment segment = std::move(created).value();
+  const std::string prefix = "/hpshmem-" + std::to_string(getpid()) + "-";
+  ASSERT_EQ(segment.name().rfind(prefix, 0), 0u) << segment.name();
+  const std::string suffix = segment.name().substr(prefix.size());
+  EXPECT_EQ(suffix.size(), 32u);   // 128 random bits in hex
+  EXPECT_EQ(suffix.find_first_not_of("0123456789abcdef"), std::string::npos) << suffix;
+  EXPECT_EQ(segment.size(), 8192u);
+  ASSERT_NE(segment.data(), nullptr);
+
+  // Mode 0600, a regular file of the requested size.
+  struct stat st;
+  ASSERT_EQ(stat(ShmPath(segment.name()).c_str(), &st), 0) << std::strerror(errno);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(st.st_size, 8192);
+  EXPECT_EQ(st.st_uid, geteuid());
+
+  // Fresh pages are zero and writable.
+  const auto* bytes = static_cast<const unsigned char*>(segment.data());
+  for (std::size_t i = 0; i < 8192; i += 512) EXPECT_EQ(bytes[i], 0) << i;
+  std::memset(segment.data(), 0x3C, 8192);
+
+  // Two segments never share a name.
+  Result<ShmSegment> other = ShmSegment::Create(4096);
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(other->name(), segment.name());
+}
+
+TEST(ShmSegmentTest, OpenMapsTheSameMemory) {
+  Result<ShmSegment> created = ShmSegment::Create(4096);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  Result<ShmSegment> opened = ShmSegment::Open(created->name(), 4096);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  EXPECT_EQ(opened->name(), created->name());
+  EXPECT_EQ(opened->size(), 4096u);
+  ASSERT_NE(opened->data(), created->data());
+  static_cast<char*>(created->data())[100] = 'x';
+  EXPECT_EQ(static_cast<const char*>(opened->data())[100], 'x');
+  static_cast<char*>(opened->data())[4095] = 'y';
+  EXPECT_EQ(static_cast<const char*>(created->data())[4095], 'y');
+}
+
+TEST(ShmSegmentTest, OpenChecksTheSize) {
+  Result<ShmSegment> created = ShmSegment::Create(8192);
+  ASSERT_TRUE(created.ok());
+  Result<ShmSegment> opened = ShmSegment::Open(created->name(), 4096);
+  ASSERT_FALSE(opened.ok());
+  EXPECT_EQ(opened.status().code(), StatusCode::kDeviceError);
+  EXPECT_EQ(opened.status().message(), "peer segment has an unexpected size: name=" + created->name() +
+                                           " expected=4096 observed=8192");
+}
+
+TEST(ShmSegmentTest, UnlinkRemovesTheNameButKeepsTheMapping) {
+  Result<ShmSegment> created = ShmSegment::Create(4096);
+  ASSERT_TRUE(created.ok());
+  ShmSegment segment = std::move(created).value();
+  Result<ShmSegment> opened = ShmSegment::Open(segment.name(), 4096);
+  ASSERT_TRUE(opened.ok());
+  ASSERT_TRUE(Exists(segment.name()));
+
+  ASSERT_TRUE(segment.Unlink().ok());
+  EXPECT_FALSE(Exists(segment.name()));
+  EXPECT_TRUE(segment.Unlink().ok());   // a second unlink is a no-op
+  // Both mappings still work and still share memory.
+  static_cast<char*>(segment.data())[7] = 'z';
+  EXPECT_EQ(static_cast<const char*>(opened->data())[7], 'z');
+
+  Result<ShmSegment> late = ShmSegment::Open(segment.name(), 4096);
+  ASSERT_FALSE(late.ok());
+  EXPECT_EQ(late.status().code(), StatusCode::kDeviceError);
+  EXPECT_EQ(late.status().message(), "shm_open of a peer segment failed: name=" + segment.name() +
+                                         " error=" + std::strerror(ENOENT) + " (errno=" + std::to_string(ENOENT) + ")");
+}
+
+TEST(ShmSegmentTest, OnlyTheOwnerUnlinksOnDestruction) {
+  std::string name;
+  {
+    Result<ShmSegment> created = ShmSegment::Create(4096);
+    ASSERT_TRUE(created.ok());
+    name = created->name();
+    {
+      // A peer's mapping going away leaves the name alone.
+      Result<ShmSegment> opened = ShmSegment::Open(name, 4096);
+      ASSERT_TRUE(opened.ok());
+      EXPECT_TRUE(opened->Unlink().ok());   // not the owner: nothing to do
+    }
+    EXPECT_TRUE(Exists(name));
+  }
+  EXPECT_FALSE(Exists(name));   // the owner removed it
+}
+
+TEST(ShmSegmentTest, MovingTransfersOwnership) {
+  Result<ShmSegment> created = ShmSegment::Create(4096);
+  ASSERT_TRUE(created.ok());
+  ShmSegment first = std::move(created).value();
+  const std::string name = first.name();
+  void* data = first.data();
+  ShmSegment second(std::move(first));
+  EXPECT_EQ(second.data(), data);
+  EXPECT_EQ(second.size(), 4096u);
+  EXPECT_EQ(second.name(), name);
+  EXPECT_EQ(first.data(), nullptr);   // NOLINT(bugprone-use-after-move): the moved-from state is specified
+  EXPECT_EQ(first.size(), 0u);
+  EXPECT_TRUE(first.Unlink().ok());   // no longer the owner
+  EXPECT_TRUE(Exists(name));
+
+  ShmSegment third;
+  third = std::move(second);
+  EXPECT_EQ(third.data(), data);
+  static_cast<char*>(third.data())[0] = 1;
+  third = ShmSegment();   // releases: unmaps and unlinks
+  EXPECT_EQ(third.data(), nullptr);
+  EXPECT_FALSE(Exists(name));
+}
+
+TEST(ShmSegmentTest, OpenOfAMissingName) {
+  const std::string name = "/hpshmem-" + std::to_string(getpid()) + "-does-not-exist";
+  Result<ShmSegment> opened = ShmSegment::Open(name, 4096);
+  ASSERT_FALSE(opened.ok());
+  EXPECT_EQ(opened.status().code(), StatusCode::kDeviceError);
+  EXPECT_TRUE(Contains(opened.status().message(), "shm_open of a peer segment failed: name=" + name + " error="))
+      << opened.status().message();
+}
+
+TEST(ShmCapacityTest, EnoughRoom) {
+  EXPECT_TRUE(CheckShmCapacity(0).ok());
+  EXPECT_TRUE(CheckShmCapacity(4096).ok());
+}
+
+TEST(ShmCapacityTest, TooSmallNamesRequiredAndAvailable) {
+  const unsigned long long available = AvailableShmBytes();
+  ASSERT_GT(available, 0u);
+  const unsigned long long required = available + (1ull << 30);
+  const Status status = CheckShmCapacity(static_cast<std::size_t>(required));
+  ASSERT_EQ(status.code(), StatusCode::kOutOfMemory) << status.ToString();
+  const std::string head = "shared-memory filesystem too small for the symmetric heaps: path=/dev/shm required=" +
+                           std::to_string(required) + " available=";
+  EXPECT_EQ(status.message().rfind(head, 0), 0u) << status.message();
+  // The available figure is a number (it may move by the time we compare), then the advice.
+  const std::string rest = status.message().substr(head.size());
+  const std::size_t digits = rest.find_first_not_of("0123456789");
+  ASSERT_NE(digits, std::string::npos);
+  EXPECT_GT(digits, 0u);
+  EXPECT_EQ(rest.substr(digits), " (lower HYPER_PARALLEL_SHMEM_HEAP_SIZE or enlarge /dev/shm)");
+}
+
+TEST(ShmCapacityTest, UnreadableDirectory) {
+  const Status status = CheckShmCapacity(1, "/nonexistent-hpshmem-dir");
+  EXPECT_EQ(status.code(), StatusCode::kDeviceError);
+  EXPECT_EQ(status.message(), std::string("cannot inspect the shared-memory filesystem: path=/nonexistent-hpshmem-dir ") +
+                                  "error=" + std::strerror(ENOENT) + " (errno=" + std::to_string(ENOENT) + ")");
+}
+
+TEST(RemoveStaleSegmentsTest, RemovesOnlySegmentsOfDeadProcesses) {
+  const pid_t dead = DeadPid();
+  ASSERT_GT(dead, 0);
+  const std::string stale = "/hpshmem-" + std::to_string(dead) + "-test";
+  const std::string live = "/hpshmem-" + std::to_string(getpid()) + "-livetest";
+  // Names that merely look similar are never touched.
+  const std::string no_pid = "/hpshmem-x" + std::to_string(dead) + "-test";
+  const std::string no_dash = "/hpshmem-" + std::to_string(dead) + "test";
+  for (const std::string& name : {stale, live, no_pid, no_dash}) {
+    shm_unlink(name.c_str());   // leftovers of an interrupted earlier run
+    ASSERT_TRUE(CreateRaw(name)) << name << ": " << std::strerror(errno);
+  }
+
+  const int removed = RemoveStaleSegments();
+  EXPECT_GE(removed, 1);
+  EXPECT_FALSE(Exists(stale));
+  EXPECT_TRUE(Exists(live));
+  EXPECT_TRUE(Exists(no_pid));
+  EXPECT_TRUE(Exists(no_dash));
+  EXPECT_EQ(RemoveStaleSegments("/nonexistent-hpshmem-dir"), 0);
+
+  for (const std::string& name : {live, no_pid, no_dash}) EXPECT_EQ(shm_unlink(name.c_str()), 0) << name;
+}
+
+}  // namespace
+}  // namespace hp::shmem::host
