@@ -14,6 +14,8 @@ namespace hp::shmem {
 class HeapAllocator {
  public:
   static constexpr std::size_t kMinAlignment = 64;   // a cache line: signals never share one with data
+  // The largest alignment a device guarantees for addresses (devices map heaps at multiples of it).
+  static constexpr std::size_t kMaxAlignment = std::size_t{2} << 20;
 
   explicit HeapAllocator(std::size_t capacity);
 

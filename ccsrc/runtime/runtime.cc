@@ -128,6 +128,17 @@ Status Runtime::Init(const Config& config, std::unique_ptr<Device> device, Boots
   return Status::Ok();
 }
 
+void Runtime::QuiesceBeforeCollective(const char* op) {
+  // Queued stream work may still touch memory being freed, or hold a barrier that would otherwise pair with the
+  // check exchange's barrier on another rank. A failure there belongs to its stream: it is logged and recorded,
+  // and the collective goes on so that every rank takes part.
+  Status quiesced = device_->Quiesce();
+  if (!quiesced.ok()) {
+    (void)Record(quiesced);
+    HP_LOG(kError, std::string("a stream operation failed before ") + op + ": " + quiesced.ToString());
+  }
+}
+
 Result<std::vector<Runtime::CheckRecord>> Runtime::Exchange(CheckRecord mine) {
   mine.sequence = ++check_sequence_;
   // Two slots alternate: a rank writes slot s only after the barrier of the previous exchange, which every rank
@@ -179,7 +190,12 @@ Result<AllocationInfo> Runtime::Allocate(std::size_t bytes, std::size_t alignmen
   if (!IsPowerOfTwo(alignment)) {
     return Record(InvalidArgument("`alignment` must be a power of two, but got " + std::to_string(alignment)));
   }
+  if (alignment > HeapAllocator::kMaxAlignment) {
+    return Record(InvalidArgument("`alignment` must be at most " + std::to_string(HeapAllocator::kMaxAlignment) +
+                                  " (2 MiB), but got " + std::to_string(alignment)));
+  }
   std::lock_guard<std::mutex> lock(mu_);
+  QuiesceBeforeCollective("empty");
   auto local = device_->Allocate(bytes, alignment);
   const std::uintptr_t heap_base = device_->heap_base();
   CheckRecord mine{};
@@ -238,12 +254,7 @@ Status Runtime::Free(std::uint64_t allocation_id, const std::string& call_site) 
     return Record(StateError(std::string("allocation is not active: allocation_id=") + std::to_string(allocation_id) +
                              " state=" + AllocationStateName(info.state)));
   }
-  // Our own queued operations may still touch the memory.
-  Status quiesced = device_->Quiesce();
-  if (!quiesced.ok()) {
-    (void)Record(quiesced);
-    HP_LOG(kError, "a stream operation failed before free: " + quiesced.ToString());
-  }
+  QuiesceBeforeCollective("free");
   CheckRecord mine{};
   mine.op = static_cast<std::uint32_t>(CheckOp::kFree);
   mine.bytes = info.bytes;
@@ -396,11 +407,7 @@ Status Runtime::StreamWaitStream(StreamHandle waiter, StreamHandle waited) {
 Status Runtime::Shutdown(Bootstrap& bootstrap) {
   HP_RETURN_IF_ERROR(Record(RequireInitialized("shutdown")));
   std::lock_guard<std::mutex> lock(mu_);
-  Status quiesced = device_->Quiesce();
-  if (!quiesced.ok()) {
-    (void)Record(quiesced);
-    HP_LOG(kError, "a stream operation failed before shutdown: " + quiesced.ToString());
-  }
+  QuiesceBeforeCollective("shutdown");
   const std::vector<AllocationInfo> live = registry_.Active();
   CheckRecord mine{};
   mine.op = static_cast<std::uint32_t>(CheckOp::kShutdown);

@@ -123,6 +123,8 @@ class Runtime {
 
   Status RequireInitialized(const char* op) const;
   Status CheckPe(int pe, const char* what) const;
+  // Waits for every stream of this rank before a collective check.
+  void QuiesceBeforeCollective(const char* op);
   // Publishes `mine` to every rank and returns every rank's record (index = rank).
   Result<std::vector<CheckRecord>> Exchange(CheckRecord mine);
   static std::string Describe(const CheckRecord& record);

@@ -48,7 +48,10 @@ std::size_t ByteSize(const at::Tensor& tensor) {
 
 void* DataPointer(const at::Tensor& tensor, const char* what) {
   try {
-    return tensor.data_ptr();
+    // From the storage, not tensor.data_ptr(): that is null for a tensor without elements, and a zero-byte view
+    // of a symmetric tensor still has to be recognised as symmetric.
+    auto* base = static_cast<char*>(tensor.storage().mutable_data());
+    return base == nullptr ? nullptr : base + tensor.storage_offset() * static_cast<std::int64_t>(tensor.element_size());
   } catch (const c10::Error& e) {
     // Only an invalidated (freed) storage refuses data_ptr(); its message names the allocation.
     throw StatusError(StateError(std::string("`") + what + "` cannot be used: " + e.what_without_backtrace()));
@@ -57,16 +60,18 @@ void* DataPointer(const at::Tensor& tensor, const char* what) {
 
 at::Tensor Empty(const std::vector<std::int64_t>& sizes, c10::ScalarType dtype, std::size_t alignment,
                  std::string call_site) {
-  std::int64_t numel = 1;
+  std::string shape = "[";
+  for (std::size_t i = 0; i < sizes.size(); ++i) shape += (i ? ", " : "") + std::to_string(sizes[i]);
+  shape += "]";
+  std::size_t bytes = c10::elementSize(dtype);
+  bool overflow = false;
   for (std::int64_t size : sizes) {
-    if (size < 0) {
-      std::string shape = "[";
-      for (std::size_t i = 0; i < sizes.size(); ++i) shape += (i ? ", " : "") + std::to_string(sizes[i]);
-      throw StatusError(InvalidArgument("`size` must contain non-negative dimensions, but got " + shape + "]"));
-    }
-    numel *= size;
+    if (size < 0) throw StatusError(InvalidArgument("`size` must contain non-negative dimensions, but got " + shape));
+    overflow |= __builtin_mul_overflow(bytes, static_cast<std::size_t>(size), &bytes);
   }
-  const std::size_t bytes = static_cast<std::size_t>(numel) * c10::elementSize(dtype);
+  if (overflow || bytes > static_cast<std::size_t>(INT64_MAX)) {
+    throw StatusError(InvalidArgument("`size` must describe at most 2**63 - 1 bytes, but got " + shape));
+  }
   Runtime& runtime = Runtime::Instance();
   AllocationInfo info = ValueOrThrow(runtime.Allocate(bytes, alignment, std::move(call_site)));
   const std::uint64_t id = info.id;
@@ -119,8 +124,8 @@ void Free(const at::Tensor& tensor, const std::string& call_site) {
     const std::string message = "symmetric allocation was freed: allocation_id=" + std::to_string(tracked->id) +
                                 " lifecycle=" + std::to_string(tracked->lifecycle) +
                                 " (this tensor and every view of it are invalid after shmem.free)";
+    // nbytes stays: views of the dead storage can still be formed (indexing), and touching their data raises.
     storage->set_data_ptr_noswap(at::DataPtr(nullptr, storage->device()));
-    storage->set_nbytes(0);
     storage->release_data_and_set_meta_custom_data_ptr_error_msg_(message);
   }
 }

@@ -44,12 +44,27 @@ Result<std::string> RandomName() {
   return name;
 }
 
+// Maps the segment at an address aligned to kSegmentAlignment, so that heap offsets aligned to up to that much
+// are aligned addresses too: reserve a larger range, map the segment over its aligned part, return the slack.
 Result<void*> MapFd(int fd, std::size_t bytes, const std::string& name) {
-  void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (data == MAP_FAILED) {
-    return DeviceError("mmap of a shared-memory segment failed: name=" + name + " bytes=" + std::to_string(bytes) +
-                       " error=" + ErrnoText(errno));
+  const std::size_t reserve = bytes + kSegmentAlignment;
+  void* range = mmap(nullptr, reserve, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (range == MAP_FAILED) {
+    return DeviceError("reserving address space for a shared-memory segment failed: name=" + name +
+                       " bytes=" + std::to_string(reserve) + " error=" + ErrnoText(errno));
   }
+  const auto start = reinterpret_cast<std::uintptr_t>(range);
+  const std::uintptr_t aligned = (start + kSegmentAlignment - 1) & ~(std::uintptr_t{kSegmentAlignment} - 1);
+  void* data = mmap(reinterpret_cast<void*>(aligned), bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+  if (data == MAP_FAILED) {
+    const int err = errno;
+    munmap(range, reserve);
+    return DeviceError("mmap of a shared-memory segment failed: name=" + name + " bytes=" + std::to_string(bytes) +
+                       " error=" + ErrnoText(err));
+  }
+  if (aligned > start) munmap(range, aligned - start);
+  const std::uintptr_t end = aligned + bytes;
+  if (start + reserve > end) munmap(reinterpret_cast<void*>(end), start + reserve - end);
   return data;
 }
 

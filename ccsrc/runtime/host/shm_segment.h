@@ -49,6 +49,9 @@ Status CheckShmCapacity(std::size_t bytes_needed, const std::string& shm_dir = "
 // Unlinks the segments of this library whose creating process no longer exists; returns how many.
 int RemoveStaleSegments(const std::string& shm_dir = "/dev/shm");
 
+// Every segment is mapped at an address that is a multiple of this (2 MiB, a huge page).
+constexpr std::size_t kSegmentAlignment = std::size_t{2} << 20;
+
 // "hpshmem-" — the prefix of every segment name (without the leading slash).
 extern const char* const kSegmentPrefix;
 

@@ -25,6 +25,11 @@ class DebugState(dict):
     __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _read_only
     __ior__ = _read_only
 
+    def __reduce__(self):
+        # pickle, copy and deepcopy would otherwise rebuild the dict through __setitem__, which refuses; a snapshot
+        # must survive dist.all_gather_object and copy.deepcopy.
+        return (type(self), (dict(self),))
+
     def __repr__(self) -> str:
         lines = []
         for key, value in self.items():

@@ -51,6 +51,11 @@ def _resolve_ranks(root_group: Optional[dist.ProcessGroup]) -> tuple:
             "torch.distributed is not initialised: call dist.init_process_group() before acquire_shmem()"
         )
     group = dist.group.WORLD if root_group is None else root_group
+    if isinstance(group, int) and group == dist.GroupMember.NON_GROUP_MEMBER:
+        # What dist.new_group() hands to the ranks it leaves out.
+        raise ValueError(
+            f"`root_group` must contain this rank ({dist.get_rank()}), but got a group it is not a member of"
+        )
     if not isinstance(group, dist.ProcessGroup):
         raise TypeError(f"`root_group` must be a torch.distributed.ProcessGroup or None, but got {type(group).__name__}")
     return group, tuple(dist.get_process_group_ranks(group))
@@ -126,7 +131,8 @@ def acquire_shmem(root_group: Optional[dist.ProcessGroup] = None) -> Handle:
     Raises:
         ShmemStateError: torch.distributed is not initialised.
         TypeError: ``root_group`` is not a ProcessGroup.
-        ValueError: the group does not cover the WORLD, or differs from the active runtime's root.
+        ValueError: the group does not contain this rank, does not cover the WORLD, or differs from the active
+            runtime's root.
         ShmemOutOfMemoryError: /dev/shm cannot hold the symmetric heaps.
     """
     global _root

@@ -147,5 +147,12 @@ def stream(s: Optional[Stream]):
 
     Returns:
         A context manager.
+
+    Raises:
+        TypeError: ``s`` is neither a Stream nor None.
     """
-    return s if s is not None else _DEFAULT_STREAM
+    if s is None:
+        return _DEFAULT_STREAM
+    if not isinstance(s, Stream):
+        raise TypeError(f"`s` must be a Stream or None, but got {type(s).__name__}")
+    return s

@@ -1,0 +1,393 @@
+"""System tests of the runtime lifecycle: ``acquire_shmem`` handles, the root identity and shutdown.
+
+Covers the Handle (``closed``, idempotent ``close()``, context manager) and its reference count; the root identity
+(another group object with the same ranks shares the runtime, another membership is refused, a root smaller than
+WORLD is refused); the last close (it waits for every rank, and is refused while allocations are live, leaving the
+handle open for a retry); new lifecycles (a new number, a new HYPER_PARALLEL_SHMEM_HEAP_SIZE); and that nothing runs
+a collective behind the user's back: dropping an unclosed handle on one rank, or a process that exits with an open
+handle and live allocations.
+
+Most cases run in one reused 4-rank world; the cases that leave a rank's runtime unusable on purpose run in a fresh
+2-rank world or in plain subprocesses.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import weakref
+from typing import Any, Callable
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import hyper_parallel
+from harness import World
+from hyper_parallel.core.multicore import shmem
+
+HEAP_VAR = "HYPER_PARALLEL_SHMEM_HEAP_SIZE"
+ENV = {HEAP_VAR: "16M", "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC": "20"}
+MiB = 1 << 20
+
+
+# --------------------------------------------------------------------------
+# Helpers (run in the ranks).
+# --------------------------------------------------------------------------
+
+
+def _assert_clean() -> None:
+    """Every case starts without a runtime, so that a leftover of an earlier case shows up here and not later."""
+    state = shmem.debug_state()
+    assert state["state"] == "uninitialized" and state["reference_count"] == 0, repr(state)
+
+
+def _refs() -> int:
+    return shmem.debug_state()["reference_count"]
+
+
+def _expect(exc: type, fn: Callable[[], Any], *needles: str) -> str:
+    """Runs ``fn``, which must raise ``exc`` with every needle in its message; returns the message."""
+    with pytest.raises(exc) as info:
+        fn()
+    message = str(info.value)
+    for needle in needles:
+        assert needle in message, f"{needle!r} not in {type(info.value).__name__}: {message!r}"
+    return message
+
+
+# --------------------------------------------------------------------------
+# Cases (run in the ranks).
+# --------------------------------------------------------------------------
+
+
+def _case_handles_count_references() -> int:
+    _assert_clean()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    first = shmem.acquire_shmem()
+    try:
+        assert isinstance(first, shmem.Handle) and first.closed is False
+        state = shmem.debug_state()
+        assert state["state"] == "initialized" and state["reference_count"] == 1
+        assert state["root_ranks"] == list(range(world)) and state["rank"] == rank and state["world_size"] == world
+        lifecycle = state["lifecycle"]
+
+        second = shmem.acquire_shmem()  # only counts: no new lifecycle
+        assert second is not first and _refs() == 2 and shmem.debug_state()["lifecycle"] == lifecycle
+        with shmem.acquire_shmem() as third:
+            assert isinstance(third, shmem.Handle) and not third.closed and _refs() == 3
+        assert third.closed and _refs() == 2
+        second.close()
+        assert second.closed and _refs() == 1 and shmem.debug_state()["state"] == "initialized"
+        # close() is idempotent: a second call must not release another reference.
+        second.close()
+        third.close()
+        assert _refs() == 1 and shmem.debug_state()["state"] == "initialized"
+        t = shmem.empty(4)  # still fully usable on the remaining handle
+        shmem.free(t)
+    finally:
+        first.close()
+    state = shmem.debug_state()
+    assert first.closed and state["state"] == "uninitialized", repr(state)
+    assert state["reference_count"] == 0 and state["root_ranks"] == []
+    first.close()  # idempotent after the shutdown too
+    _expect(shmem.ShmemStateError, lambda: shmem.empty(4), "shmem runtime is not initialised", "op=empty")
+    return lifecycle
+
+
+def _case_same_members_share_the_runtime() -> list[int]:
+    _assert_clean()
+    world = dist.get_world_size()
+    same = dist.new_group(list(range(world)))  # another group object, the same ranks in the same order
+    lifecycles = []
+    handle = shmem.acquire_shmem()
+    try:
+        lifecycle = shmem.debug_state()["lifecycle"]
+        lifecycles.append(lifecycle)
+        with shmem.acquire_shmem(same), shmem.acquire_shmem(dist.group.WORLD):
+            state = shmem.debug_state()
+            assert state["reference_count"] == 3 and state["lifecycle"] == lifecycle, repr(state)
+        assert _refs() == 1
+    finally:
+        handle.close()
+    _assert_clean()
+    # The other way round: the runtime bootstraps over the new group, and WORLD (None) then shares it.
+    handle = shmem.acquire_shmem(same)
+    try:
+        state = shmem.debug_state()
+        assert state["root_ranks"] == list(range(world)) and state["reference_count"] == 1
+        lifecycles.append(state["lifecycle"])
+        with shmem.acquire_shmem():
+            assert _refs() == 2
+            t = shmem.empty(world)
+            shmem.barrier()
+            shmem.free(t)
+    finally:
+        handle.close()
+    _assert_clean()
+    return lifecycles
+
+
+def _case_other_membership_is_refused() -> None:
+    _assert_clean()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    pair = dist.new_group([0, 1])  # collective over WORLD; ranks 2.. get a non-member placeholder
+    handle = shmem.acquire_shmem()
+    try:
+        if rank in (0, 1):
+            msg = _expect(ValueError, lambda: shmem.acquire_shmem(pair))
+            assert msg == (
+                f"`root_group` must have the ranks of the active runtime's root {list(range(world))}, but got [0, 1]"
+            ), msg
+        else:
+            # Ranks left out of new_group() hold a placeholder, not a group: say so rather than "got int".
+            _expect(ValueError, lambda: shmem.acquire_shmem(pair), f"`root_group` must contain this rank ({rank})")
+        _expect(
+            TypeError, lambda: shmem.acquire_shmem("WORLD"), "`root_group` must be a torch.distributed.ProcessGroup"
+        )
+        # The refusal took no reference and left the runtime alone.
+        state = shmem.debug_state()
+        assert state["reference_count"] == 1 and state["state"] == "initialized"
+        assert state["root_ranks"] == list(range(world))
+    finally:
+        handle.close()
+    _assert_clean()
+    # No runtime: a root smaller than WORLD is refused in this version, and nothing is initialised.
+    if rank in (0, 1):
+        _expect(ValueError, lambda: shmem.acquire_shmem(pair), "must cover the whole WORLD", "but got [0, 1]")
+    else:
+        _expect(ValueError, lambda: shmem.acquire_shmem(pair), f"`root_group` must contain this rank ({rank})")
+    _assert_clean()
+    dist.barrier()
+
+
+def _case_shutdown_refused_while_allocated() -> dict:
+    _assert_clean()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    handle = shmem.acquire_shmem()
+    t = shmem.empty(8, dtype=torch.int64)
+    try:
+        info = shmem.debug_state()["active_allocations"][0]
+        msg = _expect(
+            shmem.ShmemStateError,
+            handle.close,
+            "shutdown refused: live allocations remain",
+            f"allocation_id={info['allocation_id']}",
+            f"base={hex(info['base'])}",
+            "bytes=64",
+            *[f"rank{r}=1" for r in range(world)],
+        )
+        # The handle stays open and the runtime keeps working, so that the caller can free and retry.
+        assert handle.closed is False
+        state = shmem.debug_state()
+        assert state["state"] == "initialized" and state["reference_count"] == 1
+        assert [a["allocation_id"] for a in state["active_allocations"]] == [info["allocation_id"]]
+        t.fill_(rank)
+        shmem.barrier()
+        shmem.free(t)
+        handle.close()
+        assert handle.closed and shmem.debug_state()["state"] == "uninitialized"
+        return {"message": msg}
+    finally:
+        if not handle.closed:
+            try:
+                shmem.free(t)
+            except Exception:
+                pass
+            handle.close()
+
+
+def _case_last_close_waits_for_every_rank(late_rank: int, delay: float) -> tuple[float, float]:
+    _assert_clean()
+    handle = shmem.acquire_shmem()
+    if dist.get_rank() == late_rank:
+        time.sleep(delay)
+    started = time.time()
+    handle.close()
+    return started, time.time()
+
+
+def _case_new_lifecycle_reads_the_heap_size() -> list[int]:
+    _assert_clean()
+    saved = os.environ.get(HEAP_VAR)
+    ids: list[int] = []
+    lifecycles: list[int] = []
+    try:
+        for mib in (8, 24, 2):
+            os.environ[HEAP_VAR] = f"{mib}M"
+            with shmem.acquire_shmem():
+                state = shmem.debug_state()
+                assert state["heap_size"] == mib * MiB and state["config"]["heap_size"] == mib * MiB, repr(state)
+                lifecycles.append(state["lifecycle"])
+                t = shmem.empty(4)
+                ids.append(shmem.debug_state()["active_allocations"][0]["allocation_id"])
+                shmem.free(t)
+            assert shmem.debug_state()["state"] == "uninitialized"
+        # A bad value fails the acquire on every rank and starts nothing.
+        os.environ[HEAP_VAR] = "0"
+        _expect(ValueError, shmem.acquire_shmem, f"`{HEAP_VAR}` must be a positive byte count, but got '0'")
+        state = shmem.debug_state()
+        assert state["state"] == "uninitialized" and state["lifecycle"] == lifecycles[-1], repr(state)
+    finally:
+        if saved is None:
+            os.environ.pop(HEAP_VAR, None)
+        else:
+            os.environ[HEAP_VAR] = saved
+    assert lifecycles == list(range(lifecycles[0], lifecycles[0] + 3)), lifecycles
+    assert ids == sorted(set(ids)), ids  # never reused across lifecycles either
+    with shmem.acquire_shmem():
+        assert shmem.debug_state()["heap_size"] == 16 * MiB
+    return lifecycles
+
+
+def _case_drop_unclosed_handle_on_one_rank() -> dict:
+    """Rank 0 drops its only handle without closing it; a collective from its destructor would hang."""
+    _assert_clean()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    handle = shmem.acquire_shmem()
+    lifecycle = shmem.debug_state()["lifecycle"]
+    if rank == 0:
+        gone = weakref.ref(handle)
+        del handle
+        gc.collect()
+        assert gone() is None
+    state = shmem.debug_state()
+    assert state["state"] == "initialized" and state["lifecycle"] == lifecycle, repr(state)
+    # Both runtimes still work together: no rank shut down or ran a collective on its own.
+    buf = shmem.empty(world, dtype=torch.int64)
+    buf[rank] = 100 + rank
+    shmem.barrier()
+    got = torch.empty(1, dtype=torch.int64)
+    peer = (rank + 1) % world
+    shmem.get(got, buf[peer : peer + 1], peer)
+    assert got.item() == 100 + peer
+    shmem.barrier()
+    shmem.free(buf)
+    return {"state": shmem.debug_state()["state"], "rank": rank}
+
+
+# --------------------------------------------------------------------------
+# Tests.
+# --------------------------------------------------------------------------
+
+
+def _run(world: World, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+    """world.run, but a failed case takes its world down so the next test starts from fresh ranks."""
+    try:
+        return world.run(fn, *args, **kwargs)
+    except BaseException:
+        world.close()
+        raise
+
+
+@pytest.fixture
+def world4(world_factory) -> World:
+    return world_factory(4, ENV)
+
+
+def test_handles_count_references_and_close_idempotently(world4: World) -> None:
+    lifecycles = _run(world4, _case_handles_count_references)
+    assert len(set(lifecycles)) == 1
+
+
+def test_group_with_the_same_ranks_shares_the_runtime(world4: World) -> None:
+    lifecycles = _run(world4, _case_same_members_share_the_runtime)
+    assert all(lc == lifecycles[0] for lc in lifecycles)
+    assert lifecycles[0][1] == lifecycles[0][0] + 1
+
+
+def test_other_membership_and_partial_roots_are_refused(world4: World) -> None:
+    _run(world4, _case_other_membership_is_refused)
+
+
+def test_shutdown_with_live_allocations_is_refused_and_retryable(world4: World) -> None:
+    results = _run(world4, _case_shutdown_refused_while_allocated)
+    assert all("shutdown refused" in r["message"] for r in results)
+
+
+def test_last_close_waits_for_every_rank(world4: World) -> None:
+    times = _run(world4, _case_last_close_waits_for_every_rank, 3, 1.0)
+    latest_start = max(start for start, _ in times)
+    # No rank may finish shutting down before the last one started: the last close is collective.
+    assert all(end >= latest_start for _, end in times), times
+
+
+def test_new_lifecycle_applies_a_new_heap_size(world4: World) -> None:
+    lifecycles = _run(world4, _case_new_lifecycle_reads_the_heap_size)
+    assert all(lc == lifecycles[0] for lc in lifecycles)
+
+
+def test_dropping_an_unclosed_handle_runs_no_collective() -> None:
+    # Rank 0's runtime can never be shut down afterwards (its reference is gone): a world of its own.
+    with World(2, env={**ENV, "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC": "5"}) as world:
+        results = world.run(_case_drop_unclosed_handle_on_one_rank, timeout=30)
+    assert [r["state"] for r in results] == ["initialized", "initialized"]
+
+
+_EXIT_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    import torch
+    import torch.distributed as dist
+    from hyper_parallel.core.multicore import shmem
+
+    rank, world, store, linger = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+    try:
+        shmem.acquire_shmem()
+    except shmem.ShmemStateError as exc:
+        assert "torch.distributed is not initialised" in str(exc), exc
+    else:
+        raise AssertionError("acquire_shmem() before init_process_group() must fail")
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
+    handle = shmem.acquire_shmem()
+    kept = shmem.empty(1024)  # a live allocation, never freed
+    kept.fill_(rank)
+    shmem.barrier()
+    if rank == 0:
+        time.sleep(linger)  # alive but calling nothing while rank 1 exits
+    print(f"EXITING {time.time():.6f}", flush=True)
+    # Falls off the end with `handle` open and `kept` live: atexit, weakref callbacks and destructors run now.
+    """
+)
+
+
+def test_process_exits_promptly_with_an_open_handle(tmp_path) -> None:
+    src = os.path.dirname(os.path.dirname(os.path.abspath(hyper_parallel.__file__)))
+    env = {**os.environ, **ENV, "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC": "5"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    store = str(tmp_path / "store")
+    linger = 7.0  # longer than the SHMEM timeout: a collective at rank 1's exit would show
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _EXIT_SCRIPT, str(rank), "2", store, str(linger)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    ended: dict[int, float] = {}
+    deadline = time.time() + 90
+    try:
+        while len(ended) < 2 and time.time() < deadline:
+            for rank, proc in enumerate(procs):
+                if rank not in ended and proc.poll() is not None:
+                    ended[rank] = time.time()
+            time.sleep(0.02)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    outputs = [proc.communicate() for proc in procs]
+    for rank, (out, err) in enumerate(outputs):
+        assert procs[rank].returncode == 0, f"rank {rank} exit code {procs[rank].returncode}:\n{out}\n{err}"
+        exiting = float(out.split("EXITING ")[1].split()[0])
+        took = ended[rank] - exiting
+        assert took < 4.0, f"rank {rank} needed {took:.1f} s to exit after its last line:\n{err}"
+    # Rank 1 was gone while rank 0 still lingered: nothing waited for a peer at exit.
+    assert ended[1] < ended[0] - 2.0, ended
