@@ -303,31 +303,30 @@ Status Runtime::TransferChunks(std::size_t bytes, const std::function<Status(std
   return ForEachChunk(bytes, device_->max_transfer_bytes(), [&](const Chunk& chunk) { return fn(chunk.offset, chunk.bytes); });
 }
 
+Status Runtime::CheckTransfer(const char* op, int pe, std::size_t dst_bytes, std::size_t src_bytes,
+                              const void* symmetric, const char* symmetric_name) const {
+  HP_RETURN_IF_ERROR(RequireInitialized(op));
+  HP_RETURN_IF_ERROR(CheckPe(pe, "pe"));
+  if (src_bytes != dst_bytes) {
+    return InvalidArgument("`src` must have as many bytes as `dst` (" + std::to_string(dst_bytes) + "), but got " +
+                           std::to_string(src_bytes));
+  }
+  return ResolveSymmetric(symmetric, dst_bytes, symmetric_name).status();
+}
+
 Status Runtime::Put(const void* symmetric_dst, const void* src, std::size_t dst_bytes, std::size_t src_bytes, int pe,
                     StreamHandle stream, KeepAlive keep) {
-  HP_RETURN_IF_ERROR(Record(RequireInitialized("put")));
-  HP_RETURN_IF_ERROR(Record(CheckPe(pe, "pe")));
-  if (src_bytes != dst_bytes) {
-    return Record(InvalidArgument("`src` must have as many bytes as `dst` (" + std::to_string(dst_bytes) +
-                                  "), but got " + std::to_string(src_bytes)));
-  }
-  HP_RETURN_IF_ERROR(Record(ResolveSymmetric(symmetric_dst, dst_bytes, "dst").status()));
-  auto* dst = static_cast<char*>(const_cast<void*>(symmetric_dst));
+  HP_RETURN_IF_ERROR(Record(CheckTransfer("put", pe, dst_bytes, src_bytes, symmetric_dst, "dst")));
+  auto* to = static_cast<char*>(const_cast<void*>(symmetric_dst));
   const auto* from = static_cast<const char*>(src);
   return Record(TransferChunks(dst_bytes, [&](std::size_t offset, std::size_t n) {
-    return device_->Put(dst + offset, from + offset, n, pe, stream, keep);
+    return device_->Put(to + offset, from + offset, n, pe, stream, keep);
   }));
 }
 
 Status Runtime::Get(void* dst, const void* symmetric_src, std::size_t dst_bytes, std::size_t src_bytes, int pe,
                     StreamHandle stream, KeepAlive keep) {
-  HP_RETURN_IF_ERROR(Record(RequireInitialized("get")));
-  HP_RETURN_IF_ERROR(Record(CheckPe(pe, "pe")));
-  if (src_bytes != dst_bytes) {
-    return Record(InvalidArgument("`src` must have as many bytes as `dst` (" + std::to_string(dst_bytes) +
-                                  "), but got " + std::to_string(src_bytes)));
-  }
-  HP_RETURN_IF_ERROR(Record(ResolveSymmetric(symmetric_src, src_bytes, "src").status()));
+  HP_RETURN_IF_ERROR(Record(CheckTransfer("get", pe, dst_bytes, src_bytes, symmetric_src, "src")));
   auto* to = static_cast<char*>(dst);
   const auto* from = static_cast<const char*>(symmetric_src);
   return Record(TransferChunks(dst_bytes, [&](std::size_t offset, std::size_t n) {

@@ -123,6 +123,9 @@ class Runtime {
 
   Status RequireInitialized(const char* op) const;
   Status CheckPe(int pe, const char* what) const;
+  // The checks shared by Put and Get: state, pe, equal byte counts, the symmetric side inside an allocation.
+  Status CheckTransfer(const char* op, int pe, std::size_t dst_bytes, std::size_t src_bytes, const void* symmetric,
+                       const char* symmetric_name) const;
   // Waits for every stream of this rank before a collective check.
   void QuiesceBeforeCollective(const char* op);
   // Publishes `mine` to every rank and returns every rank's record (index = rank).

@@ -7,10 +7,12 @@
 #include <string>
 #include <vector>
 
+#include "test_support.h"
+
 namespace hp::shmem {
 namespace {
 
-constexpr std::size_t kMiB = std::size_t{1} << 20;
+using testutil::kMiB;
 
 std::size_t MustAllocate(HeapAllocator& heap, std::size_t bytes, std::size_t alignment = 64) {
   Result<std::size_t> offset = heap.Allocate(bytes, alignment);

@@ -14,30 +14,13 @@
 #include <vector>
 
 #include "runtime/logging.h"
+#include "test_support.h"
 #include "thread_bootstrap.h"
 
 namespace hp::shmem::host {
 namespace {
 
-using testutil::GatherValue;
-using testutil::RunRanks;
-using testutil::ThreadBootstrap;
-using testutil::ThreadGroup;
-
-constexpr std::size_t kMiB = std::size_t{1} << 20;
-
-bool Contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-::testing::AssertionResult IsOk(const Status& status) {
-  if (status.ok()) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << status.ToString();
-}
-
-::testing::AssertionResult HasError(const Status& status, StatusCode code, const std::string& part) {
-  if (status.code() == code && Contains(status.message(), part)) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "got " << status.ToString() << "; expected " << StatusCodeName(code)
-                                       << " containing '" << part << "'";
-}
+using namespace testutil;  // NOLINT(build/namespaces): the shared test helpers
 
 DeviceInitArgs Args(Bootstrap& bootstrap, std::size_t heap_size = kMiB, double timeout_sec = 10.0) {
   DeviceInitArgs args;

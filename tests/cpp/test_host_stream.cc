@@ -37,6 +37,22 @@ class Gate {
   bool open_ = false;
 };
 
+// Enqueues a task held back by `gate`, then `count` more behind it; each task adds one to `done` when it runs.
+void EnqueueGatedCounters(HostStream& stream, const Gate& gate, std::atomic<int>& done, int count) {
+  std::shared_future<void> opened = gate.future();
+  stream.Enqueue([opened, &done] {
+    opened.wait();
+    ++done;
+    return Status::Ok();
+  });
+  for (int i = 0; i < count; ++i) {
+    stream.Enqueue([&done] {
+      ++done;
+      return Status::Ok();
+    });
+  }
+}
+
 TEST(HostStreamTest, EmptyStream) {
   HostStream stream;
   EXPECT_EQ(stream.last_ticket(), 0u);
@@ -135,19 +151,8 @@ TEST(HostStreamTest, WaitForReturnsOnceItsTicketRanNotLater) {
 TEST(HostStreamTest, SynchronizeWaitsForEverythingQueuedSoFar) {
   HostStream stream;
   Gate gate;
-  std::shared_future<void> opened = gate.future();
   std::atomic<int> done{0};
-  stream.Enqueue([opened, &done] {
-    opened.wait();
-    ++done;
-    return Status::Ok();
-  });
-  for (int i = 0; i < 10; ++i) {
-    stream.Enqueue([&done] {
-      ++done;
-      return Status::Ok();
-    });
-  }
+  EnqueueGatedCounters(stream, gate, done, 10);
   auto synced = std::async(std::launch::async, [&] { return stream.Synchronize(); });
   gate.Open();
   ASSERT_EQ(synced.wait_for(seconds(10)), std::future_status::ready);
@@ -175,18 +180,7 @@ TEST(HostStreamTest, DestructorRunsWhatIsQueued) {
   {
     HostStream stream;
     Gate gate;
-    std::shared_future<void> opened = gate.future();
-    stream.Enqueue([opened, &done] {
-      opened.wait();
-      ++done;
-      return Status::Ok();
-    });
-    for (int i = 0; i < 20; ++i) {
-      stream.Enqueue([&done] {
-        ++done;
-        return Status::Ok();
-      });
-    }
+    EnqueueGatedCounters(stream, gate, done, 20);
     gate.Open();
   }
   EXPECT_EQ(done.load(), 21);

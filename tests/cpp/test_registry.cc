@@ -9,13 +9,14 @@
 #include <vector>
 
 #include "runtime/logging.h"
+#include "test_support.h"
 
 namespace hp::shmem {
 namespace {
 
 constexpr std::uintptr_t kBase = 0x7f0000000000;
 
-bool Contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using testutil::Contains;
 
 TEST(RegistryTest, StateNames) {
   EXPECT_STREQ(AllocationStateName(AllocationState::kActive), "active");

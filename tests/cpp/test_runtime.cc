@@ -16,18 +16,15 @@
 
 #include "runtime/host/host_device.h"
 #include "runtime/logging.h"
+#include "test_support.h"
 #include "thread_bootstrap.h"
 
 namespace hp::shmem {
 namespace {
 
 using host::HostDevice;
-using testutil::GatherValue;
-using testutil::RunRanks;
-using testutil::ThreadBootstrap;
-using testutil::ThreadGroup;
+using namespace testutil;  // NOLINT(build/namespaces): the shared test helpers
 
-constexpr std::size_t kMiB = std::size_t{1} << 20;
 // The runtime's own check records: 2 * world_size records of 64 bytes, the first allocation of a lifecycle.
 std::size_t ControlBytes(int world_size) { return 2 * static_cast<std::size_t>(world_size) * 64; }
 
@@ -37,20 +34,6 @@ Config TestConfig(std::size_t heap_size = kMiB, double timeout_sec = 10.0) {
   config.timeout_sec = timeout_sec;
   config.log_level = LogLevel::kError;
   return config;
-}
-
-bool Contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-::testing::AssertionResult IsOk(const Status& status) {
-  if (status.ok()) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << status.ToString();
-}
-
-// `status` has `code` and its message contains `part`.
-::testing::AssertionResult HasError(const Status& status, StatusCode code, const std::string& part) {
-  if (status.code() == code && Contains(status.message(), part)) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "got " << status.ToString() << "; expected " << StatusCodeName(code)
-                                       << " containing '" << part << "'";
 }
 
 // `status` has `code` and exactly `message`.

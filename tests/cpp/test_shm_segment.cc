@@ -14,10 +14,12 @@
 #include <cstring>
 #include <string>
 
+#include "test_support.h"
+
 namespace hp::shmem::host {
 namespace {
 
-bool Contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using testutil::Contains;
 
 // The /dev/shm path of a segment name ("/hpshmem-..." -> "/dev/shm/hpshmem-...").
 std::string ShmPath(const std::string& name) { return "/dev/shm" + name; }

@@ -12,15 +12,14 @@ the blocks and every slot of the output is compared with its rank's block repeat
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from harness import RankFailure, World
 from hyper_parallel.core.multicore import shmem
+from st_cases import run_case, session
 
 _RANKS = [1, 2, 4, 8]
 _SMALL = [0, 1, 3, 65, 4097]
@@ -37,47 +36,6 @@ def _env(nranks: int) -> dict:
 # --------------------------------------------------------------------------
 # Helpers (run in the ranks).
 # --------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _session():
-    """Acquires the runtime, hands out an ``empty`` that remembers what to free, and leaves the runtime clean.
-
-    After a failure on any rank the SHMEM clean-up is skipped on every rank (its collectives would only fail in
-    turn); the parent then throws the world away (:func:`_run`).
-    """
-    dist.barrier()
-    handle = shmem.acquire_shmem()
-    allocations = []
-
-    def empty(*size, **kwargs):
-        tensor = shmem.empty(*size, **kwargs)
-        allocations.append(tensor)
-        return tensor
-
-    failed = torch.ones(1, dtype=torch.int32)
-    try:
-        yield empty
-        failed.zero_()
-    finally:
-        dist.all_reduce(failed)  # also: every rank is done with every copy before anything is freed
-        if failed.item() == 0:
-            try:
-                for tensor in allocations:
-                    shmem.free(tensor)
-            finally:
-                handle.close()
-            state = shmem.debug_state()
-            assert state["state"] == "uninitialized" and not state["active_allocations"], state
-
-
-def _run(world: World, fn, *args, **kwargs):
-    """``world.run``; a world whose case failed is closed, so that the next test gets a fresh one."""
-    try:
-        return world.run(fn, *args, **kwargs)
-    except RankFailure:
-        world.close()
-        raise
 
 
 def _random_bytes(seed: int, n: int) -> torch.Tensor:
@@ -104,7 +62,7 @@ def _prepare(empty, nbytes: int, in_place: bool, make_input):
 
 def _case_small(nbytes: int, in_place: bool) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
-    with _session() as empty:
+    with session() as empty:
         mine = _random_bytes(7919 * rank + nbytes, nbytes)
         output, data = _prepare(empty, nbytes, in_place, lambda: mine.clone())
         shmem.all_gather(output, data)
@@ -121,7 +79,7 @@ def _case_small(nbytes: int, in_place: bool) -> None:
 def _case_large(nbytes: int, in_place: bool) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     full, tail = divmod(nbytes, _BLOCK)
-    with _session() as empty:
+    with session() as empty:
         block = _random_bytes(104729 + rank, _BLOCK)
         output, data = _prepare(empty, nbytes, in_place, lambda: block.repeat(full + 1)[:nbytes])
         shmem.all_gather(output, data)
@@ -136,7 +94,7 @@ def _case_large(nbytes: int, in_place: bool) -> None:
 def _case_typed_and_shaped() -> None:
     """Elements of any dtype and shape: bytes count; a 2-D output gathered in place through its own row."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    with _session() as empty:
+    with session() as empty:
         rows = empty(world, 5, dtype=torch.float32)
         rows.fill_(float("nan"))
         rows[rank] = torch.arange(5, dtype=torch.float32) - 0.5 * rank
@@ -154,7 +112,7 @@ def _case_typed_and_shaped() -> None:
 
 def _case_bad_arguments() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
-    with _session() as empty:
+    with session() as empty:
         output = empty(world * 4 + 1, dtype=torch.uint8)
         exact = empty(world * 4, dtype=torch.uint8)
         output.fill_(_GARBAGE)
@@ -200,20 +158,20 @@ def _case_bad_arguments() -> None:
 @pytest.mark.parametrize("nbytes", _SMALL)
 @pytest.mark.parametrize("nranks", _RANKS)
 def test_all_gather_small_messages(world_factory, nranks: int, nbytes: int, in_place: bool) -> None:
-    _run(world_factory(nranks, _env(nranks)), _case_small, nbytes, in_place)
+    run_case(world_factory(nranks, _env(nranks)), _case_small, nbytes, in_place)
 
 
 @pytest.mark.parametrize("in_place", [False, True], ids=["input", "in-place"])
 @pytest.mark.parametrize("nranks", _RANKS)
 def test_all_gather_64_mib(world_factory, nranks: int, in_place: bool) -> None:
-    _run(world_factory(nranks, _env(nranks)), _case_large, _LARGE, in_place, timeout=240)
+    run_case(world_factory(nranks, _env(nranks)), _case_large, _LARGE, in_place, timeout=240)
 
 
 @pytest.mark.parametrize("nranks", [1, 4])
 def test_all_gather_counts_bytes_of_any_dtype_and_shape(world_factory, nranks: int) -> None:
-    _run(world_factory(nranks, _env(nranks)), _case_typed_and_shaped)
+    run_case(world_factory(nranks, _env(nranks)), _case_typed_and_shaped)
 
 
 @pytest.mark.parametrize("nranks", [1, 4])
 def test_all_gather_bad_arguments_raise_and_write_nothing(world_factory, nranks: int) -> None:
-    _run(world_factory(nranks, _env(nranks)), _case_bad_arguments)
+    run_case(world_factory(nranks, _env(nranks)), _case_bad_arguments)

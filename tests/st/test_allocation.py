@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from harness import CaseOutput, World
 from hyper_parallel.core.multicore import shmem
+from st_cases import allocation_info, assert_clean, expect_error, run_case
 
 ENV = {"HYPER_PARALLEL_SHMEM_HEAP_SIZE": "16M", "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC": "20"}
 FREED = "symmetric allocation was freed"
@@ -32,14 +33,6 @@ FREED = "symmetric allocation was freed"
 # --------------------------------------------------------------------------
 # Helpers (run in the ranks).
 # --------------------------------------------------------------------------
-
-
-def _info(tensor: torch.Tensor) -> dict:
-    """The active allocation that starts at ``tensor``'s data, from debug_state()."""
-    base = tensor.data_ptr()
-    found = [a for a in shmem.debug_state()["active_allocations"] if a["base"] == base]
-    assert len(found) == 1, f"no single active allocation at {hex(base)}: {shmem.debug_state()!r}"
-    return found[0]
 
 
 def _active_ids() -> list[int]:
@@ -59,29 +52,13 @@ def _free_quietly(tensors: list[torch.Tensor]) -> None:
             pass
 
 
-def _assert_clean() -> None:
-    """Every case starts without a runtime, so that a leftover of an earlier case shows up here and not later."""
-    state = shmem.debug_state()
-    assert state["state"] == "uninitialized" and state["reference_count"] == 0, repr(state)
-
-
-def _expect(exc: type, fn: Callable[[], Any], *needles: str) -> str:
-    """Runs ``fn``, which must raise ``exc`` with every needle in its message; returns the message."""
-    with pytest.raises(exc) as info:
-        fn()
-    message = str(info.value)
-    for needle in needles:
-        assert needle in message, f"{needle!r} not in {type(info.value).__name__}: {message!r}"
-    return message
-
-
 # --------------------------------------------------------------------------
 # Cases (run in the ranks).
 # --------------------------------------------------------------------------
 
 
 def _case_empty_shapes_and_dtypes() -> list[int]:
-    _assert_clean()
+    assert_clean()
     rank = dist.get_rank()
     made: list[torch.Tensor] = []
     handle = shmem.acquire_shmem()
@@ -93,10 +70,10 @@ def _case_empty_shapes_and_dtypes() -> list[int]:
             made.append(t)
             assert tuple(t.shape) == shape and t.is_contiguous() and t.device.type == "cpu"
             assert t.dtype == torch.get_default_dtype() == torch.float32
-            assert _info(t)["bytes"] == t.numel() * 4
+            assert allocation_info(t)["bytes"] == t.numel() * 4
         t = shmem.empty(5, dtype=torch.int16)
         made.append(t)
-        assert t.dtype == torch.int16 and _info(t)["bytes"] == 10
+        assert t.dtype == torch.int16 and allocation_info(t)["bytes"] == 10
         # The default dtype is read at the call, not at import.
         saved = torch.get_default_dtype()
         torch.set_default_dtype(torch.float64)
@@ -105,7 +82,7 @@ def _case_empty_shapes_and_dtypes() -> list[int]:
         finally:
             torch.set_default_dtype(saved)
         made.append(t)
-        assert t.dtype == torch.float64 and _info(t)["bytes"] == 24
+        assert t.dtype == torch.float64 and allocation_info(t)["bytes"] == 24
         zero = shmem.empty(0, dtype=torch.int32)
         made.append(zero)
         assert tuple(zero.shape) == (0,) and zero.numel() == 0
@@ -113,7 +90,7 @@ def _case_empty_shapes_and_dtypes() -> list[int]:
         a = made[0]
         a.copy_(torch.arange(6, dtype=torch.float32).view(2, 3) + 10 * rank)
         assert a.sum().item() == 15 + 60 * rank
-        return [_info(t)["offset"] for t in made if t.numel()]
+        return [allocation_info(t)["offset"] for t in made if t.numel()]
     finally:
         for t in made:
             shmem.free(t)
@@ -121,24 +98,24 @@ def _case_empty_shapes_and_dtypes() -> list[int]:
 
 
 def _case_bad_arguments() -> None:
-    _assert_clean()
+    assert_clean()
     with shmem.acquire_shmem():
         before = shmem.debug_state()
         # Contract errors are raised before any collective, on every rank alike.
-        _expect(TypeError, lambda: shmem.empty(2.0), "`size` must be ints or one sequence of ints, but got (2.0,)")
-        _expect(TypeError, lambda: shmem.empty((2, "3")), "`size` must be ints or one sequence of ints", "'3'")
-        _expect(TypeError, lambda: shmem.empty(True), "`size` must be ints", "True")
-        _expect(TypeError, lambda: shmem.empty(None), "`size` must be ints", "None")
-        _expect(TypeError, lambda: shmem.empty(2, 3.5), "`size` must be ints", "3.5")
-        _expect(ValueError, lambda: shmem.empty(2, -1), "`size` must contain non-negative dimensions, but got [2, -1]")
-        _expect(TypeError, lambda: shmem.empty(4, dtype="float32"), "`dtype` must be a torch.dtype, but got str")
-        _expect(TypeError, lambda: shmem.empty(4, dtype=float), "`dtype` must be a torch.dtype, but got type")
+        expect_error(TypeError, lambda: shmem.empty(2.0), "`size` must be ints or one sequence of ints, but got (2.0,)")
+        expect_error(TypeError, lambda: shmem.empty((2, "3")), "`size` must be ints or one sequence of ints", "'3'")
+        expect_error(TypeError, lambda: shmem.empty(True), "`size` must be ints", "True")
+        expect_error(TypeError, lambda: shmem.empty(None), "`size` must be ints", "None")
+        expect_error(TypeError, lambda: shmem.empty(2, 3.5), "`size` must be ints", "3.5")
+        expect_error(ValueError, lambda: shmem.empty(2, -1), "`size` must contain non-negative dimensions, but got [2, -1]")
+        expect_error(TypeError, lambda: shmem.empty(4, dtype="float32"), "`dtype` must be a torch.dtype, but got str")
+        expect_error(TypeError, lambda: shmem.empty(4, dtype=float), "`dtype` must be a torch.dtype, but got type")
         for bad in (3, 0, -64, 96, 1.5, True, "64"):
             expected = f"`alignment` must be a power of two, but got {bad!r}"
-            _expect(ValueError, lambda: shmem.empty(4, alignment=bad), expected)
+            expect_error(ValueError, lambda: shmem.empty(4, alignment=bad), expected)
         # A shape whose byte count overflows int64 is a contract error, not a wrapped-around tiny allocation.
         for dims in [(2**31, 2**31, 4), (2**62, 4), (2**32, 2**32), (2**63,)]:
-            _expect(ValueError, lambda: shmem.empty(*dims), "`size` must describe at most", str(list(dims)))
+            expect_error(ValueError, lambda: shmem.empty(*dims), "`size` must describe at most", str(list(dims)))
         after = shmem.debug_state()
         assert after["active_allocations"] == [] and after["leaked_allocations"] == [], repr(after)
         assert after["allocated"] == before["allocated"] == 0
@@ -148,7 +125,7 @@ def _case_bad_arguments() -> None:
 
 
 def _case_alignment() -> list[list[int]]:
-    _assert_clean()
+    assert_clean()
     made: list[torch.Tensor] = []
     handle = shmem.acquire_shmem()
     try:
@@ -157,7 +134,7 @@ def _case_alignment() -> list[list[int]]:
             made.append(shmem.empty(3, dtype=torch.uint8))  # knocks the next free offset off any alignment
             t = shmem.empty(10, dtype=torch.uint8, alignment=alignment)
             made.append(t)
-            info = _info(t)
+            info = allocation_info(t)
             assert t.data_ptr() % alignment == 0 and info["offset"] % alignment == 0, (alignment, hex(t.data_ptr()))
             offsets.append(info["offset"])
         # Beyond the page size: either the address is aligned as asked, or the alignment is refused. Aligning only
@@ -171,7 +148,7 @@ def _case_alignment() -> list[list[int]]:
                 continue
             made.append(t)
             assert t.data_ptr() % alignment == 0, f"alignment={alignment} gave base {hex(t.data_ptr())}"
-            offsets.append(_info(t)["offset"])
+            offsets.append(allocation_info(t)["offset"])
         return offsets
     finally:
         for t in made:
@@ -180,17 +157,17 @@ def _case_alignment() -> list[list[int]]:
 
 
 def _case_free_rejects() -> None:
-    _assert_clean()
+    assert_clean()
     handle = shmem.acquire_shmem()
     t = shmem.empty(4, 4)
     try:
-        aid = _info(t)["allocation_id"]
+        aid = allocation_info(t)["allocation_id"]
         # Views of every kind (including ones that start at the allocation's base) are refused by name.
         for view in (t[1], t.view(16), t[:], t.detach(), t[2:]):
-            _expect(ValueError, lambda: shmem.free(view), "not a view", f"allocation_id={aid}")
-        _expect(ValueError, lambda: shmem.free(torch.zeros(4)), "`tensor` must be a tensor returned by shmem.empty")
-        _expect(TypeError, lambda: shmem.free("t"), "`tensor` must be a torch.Tensor, but got str")
-        _expect(TypeError, lambda: shmem.free(None), "`tensor` must be a torch.Tensor, but got NoneType")
+            expect_error(ValueError, lambda: shmem.free(view), "not a view", f"allocation_id={aid}")
+        expect_error(ValueError, lambda: shmem.free(torch.zeros(4)), "`tensor` must be a tensor returned by shmem.empty")
+        expect_error(TypeError, lambda: shmem.free("t"), "`tensor` must be a torch.Tensor, but got str")
+        expect_error(TypeError, lambda: shmem.free(None), "`tensor` must be a torch.Tensor, but got NoneType")
         # The refusals changed nothing: the allocation is still active and usable.
         assert _active_ids() == [aid]
         t.fill_(2.0)
@@ -199,13 +176,13 @@ def _case_free_rejects() -> None:
         shmem.free(t)
         assert _active_ids() == []
         # A second free names the allocation; so does freeing a view of the freed tensor.
-        _expect(shmem.ShmemStateError, lambda: shmem.free(t), FREED, f"allocation_id={aid}")
-        _expect(shmem.ShmemStateError, lambda: shmem.free(row), FREED, f"allocation_id={aid}")
+        expect_error(shmem.ShmemStateError, lambda: shmem.free(t), FREED, f"allocation_id={aid}")
+        expect_error(shmem.ShmemStateError, lambda: shmem.free(row), FREED, f"allocation_id={aid}")
         # A zero-byte allocation frees (and double-frees) like any other.
         z = shmem.empty(0)
         zid = [a["allocation_id"] for a in shmem.debug_state()["active_allocations"]][0]
         shmem.free(z)
-        _expect(shmem.ShmemStateError, lambda: shmem.free(z), FREED, f"allocation_id={zid}")
+        expect_error(shmem.ShmemStateError, lambda: shmem.free(z), FREED, f"allocation_id={zid}")
         assert shmem.debug_state()["allocated"] == 0
     finally:
         _free_quietly([t])
@@ -213,26 +190,26 @@ def _case_free_rejects() -> None:
 
 
 def _case_free_from_earlier_lifecycle() -> None:
-    _assert_clean()
+    assert_clean()
     with shmem.acquire_shmem():
         t = shmem.empty(8)
-        aid, lifecycle = _info(t)["allocation_id"], shmem.debug_state()["lifecycle"]
+        aid, lifecycle = allocation_info(t)["allocation_id"], shmem.debug_state()["lifecycle"]
         shmem.free(t)
     # Without a runtime, free says so.
-    _expect(shmem.ShmemStateError, lambda: shmem.free(t), "shmem runtime is not initialised")
+    expect_error(shmem.ShmemStateError, lambda: shmem.free(t), "shmem runtime is not initialised")
     with shmem.acquire_shmem():
         assert shmem.debug_state()["lifecycle"] == lifecycle + 1
         fresh = shmem.empty(8)  # may well land at the same address as t did
         try:
-            _expect(shmem.ShmemStateError, lambda: shmem.free(t), f"allocation_id={aid}", f"lifecycle={lifecycle}")
-            _expect(shmem.ShmemStateError, lambda: shmem.put(t, torch.zeros(8), 0), f"allocation_id={aid}")
+            expect_error(shmem.ShmemStateError, lambda: shmem.free(t), f"allocation_id={aid}", f"lifecycle={lifecycle}")
+            expect_error(shmem.ShmemStateError, lambda: shmem.put(t, torch.zeros(8), 0), f"allocation_id={aid}")
             assert len(_active_ids()) == 1
         finally:
             shmem.free(fresh)
 
 
 def _case_mismatched_sizes_and_orders() -> list[int]:
-    _assert_clean()
+    assert_clean()
     rank, world = dist.get_rank(), dist.get_world_size()
     peer = (rank + 1) % world
     made: list[torch.Tensor] = []
@@ -242,7 +219,7 @@ def _case_mismatched_sizes_and_orders() -> list[int]:
 
         # Different sizes: every rank fails and sees both sides' byte counts.
         mine, theirs = (64, 128) if rank == 0 else (128, 64)
-        msg = _expect(
+        msg = expect_error(
             shmem.ShmemMismatchError,
             lambda: shmem.empty(mine // 4),
             "ranks disagree on a symmetric allocation",
@@ -255,11 +232,11 @@ def _case_mismatched_sizes_and_orders() -> list[int]:
 
         # Different orders: both calls fail on every rank.
         first, second = (8, 24) if rank == 0 else (24, 8)
-        _expect(shmem.ShmemMismatchError, lambda: shmem.empty(first), "bytes=32", "bytes=96")
-        _expect(shmem.ShmemMismatchError, lambda: shmem.empty(second), "bytes=32", "bytes=96")
+        expect_error(shmem.ShmemMismatchError, lambda: shmem.empty(first), "bytes=32", "bytes=96")
+        expect_error(shmem.ShmemMismatchError, lambda: shmem.empty(second), "bytes=32", "bytes=96")
 
         # Different alignments.
-        _expect(
+        expect_error(
             shmem.ShmemMismatchError,
             lambda: shmem.empty(4, alignment=128 if rank == 0 else 256),
             "alignment=128",
@@ -283,7 +260,7 @@ def _case_mismatched_sizes_and_orders() -> list[int]:
         b = shmem.empty(8)
         made += [a, b]
         ids = _active_ids()
-        _expect(
+        expect_error(
             shmem.ShmemMismatchError,
             lambda: shmem.free(a if rank == 0 else b),
             "ranks disagree on a symmetric free",
@@ -294,7 +271,7 @@ def _case_mismatched_sizes_and_orders() -> list[int]:
         a.fill_(1.0)  # still valid memory
         b.fill_(2.0)
         shmem.barrier()
-        return [_info(x)["offset"] for x in made]
+        return [allocation_info(x)["offset"] for x in made]
     finally:
         for t in made:
             shmem.free(t)
@@ -302,32 +279,32 @@ def _case_mismatched_sizes_and_orders() -> list[int]:
 
 
 def _case_ids_never_reused() -> list[int]:
-    _assert_clean()
+    assert_clean()
     ids = []
     with shmem.acquire_shmem():
         t = shmem.empty(64)
-        base, aid = t.data_ptr(), _info(t)["allocation_id"]
+        base, aid = t.data_ptr(), allocation_info(t)["allocation_id"]
         shmem.free(t)
         ids.append(aid)
         # The heap hands back the same block; the id is new.
         t = shmem.empty(64)
         assert t.data_ptr() == base, "the best-fit heap should reuse the freed block"
-        ids.append(_info(t)["allocation_id"])
+        ids.append(allocation_info(t)["allocation_id"])
         shmem.free(t)
     with shmem.acquire_shmem():
         t = shmem.empty(64)
-        ids.append(_info(t)["allocation_id"])
+        ids.append(allocation_info(t)["allocation_id"])
         shmem.free(t)
     assert len(set(ids)) == 3 and ids == sorted(ids), ids
     return ids
 
 
 def _case_heap_exhausted() -> None:
-    _assert_clean()
+    assert_clean()
     with shmem.acquire_shmem():
         before = shmem.debug_state()
         big = before["heap_size"]  # more than the heap can hold next to the runtime's own records
-        _expect(
+        expect_error(
             shmem.ShmemOutOfMemoryError,
             lambda: shmem.empty(big, dtype=torch.uint8),
             "symmetric heap exhausted",
@@ -342,15 +319,15 @@ def _case_heap_exhausted() -> None:
 
 def _case_freed_tensor_guard() -> None:
     """After free, the tensor and every view raise an error naming the allocation, on any op."""
-    _assert_clean()
+    assert_clean()
     rank, world = dist.get_rank(), dist.get_world_size()
     handle = shmem.acquire_shmem()
     t = shmem.empty(4, 4)
     sig = shmem.empty(1, dtype=torch.int32)
     out = shmem.empty(world, 4)
     try:
-        aid = _info(t)["allocation_id"]
-        sig_id = _info(sig)["allocation_id"]
+        aid = allocation_info(t)["allocation_id"]
+        sig_id = allocation_info(sig)["allocation_id"]
         t.fill_(1.0)
         row, flat = t[1], t.view(-1)
         shmem.free(t)
@@ -409,15 +386,15 @@ def _case_freed_tensor_guard() -> None:
         }
         for name, tensor in (("tensor", t), ("row view", row)):
             for op, fn in entries.items():
-                _expect(shmem.ShmemStateError, lambda: fn(tensor), FREED, named)
+                expect_error(shmem.ShmemStateError, lambda: fn(tensor), FREED, named)
 
         shmem.free(sig)
         sig_named = f"allocation_id={sig_id}"
-        _expect(shmem.ShmemStateError, lambda: shmem.signal(sig, 1, 0), FREED, sig_named)
-        _expect(shmem.ShmemStateError, lambda: shmem.wait_signal(sig, 1), FREED, sig_named)
-        _expect(shmem.ShmemStateError, lambda: shmem.signal(sig, 1, 0, op="add"), FREED, sig_named)
+        expect_error(shmem.ShmemStateError, lambda: shmem.signal(sig, 1, 0), FREED, sig_named)
+        expect_error(shmem.ShmemStateError, lambda: shmem.wait_signal(sig, 1), FREED, sig_named)
+        expect_error(shmem.ShmemStateError, lambda: shmem.signal(sig, 1, 0, op="add"), FREED, sig_named)
         shmem.free(out)
-        _expect(shmem.ShmemStateError, lambda: shmem.all_gather(out, torch.zeros(4)), FREED)
+        expect_error(shmem.ShmemStateError, lambda: shmem.all_gather(out, torch.zeros(4)), FREED)
 
         # The runtime is unharmed.
         assert shmem.debug_state()["active_allocations"] == []
@@ -435,12 +412,12 @@ def _stderr_so_far() -> str:
 
 
 def _case_leak_is_logged_at_once() -> dict:
-    _assert_clean()
+    assert_clean()
     rank = dist.get_rank()
     handle = shmem.acquire_shmem()
     try:
         t = shmem.empty(6, dtype=torch.int16)
-        info = _info(t)
+        info = allocation_info(t)
         aid, base = info["allocation_id"], info["base"]
         tail = t[2:]  # a view keeps the storage (and the allocation) alive
         del t
@@ -472,70 +449,61 @@ def _case_leak_is_logged_at_once() -> dict:
 # --------------------------------------------------------------------------
 
 
-def _run(world: World, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
-    """world.run, but a failed case takes its world down so the next test starts from fresh ranks."""
-    try:
-        return world.run(fn, *args, **kwargs)
-    except BaseException:
-        world.close()
-        raise
-
-
 @pytest.fixture
 def world2(world_factory) -> World:
     return world_factory(2, ENV)
 
 
 def test_empty_is_torch_style(world2: World) -> None:
-    offsets = _run(world2, _case_empty_shapes_and_dtypes)
+    offsets = run_case(world2, _case_empty_shapes_and_dtypes)
     assert offsets[0] == offsets[1]  # symmetric: the same heap offsets on every rank
     assert len(set(offsets[0])) == len(offsets[0])
 
 
 def test_empty_and_free_on_a_single_rank(world_factory) -> None:
     world = world_factory(1, ENV)
-    _run(world, _case_empty_shapes_and_dtypes)
-    _run(world, _case_free_rejects)
+    run_case(world, _case_empty_shapes_and_dtypes)
+    run_case(world, _case_free_rejects)
 
 
 def test_bad_sizes_dtypes_and_alignments_are_refused(world2: World) -> None:
-    _run(world2, _case_bad_arguments)
+    run_case(world2, _case_bad_arguments)
 
 
 def test_alignment_is_honoured_at_the_same_offset(world2: World) -> None:
-    offsets = _run(world2, _case_alignment)
+    offsets = run_case(world2, _case_alignment)
     assert offsets[0] == offsets[1]
 
 
 def test_free_rejects_views_double_frees_and_foreign_tensors(world2: World) -> None:
-    _run(world2, _case_free_rejects)
+    run_case(world2, _case_free_rejects)
 
 
 def test_free_rejects_a_tensor_of_an_earlier_lifecycle(world2: World) -> None:
-    _run(world2, _case_free_from_earlier_lifecycle)
+    run_case(world2, _case_free_from_earlier_lifecycle)
 
 
 def test_mismatched_allocations_fail_on_every_rank_without_corruption(world2: World) -> None:
-    offsets = _run(world2, _case_mismatched_sizes_and_orders)
+    offsets = run_case(world2, _case_mismatched_sizes_and_orders)
     assert offsets[0] == offsets[1]
 
 
 def test_allocation_ids_are_never_reused(world2: World) -> None:
-    ids = _run(world2, _case_ids_never_reused)
+    ids = run_case(world2, _case_ids_never_reused)
     for per_rank in ids:
         assert len(set(per_rank)) == 3
 
 
 def test_heap_exhaustion_fails_on_every_rank_and_changes_nothing(world2: World) -> None:
-    _run(world2, _case_heap_exhausted)
+    run_case(world2, _case_heap_exhausted)
 
 
 def test_freed_tensor_and_views_raise_naming_the_allocation(world2: World) -> None:
-    _run(world2, _case_freed_tensor_guard)
+    run_case(world2, _case_freed_tensor_guard)
 
 
 def test_leaked_allocation_is_logged_at_once_and_does_not_block_shutdown(world2: World) -> None:
-    outputs: list[CaseOutput] = _run(world2, _case_leak_is_logged_at_once, capture_stderr=True)
+    outputs: list[CaseOutput] = run_case(world2, _case_leak_is_logged_at_once, capture_stderr=True)
     for rank, out in enumerate(outputs):
         aid = out.value["allocation_id"]
         assert f"ERROR rank={rank}] symmetric allocation leaked" in out.stderr

@@ -15,7 +15,6 @@ Worlds (one spawn per size for the module):
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import itertools
 import operator
@@ -26,8 +25,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import RankFailure, World
+from harness import World
 from hyper_parallel.core.multicore import shmem
+from st_cases import expect_error, run_case, session
 
 _HEAP = "16M"
 _SHORT_TIMEOUT_S = 3.0
@@ -45,47 +45,6 @@ _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int6
 # --------------------------------------------------------------------------
 # Helpers (run in the ranks).
 # --------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _session():
-    """Acquires the runtime, hands out an ``empty`` that remembers what to free, and leaves the runtime clean.
-
-    After a failure on any rank the SHMEM clean-up is skipped on every rank (its collectives would only fail in
-    turn); the parent then throws the world away (:func:`_run`).
-    """
-    dist.barrier()  # line the ranks up: init is collective and some worlds have a short timeout
-    handle = shmem.acquire_shmem()
-    allocations = []
-
-    def empty(*size, **kwargs):
-        tensor = shmem.empty(*size, **kwargs)
-        allocations.append(tensor)
-        return tensor
-
-    failed = torch.ones(1, dtype=torch.int32)
-    try:
-        yield empty
-        failed.zero_()
-    finally:
-        dist.all_reduce(failed)  # also: every rank is done with every copy before anything is freed
-        if failed.item() == 0:
-            try:
-                for tensor in allocations:
-                    shmem.free(tensor)
-            finally:
-                handle.close()
-            state = shmem.debug_state()
-            assert state["state"] == "uninitialized" and not state["active_allocations"], state
-
-
-def _run(world: World, fn, *args, **kwargs):
-    """``world.run``; a world whose case failed is closed, so that the next test gets a fresh one."""
-    try:
-        return world.run(fn, *args, **kwargs)
-    except RankFailure:
-        world.close()
-        raise
 
 
 def _pattern(writer: int, target: int, n: int) -> torch.Tensor:
@@ -114,16 +73,6 @@ def _alias(tensor: torch.Tensor, byte_offset: int, nbytes: int, dtype: torch.dty
     return torch.frombuffer(raw, dtype=dtype)
 
 
-def _expect_error(call, exc_type, *fragments):
-    """Runs ``call``, which must raise ``exc_type`` whose message contains every fragment; returns the message."""
-    with pytest.raises(exc_type) as info:
-        call()
-    message = str(info.value)
-    for fragment in fragments:
-        assert fragment in message, f"{fragment!r} not in {message!r}"
-    return message
-
-
 # --------------------------------------------------------------------------
 # Cases: put and get.
 # --------------------------------------------------------------------------
@@ -132,7 +81,7 @@ def _expect_error(call, exc_type, *fragments):
 def _case_put_get_views_at_offsets() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     nxt, prev = (rank + 1) % world, (rank - 1) % world
-    with _session() as empty:
+    with session() as empty:
         buf = empty(2 * world, 33, dtype=torch.float32)
         buf.zero_()
         own = empty(world, 10, dtype=torch.float32)
@@ -163,7 +112,7 @@ def _case_put_get_views_at_offsets() -> None:
 
 def _case_all_pairs(n: int) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
-    with _session() as empty:
+    with session() as empty:
         buf = empty(world, n, dtype=torch.int64)
         buf.fill_(-7)
         dist.barrier()
@@ -185,7 +134,7 @@ def _case_all_pairs(n: int) -> None:
 def _case_dtypes_bit_exact(n: int) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     nxt, prev = (rank + 1) % world, (rank - 1) % world
-    with _session() as empty:
+    with session() as empty:
         for index, dtype in enumerate(_DTYPES):
             inbox = empty(n, dtype=dtype)
             own = empty(n, dtype=dtype)
@@ -201,7 +150,7 @@ def _case_dtypes_bit_exact(n: int) -> None:
 
 def _case_barrier_waits_for_the_last_rank() -> list:
     rank = dist.get_rank()
-    with _session():
+    with session():
         times = []
         for round_ in range(3):
             dist.barrier()
@@ -223,7 +172,7 @@ def _case_barrier_waits_for_the_last_rank() -> list:
 def _case_signal_set_and_add() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     peer = (rank + 1) % world
-    with _session() as empty:
+    with session() as empty:
         counter = empty(1, dtype=torch.int32)
         flag = empty(1, dtype=torch.int32)
         wide = empty(1, dtype=torch.int64)
@@ -259,7 +208,7 @@ def _case_signal_orders_data(rounds: int) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     peer = 1 - rank
     n = 4096
-    with _session() as empty:
+    with session() as empty:
         data = empty(n, dtype=torch.int64)
         sig = empty(1, dtype=torch.int32)
         sig.zero_()
@@ -279,7 +228,7 @@ def _case_wait_signal_every_cmp(dtype: torch.dtype, value: int, observed_values:
     The false conditions wait in parallel threads (one signal each), so they cost one timeout, not nine.
     """
     results = {}
-    with _session() as empty:
+    with session() as empty:
         pending = []
         for (name, op), observed in itertools.product(_CMPS.items(), observed_values):
             sig = empty(1, dtype=dtype)
@@ -307,7 +256,7 @@ def _case_wait_signal_every_cmp(dtype: torch.dtype, value: int, observed_values:
 
 
 def _case_wait_signal_timeout() -> dict:
-    with _session() as empty:
+    with session() as empty:
         sig = empty(1, dtype=torch.int32)
         wide = empty(1, dtype=torch.int64)
         sig.fill_(3)
@@ -355,7 +304,7 @@ def _case_barrier_timeout(absent: int) -> dict:
 def _case_bad_arguments_write_nothing() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     peer = 1 - rank
-    with _session() as empty:
+    with session() as empty:
         target = empty(16, dtype=torch.float32)
         guard = empty(16, dtype=torch.float32)  # next in the heap (right behind target): catches writes past its end
         sig = empty(1, dtype=torch.int32)
@@ -434,7 +383,7 @@ def _case_bad_arguments_write_nothing() -> None:
         ]
         for index, (call, exc_type, *fragments) in enumerate(checks):
             try:
-                _expect_error(call, exc_type, *fragments)
+                expect_error(exc_type, call, *fragments)
             except BaseException as exc:
                 raise AssertionError(f"check {index} ({fragments[0]!r}): {exc}") from exc
             # A failed get writes nothing into its local destination either.
@@ -449,7 +398,7 @@ def _case_bad_arguments_write_nothing() -> None:
 def _case_zero_bytes_are_no_ops() -> None:
     rank = dist.get_rank()
     peer = 1 - rank
-    with _session() as empty:
+    with session() as empty:
         target = empty(16, dtype=torch.float32)
         nothing = empty(0, dtype=torch.float32)
         target.fill_(-1.0)
@@ -467,20 +416,20 @@ def _case_zero_bytes_are_no_ops() -> None:
 def _case_zero_bytes_are_still_validated() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     peer = 1 - rank
-    with _session() as empty:
+    with session() as empty:
         target = empty(16, dtype=torch.float32)
         target.fill_(-1.0)
         dist.barrier()
-        _expect_error(lambda: shmem.put(target[3:3], torch.empty(0), world), ValueError,
-                      f"`pe` must be in [0, {world}), but got {world}")
-        _expect_error(lambda: shmem.get(torch.empty(0), target[3:3], -2), ValueError,
-                      "`pe` must be in [0, 2), but got -2")
-        _expect_error(lambda: shmem.put(target[3:3], torch.ones(1), peer), ValueError,
-                      "`src` must have as many bytes as `dst` (0), but got 4")
-        _expect_error(lambda: shmem.put(target[3:3], None, peer), TypeError,
-                      "`src` must be a torch.Tensor, but got NoneType")
-        _expect_error(lambda: shmem.put(target[3:3], torch.empty(0), 0.0), TypeError,
-                      "`pe` must be an int, but got float")
+        expect_error(ValueError, lambda: shmem.put(target[3:3], torch.empty(0), world),
+                     f"`pe` must be in [0, {world}), but got {world}")
+        expect_error(ValueError, lambda: shmem.get(torch.empty(0), target[3:3], -2),
+                     "`pe` must be in [0, 2), but got -2")
+        expect_error(ValueError, lambda: shmem.put(target[3:3], torch.ones(1), peer),
+                     "`src` must have as many bytes as `dst` (0), but got 4")
+        expect_error(TypeError, lambda: shmem.put(target[3:3], None, peer),
+                     "`src` must be a torch.Tensor, but got NoneType")
+        expect_error(TypeError, lambda: shmem.put(target[3:3], torch.empty(0), 0.0),
+                     "`pe` must be an int, but got float")
         shmem.barrier()
         assert torch.equal(target, torch.full((16,), -1.0))
 
@@ -491,20 +440,20 @@ def _case_zero_bytes_are_still_validated() -> None:
 
 
 def test_put_and_get_address_views_at_offsets(world_factory) -> None:
-    _run(world_factory(4, _ENV), _case_put_get_views_at_offsets)
+    run_case(world_factory(4, _ENV), _case_put_get_views_at_offsets)
 
 
 @pytest.mark.parametrize("nranks", [4, 8])
 def test_put_get_between_every_pair(world_factory, nranks: int) -> None:
-    _run(world_factory(nranks, _ENV), _case_all_pairs, 257, timeout=120)
+    run_case(world_factory(nranks, _ENV), _case_all_pairs, 257, timeout=120)
 
 
 def test_every_dtype_round_trips_bit_exactly(world_factory) -> None:
-    _run(world_factory(4, _ENV), _case_dtypes_bit_exact, 1027)
+    run_case(world_factory(4, _ENV), _case_dtypes_bit_exact, 1027)
 
 
 def test_barrier_waits_for_the_last_rank(world_factory) -> None:
-    times = _run(world_factory(4, _ENV), _case_barrier_waits_for_the_last_rank)
+    times = run_case(world_factory(4, _ENV), _case_barrier_waits_for_the_last_rank)
     for round_ in range(3):
         last_arrival = max(rank_times[round_][0] for rank_times in times)
         for rank, rank_times in enumerate(times):
@@ -512,12 +461,12 @@ def test_barrier_waits_for_the_last_rank(world_factory) -> None:
 
 
 def test_signal_set_and_add_int32_and_int64(world_factory) -> None:
-    _run(world_factory(4, _ENV), _case_signal_set_and_add)
-    _run(world_factory(2, _SHORT_ENV), _case_signal_set_and_add)
+    run_case(world_factory(4, _ENV), _case_signal_set_and_add)
+    run_case(world_factory(2, _SHORT_ENV), _case_signal_set_and_add)
 
 
 def test_signal_makes_earlier_puts_visible(world_factory) -> None:
-    _run(world_factory(2, _SHORT_ENV), _case_signal_orders_data, 200)
+    run_case(world_factory(2, _SHORT_ENV), _case_signal_orders_data, 200)
 
 
 @pytest.mark.parametrize(
@@ -529,7 +478,7 @@ def test_signal_makes_earlier_puts_visible(world_factory) -> None:
     ],
 )
 def test_wait_signal_every_cmp(world_factory, dtype, value, observed) -> None:
-    results = _run(world_factory(2, _SHORT_ENV), _case_wait_signal_every_cmp, dtype, value, observed, timeout=60)
+    results = run_case(world_factory(2, _SHORT_ENV), _case_wait_signal_every_cmp, dtype, value, observed, timeout=60)
     for rank_results in results:
         for (name, obs), outcome in rank_results.items():
             if _CMPS[name](obs, value):
@@ -543,7 +492,7 @@ def test_wait_signal_every_cmp(world_factory, dtype, value, observed) -> None:
 
 
 def test_wait_signal_times_out_with_expected_and_observed(world_factory) -> None:
-    for out in _run(world_factory(2, _SHORT_ENV), _case_wait_signal_timeout):
+    for out in run_case(world_factory(2, _SHORT_ENV), _case_wait_signal_timeout):
         message, code, is_shmem_error, is_runtime_error = out["int32"]
         assert code == "TIMEOUT" and is_shmem_error and is_runtime_error
         assert message.startswith("signal wait timed out: signal=0x"), message
@@ -569,12 +518,12 @@ def test_barrier_times_out_naming_the_missing_rank() -> None:
 
 
 def test_bad_arguments_raise_and_write_nothing(world_factory) -> None:
-    _run(world_factory(2, _SHORT_ENV), _case_bad_arguments_write_nothing)
+    run_case(world_factory(2, _SHORT_ENV), _case_bad_arguments_write_nothing)
 
 
 def test_zero_byte_calls_are_no_ops(world_factory) -> None:
-    _run(world_factory(2, _SHORT_ENV), _case_zero_bytes_are_no_ops)
+    run_case(world_factory(2, _SHORT_ENV), _case_zero_bytes_are_no_ops)
 
 
 def test_zero_byte_calls_are_still_validated(world_factory) -> None:
-    _run(world_factory(2, _SHORT_ENV), _case_zero_bytes_are_still_validated)
+    run_case(world_factory(2, _SHORT_ENV), _case_zero_bytes_are_still_validated)

@@ -22,8 +22,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import CaseOutput, World
+from harness import CaseOutput
 from hyper_parallel.core.multicore import shmem
+from st_cases import allocation_info, assert_clean, restored_env, run_case
 
 ENV = {"HYPER_PARALLEL_SHMEM_HEAP_SIZE": "16M", "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC": "20"}
 LOG_VAR = "HYPER_PARALLEL_SHMEM_LOG_LEVEL"
@@ -53,21 +54,9 @@ FIELDS = [
 # --------------------------------------------------------------------------
 
 
-def _assert_clean() -> None:
-    """Every case starts without a runtime, so that a leftover of an earlier case shows up here and not later."""
-    state = shmem.debug_state()
-    assert state["state"] == "uninitialized" and state["reference_count"] == 0, repr(state)
-
-
 def _line() -> int:
     """The caller's current line number."""
     return inspect.currentframe().f_back.f_lineno
-
-
-def _info(tensor: torch.Tensor) -> dict:
-    found = [a for a in shmem.debug_state()["active_allocations"] if a["base"] == tensor.data_ptr()]
-    assert len(found) == 1, repr(shmem.debug_state())
-    return found[0]
 
 
 # --------------------------------------------------------------------------
@@ -76,7 +65,7 @@ def _info(tensor: torch.Tensor) -> dict:
 
 
 def _case_snapshot_is_read_only() -> None:
-    _assert_clean()
+    assert_clean()
     outside = shmem.debug_state()  # works without a runtime
     assert list(outside) == FIELDS and outside["root_ranks"] == [] and outside["reference_count"] == 0
     with shmem.acquire_shmem():
@@ -115,7 +104,7 @@ def _case_snapshot_is_read_only() -> None:
 
 
 def _case_fields_and_repr() -> dict:
-    _assert_clean()
+    assert_clean()
     rank, world = dist.get_rank(), dist.get_world_size()
     with shmem.acquire_shmem():
         t = shmem.empty(10, dtype=torch.float64)
@@ -155,7 +144,7 @@ def _case_fields_and_repr() -> dict:
 
 
 def _case_latest_failure() -> None:
-    _assert_clean()
+    assert_clean()
     world = dist.get_world_size()
     with shmem.acquire_shmem():
         t = shmem.empty(4)
@@ -176,7 +165,7 @@ def _case_latest_failure() -> None:
 
 
 def _case_heap_accounting() -> list[int]:
-    _assert_clean()
+    assert_clean()
     with shmem.acquire_shmem():
         start = shmem.debug_state()
         assert start["allocated"] == 0 and start["max_allocated"] == 0
@@ -193,18 +182,18 @@ def _case_heap_accounting() -> list[int]:
             return state["max_allocated"]
 
         a = shmem.empty(1000, dtype=torch.uint8)
-        ra = _info(a)["reserved"]
+        ra = allocation_info(a)["reserved"]
         assert 1000 <= ra < 1000 + 4096 and shmem.debug_state()["allocated"] == ra
         peak = check([a], 0)
         b = shmem.empty(300, dtype=torch.float32)
-        rb = _info(b)["reserved"]
+        rb = allocation_info(b)["reserved"]
         assert rb >= 1200
         peak = check([a, b], peak)
         assert peak == ra + rb
         shmem.free(a)
         assert check([b], peak) == ra + rb  # the peak stays
         c = shmem.empty(10)
-        rc = _info(c)["reserved"]
+        rc = allocation_info(c)["reserved"]
         check([b, c], peak)
         shmem.free(b)
         shmem.free(c)
@@ -214,24 +203,18 @@ def _case_heap_accounting() -> list[int]:
 
 
 def _case_allocation_log(level: str | None) -> dict:
-    _assert_clean()
-    saved = os.environ.get(LOG_VAR)
-    if level is None:
-        os.environ.pop(LOG_VAR, None)
-    else:
-        os.environ[LOG_VAR] = level
-    try:
+    assert_clean()
+    with restored_env(LOG_VAR):
+        if level is None:
+            os.environ.pop(LOG_VAR, None)
+        else:
+            os.environ[LOG_VAR] = level
         with shmem.acquire_shmem():
             empty_line = _line() + 1
             t = shmem.empty(32, dtype=torch.float64)
-            info = _info(t)
+            info = allocation_info(t)
             free_line = _line() + 1
             shmem.free(t)
-    finally:
-        if saved is None:
-            os.environ.pop(LOG_VAR, None)
-        else:
-            os.environ[LOG_VAR] = saved
     return {
         "allocation_id": info["allocation_id"],
         "base": info["base"],
@@ -247,37 +230,28 @@ def _case_allocation_log(level: str | None) -> dict:
 # --------------------------------------------------------------------------
 
 
-def _run(world: World, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
-    """world.run, but a failed case takes its world down so the next test starts from fresh ranks."""
-    try:
-        return world.run(fn, *args, **kwargs)
-    except BaseException:
-        world.close()
-        raise
-
-
 @pytest.mark.parametrize("nranks", [1, 2])
 def test_debug_state_is_a_read_only_snapshot(world_factory, nranks: int) -> None:
-    _run(world_factory(nranks, ENV), _case_snapshot_is_read_only)
+    run_case(world_factory(nranks, ENV), _case_snapshot_is_read_only)
 
 
 @pytest.mark.parametrize("nranks", [1, 2])
 def test_debug_state_fields_and_repr(world_factory, nranks: int) -> None:
-    results = _run(world_factory(nranks, ENV), _case_fields_and_repr)
+    results = run_case(world_factory(nranks, ENV), _case_fields_and_repr)
     assert all(r == results[0] for r in results)  # same offset and lifecycle on every rank
 
 
 def test_latest_failure_records_the_last_error(world_factory) -> None:
-    _run(world_factory(2, ENV), _case_latest_failure)
+    run_case(world_factory(2, ENV), _case_latest_failure)
 
 
 def test_heap_accounting_follows_empty_and_free(world_factory) -> None:
-    reserved = _run(world_factory(2, ENV), _case_heap_accounting)
+    reserved = run_case(world_factory(2, ENV), _case_heap_accounting)
     assert reserved[0] == reserved[1]
 
 
 def test_log_level_0_logs_every_allocation_and_free_with_the_call_site(world_factory) -> None:
-    outputs: list[CaseOutput] = _run(world_factory(2, ENV), _case_allocation_log, "0", capture_stderr=True)
+    outputs: list[CaseOutput] = run_case(world_factory(2, ENV), _case_allocation_log, "0", capture_stderr=True)
     for rank, out in enumerate(outputs):
         v = out.value
         site_empty = f"call_site={v['file']}:{v['empty_line']} in _case_allocation_log"
@@ -296,6 +270,6 @@ def test_log_level_0_logs_every_allocation_and_free_with_the_call_site(world_fac
 
 
 def test_default_log_level_logs_no_allocations(world_factory) -> None:
-    outputs: list[CaseOutput] = _run(world_factory(2, ENV), _case_allocation_log, None, capture_stderr=True)
+    outputs: list[CaseOutput] = run_case(world_factory(2, ENV), _case_allocation_log, None, capture_stderr=True)
     for out in outputs:
         assert "op=Empty" not in out.stderr and "op=Free" not in out.stderr, out.stderr

@@ -17,8 +17,8 @@ from unittest import mock
 import torch.distributed as dist
 
 import hyper_parallel
-from harness import RankFailure, World
 from hyper_parallel.core.multicore import shmem
+from st_cases import run_case
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _README = os.path.join(_REPO, "README.md")
@@ -35,15 +35,6 @@ def _readme_example() -> str:
     match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
     assert match, "README.md has no python block under 'What a user writes'"
     return match.group(1)
-
-
-def _run(world: World, fn, *args, **kwargs):
-    """``world.run``; a world whose case failed is closed, so that the next test gets a fresh one."""
-    try:
-        return world.run(fn, *args, **kwargs)
-    except RankFailure:
-        world.close()
-        raise
 
 
 # --------------------------------------------------------------------------
@@ -85,7 +76,7 @@ def test_readme_example_runs_on_four_ranks(world_factory) -> None:
                  "shmem.barrier()", "shmem.free(", "handle.close()"):
         assert call in code, call
     env = {"HYPER_PARALLEL_SHMEM_HEAP_SIZE": _HEAP, "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC": "30"}
-    results = _run(world_factory(_NRANKS, env), _case_readme_example, code)
+    results = run_case(world_factory(_NRANKS, env), _case_readme_example, code)
     for rank, out in enumerate(results):
         assert out["prev"] == (rank - 1) % _NRANKS
         assert out["closed"] and out["state"] == "uninitialized", out

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from harness import CaseOutput, World
 from hyper_parallel.core.multicore import shmem
+from st_cases import assert_clean, restored_env, run_case
 
 HEAP_VAR = "HYPER_PARALLEL_SHMEM_HEAP_SIZE"
 TIMEOUT_VAR = "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC"
@@ -40,12 +41,6 @@ SEGMENT = re.compile(r"^/dev/shm/hpshmem-(\d+)-([0-9a-f]{32}) \(deleted\)$")
 # --------------------------------------------------------------------------
 # Helpers (run in the ranks).
 # --------------------------------------------------------------------------
-
-
-def _assert_clean() -> None:
-    """Every case starts without a runtime, so that a leftover of an earlier case shows up here and not later."""
-    state = shmem.debug_state()
-    assert state["state"] == "uninitialized" and state["reference_count"] == 0, repr(state)
 
 
 def _all_pids() -> list[int]:
@@ -73,13 +68,6 @@ def _mapped_segments() -> list[tuple[str, str, int, str]]:
     return found
 
 
-def _restore(name: str, saved: str | None) -> None:
-    if saved is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = saved
-
-
 def _cpu_share(fn: Callable[[], Any]) -> tuple[float, float, Any]:
     """Runs ``fn``; returns (process CPU seconds, wall seconds, result or the exception it raised)."""
     cpu, wall = time.process_time(), time.monotonic()
@@ -96,7 +84,7 @@ def _cpu_share(fn: Callable[[], Any]) -> tuple[float, float, Any]:
 
 
 def _case_segments_are_private_and_unlinked() -> list[str]:
-    _assert_clean()
+    assert_clean()
     pids = _all_pids()
     secrets = []
     for _ in range(2):  # two lifecycles: fresh random names each time
@@ -126,7 +114,7 @@ def _case_segments_are_private_and_unlinked() -> list[str]:
 
 
 def _case_stale_segment_is_removed(dead_pid: int) -> dict:
-    _assert_clean()
+    assert_clean()
     rank = dist.get_rank()
     stale = f"hpshmem-{dead_pid}-{'ab' * 16}"
     alive = f"hpshmem-{os.getppid()}-{'cd' * 16}"  # the test runner: alive, so not ours to remove
@@ -155,7 +143,7 @@ def _case_stale_segment_is_removed(dead_pid: int) -> dict:
 
 
 def _case_heap_larger_than_dev_shm() -> list[int]:
-    _assert_clean()
+    assert_clean()
     pids = _all_pids()
     world = dist.get_world_size()
     vfs = os.statvfs(SHM)
@@ -164,9 +152,8 @@ def _case_heap_larger_than_dev_shm() -> list[int]:
     sizes = [(available // world // MiB + 64) * MiB, (available // MiB + 1024) * MiB]
     if sizes[-1] > TiB:
         pytest.skip(f"{SHM} has {available} bytes free: no heap size above that is allowed (max 1 TiB)")
-    saved = os.environ.get(HEAP_VAR)
     lifecycle = shmem.debug_state()["lifecycle"]
-    try:
+    with restored_env(HEAP_VAR):
         for heap in sizes:
             os.environ[HEAP_VAR] = f"{heap // MiB}M"
             try:
@@ -189,8 +176,6 @@ def _case_heap_larger_than_dev_shm() -> list[int]:
             leftovers = (_named_segments(pids), _mapped_segments())
             dist.barrier()
             assert leftovers == ([], []), leftovers
-    finally:
-        _restore(HEAP_VAR, saved)
     with shmem.acquire_shmem():
         state = shmem.debug_state()
         assert state["heap_size"] == 16 * MiB and state["lifecycle"] == lifecycle + 1
@@ -198,7 +183,7 @@ def _case_heap_larger_than_dev_shm() -> list[int]:
 
 
 def _case_waits_sleep_in_the_kernel(delay: float) -> dict:
-    _assert_clean()
+    assert_clean()
     rank, world = dist.get_rank(), dist.get_world_size()
     handle = shmem.acquire_shmem()
     sig = shmem.empty(1, dtype=torch.int32)
@@ -228,10 +213,9 @@ def _case_waits_sleep_in_the_kernel(delay: float) -> dict:
 
 
 def _case_wait_times_out_asleep(timeout: str) -> tuple[float, float, str]:
-    _assert_clean()
-    saved = os.environ.get(TIMEOUT_VAR)
-    os.environ[TIMEOUT_VAR] = timeout
-    try:
+    assert_clean()
+    with restored_env(TIMEOUT_VAR):
+        os.environ[TIMEOUT_VAR] = timeout
         with shmem.acquire_shmem():
             sig = shmem.empty(1, dtype=torch.int64)
             try:
@@ -243,8 +227,6 @@ def _case_wait_times_out_asleep(timeout: str) -> tuple[float, float, str]:
                 shmem.barrier()
             finally:
                 shmem.free(sig)
-    finally:
-        _restore(TIMEOUT_VAR, saved)
     return cpu, wall, str(result)
 
 
@@ -253,22 +235,13 @@ def _case_wait_times_out_asleep(timeout: str) -> tuple[float, float, str]:
 # --------------------------------------------------------------------------
 
 
-def _run(world: World, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
-    """world.run, but a failed case takes its world down so the next test starts from fresh ranks."""
-    try:
-        return world.run(fn, *args, **kwargs)
-    except BaseException:
-        world.close()
-        raise
-
-
 @pytest.fixture
 def world8(world_factory) -> World:
     return world_factory(NRANKS, ENV)
 
 
 def test_segments_are_private_unguessable_and_unlinked(world8: World) -> None:
-    secrets = _run(world8, _case_segments_are_private_and_unlinked)
+    secrets = run_case(world8, _case_segments_are_private_and_unlinked)
     for per_rank in secrets:
         # Every rank mapped the same 8 segments in each lifecycle (the next lifecycle used new names).
         assert sorted(per_rank[:NRANKS]) == sorted(secrets[0][:NRANKS])
@@ -280,7 +253,7 @@ def test_stale_segment_of_a_dead_process_is_removed_at_init(world8: World) -> No
     child.wait()
     with pytest.raises(ProcessLookupError):
         os.kill(child.pid, 0)  # exited and reaped: its pid names no process
-    outputs: list[CaseOutput] = _run(world8, _case_stale_segment_is_removed, child.pid, capture_stderr=True)
+    outputs: list[CaseOutput] = run_case(world8, _case_stale_segment_is_removed, child.pid, capture_stderr=True)
     stale = outputs[0].value["stale"]
     logged = [
         rank
@@ -291,12 +264,12 @@ def test_stale_segment_of_a_dead_process_is_removed_at_init(world8: World) -> No
 
 
 def test_heap_too_large_for_dev_shm_fails_cleanly_on_every_rank(world8: World) -> None:
-    _run(world8, _case_heap_larger_than_dev_shm)
+    run_case(world8, _case_heap_larger_than_dev_shm)
 
 
 def test_waits_sleep_instead_of_spinning(world8: World) -> None:
     delay = 2.5
-    results = _run(world8, _case_waits_sleep_in_the_kernel, delay, timeout=90)
+    results = run_case(world8, _case_waits_sleep_in_the_kernel, delay, timeout=90)
     for rank, r in enumerate(results[1:], start=1):
         for what in ("signal", "barrier"):
             cpu, wall, error = r[what]
@@ -306,7 +279,7 @@ def test_waits_sleep_instead_of_spinning(world8: World) -> None:
 
 
 def test_timed_out_wait_sleeps_and_names_the_values(world8: World) -> None:
-    results = _run(world8, _case_wait_times_out_asleep, "2", timeout=90)
+    results = run_case(world8, _case_wait_times_out_asleep, "2", timeout=90)
     for rank, (cpu, wall, message) in enumerate(results):
         for needle in ("signal wait timed out", "cmp=ge", "expected=1", "observed=0", "timeout_sec=2"):
             assert needle in message, (rank, needle, message)

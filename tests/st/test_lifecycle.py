@@ -20,7 +20,6 @@ import sys
 import textwrap
 import time
 import weakref
-from typing import Any, Callable
 
 import pytest
 import torch
@@ -29,6 +28,7 @@ import torch.distributed as dist
 import hyper_parallel
 from harness import World
 from hyper_parallel.core.multicore import shmem
+from st_cases import assert_clean, expect_error, restored_env, run_case
 
 HEAP_VAR = "HYPER_PARALLEL_SHMEM_HEAP_SIZE"
 ENV = {HEAP_VAR: "16M", "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC": "20"}
@@ -40,24 +40,8 @@ MiB = 1 << 20
 # --------------------------------------------------------------------------
 
 
-def _assert_clean() -> None:
-    """Every case starts without a runtime, so that a leftover of an earlier case shows up here and not later."""
-    state = shmem.debug_state()
-    assert state["state"] == "uninitialized" and state["reference_count"] == 0, repr(state)
-
-
 def _refs() -> int:
     return shmem.debug_state()["reference_count"]
-
-
-def _expect(exc: type, fn: Callable[[], Any], *needles: str) -> str:
-    """Runs ``fn``, which must raise ``exc`` with every needle in its message; returns the message."""
-    with pytest.raises(exc) as info:
-        fn()
-    message = str(info.value)
-    for needle in needles:
-        assert needle in message, f"{needle!r} not in {type(info.value).__name__}: {message!r}"
-    return message
 
 
 # --------------------------------------------------------------------------
@@ -66,7 +50,7 @@ def _expect(exc: type, fn: Callable[[], Any], *needles: str) -> str:
 
 
 def _case_handles_count_references() -> int:
-    _assert_clean()
+    assert_clean()
     rank, world = dist.get_rank(), dist.get_world_size()
     first = shmem.acquire_shmem()
     try:
@@ -95,12 +79,12 @@ def _case_handles_count_references() -> int:
     assert first.closed and state["state"] == "uninitialized", repr(state)
     assert state["reference_count"] == 0 and state["root_ranks"] == []
     first.close()  # idempotent after the shutdown too
-    _expect(shmem.ShmemStateError, lambda: shmem.empty(4), "shmem runtime is not initialised", "op=empty")
+    expect_error(shmem.ShmemStateError, lambda: shmem.empty(4), "shmem runtime is not initialised", "op=empty")
     return lifecycle
 
 
 def _case_same_members_share_the_runtime() -> list[int]:
-    _assert_clean()
+    assert_clean()
     world = dist.get_world_size()
     same = dist.new_group(list(range(world)))  # another group object, the same ranks in the same order
     lifecycles = []
@@ -114,7 +98,7 @@ def _case_same_members_share_the_runtime() -> list[int]:
         assert _refs() == 1
     finally:
         handle.close()
-    _assert_clean()
+    assert_clean()
     # The other way round: the runtime bootstraps over the new group, and WORLD (None) then shares it.
     handle = shmem.acquire_shmem(same)
     try:
@@ -128,25 +112,25 @@ def _case_same_members_share_the_runtime() -> list[int]:
             shmem.free(t)
     finally:
         handle.close()
-    _assert_clean()
+    assert_clean()
     return lifecycles
 
 
 def _case_other_membership_is_refused() -> None:
-    _assert_clean()
+    assert_clean()
     rank, world = dist.get_rank(), dist.get_world_size()
     pair = dist.new_group([0, 1])  # collective over WORLD; ranks 2.. get a non-member placeholder
     handle = shmem.acquire_shmem()
     try:
         if rank in (0, 1):
-            msg = _expect(ValueError, lambda: shmem.acquire_shmem(pair))
+            msg = expect_error(ValueError, lambda: shmem.acquire_shmem(pair))
             assert msg == (
                 f"`root_group` must have the ranks of the active runtime's root {list(range(world))}, but got [0, 1]"
             ), msg
         else:
             # Ranks left out of new_group() hold a placeholder, not a group: say so rather than "got int".
-            _expect(ValueError, lambda: shmem.acquire_shmem(pair), f"`root_group` must contain this rank ({rank})")
-        _expect(
+            expect_error(ValueError, lambda: shmem.acquire_shmem(pair), f"`root_group` must contain this rank ({rank})")
+        expect_error(
             TypeError, lambda: shmem.acquire_shmem("WORLD"), "`root_group` must be a torch.distributed.ProcessGroup"
         )
         # The refusal took no reference and left the runtime alone.
@@ -155,24 +139,24 @@ def _case_other_membership_is_refused() -> None:
         assert state["root_ranks"] == list(range(world))
     finally:
         handle.close()
-    _assert_clean()
+    assert_clean()
     # No runtime: a root smaller than WORLD is refused in this version, and nothing is initialised.
     if rank in (0, 1):
-        _expect(ValueError, lambda: shmem.acquire_shmem(pair), "must cover the whole WORLD", "but got [0, 1]")
+        expect_error(ValueError, lambda: shmem.acquire_shmem(pair), "must cover the whole WORLD", "but got [0, 1]")
     else:
-        _expect(ValueError, lambda: shmem.acquire_shmem(pair), f"`root_group` must contain this rank ({rank})")
-    _assert_clean()
+        expect_error(ValueError, lambda: shmem.acquire_shmem(pair), f"`root_group` must contain this rank ({rank})")
+    assert_clean()
     dist.barrier()
 
 
 def _case_shutdown_refused_while_allocated() -> dict:
-    _assert_clean()
+    assert_clean()
     rank, world = dist.get_rank(), dist.get_world_size()
     handle = shmem.acquire_shmem()
     t = shmem.empty(8, dtype=torch.int64)
     try:
         info = shmem.debug_state()["active_allocations"][0]
-        msg = _expect(
+        msg = expect_error(
             shmem.ShmemStateError,
             handle.close,
             "shutdown refused: live allocations remain",
@@ -202,7 +186,7 @@ def _case_shutdown_refused_while_allocated() -> dict:
 
 
 def _case_last_close_waits_for_every_rank(late_rank: int, delay: float) -> tuple[float, float]:
-    _assert_clean()
+    assert_clean()
     handle = shmem.acquire_shmem()
     if dist.get_rank() == late_rank:
         time.sleep(delay)
@@ -212,11 +196,10 @@ def _case_last_close_waits_for_every_rank(late_rank: int, delay: float) -> tuple
 
 
 def _case_new_lifecycle_reads_the_heap_size() -> list[int]:
-    _assert_clean()
-    saved = os.environ.get(HEAP_VAR)
+    assert_clean()
     ids: list[int] = []
     lifecycles: list[int] = []
-    try:
+    with restored_env(HEAP_VAR):
         for mib in (8, 24, 2):
             os.environ[HEAP_VAR] = f"{mib}M"
             with shmem.acquire_shmem():
@@ -229,14 +212,9 @@ def _case_new_lifecycle_reads_the_heap_size() -> list[int]:
             assert shmem.debug_state()["state"] == "uninitialized"
         # A bad value fails the acquire on every rank and starts nothing.
         os.environ[HEAP_VAR] = "0"
-        _expect(ValueError, shmem.acquire_shmem, f"`{HEAP_VAR}` must be a positive byte count, but got '0'")
+        expect_error(ValueError, shmem.acquire_shmem, f"`{HEAP_VAR}` must be a positive byte count, but got '0'")
         state = shmem.debug_state()
         assert state["state"] == "uninitialized" and state["lifecycle"] == lifecycles[-1], repr(state)
-    finally:
-        if saved is None:
-            os.environ.pop(HEAP_VAR, None)
-        else:
-            os.environ[HEAP_VAR] = saved
     assert lifecycles == list(range(lifecycles[0], lifecycles[0] + 3)), lifecycles
     assert ids == sorted(set(ids)), ids  # never reused across lifecycles either
     with shmem.acquire_shmem():
@@ -246,7 +224,7 @@ def _case_new_lifecycle_reads_the_heap_size() -> list[int]:
 
 def _case_drop_unclosed_handle_on_one_rank() -> dict:
     """Rank 0 drops its only handle without closing it; a collective from its destructor would hang."""
-    _assert_clean()
+    assert_clean()
     rank, world = dist.get_rank(), dist.get_world_size()
     handle = shmem.acquire_shmem()
     lifecycle = shmem.debug_state()["lifecycle"]
@@ -275,49 +253,40 @@ def _case_drop_unclosed_handle_on_one_rank() -> dict:
 # --------------------------------------------------------------------------
 
 
-def _run(world: World, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
-    """world.run, but a failed case takes its world down so the next test starts from fresh ranks."""
-    try:
-        return world.run(fn, *args, **kwargs)
-    except BaseException:
-        world.close()
-        raise
-
-
 @pytest.fixture
 def world4(world_factory) -> World:
     return world_factory(4, ENV)
 
 
 def test_handles_count_references_and_close_idempotently(world4: World) -> None:
-    lifecycles = _run(world4, _case_handles_count_references)
+    lifecycles = run_case(world4, _case_handles_count_references)
     assert len(set(lifecycles)) == 1
 
 
 def test_group_with_the_same_ranks_shares_the_runtime(world4: World) -> None:
-    lifecycles = _run(world4, _case_same_members_share_the_runtime)
+    lifecycles = run_case(world4, _case_same_members_share_the_runtime)
     assert all(lc == lifecycles[0] for lc in lifecycles)
     assert lifecycles[0][1] == lifecycles[0][0] + 1
 
 
 def test_other_membership_and_partial_roots_are_refused(world4: World) -> None:
-    _run(world4, _case_other_membership_is_refused)
+    run_case(world4, _case_other_membership_is_refused)
 
 
 def test_shutdown_with_live_allocations_is_refused_and_retryable(world4: World) -> None:
-    results = _run(world4, _case_shutdown_refused_while_allocated)
+    results = run_case(world4, _case_shutdown_refused_while_allocated)
     assert all("shutdown refused" in r["message"] for r in results)
 
 
 def test_last_close_waits_for_every_rank(world4: World) -> None:
-    times = _run(world4, _case_last_close_waits_for_every_rank, 3, 1.0)
+    times = run_case(world4, _case_last_close_waits_for_every_rank, 3, 1.0)
     latest_start = max(start for start, _ in times)
     # No rank may finish shutting down before the last one started: the last close is collective.
     assert all(end >= latest_start for _, end in times), times
 
 
 def test_new_lifecycle_applies_a_new_heap_size(world4: World) -> None:
-    lifecycles = _run(world4, _case_new_lifecycle_reads_the_heap_size)
+    lifecycles = run_case(world4, _case_new_lifecycle_reads_the_heap_size)
     assert all(lc == lifecycles[0] for lc in lifecycles)
 
 

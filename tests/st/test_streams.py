@@ -9,7 +9,6 @@ line the ranks up with a gloo barrier before SHMEM collectives so that only the 
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 
@@ -17,8 +16,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import RankFailure, World
 from hyper_parallel.core.multicore import shmem
+from st_cases import run_case, session
 
 _TIMEOUT_S = 3.0
 _ENV = {"HYPER_PARALLEL_SHMEM_HEAP_SIZE": "16M", "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC": str(_TIMEOUT_S)}
@@ -27,48 +26,6 @@ _ENV = {"HYPER_PARALLEL_SHMEM_HEAP_SIZE": "16M", "HYPER_PARALLEL_SHMEM_TIMEOUT_S
 # --------------------------------------------------------------------------
 # Helpers (run in the ranks).
 # --------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _session():
-    """Acquires the runtime, hands out an ``empty`` that remembers what to free, and leaves the runtime clean.
-
-    After a failure on any rank the SHMEM clean-up is skipped on every rank (its collectives would only fail in
-    turn); the parent then throws the world away (:func:`_run`).
-    """
-    dist.barrier()  # line the ranks up: init is collective and the timeout is short
-    handle = shmem.acquire_shmem()
-    allocations = []
-
-    def empty(*size, **kwargs):
-        tensor = shmem.empty(*size, **kwargs)
-        tensor.zero_()
-        allocations.append(tensor)
-        return tensor
-
-    failed = torch.ones(1, dtype=torch.int32)
-    try:
-        yield empty
-        failed.zero_()
-    finally:
-        dist.all_reduce(failed)  # also: every rank is done with every copy before anything is freed
-        if failed.item() == 0:
-            try:
-                for tensor in allocations:
-                    shmem.free(tensor)
-            finally:
-                handle.close()
-            state = shmem.debug_state()
-            assert state["state"] == "uninitialized" and not state["active_allocations"], state
-
-
-def _run(world: World, fn, *args, **kwargs):
-    """``world.run``; a world whose case failed is closed, so that the next test gets a fresh one."""
-    try:
-        return world.run(fn, *args, **kwargs)
-    except RankFailure:
-        world.close()
-        raise
 
 
 def _payload(rank: int, n: int, salt: int = 0) -> torch.Tensor:
@@ -86,7 +43,7 @@ def _case_default_stream_is_synchronous() -> None:
     n = 1 << 20  # 4 MiB: not done in an instant if it were deferred
     assert shmem.current_stream() is shmem.default_stream()
     assert shmem.default_stream().is_default and repr(shmem.default_stream()) == "Stream(default)"
-    with _session() as empty:
+    with session(zero=True) as empty:
         data = empty(n, dtype=torch.float32)
         sig = empty(1, dtype=torch.int32)
         fetched = torch.zeros(n)
@@ -106,7 +63,7 @@ def _case_stream_orders_put_before_signal(use_stream_fn: bool) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     peer = 1 - rank
     pieces, n = 64, 4096
-    with _session() as empty:
+    with session(zero=True) as empty:
         data = empty(pieces, n, dtype=torch.float32)
         sig = empty(1, dtype=torch.int32)
         gathered = empty(world, 8, dtype=torch.int64)
@@ -141,7 +98,7 @@ def _case_wait_stream_orders_across_streams() -> None:
     rank = dist.get_rank()
     peer = 1 - rank
     n = 1 << 16
-    with _session() as empty:
+    with session(zero=True) as empty:
         gate = empty(1, dtype=torch.int32)  # only this rank's main thread opens it
         ready = empty(1, dtype=torch.int32)
         data = empty(n, dtype=torch.float32)
@@ -187,7 +144,7 @@ def _case_wait_stream_orders_across_streams() -> None:
 def _case_default_stream_waits_for_a_stream() -> None:
     rank = dist.get_rank()
     n = 1 << 16
-    with _session() as empty:
+    with session(zero=True) as empty:
         gate = empty(1, dtype=torch.int32)
         data = empty(n, dtype=torch.float32)
         s = shmem.Stream()
@@ -216,7 +173,7 @@ def _case_stream_overlaps_the_caller() -> float:
     rank = dist.get_rank()
     peer = 1 - rank
     n = 1 << 16
-    with _session() as empty:
+    with session(zero=True) as empty:
         gate = empty(1, dtype=torch.int32)
         flag = empty(1, dtype=torch.int32)
         data = empty(n, dtype=torch.float32)
@@ -247,7 +204,7 @@ def _case_error_on_a_stream() -> dict:
     peer = 1 - rank
     n = 4096
     out = {}
-    with _session() as empty:
+    with session(zero=True) as empty:
         never = empty(1, dtype=torch.int32)
         flag = empty(1, dtype=torch.int32)
         data = empty(n, dtype=torch.float32)
@@ -390,7 +347,7 @@ def _case_stream_barrier_and_allocation_in_program_order() -> None:
     empty()'s internal exchange with the other rank's empty(), whatever the timing of the two threads.
     """
     rank = dist.get_rank()
-    with _session() as empty:
+    with session(zero=True) as empty:
         gate = empty(1, dtype=torch.int32)
         s = shmem.Stream()
         with s:
@@ -421,30 +378,30 @@ def _case_stream_barrier_and_allocation_in_program_order() -> None:
 
 
 def test_default_stream_completes_before_returning(world_factory) -> None:
-    _run(world_factory(2, _ENV), _case_default_stream_is_synchronous)
+    run_case(world_factory(2, _ENV), _case_default_stream_is_synchronous)
 
 
 @pytest.mark.parametrize("use_stream_fn", [False, True], ids=["with-s", "with-shmem.stream(s)"])
 def test_stream_runs_in_order(world_factory, use_stream_fn: bool) -> None:
-    _run(world_factory(2, _ENV), _case_stream_orders_put_before_signal, use_stream_fn)
+    run_case(world_factory(2, _ENV), _case_stream_orders_put_before_signal, use_stream_fn)
 
 
 def test_wait_stream_orders_across_streams(world_factory) -> None:
-    _run(world_factory(2, _ENV), _case_wait_stream_orders_across_streams)
+    run_case(world_factory(2, _ENV), _case_wait_stream_orders_across_streams)
 
 
 def test_default_stream_wait_stream_blocks_until_done(world_factory) -> None:
-    _run(world_factory(2, _ENV), _case_default_stream_waits_for_a_stream)
+    run_case(world_factory(2, _ENV), _case_default_stream_waits_for_a_stream)
 
 
 def test_stream_work_overlaps_the_caller(world_factory) -> None:
-    enqueued = _run(world_factory(2, _ENV), _case_stream_overlaps_the_caller)
+    enqueued = run_case(world_factory(2, _ENV), _case_stream_overlaps_the_caller)
     # Implied by the case passing at all; stated so that a regression reads plainly.
     assert all(t < _TIMEOUT_S for t in enqueued), enqueued
 
 
 def test_stream_error_is_raised_by_synchronize_and_skips_later_ops(world_factory) -> None:
-    for out in _run(world_factory(2, _ENV), _case_error_on_a_stream, timeout=60):
+    for out in run_case(world_factory(2, _ENV), _case_error_on_a_stream, timeout=60):
         expectations = (("synchronize", "cmp=eq expected=1 observed=0"), ("destroy", "cmp=ge expected=2 observed=0"))
         for key, expected in expectations:
             assert key in out, f"{key}() raised no ShmemTimeoutError: {out}"
@@ -452,8 +409,8 @@ def test_stream_error_is_raised_by_synchronize_and_skips_later_ops(world_factory
 
 
 def test_stream_api_and_streams_of_an_earlier_lifecycle(world_factory) -> None:
-    _run(world_factory(2, _ENV), _case_stream_api_and_lifecycles)
+    run_case(world_factory(2, _ENV), _case_stream_api_and_lifecycles)
 
 
 def test_stream_barrier_does_not_pair_with_an_allocation(world_factory) -> None:
-    _run(world_factory(2, _ENV), _case_stream_barrier_and_allocation_in_program_order)
+    run_case(world_factory(2, _ENV), _case_stream_barrier_and_allocation_in_program_order)
