@@ -1,6 +1,6 @@
-"""Unit tests of the runtime face's argument checks (``_checks.py``) and of ``DebugState``, without a runtime.
+"""Unit tests of the runtime face's argument checks and of ``DebugState``, without a runtime.
 
-Both are pure Python: no process group and no SHMEM lifecycle is started here. Messages are checked in full,
+No process group and no SHMEM lifecycle is started here: arguments are checked before the runtime is looked for. Messages are checked in full,
 since they are the contract ("`x` must be y, but got z").
 """
 
@@ -12,8 +12,9 @@ import pickle
 import pytest
 import torch
 
-from hyper_parallel.core.multicore.shmem import DebugState
-from hyper_parallel.core.multicore.shmem._checks import check_choice, check_int, check_signal, check_tensor, type_name
+from hyper_parallel.core.multicore import shmem
+from hyper_parallel.core.multicore.shmem import DebugState, ShmemStateError
+from hyper_parallel.core.multicore.shmem._checks import check_choice, type_name
 
 # --------------------------------------------------------------------------
 # _checks.py
@@ -26,22 +27,53 @@ def test_type_name_is_the_short_class_name() -> None:
     assert type_name(torch.zeros(1)) == "Tensor"
 
 
-def test_check_tensor_returns_a_contiguous_cpu_tensor_unchanged() -> None:
-    for tensor in (torch.zeros(3), torch.zeros(0), torch.zeros(2, 3)[1], torch.zeros(4, 1).t()):
-        assert check_tensor("dst", tensor) is tensor
+# The data-plane entries check their arguments (in the binding) before they look for a runtime: with good
+# arguments and no runtime they fail with the state error, with bad ones with the contract error.
+_NO_RUNTIME = r"^shmem runtime is not initialised: op="
 
 
+def _entries(tensor_arg_name):
+    """Each data-plane entry as a call that passes `bad` as the tensor argument named `tensor_arg_name`."""
+    good = torch.zeros(4)
+    signal = torch.zeros(1, dtype=torch.int32)
+    return {
+        "dst": lambda bad: shmem.put(bad, good, 0),
+        "src": lambda bad: shmem.get(good, bad, 0),
+        "output": lambda bad: shmem.all_gather(bad, good),
+        "input": lambda bad: shmem.all_gather(signal, bad),
+        "signal_tensor": lambda bad: shmem.signal(bad, 1, 0),
+        "tensor": lambda bad: shmem.free(bad),
+    }[tensor_arg_name]
+
+
+def test_good_arguments_reach_the_runtime_check() -> None:
+    signal = torch.zeros(1, dtype=torch.int32)
+    for call in (
+        lambda: shmem.put(torch.zeros(3), torch.zeros(3), 0),
+        lambda: shmem.get(torch.zeros(0), torch.zeros(0), 5),
+        lambda: shmem.signal(signal, 5, 1, op="add"),
+        lambda: shmem.signal(torch.zeros(4, dtype=torch.int64)[2:3], -5, 0),  # a one-element view
+        lambda: shmem.wait_signal(signal, 0, cmp="ge"),
+        lambda: shmem.all_gather(torch.zeros(4), torch.zeros(2)),
+        lambda: shmem.barrier(),
+    ):
+        with pytest.raises(ShmemStateError, match=_NO_RUNTIME):
+            call()
+
+
+@pytest.mark.parametrize("name", ["dst", "src", "output", "input", "signal_tensor", "tensor"])
 @pytest.mark.parametrize("value,got", [([1.0], "list"), (None, "NoneType"), (3, "int"), (torch.Size([2]), "Size")])
-def test_check_tensor_rejects_other_types(value, got) -> None:
+def test_tensor_arguments_reject_other_types(name, value, got) -> None:
     with pytest.raises(TypeError) as info:
-        check_tensor("src", value)
-    assert str(info.value) == f"`src` must be a torch.Tensor, but got {got}"
+        _entries(name)(value)
+    assert str(info.value) == f"`{name}` must be a torch.Tensor, but got {got}"
 
 
-def test_check_tensor_rejects_other_devices() -> None:
+@pytest.mark.parametrize("name", ["dst", "src", "output", "input", "signal_tensor", "tensor"])
+def test_tensor_arguments_reject_other_devices(name) -> None:
     with pytest.raises(ValueError) as info:
-        check_tensor("output", torch.zeros(2, device="meta"))
-    assert str(info.value) == "`output` must be a cpu tensor (the host device), but got a tensor on meta"
+        _entries(name)(torch.zeros(1, dtype=torch.int32, device="meta"))
+    assert str(info.value) == f"`{name}` must be a cpu tensor (the host device), but got a tensor on meta"
 
 
 @pytest.mark.parametrize(
@@ -52,25 +84,27 @@ def test_check_tensor_rejects_other_devices() -> None:
         (torch.zeros(2, 3, 4, 5).to(memory_format=torch.channels_last), [2, 3, 4, 5], [60, 1, 15, 3]),
     ],
 )
-def test_check_tensor_rejects_non_contiguous_layouts(tensor, shape, strides) -> None:
+@pytest.mark.parametrize("name", ["dst", "src", "output", "input", "tensor"])
+def test_tensor_arguments_reject_non_contiguous_layouts(name, tensor, shape, strides) -> None:
     with pytest.raises(ValueError) as info:
-        check_tensor("dst", tensor)
-    assert str(info.value) == f"`dst` must be contiguous, but got a tensor of shape {shape} and strides {strides}"
-
-
-@pytest.mark.parametrize("value", [0, -1, 7, 2**62])
-def test_check_int_returns_ints(value) -> None:
-    assert check_int("pe", value) == value
+        _entries(name)(tensor)
+    assert str(info.value) == f"`{name}` must be contiguous, but got a tensor of shape {shape} and strides {strides}"
 
 
 @pytest.mark.parametrize(
     "value,got",
     [(True, "bool"), (False, "bool"), (1.0, "float"), ("1", "str"), (None, "NoneType"), (torch.tensor(1), "Tensor")],
 )
-def test_check_int_rejects_bools_and_non_ints(value, got) -> None:
-    with pytest.raises(TypeError) as info:
-        check_int("pe", value)
-    assert str(info.value) == f"`pe` must be an int, but got {got}"
+def test_pe_must_be_an_int(value, got) -> None:
+    signal = torch.zeros(1, dtype=torch.int32)
+    for call in (
+        lambda: shmem.put(torch.zeros(1), torch.zeros(1), value),
+        lambda: shmem.get(torch.zeros(1), torch.zeros(1), value),
+        lambda: shmem.signal(signal, 1, value),
+    ):
+        with pytest.raises(TypeError) as info:
+            call()
+        assert str(info.value) == f"`pe` must be an int, but got {got}"
 
 
 def test_check_choice_maps_and_lists_the_options() -> None:
@@ -83,53 +117,55 @@ def test_check_choice_maps_and_lists_the_options() -> None:
         assert str(info.value) == f"`op` must be one of 'set', 'add', but got {shown}"
 
 
-@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
-def test_check_signal_accepts_one_int32_or_int64_element(dtype) -> None:
-    assert check_signal("signal_tensor", torch.zeros(1, dtype=dtype), 5) == 5
-    assert check_signal("signal_tensor", torch.zeros(1, 1, dtype=dtype), -5) == -5  # one element, any shape
-    assert check_signal("signal_tensor", torch.zeros(4, dtype=dtype)[2:3], 0) == 0  # a view of one element
+def test_signal_op_and_cmp_are_checked() -> None:
+    signal = torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"^`op` must be one of 'set', 'add', but got 'mul'$"):
+        shmem.signal(signal, 1, 0, op="mul")
+    with pytest.raises(ValueError, match=r"^`cmp` must be one of 'eq', 'ne', 'gt', 'ge', 'lt', 'le', but got '=='$"):
+        shmem.wait_signal(signal, 1, cmp="==")
 
 
 @pytest.mark.parametrize(
     "dtype,low,high",
     [(torch.int32, -(2**31), 2**31 - 1), (torch.int64, -(2**63), 2**63 - 1)],
 )
-def test_check_signal_value_range_is_the_dtype_range(dtype, low, high) -> None:
+def test_signal_value_range_is_the_dtype_range(dtype, low, high) -> None:
     signal = torch.zeros(1, dtype=dtype)
-    assert check_signal("signal_tensor", signal, low) == low
-    assert check_signal("signal_tensor", signal, high) == high
-    for value in (low - 1, high + 1):
-        with pytest.raises(ValueError) as info:
-            check_signal("signal_tensor", signal, value)
-        assert str(info.value) == f"`value` must fit in {dtype} [{low}, {high}], but got {value}"
+    for value in (low, high):  # in range: on to the runtime
+        with pytest.raises(ShmemStateError, match=_NO_RUNTIME):
+            shmem.wait_signal(signal, value)
+    for value in (low - 1, high + 1, 2**70):
+        for call in (lambda: shmem.signal(signal, value, 0), lambda: shmem.wait_signal(signal, value)):
+            with pytest.raises(ValueError) as info:
+                call()
+            assert str(info.value) == f"`value` must fit in {dtype} [{low}, {high}], but got {value}"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int16, torch.uint32, torch.bool, torch.uint8])
-def test_check_signal_rejects_other_dtypes(dtype) -> None:
-    with pytest.raises(TypeError) as info:
-        check_signal("signal_tensor", torch.zeros(1, dtype=dtype), 1)
-    assert str(info.value) == f"`signal_tensor` must be an int32 or int64 tensor, but got {dtype}"
+def test_signal_rejects_other_dtypes(dtype) -> None:
+    for call in (lambda s: shmem.signal(s, 1, 0), lambda s: shmem.wait_signal(s, 1)):
+        with pytest.raises(TypeError) as info:
+            call(torch.zeros(1, dtype=dtype))
+        assert str(info.value) == f"`signal_tensor` must be an int32 or int64 tensor, but got {dtype}"
 
 
 @pytest.mark.parametrize("numel", [0, 2])
-def test_check_signal_rejects_other_sizes(numel) -> None:
+def test_signal_rejects_other_sizes(numel) -> None:
     with pytest.raises(ValueError) as info:
-        check_signal("sig", torch.zeros(numel, dtype=torch.int32), 1)
-    assert str(info.value) == f"`sig` must have exactly one element, but got {numel}"
+        shmem.wait_signal(torch.zeros(numel, dtype=torch.int32), 1)
+    assert str(info.value) == f"`signal_tensor` must have exactly one element, but got {numel}"
 
 
-def test_check_signal_checks_the_tensor_first_then_dtype_size_and_value() -> None:
-    with pytest.raises(TypeError, match=r"^`sig` must be a torch.Tensor, but got int$"):
-        check_signal("sig", 3, 1)
-    with pytest.raises(ValueError, match=r"^`sig` must be a cpu tensor"):
-        check_signal("sig", torch.zeros(1, dtype=torch.int32, device="meta"), 1)
+def test_signal_checks_the_tensor_first_then_dtype_size_and_value() -> None:
+    with pytest.raises(TypeError, match=r"^`signal_tensor` must be a torch.Tensor, but got int$"):
+        shmem.signal(3, 1, 0)
     with pytest.raises(TypeError, match=r"int32 or int64 tensor, but got torch.float32$"):
-        check_signal("sig", torch.zeros(2), 1.5)  # the dtype before the size and the value
+        shmem.signal(torch.zeros(2), 1.5, 0)  # the dtype before the size and the value
     with pytest.raises(ValueError, match=r"exactly one element, but got 2$"):
-        check_signal("sig", torch.zeros(2, dtype=torch.int32), 1.5)  # the size before the value
+        shmem.signal(torch.zeros(2, dtype=torch.int32), 1.5, 0)  # the size before the value
     for value, got in ((1.5, "float"), (True, "bool"), ("1", "str")):
         with pytest.raises(TypeError) as info:
-            check_signal("sig", torch.zeros(1, dtype=torch.int32), value)
+            shmem.signal(torch.zeros(1, dtype=torch.int32), value, 0)
         assert str(info.value) == f"`value` must be an int, but got {got}"
 
 

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "bindings/torch/allocations.h"
+#include "bindings/torch/arguments.h"
 #include "bindings/torch/py_bootstrap.h"
 #include "bindings/torch/status_error.h"
 #include "runtime/config.h"
@@ -81,12 +82,16 @@ at::Tensor EmptyTensor(const std::vector<std::int64_t>& sizes, py::object dtype,
   return Empty(sizes, scalar_type, alignment, std::move(call_site));
 }
 
-void FreeTensor(const at::Tensor& tensor, const std::string& call_site) {
+void FreeTensor(py::handle tensor_arg, const std::string& call_site) {
+  const at::Tensor& tensor = TensorArg(tensor_arg, "tensor");
   py::gil_scoped_release nogil;
   Free(tensor, call_site);
 }
 
-void Put(const at::Tensor& dst, const at::Tensor& src, int pe, StreamHandle stream) {
+void Put(py::handle dst_arg, py::handle src_arg, py::handle pe_arg, StreamHandle stream) {
+  const at::Tensor& dst = TensorArg(dst_arg, "dst");
+  const at::Tensor& src = TensorArg(src_arg, "src");
+  const int pe = PeArg(pe_arg);
   void* dst_ptr = DataPointer(dst, "dst");
   const void* src_ptr = DataPointer(src, "src");
   KeepAlive keep = Keep(stream, {dst, src});
@@ -94,7 +99,10 @@ void Put(const at::Tensor& dst, const at::Tensor& src, int pe, StreamHandle stre
   ThrowIfError(R().Put(dst_ptr, src_ptr, ByteSize(dst), ByteSize(src), pe, stream, std::move(keep)));
 }
 
-void Get(const at::Tensor& dst, const at::Tensor& src, int pe, StreamHandle stream) {
+void Get(py::handle dst_arg, py::handle src_arg, py::handle pe_arg, StreamHandle stream) {
+  const at::Tensor& dst = TensorArg(dst_arg, "dst");
+  const at::Tensor& src = TensorArg(src_arg, "src");
+  const int pe = PeArg(pe_arg);
   void* dst_ptr = DataPointer(dst, "dst");
   const void* src_ptr = DataPointer(src, "src");
   KeepAlive keep = Keep(stream, {dst, src});
@@ -102,13 +110,18 @@ void Get(const at::Tensor& dst, const at::Tensor& src, int pe, StreamHandle stre
   ThrowIfError(R().Get(dst_ptr, src_ptr, ByteSize(dst), ByteSize(src), pe, stream, std::move(keep)));
 }
 
-void Signal(const at::Tensor& signal, std::int64_t value, int pe, int op, StreamHandle stream) {
+void Signal(py::handle signal_arg, py::handle value_arg, py::handle pe_arg, int op, StreamHandle stream) {
+  const at::Tensor& signal = TensorArg(signal_arg, "signal_tensor");
+  const std::int64_t value = SignalValueArg(signal, value_arg);
+  const int pe = PeArg(pe_arg);
   void* ptr = DataPointer(signal, "signal_tensor");
   py::gil_scoped_release nogil;
   ThrowIfError(R().Signal(ptr, WidthOf(signal), value, static_cast<SignalOp>(op), pe, stream));
 }
 
-void WaitSignal(const at::Tensor& signal, std::int64_t value, int cmp, StreamHandle stream) {
+void WaitSignal(py::handle signal_arg, py::handle value_arg, int cmp, StreamHandle stream) {
+  const at::Tensor& signal = TensorArg(signal_arg, "signal_tensor");
+  const std::int64_t value = SignalValueArg(signal, value_arg);
   void* ptr = DataPointer(signal, "signal_tensor");
   py::gil_scoped_release nogil;
   ThrowIfError(R().WaitSignal(ptr, WidthOf(signal), static_cast<CompareOp>(cmp), value, stream));
@@ -119,7 +132,9 @@ void Barrier(StreamHandle stream) {
   ThrowIfError(R().Barrier(stream));
 }
 
-void AllGather(const at::Tensor& output, const at::Tensor& input, StreamHandle stream) {
+void AllGather(py::handle output_arg, py::handle input_arg, StreamHandle stream) {
+  const at::Tensor& output = TensorArg(output_arg, "output");
+  const at::Tensor& input = TensorArg(input_arg, "input");
   void* out_ptr = DataPointer(output, "output");
   const void* in_ptr = DataPointer(input, "input");
   KeepAlive keep = Keep(stream, {output, input});

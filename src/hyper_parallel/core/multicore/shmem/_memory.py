@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 
 from hyper_parallel.core.multicore.shmem._binding import C
-from hyper_parallel.core.multicore.shmem._checks import check_tensor, type_name
+from hyper_parallel.core.multicore.shmem._checks import type_name
 from hyper_parallel.core.multicore.shmem._lifecycle import require_root
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -107,6 +107,4 @@ def free(tensor: torch.Tensor) -> None:
         ShmemStateError: already freed, from an earlier lifecycle, or no runtime is active.
         ShmemMismatchError: ranks disagree on the free.
     """
-    require_root("free")
-    check_tensor("tensor", tensor)
     C.free(tensor, user_call_site())

@@ -17,6 +17,9 @@ from hyper_parallel.core.multicore.shmem.errors import ShmemStateError
 
 _DEFAULT_HANDLE = 0
 _current = threading.local()
+# `with stream:` blocks open in any thread. While there are none, every thread is on the default stream, and the
+# hot path skips the thread-local lookup (which costs more than a small put).
+_open_contexts = 0
 
 
 class Stream:
@@ -99,12 +102,15 @@ class Stream:
         C.destroy_stream(handle)
 
     def __enter__(self) -> "Stream":
-        stack = _stack()
-        stack.append(self)
+        global _open_contexts
+        _stack().append(self)
+        _open_contexts += 1
         return self
 
     def __exit__(self, *exc_info) -> None:
+        global _open_contexts
         _stack().pop()
+        _open_contexts -= 1
 
     def __repr__(self) -> str:
         if self.is_default:
@@ -135,6 +141,8 @@ def current_stream() -> Stream:
 
 def current_handle() -> int:
     """The runtime handle of the current stream (internal, on every data-plane call)."""
+    if not _open_contexts:
+        return _DEFAULT_HANDLE
     stack = getattr(_current, "stack", None)
     return stack[-1].handle() if stack else _DEFAULT_HANDLE
 
