@@ -76,6 +76,8 @@ class Device {
 
   // Streams.
   virtual Result<StreamHandle> CreateStream() = 0;
+  // Releases the stream at once, like cudaStreamDestroy: work already queued on it still runs (Quiesce and
+  // Finalize wait for it); a failure of that work is logged, since nobody can synchronize the stream any more.
   virtual Status DestroyStream(StreamHandle stream) = 0;
   virtual Status SynchronizeStream(StreamHandle stream) = 0;
   // Work enqueued on `waiter` after this call starts only when the work enqueued on `waited` so far is done.

@@ -297,6 +297,21 @@ def test_dropping_an_unclosed_handle_runs_no_collective() -> None:
     assert [r["state"] for r in results] == ["initialized", "initialized"]
 
 
+def _case_acquire_with_a_missing_rank() -> str:
+    if dist.get_rank() == 1:
+        return "absent"  # never calls acquire_shmem
+    started = time.monotonic()
+    expect_error(shmem.ShmemTimeoutError, shmem.acquire_shmem, "bootstrap timed out: op=acquire_shmem", "timeout_sec=2")
+    assert time.monotonic() - started < 15, "the bootstrap must give up after HYPER_PARALLEL_SHMEM_TIMEOUT_SEC"
+    return shmem.debug_state()["state"]
+
+
+def test_acquire_times_out_when_a_rank_never_comes() -> None:
+    # The gloo group of this world is left with an unmatched barrier: a world of its own.
+    with World(2, env={**ENV, "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC": "2"}) as world:
+        assert world.run(_case_acquire_with_a_missing_rank, timeout=30) == ["uninitialized", "absent"]
+
+
 _EXIT_SCRIPT = textwrap.dedent(
     """
     import sys, time

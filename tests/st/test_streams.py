@@ -9,6 +9,8 @@ line the ranks up with a gloo barrier before SHMEM collectives so that only the 
 
 from __future__ import annotations
 
+import gc
+import os
 import threading
 import time
 
@@ -373,6 +375,38 @@ def _case_stream_barrier_and_allocation_in_program_order() -> None:
 
 
 # --------------------------------------------------------------------------
+def _thread_count() -> int:
+    return len(os.listdir("/proc/self/task"))  # C++ stream workers included
+
+
+def _case_dropped_stream_finishes_its_work() -> int:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    peer = 1 - rank
+    with session(zero=True) as empty:
+        data = empty(4096, dtype=torch.float32)
+        sig, gate = empty(1, dtype=torch.int32), empty(1, dtype=torch.int32)
+        dist.barrier()
+        s = shmem.Stream()
+        with s:
+            shmem.wait_signal(gate, 1)  # holds the queue until the caller opens the gate below
+            shmem.put(data, _payload(rank, 4096), peer)
+            shmem.signal(sig, 1, peer)
+        del s  # dropped with work queued: like a CUDA stream, the work still runs
+        gc.collect()
+        shmem.signal(gate, 1, rank)
+        shmem.wait_signal(sig, 1)
+        assert torch.equal(data, _payload(peer, 4096))
+
+        # Streams created and dropped in a loop do not pile up worker threads.
+        before = _thread_count()
+        for _ in range(50):
+            with shmem.Stream():
+                shmem.signal(gate, 1, rank)
+        gc.collect()
+        shmem.Stream().destroy()  # a new stream reaps the finished workers of the dropped ones
+        return _thread_count() - before
+
+
 # Tests.
 # --------------------------------------------------------------------------
 
@@ -414,3 +448,8 @@ def test_stream_api_and_streams_of_an_earlier_lifecycle(world_factory) -> None:
 
 def test_stream_barrier_does_not_pair_with_an_allocation(world_factory) -> None:
     run_case(world_factory(2, _ENV), _case_stream_barrier_and_allocation_in_program_order)
+
+
+def test_dropped_streams_finish_their_work_and_release_their_workers(world_factory) -> None:
+    extra_threads = run_case(world_factory(2, _ENV), _case_dropped_stream_finishes_its_work)
+    assert all(n <= 2 for n in extra_threads), extra_threads

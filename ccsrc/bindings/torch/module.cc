@@ -154,6 +154,17 @@ py::dict AllocationDict(const AllocationInfo& info) {
   return d;
 }
 
+// The configuration a new lifecycle would use, parsed from the environment (ValueError on a bad value).
+py::dict ReadConfig() {
+  const Config config = ValueOrThrow(ParseConfig(ProcessEnv()));
+  py::dict d;
+  d["heap_size"] = config.heap_size;
+  d["timeout_sec"] = config.timeout_sec;
+  d["log_level"] = static_cast<int>(config.log_level);
+  d["device"] = config.device;
+  return d;
+}
+
 py::dict DebugState() {
   const DebugSnapshot s = R().Snapshot();
   py::dict d;
@@ -233,6 +244,7 @@ PYBIND11_MODULE(_shmem_torch, m) {
     ThrowIfError(Runtime::Instance().StreamWaitStream(waiter, waited));
   });
   m.def("debug_state", &DebugState);
+  m.def("read_config", &ReadConfig);
   m.def("log_level", [] { return static_cast<int>(Logger::Level()); });
   m.def("status_codes", [] {
     py::dict codes;

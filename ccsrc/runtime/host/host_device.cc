@@ -160,6 +160,7 @@ Status HostDevice::Finalize() {
   {
     std::lock_guard<std::mutex> lock(streams_mu_);
     streams_.clear();
+    released_.clear();
   }
   heap_.reset();
   bases_.clear();
@@ -290,22 +291,31 @@ Result<StreamHandle> HostDevice::CreateStream() {
   auto stream = std::make_shared<HostStream>();
   const auto handle = reinterpret_cast<StreamHandle>(stream.get());
   std::lock_guard<std::mutex> lock(streams_mu_);
+  ReapReleasedStreams();
   streams_.emplace(handle, std::move(stream));
   return handle;
 }
 
 Status HostDevice::DestroyStream(StreamHandle stream) {
-  std::shared_ptr<HostStream> host_stream;
-  {
-    std::lock_guard<std::mutex> lock(streams_mu_);
-    auto it = streams_.find(stream);
-    if (it == streams_.end()) {
-      return InvalidArgument("`stream` must be a live stream of the host device, but got handle " + Hex(stream));
-    }
-    host_stream = std::move(it->second);
-    streams_.erase(it);
+  std::lock_guard<std::mutex> lock(streams_mu_);
+  auto it = streams_.find(stream);
+  if (it == streams_.end()) {
+    return InvalidArgument("`stream` must be a live stream of the host device, but got handle " + Hex(stream));
   }
-  return host_stream->Synchronize();
+  released_.push_back(std::move(it->second));
+  streams_.erase(it);
+  ReapReleasedStreams();
+  return Status::Ok();
+}
+
+void HostDevice::ReapReleasedStreams() {
+  auto finished = [](const std::shared_ptr<HostStream>& stream) {
+    if (!stream->idle()) return false;
+    Status status = stream->Synchronize();   // returns at once: nothing is queued
+    if (!status.ok()) HP_LOG(kWarning, "an operation of a destroyed stream failed: " + status.ToString());
+    return true;
+  };
+  released_.erase(std::remove_if(released_.begin(), released_.end(), finished), released_.end());
 }
 
 Status HostDevice::SynchronizeStream(StreamHandle stream) {
@@ -335,6 +345,7 @@ Status HostDevice::Quiesce() {
   {
     std::lock_guard<std::mutex> lock(streams_mu_);
     for (auto& entry : streams_) streams.push_back(entry.second);
+    streams.insert(streams.end(), released_.begin(), released_.end());
   }
   Status first = Status::Ok();
   for (auto& stream : streams) {

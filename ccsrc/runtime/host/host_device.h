@@ -63,6 +63,8 @@ class HostDevice final : public Device {
   // Runs `op` now on the default stream, or queues it on a host stream (keeping `keep` alive until it ran).
   Status Submit(StreamHandle stream, std::function<Status()> op);
   Result<std::shared_ptr<HostStream>> FindStream(StreamHandle stream) const;
+  // Joins the released streams that have finished their work (streams_mu_ held).
+  void ReapReleasedStreams();
 
   Status DoSignal(void* symmetric_signal, SignalWidth width, std::int64_t value, SignalOp op, int pe);
   Status DoWaitSignal(void* symmetric_signal, SignalWidth width, CompareOp cmp, std::int64_t value);
@@ -83,6 +85,8 @@ class HostDevice final : public Device {
 
   mutable std::mutex streams_mu_;
   std::map<StreamHandle, std::shared_ptr<HostStream>> streams_;
+  std::vector<std::shared_ptr<HostStream>> released_;   // destroyed by the user, maybe still running
+
 };
 
 }  // namespace hp::shmem::host

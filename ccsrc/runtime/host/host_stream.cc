@@ -34,6 +34,11 @@ void HostStream::WaitFor(std::uint64_t ticket) {
   done_cv_.wait(lock, [&] { return completed_ >= ticket; });
 }
 
+bool HostStream::idle() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return completed_ == enqueued_;
+}
+
 Status HostStream::Synchronize() {
   std::unique_lock<std::mutex> lock(mu_);
   const std::uint64_t ticket = enqueued_;

@@ -32,6 +32,8 @@ class HostStream {
   void WaitFor(std::uint64_t ticket);
   // Blocks until everything queued so far has run; returns (and clears) the first failure since the last call.
   Status Synchronize();
+  // Whether everything queued so far has run.
+  bool idle() const;
 
  private:
   void Run();

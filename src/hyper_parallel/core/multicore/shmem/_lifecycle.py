@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
 from hyper_parallel.core.multicore.shmem._binding import C
-from hyper_parallel.core.multicore.shmem.errors import ShmemStateError
+from hyper_parallel.core.multicore.shmem.errors import ShmemStateError, ShmemTimeoutError
 
 _lock = threading.RLock()
 
@@ -43,6 +44,28 @@ def _all_gather_bytes(group: dist.ProcessGroup, payload: bytes) -> bytes:
 
 def _bootstrap(group: dist.ProcessGroup):
     return (lambda payload: _all_gather_bytes(group, payload)), (lambda: dist.barrier(group=group))
+
+
+def _wait_for_ranks(group: dist.ProcessGroup, op: str) -> None:
+    """Returns once every rank of ``group`` has reached ``op``, or raises within the runtime's timeout.
+
+    The bootstrap's collectives would otherwise wait as long as the process group allows (30 minutes by
+    default for gloo). gloo's monitored barrier names the ranks that did not arrive; other backends enforce
+    their own timeouts.
+
+    Raises:
+        ShmemTimeoutError: a rank did not arrive within HYPER_PARALLEL_SHMEM_TIMEOUT_SEC.
+        ValueError: a HYPER_PARALLEL_SHMEM_* variable has a bad value.
+    """
+    timeout_sec = C.read_config()["timeout_sec"]
+    if dist.get_backend(group) != "gloo":
+        return
+    try:
+        dist.monitored_barrier(group=group, timeout=timedelta(seconds=timeout_sec))
+    except RuntimeError as error:
+        raise ShmemTimeoutError(
+            f"bootstrap timed out: op={op} timeout_sec={timeout_sec:g} ({str(error).splitlines()[0]})"
+        ) from None
 
 
 def _resolve_ranks(root_group: Optional[dist.ProcessGroup]) -> tuple:
@@ -134,6 +157,7 @@ def acquire_shmem(root_group: Optional[dist.ProcessGroup] = None) -> Handle:
         ValueError: the group does not contain this rank, does not cover the WORLD, or differs from the active
             runtime's root.
         ShmemOutOfMemoryError: /dev/shm cannot hold the symmetric heaps.
+        ShmemTimeoutError: a rank of the root did not call acquire_shmem within HYPER_PARALLEL_SHMEM_TIMEOUT_SEC.
     """
     global _root
     group, ranks = _resolve_ranks(root_group)
@@ -152,6 +176,7 @@ def acquire_shmem(root_group: Optional[dist.ProcessGroup] = None) -> Handle:
                 f"`root_group` must cover the whole WORLD in rank order {list(range(world))}, but got {list(ranks)}"
             )
         rank = ranks.index(dist.get_rank())
+        _wait_for_ranks(group, "acquire_shmem")
         all_gather, barrier = _bootstrap(group)
         C.init(rank, len(ranks), all_gather, barrier)
         _root = _Root(group=group, ranks=ranks, rank=rank, lifecycle=C.lifecycle(), references=1)

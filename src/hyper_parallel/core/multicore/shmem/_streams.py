@@ -12,7 +12,7 @@ import threading
 from typing import Optional
 
 from hyper_parallel.core.multicore.shmem._binding import C
-from hyper_parallel.core.multicore.shmem._lifecycle import require_root
+from hyper_parallel.core.multicore.shmem._lifecycle import require_root, root_info
 from hyper_parallel.core.multicore.shmem.errors import ShmemStateError
 
 _DEFAULT_HANDLE = 0
@@ -90,16 +90,32 @@ class Stream:
         C.stream_wait_stream(self.handle(), other.handle())
 
     def destroy(self) -> None:
-        """Waits for the stream's work and releases its worker (idempotent; not collective).
+        """Waits for the stream's work, then releases its worker (idempotent; not collective).
 
         Raises:
-            ShmemError: an enqueued operation failed.
+            ShmemError: an enqueued operation failed (the stream is released all the same).
         """
         if self._handle == _DEFAULT_HANDLE or self._destroyed:
             return
         handle = self.handle()
-        self._destroyed = True
-        C.destroy_stream(handle)
+        try:
+            C.synchronize_stream(handle)
+        finally:
+            self._destroyed = True
+            C.destroy_stream(handle)
+
+    def __del__(self) -> None:
+        # Like a CUDA stream: work already queued still runs; the worker goes once it is done. Never raises,
+        # never waits, runs no collective.
+        try:
+            if self._handle == _DEFAULT_HANDLE or self._destroyed:
+                return
+            root = root_info()
+            if root is not None and root.lifecycle == self._lifecycle:
+                self._destroyed = True
+                C.destroy_stream(self._handle)
+        except Exception:  # interpreter shutdown: modules may already be gone
+            pass
 
     def __enter__(self) -> "Stream":
         global _open_contexts
