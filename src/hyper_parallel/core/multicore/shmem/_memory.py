@@ -37,25 +37,9 @@ def _parse_size(size: tuple) -> list:
         raise TypeError(f"`size` must be ints or one sequence of ints, but got {tuple(size)!r}")
     if any(d < 0 for d in dims):
         raise ValueError(f"`size` must contain non-negative dimensions, but got {list(dims)}")
+    if any(d >= 2**63 for d in dims):  # the binding takes int64 dimensions (and checks their product)
+        raise ValueError(f"`size` must describe at most 2**63 - 1 bytes, but got {list(dims)}")
     return list(dims)
-
-
-_MAX_BYTES = 2**63 - 1
-
-
-def _check_byte_count(dims: list, dtype: torch.dtype) -> None:
-    """Rejects a shape whose byte count does not fit in 63 bits, before any collective.
-
-    The binding multiplies the dimensions in int64; an overflow there would wrap to a small (or zero) byte count.
-    """
-    numel = 1
-    for d in dims:
-        numel *= d
-    nbytes = numel * dtype.itemsize
-    if nbytes > _MAX_BYTES or any(d > _MAX_BYTES for d in dims):
-        raise ValueError(
-            f"`size` must describe at most {_MAX_BYTES} bytes, but got {list(dims)} of {dtype} ({nbytes} bytes)"
-        )
 
 
 def empty(*size, dtype: Optional[torch.dtype] = None, alignment: Optional[int] = None) -> torch.Tensor:
@@ -85,7 +69,6 @@ def empty(*size, dtype: Optional[torch.dtype] = None, alignment: Optional[int] =
         dtype = torch.get_default_dtype()
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"`dtype` must be a torch.dtype, but got {type_name(dtype)}")
-    _check_byte_count(dims, dtype)
     if alignment is None:
         alignment = 0
     elif isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
