@@ -282,5 +282,34 @@ TEST(HostDeviceTest, FinalizeReportsAFailedStreamOperation) {
   EXPECT_EQ(device.heap_base(), 0u);
 }
 
+
+// Like cudaStreamDestroy: destroying a stream returns at once, its queued work still runs, and Quiesce waits
+// for it.
+TEST(HostDeviceTest, DestroyedStreamStillRunsItsQueuedWork) {
+  ThreadGroup group(1);
+  ThreadBootstrap bootstrap(group, 0);
+  HostDevice device;
+  ASSERT_TRUE(IsOk(device.Init(Args(bootstrap), bootstrap)));
+  Result<void*> signals = device.Allocate(128, 64);
+  ASSERT_TRUE(signals.ok());
+  std::memset(signals.value(), 0, 128);
+  void* gate = signals.value();
+  void* done = At(signals.value(), 64);
+  Result<StreamHandle> stream = device.CreateStream();
+  ASSERT_TRUE(stream.ok());
+  ASSERT_TRUE(IsOk(device.WaitSignal(gate, SignalWidth::k32, CompareOp::kEq, 1, stream.value())));
+  ASSERT_TRUE(IsOk(device.Signal(done, SignalWidth::k32, 7, SignalOp::kSet, 0, stream.value())));
+
+  EXPECT_TRUE(IsOk(device.DestroyStream(stream.value())));   // returns while the stream waits on the gate
+  EXPECT_EQ(*static_cast<const std::int32_t*>(done), 0);
+  EXPECT_TRUE(HasError(device.SynchronizeStream(stream.value()), StatusCode::kInvalidArgument, "`stream` must be"));
+
+  ASSERT_TRUE(IsOk(device.Signal(gate, SignalWidth::k32, 1, SignalOp::kSet, 0, kDefaultStream)));
+  EXPECT_TRUE(IsOk(device.Quiesce()));   // waits for the destroyed stream too
+  EXPECT_EQ(*static_cast<const std::int32_t*>(done), 7);
+  EXPECT_TRUE(IsOk(device.Free(signals.value())));
+  EXPECT_TRUE(IsOk(device.Finalize()));
+}
+
 }  // namespace
 }  // namespace hp::shmem::host
