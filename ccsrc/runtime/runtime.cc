@@ -45,10 +45,7 @@ Runtime& Runtime::Instance() {
 
 LifecycleState Runtime::state() const { return state_.load(); }
 
-std::uint64_t Runtime::lifecycle() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return lifecycle_;
-}
+std::uint64_t Runtime::lifecycle() const { return lifecycle_.load(); }
 
 Status Runtime::Record(Status status) const {
   if (!status.ok()) {
@@ -76,7 +73,7 @@ Status Runtime::Init(const Config& config, std::unique_ptr<Device> device, Boots
   const LifecycleState state = state_.load();
   if (state != LifecycleState::kUninitialized) {
     return Record(StateError(std::string("shmem runtime cannot be initialised: state=") + LifecycleStateName(state) +
-                             " lifecycle=" + std::to_string(lifecycle_)));
+                             " lifecycle=" + std::to_string(lifecycle_.load())));
   }
   if (device == nullptr) return Record(InvalidArgument("`device` must be a device, but got nullptr"));
   const int rank = bootstrap.rank();
@@ -123,7 +120,7 @@ Status Runtime::Init(const Config& config, std::unique_ptr<Device> device, Boots
     return Record(ready);
   }
   state_.store(LifecycleState::kInitialized);
-  HP_LOG(kInfo, "shmem runtime initialised: lifecycle=" + std::to_string(lifecycle_) + " device=" + device_->name() +
+  HP_LOG(kInfo, "shmem runtime initialised: lifecycle=" + std::to_string(lifecycle_.load()) + " device=" + device_->name() +
                     " world_size=" + std::to_string(world_size_) + " " + config_.ToString());
   return Status::Ok();
 }
@@ -444,7 +441,7 @@ Status Runtime::Shutdown(Bootstrap& bootstrap) {
   control_ = nullptr;
   registry_.Reset();
   state_.store(LifecycleState::kUninitialized);
-  HP_LOG(kInfo, "shmem runtime shut down: lifecycle=" + std::to_string(lifecycle_));
+  HP_LOG(kInfo, "shmem runtime shut down: lifecycle=" + std::to_string(lifecycle_.load()));
   return Status::Ok();
 }
 

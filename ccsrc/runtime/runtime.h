@@ -135,7 +135,7 @@ class Runtime {
 
   mutable std::mutex mu_;   // lifecycle, allocation and the check exchange
   std::atomic<LifecycleState> state_{LifecycleState::kUninitialized};
-  std::uint64_t lifecycle_ = 0;
+  std::atomic<std::uint64_t> lifecycle_{0};   // read without mu_: callers may hold a framework lock
   int rank_ = -1;
   int world_size_ = 0;
   Config config_;

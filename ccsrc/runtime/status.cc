@@ -13,6 +13,7 @@ const char* StatusCodeName(StatusCode code) {
     case StatusCode::kMismatch: return "MISMATCH";
     case StatusCode::kDeviceError: return "DEVICE_ERROR";
     case StatusCode::kInternal: return "INTERNAL";
+    case StatusCode::kInterrupted: return "INTERRUPTED";
   }
   return "UNKNOWN";
 }

@@ -22,6 +22,7 @@ enum class StatusCode : int {
   kMismatch = 6,          // ranks disagree on a collective (allocation order, sizes)
   kDeviceError = 7,       // the device or the operating system failed a call
   kInternal = 8,          // a bug in this library
+  kInterrupted = 9,       // a wait gave up because the process was signalled (Ctrl-C)
 };
 
 const char* StatusCodeName(StatusCode code);
@@ -52,6 +53,7 @@ inline Status OutOfMemory(std::string m) { return Status(StatusCode::kOutOfMemor
 inline Status Mismatch(std::string m) { return Status(StatusCode::kMismatch, std::move(m)); }
 inline Status DeviceError(std::string m) { return Status(StatusCode::kDeviceError, std::move(m)); }
 inline Status Internal(std::string m) { return Status(StatusCode::kInternal, std::move(m)); }
+inline Status Interrupted(std::string m) { return Status(StatusCode::kInterrupted, std::move(m)); }
 
 // A value or the Status that explains why there is none.
 template <typename T>

@@ -27,6 +27,7 @@ TEST(StatusTest, CodeNames) {
   EXPECT_STREQ(StatusCodeName(StatusCode::kMismatch), "MISMATCH");
   EXPECT_STREQ(StatusCodeName(StatusCode::kDeviceError), "DEVICE_ERROR");
   EXPECT_STREQ(StatusCodeName(StatusCode::kInternal), "INTERNAL");
+  EXPECT_STREQ(StatusCodeName(StatusCode::kInterrupted), "INTERRUPTED");
   EXPECT_STREQ(StatusCodeName(static_cast<StatusCode>(99)), "UNKNOWN");
 }
 
@@ -45,6 +46,7 @@ TEST(StatusTest, HelpersSetCodeAndMessage) {
       {Mismatch("f"), StatusCode::kMismatch, "MISMATCH: f"},
       {DeviceError("g"), StatusCode::kDeviceError, "DEVICE_ERROR: g"},
       {Internal("h"), StatusCode::kInternal, "INTERNAL: h"},
+      {Interrupted("i"), StatusCode::kInterrupted, "INTERRUPTED: i"},
   };
   for (const Case& c : cases) {
     EXPECT_FALSE(c.status.ok());

@@ -146,6 +146,27 @@ TEST(WaitUntilTest, TimesOutWithTheDescribedMessage) {
   EXPECT_EQ(sleepers, 0u);
 }
 
+std::atomic<int> g_interrupt_asks{0};
+bool InterruptOnThirdAsk() { return ++g_interrupt_asks >= 3; }
+
+TEST(WaitUntilTest, AnInterruptCheckEndsTheWaitLongBeforeItsTimeout) {
+  alignas(8) std::uint32_t word = 0;
+  std::uint32_t sleepers = 0;
+  g_interrupt_asks = 0;
+  SetInterruptCheck(&InterruptOnThirdAsk);
+  const auto started = Clock::now();
+  const Status status = WaitUntil(
+      &word, &sleepers, [&] { return LoadAcquire(&word) == 1; }, SleepOnly(milliseconds(5)),
+      Clock::now() + seconds(30), [] { return std::string("never described"); });
+  SetInterruptCheck(nullptr);
+  EXPECT_EQ(status.code(), StatusCode::kInterrupted);
+  EXPECT_EQ(status.message(), "wait interrupted by a signal to the process (e.g. Ctrl-C)");
+  EXPECT_EQ(g_interrupt_asks.load(), 3);   // asked once per kernel sleep
+  EXPECT_LT(Clock::now() - started, seconds(10));
+  EXPECT_EQ(sleepers, 0u);
+  EXPECT_FALSE(InterruptRequested());   // removed again
+}
+
 TEST(WaitUntilTest, DefaultPolicyTimesOutToo) {
   alignas(8) std::uint32_t word = 0;
   std::uint32_t sleepers = 0;

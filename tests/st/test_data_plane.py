@@ -18,6 +18,9 @@ from __future__ import annotations
 import ctypes
 import itertools
 import operator
+import os
+import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -279,6 +282,32 @@ def _case_wait_signal_timeout() -> dict:
     return out
 
 
+def _case_ctrl_c_interrupts_a_wait() -> dict:
+    # The harness's ranks ignore SIGINT; this case restores Python's default: KeyboardInterrupt in the main thread.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with session() as empty:
+            sig = empty(1, dtype=torch.int32)
+            sig.zero_()
+            out = {}
+            timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+            started = time.monotonic()
+            timer.start()
+            try:
+                shmem.wait_signal(sig, 1)  # nobody raises it: only Ctrl-C can end this wait before 30 s
+            except KeyboardInterrupt:
+                out["interrupted"] = True
+            out["elapsed"] = time.monotonic() - started
+            timer.join()
+            out["latest_failure"] = shmem.debug_state()["latest_failure"]
+            # The runtime stays usable afterwards.
+            shmem.signal(sig, 1, dist.get_rank())
+            shmem.wait_signal(sig, 1)
+        return out
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _case_barrier_timeout(absent: int) -> dict:
     dist.barrier()
     handle = shmem.acquire_shmem()
@@ -502,6 +531,13 @@ def test_wait_signal_times_out_with_expected_and_observed(world_factory) -> None
         assert out["latest_failure"] == "TIMEOUT: " + message
         for fragment in ("cmp=ge", f"expected={2**41}", f"observed={2**40 + 1}"):
             assert fragment in out["int64"], (fragment, out["int64"])
+
+
+def test_ctrl_c_interrupts_a_wait(world_factory) -> None:
+    (out,) = run_case(world_factory(1, _ENV), _case_ctrl_c_interrupts_a_wait)
+    assert out.get("interrupted"), out
+    assert out["elapsed"] < 10, out  # well before the 30 s timeout
+    assert out["latest_failure"] == "INTERRUPTED: wait interrupted by a signal to the process (e.g. Ctrl-C)", out
 
 
 def test_barrier_times_out_naming_the_missing_rank() -> None:

@@ -7,12 +7,14 @@
 
 #include <map>
 #include <memory>
+#include <thread>
 
 #include "bindings/torch/allocations.h"
 #include "bindings/torch/arguments.h"
 #include "bindings/torch/py_bootstrap.h"
 #include "bindings/torch/status_error.h"
 #include "runtime/config.h"
+#include "runtime/interrupt.h"
 #include "runtime/host/host_device.h"
 #include "runtime/logging.h"
 #include "runtime/runtime.h"
@@ -32,6 +34,17 @@ std::map<int, py::object>& ErrorClasses() {
 
 void SetErrorClasses(const py::dict& classes) {
   for (auto item : classes) ErrorClasses()[item.first.cast<int>()] = py::reinterpret_borrow<py::object>(item.second);
+}
+
+// The thread that imported the module: Python delivers signals (Ctrl-C) to the main thread only.
+std::thread::id g_main_thread;
+
+// The runtime's interrupt check: runs Python's pending signal handlers from a wait on the main thread. A raised
+// KeyboardInterrupt stays pending in the thread state and surfaces when the call returns.
+bool PythonSignalPending() {
+  if (std::this_thread::get_id() != g_main_thread || !Py_IsInitialized()) return false;
+  py::gil_scoped_acquire gil;
+  return PyErr_CheckSignals() != 0;
 }
 
 // Nothing to keep alive on the default stream: the operation is over when the call returns.
@@ -166,7 +179,13 @@ py::dict ReadConfig() {
 }
 
 py::dict DebugState() {
-  const DebugSnapshot s = R().Snapshot();
+  DebugSnapshot s;
+  {
+    // Snapshot takes the runtime's lock, which a wait on another thread may hold while it asks for the GIL
+    // (bootstrap, interrupt check): never wait for that lock with the GIL held.
+    py::gil_scoped_release nogil;
+    s = R().Snapshot();
+  }
   py::dict d;
   d["state"] = LifecycleStateName(s.state);
   d["lifecycle"] = s.lifecycle;
@@ -206,6 +225,7 @@ PYBIND11_MODULE(_shmem_torch, m) {
       if (error) std::rethrow_exception(error);
     } catch (const StatusError& e) {
       const int code = static_cast<int>(e.status().code());
+      if (e.status().code() == StatusCode::kInterrupted && PyErr_Occurred()) return;   // KeyboardInterrupt
       auto& classes = ErrorClasses();
       auto it = classes.find(code);
       if (it == classes.end()) it = classes.find(static_cast<int>(StatusCode::kInternal));
@@ -216,6 +236,9 @@ PYBIND11_MODULE(_shmem_torch, m) {
       }
     }
   });
+
+  g_main_thread = std::this_thread::get_id();
+  SetInterruptCheck(&PythonSignalPending);
 
   m.def("set_error_classes", &SetErrorClasses, "Maps status codes (int) to the Python exception classes to raise.");
   m.def("init", &Init, py::arg("rank"), py::arg("world_size"), py::arg("all_gather"), py::arg("barrier"));
@@ -248,7 +271,7 @@ PYBIND11_MODULE(_shmem_torch, m) {
   m.def("log_level", [] { return static_cast<int>(Logger::Level()); });
   m.def("status_codes", [] {
     py::dict codes;
-    for (int c = static_cast<int>(StatusCode::kOk); c <= static_cast<int>(StatusCode::kInternal); ++c) {
+    for (int c = static_cast<int>(StatusCode::kOk); c <= static_cast<int>(StatusCode::kInterrupted); ++c) {
       codes[StatusCodeName(static_cast<StatusCode>(c))] = c;
     }
     return codes;

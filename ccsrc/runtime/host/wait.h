@@ -10,6 +10,7 @@
 #include <functional>
 #include <string>
 
+#include "runtime/interrupt.h"
 #include "runtime/status.h"
 
 namespace hp::shmem::host {
@@ -33,7 +34,8 @@ void WakeIfSleeping(const void* word, const std::uint32_t* sleepers);
 
 // Waits until `done()` is true. `word` is the 32-bit word (the low half of a 64-bit value is fine) whose
 // change makes done() true; `sleepers` is the counter of the rank that waits. On timeout returns kTimeout with
-// the message `describe_timeout()` builds at that moment (so it can show the observed value).
+// the message `describe_timeout()` builds at that moment (so it can show the observed value); kInterrupted
+// when InterruptRequested() said so.
 template <typename Done>
 Status WaitUntil(const void* word, std::uint32_t* sleepers, Done&& done, const SpinPolicy& policy,
                  std::chrono::steady_clock::time_point deadline, const std::function<std::string()>& describe_timeout);

@@ -41,6 +41,7 @@ Status WaitUntil(const void* word, std::uint32_t* sleepers, Done&& done, const S
     FutexWait(word, snapshot, remaining < policy.sleep_slice ? remaining : std::chrono::nanoseconds(policy.sleep_slice));
     FetchAddSeqCst(sleepers, static_cast<std::uint32_t>(-1));
     if (done()) return Status::Ok();
+    if (InterruptRequested()) return Interrupted("wait interrupted by a signal to the process (e.g. Ctrl-C)");
   }
 }
 

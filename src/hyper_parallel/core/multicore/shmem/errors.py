@@ -55,5 +55,6 @@ def _register(binding) -> None:
         "MISMATCH": ShmemMismatchError,
         "DEVICE_ERROR": ShmemDeviceError,
         "INTERNAL": ShmemError,
+        "INTERRUPTED": KeyboardInterrupt,  # normally the pending KeyboardInterrupt itself surfaces
     }
     binding.set_error_classes({codes[name]: cls for name, cls in classes.items()})
