@@ -17,7 +17,7 @@ install: deps
 	$(PYTHON) -m pip install --quiet --no-build-isolation --no-deps .
 
 demo: install
-	cd examples && $(PYTHON) -m torch.distributed.run --standalone --nproc-per-node $(NPROC_DEMO) ring_demo.py
+	cd examples && HYPER_PARALLEL_SHMEM_HEAP_SIZE=64M $(PYTHON) -m torch.distributed.run --standalone --nproc-per-node $(NPROC_DEMO) ring_demo.py
 
 test: install test-cpp test-cpp-sanitize test-py
 

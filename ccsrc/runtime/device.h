@@ -44,7 +44,8 @@ class Device {
 
   // Collective over the bootstrap: maps the symmetric heap of every rank.
   virtual Status Init(const DeviceInitArgs& args, Bootstrap& bootstrap) = 0;
-  // Local: waits for every stream, releases the heap. The device cannot be used afterwards.
+  // Local: waits for every stream (a failure nobody synchronized is logged), releases the heap. The device
+  // cannot be used afterwards.
   virtual Status Finalize() = 0;
 
   // Symmetric-heap memory (local address). Deterministic: the same call sequence on every rank gives the same
@@ -82,7 +83,8 @@ class Device {
   virtual Status SynchronizeStream(StreamHandle stream) = 0;
   // Work enqueued on `waiter` after this call starts only when the work enqueued on `waited` so far is done.
   virtual Status StreamWaitStream(StreamHandle waiter, StreamHandle waited) = 0;
-  // Waits for every stream of the device.
+  // Waits for every stream of the device (destroyed ones too). Returns the first failure still pending on a
+  // stream without clearing it: that stream's SynchronizeStream still reports it.
   virtual Status Quiesce() = 0;
 };
 

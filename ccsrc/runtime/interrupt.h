@@ -11,4 +11,15 @@ using InterruptCheck = bool (*)();
 void SetInterruptCheck(InterruptCheck check);   // nullptr removes it
 bool InterruptRequested();
 
+// While one lives, waits on this thread are not interrupted. The runtime holds one wherever it holds its own
+// lock: the check may run user code (Python signal handlers), which must not find that lock taken by its own
+// thread. Those waits still end at their timeout.
+class InterruptsBlocked {
+ public:
+  InterruptsBlocked();
+  ~InterruptsBlocked();
+  InterruptsBlocked(const InterruptsBlocked&) = delete;
+  InterruptsBlocked& operator=(const InterruptsBlocked&) = delete;
+};
+
 }  // namespace hp::shmem

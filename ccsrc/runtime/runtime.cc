@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "runtime/interrupt.h"
 #include "runtime/logging.h"
 #include "runtime/transfer.h"
 
@@ -70,6 +71,7 @@ Status Runtime::CheckPe(int pe, const char* what) const {
 
 Status Runtime::Init(const Config& config, std::unique_ptr<Device> device, Bootstrap& bootstrap) {
   std::lock_guard<std::mutex> lock(mu_);
+  InterruptsBlocked no_interrupts;   // see interrupt.h
   const LifecycleState state = state_.load();
   if (state != LifecycleState::kUninitialized) {
     return Record(StateError(std::string("shmem runtime cannot be initialised: state=") + LifecycleStateName(state) +
@@ -119,21 +121,21 @@ Status Runtime::Init(const Config& config, std::unique_ptr<Device> device, Boots
     device_.reset();
     return Record(ready);
   }
+  {
+    std::lock_guard<std::mutex> identity_lock(identity_mu_);
+    identity_ = Identity{rank_, world_size_, device_->name(), device_->heap_base(), device_->heap_size(),
+                         device_->ReservedBytes(control_), config_};
+  }
   state_.store(LifecycleState::kInitialized);
   HP_LOG(kInfo, "shmem runtime initialised: lifecycle=" + std::to_string(lifecycle_.load()) + " device=" + device_->name() +
                     " world_size=" + std::to_string(world_size_) + " " + config_.ToString());
   return Status::Ok();
 }
 
-void Runtime::QuiesceBeforeCollective(const char* op) {
+void Runtime::QuiesceBeforeCollective() {
   // Queued stream work may still touch memory being freed, or hold a barrier that would otherwise pair with the
-  // check exchange's barrier on another rank. A failure there belongs to its stream: it is logged and recorded,
-  // and the collective goes on so that every rank takes part.
-  Status quiesced = device_->Quiesce();
-  if (!quiesced.ok()) {
-    (void)Record(quiesced);
-    HP_LOG(kError, std::string("a stream operation failed before ") + op + ": " + quiesced.ToString());
-  }
+  // check exchange's barrier on another rank. A failure there stays with its stream, for its synchronize().
+  (void)device_->Quiesce();
 }
 
 Result<std::vector<Runtime::CheckRecord>> Runtime::Exchange(CheckRecord mine) {
@@ -150,7 +152,11 @@ Result<std::vector<Runtime::CheckRecord>> Runtime::Exchange(CheckRecord mine) {
                           pe, kDefaultStream, nullptr);
     }));
   }
-  HP_RETURN_IF_ERROR(device_->Barrier(kDefaultStream));
+  Status arrived = device_->Barrier(kDefaultStream);
+  if (!arrived.ok()) {
+    return Status(arrived.code(), "collective check did not complete on every rank: rank=" + std::to_string(rank_) +
+                                      " " + Describe(mine) + " (" + arrived.message() + ")");
+  }
   std::vector<CheckRecord> all(static_cast<std::size_t>(world_size_));
   const char* slot_base = reinterpret_cast<const char*>(records + slot * world_size_);
   HP_RETURN_IF_ERROR(TransferChunks(all.size() * sizeof(CheckRecord), [&](std::size_t offset, std::size_t n) {
@@ -192,7 +198,8 @@ Result<AllocationInfo> Runtime::Allocate(std::size_t bytes, std::size_t alignmen
                                   " (2 MiB), but got " + std::to_string(alignment)));
   }
   std::lock_guard<std::mutex> lock(mu_);
-  QuiesceBeforeCollective("empty");
+  InterruptsBlocked no_interrupts;   // see interrupt.h
+  QuiesceBeforeCollective();
   auto local = device_->Allocate(bytes, alignment);
   const std::uintptr_t heap_base = device_->heap_base();
   CheckRecord mine{};
@@ -244,6 +251,7 @@ Result<AllocationInfo> Runtime::Allocate(std::size_t bytes, std::size_t alignmen
 Status Runtime::Free(std::uint64_t allocation_id, const std::string& call_site) {
   HP_RETURN_IF_ERROR(Record(RequireInitialized("free")));
   std::lock_guard<std::mutex> lock(mu_);
+  InterruptsBlocked no_interrupts;   // see interrupt.h
   auto found = registry_.Get(allocation_id);
   if (!found.ok()) return Record(found.status());
   AllocationInfo info = std::move(found).value();
@@ -251,7 +259,7 @@ Status Runtime::Free(std::uint64_t allocation_id, const std::string& call_site) 
     return Record(StateError(std::string("allocation is not active: allocation_id=") + std::to_string(allocation_id) +
                              " state=" + AllocationStateName(info.state)));
   }
-  QuiesceBeforeCollective("free");
+  QuiesceBeforeCollective();
   CheckRecord mine{};
   mine.op = static_cast<std::uint32_t>(CheckOp::kFree);
   mine.bytes = info.bytes;
@@ -311,6 +319,16 @@ Status Runtime::CheckTransfer(const char* op, int pe, std::size_t dst_bytes, std
   return ResolveSymmetric(symmetric, dst_bytes, symmetric_name).status();
 }
 
+Status Runtime::CheckSignal(const void* symmetric_signal, SignalWidth width) const {
+  const auto bytes = static_cast<std::size_t>(width);
+  HP_RETURN_IF_ERROR(ResolveSymmetric(symmetric_signal, bytes, "signal_tensor").status());
+  if (reinterpret_cast<std::uintptr_t>(symmetric_signal) % bytes != 0) {   // atomics and futexes need it
+    return InvalidArgument("`signal_tensor` must be aligned to " + std::to_string(bytes) + " bytes, but got address " +
+                           Hex(reinterpret_cast<std::uintptr_t>(symmetric_signal)));
+  }
+  return Status::Ok();
+}
+
 Status Runtime::Put(const void* symmetric_dst, const void* src, std::size_t dst_bytes, std::size_t src_bytes, int pe,
                     StreamHandle stream, KeepAlive keep) {
   HP_RETURN_IF_ERROR(Record(CheckTransfer("put", pe, dst_bytes, src_bytes, symmetric_dst, "dst")));
@@ -335,16 +353,14 @@ Status Runtime::Signal(const void* symmetric_signal, SignalWidth width, std::int
                        StreamHandle stream) {
   HP_RETURN_IF_ERROR(Record(RequireInitialized("signal")));
   HP_RETURN_IF_ERROR(Record(CheckPe(pe, "pe")));
-  HP_RETURN_IF_ERROR(
-      Record(ResolveSymmetric(symmetric_signal, static_cast<std::size_t>(width), "signal_tensor").status()));
+  HP_RETURN_IF_ERROR(Record(CheckSignal(symmetric_signal, width)));
   return Record(device_->Signal(const_cast<void*>(symmetric_signal), width, value, op, pe, stream));
 }
 
 Status Runtime::WaitSignal(const void* symmetric_signal, SignalWidth width, CompareOp cmp, std::int64_t value,
                            StreamHandle stream) {
   HP_RETURN_IF_ERROR(Record(RequireInitialized("wait_signal")));
-  HP_RETURN_IF_ERROR(
-      Record(ResolveSymmetric(symmetric_signal, static_cast<std::size_t>(width), "signal_tensor").status()));
+  HP_RETURN_IF_ERROR(Record(CheckSignal(symmetric_signal, width)));
   return Record(device_->WaitSignal(const_cast<void*>(symmetric_signal), width, cmp, value, stream));
 }
 
@@ -363,10 +379,18 @@ Status Runtime::AllGather(const void* symmetric_output, std::size_t output_bytes
                                   "), but got " + std::to_string(output_bytes)));
   }
   HP_RETURN_IF_ERROR(Record(ResolveSymmetric(symmetric_output, output_bytes, "output").status()));
+  char* slot = static_cast<char*>(const_cast<void*>(symmetric_output)) + static_cast<std::size_t>(rank_) * input_bytes;
+  const auto* in = static_cast<const char*>(input);
+  const auto* out = static_cast<const char*>(symmetric_output);
+  if (in != slot && in < out + output_bytes && out < in + input_bytes) {
+    // Peers write every other slot while this rank still reads its input: only its own slot is safe in place.
+    return Record(InvalidArgument("`input` must not overlap `output` except as this rank's own slot (offset " +
+                                  std::to_string(slot - out) + "), but got an input at offset " +
+                                  std::to_string(in - out) + " of the output"));
+  }
   if (input_bytes == 0) return Status::Ok();
   // Push: every rank writes its block into every peer's output, starting with its right neighbour so that no
   // two ranks write to the same peer at once. The first barrier makes sure no peer still uses its output.
-  char* slot = static_cast<char*>(const_cast<void*>(symmetric_output)) + static_cast<std::size_t>(rank_) * input_bytes;
   HP_RETURN_IF_ERROR(Record(device_->Barrier(stream)));
   for (int step = 0; step < world_size_; ++step) {
     const int pe = (rank_ + 1 + step) % world_size_;
@@ -403,7 +427,8 @@ Status Runtime::StreamWaitStream(StreamHandle waiter, StreamHandle waited) {
 Status Runtime::Shutdown(Bootstrap& bootstrap) {
   HP_RETURN_IF_ERROR(Record(RequireInitialized("shutdown")));
   std::lock_guard<std::mutex> lock(mu_);
-  QuiesceBeforeCollective("shutdown");
+  InterruptsBlocked no_interrupts;   // see interrupt.h
+  QuiesceBeforeCollective();
   const std::vector<AllocationInfo> live = registry_.Active();
   CheckRecord mine{};
   mine.op = static_cast<std::uint32_t>(CheckOp::kShutdown);
@@ -441,28 +466,34 @@ Status Runtime::Shutdown(Bootstrap& bootstrap) {
   control_ = nullptr;
   registry_.Reset();
   state_.store(LifecycleState::kUninitialized);
+  {
+    std::lock_guard<std::mutex> identity_lock(identity_mu_);
+    identity_ = Identity{};
+    identity_.config = config_;
+  }
   HP_LOG(kInfo, "shmem runtime shut down: lifecycle=" + std::to_string(lifecycle_.load()));
   return Status::Ok();
 }
 
 DebugSnapshot Runtime::Snapshot() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  // Not mu_: a collective holds it while it waits, and diagnostics matter most exactly then.
   DebugSnapshot snapshot;
-  snapshot.state = state_.load();
-  snapshot.lifecycle = lifecycle_;
-  snapshot.config = config_;
-  if (snapshot.state == LifecycleState::kInitialized) {
-    snapshot.rank = rank_;
-    snapshot.world_size = world_size_;
-    snapshot.device = device_->name();
-    snapshot.heap_base = device_->heap_base();
-    snapshot.heap_size = device_->heap_size();
+  Identity identity;
+  {
+    std::lock_guard<std::mutex> identity_lock(identity_mu_);
+    snapshot.state = state_.load();
+    identity = identity_;
   }
+  snapshot.lifecycle = lifecycle_.load();
+  snapshot.config = identity.config;
+  snapshot.rank = identity.rank;
+  snapshot.world_size = identity.world_size;
+  snapshot.device = identity.device;
+  snapshot.heap_base = identity.heap_base;
+  snapshot.heap_size = identity.heap_size;
   snapshot.allocated = registry_.allocated_bytes();
-  if (snapshot.state == LifecycleState::kInitialized) {
-    const std::size_t used = snapshot.allocated + device_->ReservedBytes(control_);
-    snapshot.remaining = snapshot.heap_size > used ? snapshot.heap_size - used : 0;
-  }
+  const std::size_t used = snapshot.allocated + identity.internal_reserved;
+  snapshot.remaining = snapshot.heap_size > used ? snapshot.heap_size - used : 0;
   snapshot.max_allocated = registry_.max_allocated_bytes();
   snapshot.active = registry_.Active();
   snapshot.leaked = registry_.Leaked();

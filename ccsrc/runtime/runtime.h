@@ -123,11 +123,13 @@ class Runtime {
 
   Status RequireInitialized(const char* op) const;
   Status CheckPe(int pe, const char* what) const;
+  // A signal: inside an active allocation and naturally aligned.
+  Status CheckSignal(const void* symmetric_signal, SignalWidth width) const;
   // The checks shared by Put and Get: state, pe, equal byte counts, the symmetric side inside an allocation.
   Status CheckTransfer(const char* op, int pe, std::size_t dst_bytes, std::size_t src_bytes, const void* symmetric,
                        const char* symmetric_name) const;
   // Waits for every stream of this rank before a collective check.
-  void QuiesceBeforeCollective(const char* op);
+  void QuiesceBeforeCollective();
   // Publishes `mine` to every rank and returns every rank's record (index = rank).
   Result<std::vector<CheckRecord>> Exchange(CheckRecord mine);
   static std::string Describe(const CheckRecord& record);
@@ -143,6 +145,18 @@ class Runtime {
   AllocationRegistry registry_;
   void* control_ = nullptr;            // 2 * world_size CheckRecords, the first allocation of every lifecycle
   std::uint64_t check_sequence_ = 0;
+  // What Snapshot shows of the lifecycle, under a lock of its own (set at Init, cleared at Shutdown).
+  struct Identity {
+    int rank = -1;
+    int world_size = 0;
+    std::string device;
+    std::uintptr_t heap_base = 0;
+    std::size_t heap_size = 0;
+    std::size_t internal_reserved = 0;   // the runtime's own control records
+    Config config;
+  };
+  mutable std::mutex identity_mu_;
+  Identity identity_;
   mutable std::mutex failure_mu_;
   mutable std::string latest_failure_;
 };

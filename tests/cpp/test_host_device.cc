@@ -229,7 +229,8 @@ TEST(HostDeviceTest, StreamsOrderWorkAndReportErrors) {
     EXPECT_EQ(peer_block[0], 2 - rank);
     EXPECT_EQ(peer_block[2047], 2 - rank);
 
-    // A failing wait on the stream: Quiesce reports it, later work was skipped.
+    // A failing wait on the stream: Quiesce reports it and leaves it for SynchronizeStream; later work was
+    // skipped.
     Result<void*> signals = device.Allocate(64, 64);
     ASSERT_TRUE(signals.ok());
     std::memset(signals.value(), 0, 64);
@@ -239,6 +240,8 @@ TEST(HostDeviceTest, StreamsOrderWorkAndReportErrors) {
     EXPECT_TRUE(HasError(device.Quiesce(), StatusCode::kTimeout,
                          "signal wait timed out: signal=" + Hex(reinterpret_cast<std::uintptr_t>(signals.value()))));
     EXPECT_EQ(*static_cast<const std::int32_t*>(At(signals.value(), 8)), 0);
+    EXPECT_TRUE(HasError(device.Quiesce(), StatusCode::kTimeout, "signal wait timed out"));   // still pending
+    EXPECT_TRUE(HasError(device.SynchronizeStream(stream.value()), StatusCode::kTimeout, "signal wait timed out"));
     EXPECT_TRUE(IsOk(device.Quiesce()));
     ASSERT_TRUE(IsOk(device.Signal(At(signals.value(), 8), SignalWidth::k32, 9, SignalOp::kSet, rank,
                                    stream.value())));
@@ -267,7 +270,8 @@ TEST(HostDeviceTest, StreamsOrderWorkAndReportErrors) {
   });
 }
 
-TEST(HostDeviceTest, FinalizeReportsAFailedStreamOperation) {
+// A failure nobody synchronized is logged; it does not make Finalize (and so the runtime's shutdown) fail.
+TEST(HostDeviceTest, FinalizeSucceedsDespiteAFailedStreamOperation) {
   ThreadGroup group(1);
   ThreadBootstrap bootstrap(group, 0);
   HostDevice device;
@@ -277,8 +281,9 @@ TEST(HostDeviceTest, FinalizeReportsAFailedStreamOperation) {
   Result<StreamHandle> stream = device.CreateStream();
   ASSERT_TRUE(stream.ok());
   ASSERT_TRUE(IsOk(device.WaitSignal(signal.value(), SignalWidth::k64, CompareOp::kEq, 1, stream.value())));
-  const Status status = device.Finalize();
-  EXPECT_TRUE(HasError(status, StatusCode::kTimeout, "cmp=eq expected=1 observed=0 timeout_sec=" + Decimal(0.02)));
+  EXPECT_TRUE(HasError(device.Quiesce(), StatusCode::kTimeout,
+                       "cmp=eq expected=1 observed=0 timeout_sec=" + Decimal(0.02)));
+  EXPECT_TRUE(IsOk(device.Finalize()));
   EXPECT_EQ(device.heap_base(), 0u);
 }
 

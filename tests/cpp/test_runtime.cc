@@ -920,6 +920,48 @@ TEST(RuntimeTest, WaitSignalTimesOutWithExpectedAndObserved) {
   });
 }
 
+TEST(RuntimeTest, AllocationTimeoutNamesTheCollective) {
+  RunRanks(2, [](int rank, Bootstrap& bootstrap) {
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(InitHost(runtime, bootstrap, TestConfig(kMiB, 0.2))));
+    if (rank == 0) {   // rank 1 never allocates
+      Result<AllocationInfo> info = runtime.Allocate(4096, 0, "test");
+      EXPECT_EQ(info.status().code(), StatusCode::kTimeout);
+      EXPECT_TRUE(Contains(info.status().message(),
+                           "collective check did not complete on every rank: rank=0 op=Empty sequence=1 bytes=4096 "
+                           "alignment=64"));
+      EXPECT_TRUE(Contains(info.status().message(), "(barrier timed out: epoch=2"));
+      EXPECT_TRUE(runtime.Snapshot().active.empty());   // nothing half-allocated on the rank that gave up
+    }
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+  });
+}
+
+TEST(RuntimeTest, MisalignedSignalsAndOverlappingAllGatherInputsAreRejected) {
+  RunRanks(2, [](int rank, Bootstrap& bootstrap) {
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(InitHost(runtime, bootstrap)));
+    const AllocationInfo buffer = MustAllocate(runtime, 256);
+    void* odd = Address(buffer, 2);
+    const std::string misaligned = "`signal_tensor` must be aligned to 4 bytes, but got address " +
+                                   Hex(reinterpret_cast<std::uintptr_t>(odd));
+    EXPECT_TRUE(IsError(runtime.Signal(odd, SignalWidth::k32, 1, SignalOp::kSet, 0, kDefaultStream),
+                        StatusCode::kInvalidArgument, misaligned));
+    EXPECT_TRUE(IsError(runtime.WaitSignal(odd, SignalWidth::k32, CompareOp::kEq, 1, kDefaultStream),
+                        StatusCode::kInvalidArgument, misaligned));
+    // The input is the other rank's slot of the output: peers would overwrite it while it is read.
+    const std::size_t other_slot = static_cast<std::size_t>(1 - rank) * 128;
+    EXPECT_TRUE(IsError(runtime.AllGather(Address(buffer), 256, Address(buffer, other_slot), 128, kDefaultStream,
+                                          nullptr),
+                        StatusCode::kInvalidArgument,
+                        "`input` must not overlap `output` except as this rank's own slot (offset " +
+                            std::to_string(rank * 128) + "), but got an input at offset " +
+                            std::to_string(other_slot) + " of the output"));
+    EXPECT_TRUE(IsOk(runtime.Free(buffer.id, "test")));
+    EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+  });
+}
+
 TEST(RuntimeTest, BarrierTimeoutNamesTheMissingRank) {
   RunRanks(2, [](int rank, Bootstrap& bootstrap) {
     Runtime runtime;

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import weakref
 
@@ -304,6 +306,47 @@ def _case_acquire_with_a_missing_rank() -> str:
     expect_error(shmem.ShmemTimeoutError, shmem.acquire_shmem, "bootstrap timed out: op=acquire_shmem", "timeout_sec=2")
     assert time.monotonic() - started < 15, "the bootstrap must give up after HYPER_PARALLEL_SHMEM_TIMEOUT_SEC"
     return shmem.debug_state()["state"]
+
+
+def _case_signal_handler_and_debug_state_during_a_collective() -> dict:
+    rank = dist.get_rank()
+    out: dict = {}
+    with shmem.acquire_shmem():
+        if rank == 1:
+            time.sleep(1.0)  # rank 0 waits in empty()'s collective check meanwhile
+            t = shmem.empty(64)
+        else:
+            # A Python signal handler that uses the runtime, fired while empty() waits for rank 1: it must run
+            # after the call, never inside the wait (where it would find the runtime's lock taken).
+            seen: list = []
+            previous = signal.signal(signal.SIGUSR1, lambda *_: seen.append(shmem.debug_state()["state"]))
+            timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGUSR1))
+            # Diagnostics from another thread do not wait for the stuck collective either.
+            def probe() -> None:
+                time.sleep(0.4)
+                started = time.monotonic()
+                out["debug_state_state"] = shmem.debug_state()["state"]
+                out["debug_state_seconds"] = time.monotonic() - started
+
+            prober = threading.Thread(target=probe)
+            try:
+                timer.start()
+                prober.start()
+                t = shmem.empty(64)
+                prober.join()
+                timer.join()
+            finally:
+                signal.signal(signal.SIGUSR1, previous)
+            out["handler_saw"] = seen
+        shmem.free(t)
+    return out
+
+
+def test_signal_handlers_and_diagnostics_do_not_block_on_a_collective(world_factory) -> None:
+    out = run_case(world_factory(2, ENV), _case_signal_handler_and_debug_state_during_a_collective, timeout=60)[0]
+    assert out["handler_saw"] == ["initialized"], out
+    assert out["debug_state_state"] == "initialized", out
+    assert out["debug_state_seconds"] < 0.3, out  # not the 0.6 s left of rank 1's delay
 
 
 def test_acquire_times_out_when_a_rank_never_comes() -> None:

@@ -375,6 +375,23 @@ def _case_stream_barrier_and_allocation_in_program_order() -> None:
 
 
 # --------------------------------------------------------------------------
+def _case_stream_error_survives_a_collective() -> str:
+    with session(zero=True) as empty:
+        gate = empty(1, dtype=torch.int32)
+        scratch = shmem.empty(16)
+        s = shmem.Stream()
+        with s:
+            shmem.wait_signal(gate, 1)  # nobody opens it: times out on the stream
+        shmem.free(scratch)  # a collective waits for the stream, and must leave its error for synchronize()
+        try:
+            s.synchronize()
+        except shmem.ShmemTimeoutError as exc:
+            return str(exc)
+        finally:
+            s.destroy()
+        return "synchronize() raised nothing"
+
+
 def _thread_count() -> int:
     return len(os.listdir("/proc/self/task"))  # C++ stream workers included
 
@@ -453,3 +470,8 @@ def test_stream_barrier_does_not_pair_with_an_allocation(world_factory) -> None:
 def test_dropped_streams_finish_their_work_and_release_their_workers(world_factory) -> None:
     extra_threads = run_case(world_factory(2, _ENV), _case_dropped_stream_finishes_its_work)
     assert all(n <= 2 for n in extra_threads), extra_threads
+
+
+def test_a_stream_error_survives_an_intervening_collective(world_factory) -> None:
+    for message in run_case(world_factory(2, _ENV), _case_stream_error_survives_a_collective, timeout=60):
+        assert message.startswith("signal wait timed out") and "cmp=eq expected=1 observed=0" in message, message

@@ -91,6 +91,19 @@ def test_tensor_arguments_reject_non_contiguous_layouts(name, tensor, shape, str
     assert str(info.value) == f"`{name}` must be contiguous, but got a tensor of shape {shape} and strides {strides}"
 
 
+@pytest.mark.parametrize("name", ["dst", "src", "output", "input", "tensor"])
+def test_lazy_conjugate_and_negative_views_are_rejected(name) -> None:
+    # Their bytes are not their values: a raw copy would deliver the unconjugated (or un-negated) numbers.
+    x = torch.randn(4, dtype=torch.complex64)
+    for view, kind in ((x.conj(), "conjugate"), (x._neg_view(), "negative")):
+        with pytest.raises(ValueError) as info:
+            _entries(name)(view)
+        assert str(info.value) == (
+            f"`{name}` must have its lazy conjugation or negation resolved (call .resolve_conj() or .resolve_neg()), "
+            f"but got a {kind} view"
+        )
+
+
 @pytest.mark.parametrize(
     "value,got",
     [(True, "bool"), (False, "bool"), (1.0, "float"), ("1", "str"), (None, "NoneType"), (torch.tensor(1), "Tensor")],

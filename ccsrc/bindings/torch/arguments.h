@@ -42,6 +42,12 @@ inline const at::Tensor& TensorArg(pybind11::handle value, const char* name) {
                                       "` must be a cpu tensor (the host device), but got a tensor on " +
                                       tensor.device().str()));
   }
+  if (tensor.is_conj() || tensor.is_neg()) {   // lazy views: their bytes are not their values
+    throw StatusError(InvalidArgument(std::string("`") + name +
+                                      "` must have its lazy conjugation or negation resolved (call .resolve_conj() "
+                                      "or .resolve_neg()), but got a " + (tensor.is_conj() ? "conjugate" : "negative") +
+                                      " view"));
+  }
   if (!tensor.is_contiguous()) {
     throw StatusError(InvalidArgument(std::string("`") + name + "` must be contiguous, but got a tensor of shape " +
                                       IntList(tensor.sizes()) + " and strides " + IntList(tensor.strides())));

@@ -12,7 +12,8 @@ namespace hp::shmem::torch_binding {
 
 class __attribute__((visibility("hidden"))) PyBootstrap final : public Bootstrap {
  public:
-  // all_gather(bytes) -> bytes: every rank's payload concatenated in rank order. barrier() -> None.
+  // all_gather(bytes) -> bytes: every rank's payload concatenated in rank order. barrier() -> None, or the
+  // message of its timeout.
   PyBootstrap(int rank, int world_size, pybind11::object all_gather, pybind11::object barrier)
       : rank_(rank), world_size_(world_size), all_gather_(std::move(all_gather)), barrier_(std::move(barrier)) {}
 
@@ -39,7 +40,8 @@ class __attribute__((visibility("hidden"))) PyBootstrap final : public Bootstrap
   Status Barrier() override {
     pybind11::gil_scoped_acquire gil;
     try {
-      barrier_();
+      pybind11::object timed_out = barrier_();
+      if (!timed_out.is_none()) return Timeout(pybind11::str(timed_out));
       return Status::Ok();
     } catch (pybind11::error_already_set& e) {
       return DeviceError(std::string("bootstrap barrier over the root ProcessGroup failed: ") + e.what());

@@ -157,6 +157,9 @@ Status HostDevice::Init(const DeviceInitArgs& args, Bootstrap& bootstrap) {
 
 Status HostDevice::Finalize() {
   Status quiesced = Quiesce();
+  if (!quiesced.ok()) {
+    HP_LOG(kWarning, "a stream operation failed and was never synchronized: " + quiesced.ToString());
+  }
   {
     std::lock_guard<std::mutex> lock(streams_mu_);
     streams_.clear();
@@ -165,7 +168,7 @@ Status HostDevice::Finalize() {
   heap_.reset();
   bases_.clear();
   segments_.clear();
-  return quiesced;
+  return Status::Ok();
 }
 
 Result<void*> HostDevice::Allocate(std::size_t bytes, std::size_t alignment) {
@@ -349,8 +352,9 @@ Status HostDevice::Quiesce() {
   }
   Status first = Status::Ok();
   for (auto& stream : streams) {
-    Status status = stream->Synchronize();
-    if (first.ok() && !status.ok()) first = std::move(status);
+    stream->WaitFor(stream->last_ticket());
+    Status pending = stream->pending_error();
+    if (first.ok() && !pending.ok()) first = std::move(pending);
   }
   return first;
 }

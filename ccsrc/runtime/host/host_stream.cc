@@ -34,6 +34,11 @@ void HostStream::WaitFor(std::uint64_t ticket) {
   done_cv_.wait(lock, [&] { return completed_ >= ticket; });
 }
 
+Status HostStream::pending_error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return first_error_;
+}
+
 bool HostStream::idle() const {
   std::lock_guard<std::mutex> lock(mu_);
   return completed_ == enqueued_;

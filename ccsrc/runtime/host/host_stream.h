@@ -34,6 +34,8 @@ class HostStream {
   Status Synchronize();
   // Whether everything queued so far has run.
   bool idle() const;
+  // The first failure since the last Synchronize, left in place for it (OK when none).
+  Status pending_error() const;
 
  private:
   void Run();

@@ -42,30 +42,32 @@ def _all_gather_bytes(group: dist.ProcessGroup, payload: bytes) -> bytes:
     return b"".join(t.numpy().tobytes() for t in gathered)
 
 
-def _bootstrap(group: dist.ProcessGroup):
-    return (lambda payload: _all_gather_bytes(group, payload)), (lambda: dist.barrier(group=group))
+def _barrier(group: dist.ProcessGroup, op: str) -> Optional[str]:
+    """Waits until every rank of ``group`` has reached ``op``, at most the runtime's timeout.
 
+    The process group's own timeout would otherwise apply (30 minutes by default for gloo). gloo's monitored
+    barrier names the ranks that did not arrive; other backends enforce their own timeouts.
 
-def _wait_for_ranks(group: dist.ProcessGroup, op: str) -> None:
-    """Returns once every rank of ``group`` has reached ``op``, or raises within the runtime's timeout.
-
-    The bootstrap's collectives would otherwise wait as long as the process group allows (30 minutes by
-    default for gloo). gloo's monitored barrier names the ranks that did not arrive; other backends enforce
-    their own timeouts.
+    Returns:
+        None, or the timeout's message.
 
     Raises:
-        ShmemTimeoutError: a rank did not arrive within HYPER_PARALLEL_SHMEM_TIMEOUT_SEC.
         ValueError: a HYPER_PARALLEL_SHMEM_* variable has a bad value.
     """
     timeout_sec = C.read_config()["timeout_sec"]
     if dist.get_backend(group) != "gloo":
-        return
+        dist.barrier(group=group)
+        return None
     try:
         dist.monitored_barrier(group=group, timeout=timedelta(seconds=timeout_sec))
     except RuntimeError as error:
-        raise ShmemTimeoutError(
-            f"bootstrap timed out: op={op} timeout_sec={timeout_sec:g} ({str(error).splitlines()[0]})"
-        ) from None
+        return f"bootstrap timed out: op={op} timeout_sec={timeout_sec:g} ({str(error).splitlines()[0]})"
+    return None
+
+
+def _bootstrap(group: dist.ProcessGroup, op: str):
+    """The runtime's bootstrap over ``group``: all_gather(bytes) -> bytes, and barrier() -> None or a timeout."""
+    return (lambda payload: _all_gather_bytes(group, payload)), (lambda: _barrier(group, op))
 
 
 def _resolve_ranks(root_group: Optional[dist.ProcessGroup]) -> tuple:
@@ -121,7 +123,7 @@ class Handle:
                 root.references -= 1
                 self._closed = True
                 return
-            all_gather, barrier = _bootstrap(root.group)
+            all_gather, barrier = _bootstrap(root.group, "shutdown")
             C.shutdown(root.rank, len(root.ranks), all_gather, barrier)
             root.references = 0
             _root = None
@@ -176,8 +178,10 @@ def acquire_shmem(root_group: Optional[dist.ProcessGroup] = None) -> Handle:
                 f"`root_group` must cover the whole WORLD in rank order {list(range(world))}, but got {list(ranks)}"
             )
         rank = ranks.index(dist.get_rank())
-        _wait_for_ranks(group, "acquire_shmem")
-        all_gather, barrier = _bootstrap(group)
+        timed_out = _barrier(group, "acquire_shmem")  # before the bootstrap's unbounded collectives
+        if timed_out:
+            raise ShmemTimeoutError(timed_out)
+        all_gather, barrier = _bootstrap(group, "acquire_shmem")
         C.init(rank, len(ranks), all_gather, barrier)
         _root = _Root(group=group, ranks=ranks, rank=rank, lifecycle=C.lifecycle(), references=1)
         return Handle(_root.lifecycle)

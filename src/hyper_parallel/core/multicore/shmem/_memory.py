@@ -46,7 +46,8 @@ def empty(*size, dtype: Optional[torch.dtype] = None, alignment: Optional[int] =
     """Allocates an uninitialised CPU tensor in the symmetric heap (collective over the root).
 
     Every rank must call ``empty`` in the same order with the same size, dtype and alignment: the runtime
-    verifies it and fails on every rank with each side's values instead of corrupting memory.
+    verifies the byte count, alignment and heap offset on every rank and fails on all of them with each side's
+    values instead of corrupting memory (a different shape of the same byte count is not detected).
 
     Args:
         *size: the shape, torch-style: ``empty(2, 3)`` or ``empty((2, 3))``.
@@ -58,10 +59,12 @@ def empty(*size, dtype: Optional[torch.dtype] = None, alignment: Optional[int] =
 
     Raises:
         TypeError: a dimension is not an int, or ``dtype`` is not a torch.dtype.
-        ValueError: a negative dimension, or an alignment that is not a power of two.
+        ValueError: a negative dimension, a shape of 2**63 bytes or more, or an alignment that is not a power of
+            two up to 2 MiB.
         ShmemStateError: no runtime is active.
         ShmemMismatchError: ranks disagree on the allocation.
         ShmemOutOfMemoryError: the heap cannot hold it (on any rank).
+        ShmemTimeoutError: a rank did not reach the allocation in time.
     """
     require_root("empty")
     dims = _parse_size(size)

@@ -60,7 +60,8 @@ def signal(signal_tensor: torch.Tensor, value: int, pe: int, *, op: str = "set")
 
     Raises:
         TypeError: a signal of another dtype, a non-int value or pe.
-        ValueError: a signal of another size, an unknown op, ``pe`` out of range.
+        ValueError: a signal of another size or misaligned, an unknown op, ``pe`` out of range.
+        ShmemStateError: a freed signal, or no runtime.
     """
     C.signal(signal_tensor, value, pe, check_choice("op", op, _SIGNAL_OPS), current_handle())
 
@@ -87,6 +88,7 @@ def barrier() -> None:
 
     Raises:
         ShmemTimeoutError: a rank did not arrive in time (the message names the missing ranks).
+        ShmemStateError: no runtime.
     """
     C.barrier(current_handle())
 
@@ -99,7 +101,10 @@ def all_gather(output: torch.Tensor, input: torch.Tensor) -> None:
         input: any contiguous CPU tensor (it may be this rank's slice of ``output``).
 
     Raises:
-        ValueError: ``output`` is not world_size times the input's bytes, or not symmetric.
+        TypeError: an argument that is not a tensor.
+        ValueError: ``output`` is not world_size times the input's bytes, not symmetric, or overlapped by
+            ``input`` other than at this rank's own slot.
         ShmemTimeoutError: a rank did not arrive in time.
+        ShmemStateError: a freed tensor, or no runtime.
     """
     C.all_gather(output, input, current_handle())

@@ -20,6 +20,7 @@ _current = threading.local()
 # `with stream:` blocks open in any thread. While there are none, every thread is on the default stream, and the
 # hot path skips the thread-local lookup (which costs more than a small put).
 _open_contexts = 0
+_open_contexts_lock = threading.Lock()
 
 
 class Stream:
@@ -120,13 +121,15 @@ class Stream:
     def __enter__(self) -> "Stream":
         global _open_contexts
         _stack().append(self)
-        _open_contexts += 1
+        with _open_contexts_lock:
+            _open_contexts += 1
         return self
 
     def __exit__(self, *exc_info) -> None:
         global _open_contexts
         _stack().pop()
-        _open_contexts -= 1
+        with _open_contexts_lock:
+            _open_contexts -= 1
 
     def __repr__(self) -> str:
         if self.is_default:
