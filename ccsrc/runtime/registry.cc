@@ -90,7 +90,8 @@ void AllocationRegistry::Forget(std::uint64_t id) {
   forgotten_.insert(id);
 }
 
-Result<AllocationInfo> AllocationRegistry::FindActive(std::uintptr_t address, std::size_t bytes) const {
+Result<AllocationInfo> AllocationRegistry::FindActive(std::uintptr_t address, std::size_t bytes,
+                                                       const char* what) const {
   std::lock_guard<std::mutex> lock(mu_);
   // The active allocation with the greatest base at or below `address` (ties: the newest id).
   auto it = active_by_base_.upper_bound(
@@ -103,13 +104,13 @@ Result<AllocationInfo> AllocationRegistry::FindActive(std::uintptr_t address, st
     if (into <= info.bytes && bytes <= info.bytes - into) return info;
     // The address lies in the allocation (or its reserved tail) but the range runs past the end.
     if (into == 0 || into < std::max(info.bytes, info.reserved)) {
-      return InvalidArgument("`tensor` must lie inside its symmetric allocation, but got bytes [" + Hex(address) +
+      return InvalidArgument(std::string("`") + what + "` must lie inside its symmetric allocation, but got bytes [" + Hex(address) +
                              "," + Hex(address + bytes) + ") past the end of allocation_id=" +
                              std::to_string(info.id) + " (base=" + Hex(info.base) +
                              " bytes=" + std::to_string(info.bytes) + ")");
     }
   }
-  return InvalidArgument("`tensor` must be a symmetric tensor allocated by shmem.empty, but got an address " +
+  return InvalidArgument(std::string("`") + what + "` must be a symmetric tensor allocated by shmem.empty, but got an address " +
                          Hex(address) + " outside every active allocation");
 }
 

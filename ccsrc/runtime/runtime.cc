@@ -293,15 +293,8 @@ void Runtime::OnStorageReleased(std::uint64_t allocation_id) {
 }
 
 Result<SymmetricRange> Runtime::ResolveSymmetric(const void* address, std::size_t bytes, const char* what) const {
-  auto found = registry_.FindActive(reinterpret_cast<std::uintptr_t>(address), bytes);
-  if (!found.ok()) {
-    // The registry names the argument `tensor`; name the caller's.
-    std::string message = found.status().message();
-    const std::string generic = "`tensor`";
-    if (message.compare(0, generic.size(), generic) == 0) message = std::string("`") + what + "`" + message.substr(generic.size());
-    return Status(found.status().code(), message);
-  }
-  return SymmetricRange{found->id, const_cast<void*>(address), bytes};
+  HP_ASSIGN_OR_RETURN(AllocationInfo found, registry_.FindActive(reinterpret_cast<std::uintptr_t>(address), bytes, what));
+  return SymmetricRange{found.id, const_cast<void*>(address), bytes};
 }
 
 Status Runtime::TransferChunks(std::size_t bytes, const std::function<Status(std::size_t, std::size_t)>& fn) {

@@ -2,7 +2,6 @@
 #pragma once
 
 #include <cstddef>
-#include <vector>
 
 namespace hp::shmem {
 
@@ -11,12 +10,9 @@ struct Chunk {
   std::size_t bytes;
 };
 
-// Splits `total_bytes` into consecutive chunks of at most `max_chunk_bytes` (the last one may be shorter).
-// Zero bytes yield no chunk. max_chunk_bytes == 0 means "no limit": one chunk.
-std::vector<Chunk> PlanChunks(std::size_t total_bytes, std::size_t max_chunk_bytes);
-
-// Calls fn(chunk) for every chunk of PlanChunks without building the vector; stops at and returns the first
-// non-OK Status fn returns.
+// Calls fn(chunk) for consecutive chunks of at most `max_chunk_bytes` (the last one may be shorter; 0 means no
+// limit: one chunk) covering `total_bytes`; zero bytes give no call. Stops at and returns the first non-OK
+// Status fn returns.
 template <typename Fn>
 auto ForEachChunk(std::size_t total_bytes, std::size_t max_chunk_bytes, Fn&& fn) -> decltype(fn(Chunk{})) {
   const std::size_t step = max_chunk_bytes == 0 ? total_bytes : max_chunk_bytes;

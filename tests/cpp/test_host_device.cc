@@ -101,7 +101,7 @@ TEST(HostDeviceTest, InitFailsOnEveryRankWhenDevShmIsTooSmall) {
     HostDevice device;
     const Status status = device.Init(Args(bootstrap, heap_size), bootstrap);
     EXPECT_TRUE(HasError(status, StatusCode::kOutOfMemory,
-                         "creating the symmetric heap failed on rank 0: shared-memory filesystem too small for the "
+                         "creating the symmetric heap failed: rank=0 (shared-memory filesystem too small for the "
                          "symmetric heaps: path=/dev/shm required=" +
                              std::to_string(2 * segment_bytes) + " available="));
     EXPECT_EQ(device.heap_base(), 0u);

@@ -389,7 +389,7 @@ def _case_bad_arguments_write_nothing() -> None:
             (lambda: shmem.get(None, target, peer), TypeError, "`dst` must be a torch.Tensor, but got NoneType"),
             # a freed allocation
             (lambda: shmem.put(gone, src, peer), shmem.ShmemStateError,
-             "`dst` cannot be used", "symmetric allocation was freed"),
+             "tensor of a freed symmetric allocation: argument=dst", "symmetric allocation was freed"),
             # signals
             (lambda: shmem.signal(target[:1], 1, peer), TypeError,
              "`signal_tensor` must be an int32 or int64 tensor, but got torch.float32"),

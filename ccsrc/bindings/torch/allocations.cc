@@ -54,7 +54,8 @@ void* DataPointer(const at::Tensor& tensor, const char* what) {
     return base == nullptr ? nullptr : base + tensor.storage_offset() * static_cast<std::int64_t>(tensor.element_size());
   } catch (const c10::Error& e) {
     // Only an invalidated (freed) storage refuses data_ptr(); its message names the allocation.
-    throw StatusError(StateError(std::string("`") + what + "` cannot be used: " + e.what_without_backtrace()));
+    throw StatusError(StateError(std::string("tensor of a freed symmetric allocation: argument=") + what + " (" +
+                                 e.what_without_backtrace() + ")"));
   }
 }
 

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 
 #include "runtime/host/atomics.h"
@@ -20,6 +21,11 @@ struct alignas(64) HostDevice::ControlBlock {
   alignas(64) std::uint32_t sleepers;           // waiters of this rank asleep on a signal
 };
 static_assert(sizeof(HostDevice::ControlBlock) <= HostDevice::kControlBytes, "control block too large");
+static_assert(offsetof(HostDevice::ControlBlock, barrier_arrivals) % 64 == 0 &&
+                  offsetof(HostDevice::ControlBlock, barrier_sleepers) % 64 == 0 &&
+                  offsetof(HostDevice::ControlBlock, barrier_epoch) % 64 == 0 &&
+                  offsetof(HostDevice::ControlBlock, sleepers) % 64 == 0,
+              "every word that ranks poll sits on a cache line of its own");
 
 namespace {
 
@@ -42,7 +48,7 @@ Status AgreeOnStatus(Bootstrap& bootstrap, const Status& local, const char* step
     if (all[r].code != 0) {
       all[r].message[sizeof(all[r].message) - 1] = '\0';
       return Status(static_cast<StatusCode>(all[r].code),
-                    std::string(step) + " failed on rank " + std::to_string(r) + ": " + all[r].message);
+                    std::string(step) + " failed: rank=" + std::to_string(r) + " (" + all[r].message + ")");
     }
   }
   return Status::Ok();

@@ -73,7 +73,7 @@ def _bootstrap(group: dist.ProcessGroup, op: str):
 def _resolve_ranks(root_group: Optional[dist.ProcessGroup]) -> tuple:
     if not dist.is_available() or not dist.is_initialized():
         raise ShmemStateError(
-            "torch.distributed is not initialised: call dist.init_process_group() before acquire_shmem()"
+            "torch.distributed is not initialised: op=acquire_shmem (call dist.init_process_group() first)"
         )
     group = dist.group.WORLD if root_group is None else root_group
     if isinstance(group, int) and group == dist.GroupMember.NON_GROUP_MEMBER:

@@ -10,7 +10,6 @@ import torch
 
 from hyper_parallel.core.multicore.shmem._binding import C
 from hyper_parallel.core.multicore.shmem._checks import type_name
-from hyper_parallel.core.multicore.shmem._lifecycle import require_root
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 _LOG_DEBUG = 0
@@ -35,9 +34,7 @@ def _parse_size(size: tuple) -> list:
     dims = size[0] if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
     if not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
         raise TypeError(f"`size` must be ints or one sequence of ints, but got {tuple(size)!r}")
-    if any(d < 0 for d in dims):
-        raise ValueError(f"`size` must contain non-negative dimensions, but got {list(dims)}")
-    if any(d >= 2**63 for d in dims):  # the binding takes int64 dimensions (and checks their product)
+    if any(d >= 2**63 for d in dims):  # the binding takes int64 dimensions (and checks signs and their product)
         raise ValueError(f"`size` must describe at most 2**63 - 1 bytes, but got {list(dims)}")
     return list(dims)
 
@@ -66,16 +63,15 @@ def empty(*size, dtype: Optional[torch.dtype] = None, alignment: Optional[int] =
         ShmemOutOfMemoryError: the heap cannot hold it (on any rank).
         ShmemTimeoutError: a rank did not reach the allocation in time.
     """
-    require_root("empty")
     dims = _parse_size(size)
     if dtype is None:
         dtype = torch.get_default_dtype()
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"`dtype` must be a torch.dtype, but got {type_name(dtype)}")
     if alignment is None:
-        alignment = 0
-    elif isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
-        raise ValueError(f"`alignment` must be a power of two, but got {alignment!r}")
+        alignment = 0  # the runtime's default
+    elif isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0:
+        raise ValueError(f"`alignment` must be a power of two, but got {alignment!r}")  # the runtime checks the rest
     return C.empty(dims, dtype, alignment, user_call_site())
 
 
