@@ -282,12 +282,15 @@ Status Runtime::Free(std::uint64_t allocation_id, const std::string& call_site) 
   return Status::Ok();
 }
 
-void Runtime::OnStorageReleased(std::uint64_t allocation_id) {
+void Runtime::OnStorageReleased(std::uint64_t allocation_id, bool storage_alive) {
   if (!registry_.MarkStorageReleased(allocation_id)) return;
   auto info = registry_.Get(allocation_id);
   std::string what = "allocation_id=" + std::to_string(allocation_id);
   if (info.ok()) what = DescribeAllocation(info.value());
-  HP_LOG(kError, "symmetric allocation leaked: its last tensor died without shmem.free(): " + what +
+  const char* how = storage_alive ? "symmetric allocation leaked: its tensor was moved to other memory "
+                                    "(share_memory_(), torch.multiprocessing or set_()) before shmem.free(): "
+                                  : "symmetric allocation leaked: its last tensor died without shmem.free(): ";
+  HP_LOG(kError, how + what +
                      " root_rank=" + std::to_string(rank_) +
                      (info.ok() && !info->call_site.empty() ? " call_site=" + info->call_site : std::string()));
 }

@@ -76,8 +76,9 @@ class Runtime {
   Result<AllocationInfo> Allocate(std::size_t bytes, std::size_t alignment, std::string call_site);
   // Collective: frees an active allocation, checked against every rank's.
   Status Free(std::uint64_t allocation_id, const std::string& call_site);
-  // The last storage of an allocation died (from a deleter, possibly on any thread).
-  void OnStorageReleased(std::uint64_t allocation_id);
+  // The storage of an allocation let go of its memory before free (from a deleter, possibly on any thread):
+  // its last reference died, or (`storage_alive`) torch gave it other memory, as share_memory_() does.
+  void OnStorageReleased(std::uint64_t allocation_id, bool storage_alive = false);
 
   // Resolves [address, address + bytes) against the active allocations; `what` names the argument in errors.
   Result<SymmetricRange> ResolveSymmetric(const void* address, std::size_t bytes, const char* what) const;

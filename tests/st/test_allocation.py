@@ -444,6 +444,26 @@ def _case_leak_is_logged_at_once() -> dict:
     return {"allocation_id": aid, "base": base}
 
 
+def _case_share_memory_moves_the_tensor_out_of_the_heap() -> dict:
+    assert_clean()
+    handle = shmem.acquire_shmem()
+    try:
+        t = shmem.empty(8)
+        t.fill_(3.0)
+        aid = allocation_info(t)["allocation_id"]
+        t.share_memory_()  # torch copies the data into memory of its own: the tensor leaves the symmetric heap
+        logged = _stderr_so_far()
+        lines = [line for line in logged.splitlines() if "symmetric allocation leaked" in line]
+        assert len(lines) == 1 and "its tensor was moved to other memory (share_memory_()" in lines[0], logged
+        assert f"allocation_id={aid} " in lines[0], lines[0]
+        assert _leaked_ids() == [aid] and _active_ids() == []
+        assert t.sum().item() == 24.0  # still an ordinary, usable tensor
+        expect_error(ValueError, lambda: shmem.put(t, torch.zeros(8), 0), "`dst` must be a symmetric tensor")
+    finally:
+        handle.close()
+    return {"allocation_id": aid}
+
+
 # --------------------------------------------------------------------------
 # Tests.
 # --------------------------------------------------------------------------
@@ -510,3 +530,7 @@ def test_leaked_allocation_is_logged_at_once_and_does_not_block_shutdown(world2:
         # Shutdown only warns about it.
         warning = rf"WARNING rank={rank}\] shutting down with a leaked allocation: allocation_id={aid}\b"
         assert re.search(warning, out.stderr), out.stderr
+
+
+def test_share_memory_of_a_symmetric_tensor_is_reported_as_a_leak(world_factory) -> None:
+    run_case(world_factory(1, ENV), _case_share_memory_moves_the_tensor_out_of_the_heap, capture_stderr=True)

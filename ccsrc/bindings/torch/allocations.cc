@@ -28,10 +28,17 @@ struct Tracked {
 std::mutex g_mu;
 std::map<const c10::StorageImpl*, Tracked> g_by_storage;
 
-void Untrack(const c10::StorageImpl* storage, std::uint64_t id) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  auto it = g_by_storage.find(storage);
-  if (it != g_by_storage.end() && it->second.id == id) g_by_storage.erase(it);
+// Forgets the allocation's entry; returns whether its storage is still alive (it was given other memory).
+bool Untrack(const c10::StorageImpl* storage, std::uint64_t id) {
+  std::optional<Tracked> tracked;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = g_by_storage.find(storage);
+    if (it == g_by_storage.end() || it->second.id != id) return false;
+    tracked.emplace(std::move(it->second));
+    g_by_storage.erase(it);
+  }
+  return static_cast<bool>(tracked->storage.lock());   // null while the storage is being destroyed
 }
 
 std::string Shape(const at::Tensor& tensor) {
@@ -81,10 +88,10 @@ at::Tensor Empty(const std::vector<std::int64_t>& sizes, c10::ScalarType dtype, 
   at::Tensor tensor = at::from_blob(
       reinterpret_cast<void*>(info.base), sizes,
       [id, storage_key](void*) {
-        // The storage let go of the memory: on free (already freed, nothing to do) or when its last reference
-        // died without free (a leak, which the runtime reports).
-        Untrack(*storage_key, id);
-        Runtime::Instance().OnStorageReleased(id);
+        // The storage let go of the memory: on free (already freed, nothing to do), or before free because its
+        // last reference died or torch moved it to other memory (a leak either way, which the runtime reports).
+        const bool storage_alive = Untrack(*storage_key, id);
+        Runtime::Instance().OnStorageReleased(id, storage_alive);
       },
       at::TensorOptions().dtype(dtype).device(at::kCPU));
   c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
@@ -120,7 +127,7 @@ void Free(const at::Tensor& tensor, const std::string& call_site) {
 
   // Invalidate the storage that the tensor and all its views share: any later access raises this message.
   c10::intrusive_ptr<c10::StorageImpl> storage = tracked->storage.lock();
-  Untrack(storage_impl, tracked->id);
+  (void)Untrack(storage_impl, tracked->id);
   if (storage) {
     const std::string message = "symmetric allocation was freed: allocation_id=" + std::to_string(tracked->id) +
                                 " lifecycle=" + std::to_string(tracked->lifecycle) +
