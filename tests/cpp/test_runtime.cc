@@ -648,6 +648,8 @@ TEST_P(RuntimeRanksTest, AlignmentMustBeAPowerOfTwo) {
     ASSERT_TRUE(IsOk(InitHost(runtime, bootstrap)));
     EXPECT_TRUE(IsError(runtime.Allocate(64, 48, "test").status(), StatusCode::kInvalidArgument,
                         "`alignment` must be a power of two, but got 48"));
+    EXPECT_TRUE(IsError(runtime.Allocate(64, std::size_t{4} << 20, "test").status(), StatusCode::kInvalidArgument,
+                        "`alignment` must be at most 2097152 (2 MiB), but got 4194304"));
     EXPECT_TRUE(runtime.Snapshot().active.empty());
     const AllocationInfo small = MustAllocate(runtime, 1, 0);   // 0: the default alignment
     EXPECT_EQ(small.offset % 64, 0u);

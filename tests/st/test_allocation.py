@@ -137,18 +137,17 @@ def _case_alignment() -> list[list[int]]:
             info = allocation_info(t)
             assert t.data_ptr() % alignment == 0 and info["offset"] % alignment == 0, (alignment, hex(t.data_ptr()))
             offsets.append(info["offset"])
-        # Beyond the page size: either the address is aligned as asked, or the alignment is refused. Aligning only
-        # the offset inside a page-aligned heap would hand out a misaligned tensor.
+        # Beyond the page size up to 2 MiB the address is aligned too (heaps are mapped at 2 MiB boundaries);
+        # aligning only the offset inside a page-aligned heap would hand out a misaligned tensor.
         for alignment in (1 << 16, 1 << 21):
             made.append(shmem.empty(3, dtype=torch.uint8))
-            try:
-                t = shmem.empty(10, dtype=torch.uint8, alignment=alignment)
-            except ValueError as exc:
-                assert "`alignment` must" in str(exc), str(exc)
-                continue
+            t = shmem.empty(10, dtype=torch.uint8, alignment=alignment)
             made.append(t)
             assert t.data_ptr() % alignment == 0, f"alignment={alignment} gave base {hex(t.data_ptr())}"
             offsets.append(allocation_info(t)["offset"])
+        # Above that it is refused, on every rank, before any collective.
+        expect_error(ValueError, lambda: shmem.empty(10, alignment=1 << 22),
+                     "`alignment` must be at most 2097152 (2 MiB), but got 4194304")
         return offsets
     finally:
         for t in made:
