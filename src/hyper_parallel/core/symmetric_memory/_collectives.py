@@ -1,0 +1,419 @@
+"""Collectives (seeds 000 and 004) written over the runtime's one-sided primitives.
+
+Every algorithm picks its path from local facts that are the same on every rank of a well-formed call:
+
+* **copy-free** when the tensor that peers must address is symmetric: peers put into it or reduce from it
+  directly (push for all_gather/all_to_all outputs, pull for symmetric inputs);
+* **staged** otherwise: ranks copy their data into their slot's staging area and peers read it from there,
+  in pieces of the staging size.
+
+A rank only writes into a peer's memory, or reads it, between two syncs of the group (``GroupChannel.sync``):
+the first says every rank has entered the op (so its buffers are free and its inputs ready), the last says
+every rank is done with its peers' memory. The one exception is the small all-reduce, which skips the closing
+sync by alternating between two halves of the staging area (``flip``). Every call is enqueued on the current
+SHMEM stream; a group's collectives must not run on two streams at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from hyper_parallel.core.multicore import shmem
+from hyper_parallel.core.symmetric_memory import _args, _context
+from hyper_parallel.core.symmetric_memory._context import GroupChannel, is_symmetric
+
+# All-reduces up to this size read every peer's whole input (one step); larger ones reduce-scatter then gather.
+_ONE_SHOT_BYTES = 256 << 10
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """The flat bytes of a contiguous tensor."""
+    return t.reshape(-1).view(torch.uint8)
+
+
+def _chunk(count: int, parts: int, index: int) -> tuple:
+    """Bounds of part ``index`` when ``count`` elements are cut into ``parts`` near-equal parts."""
+    step = -(-count // parts)
+    lo = min(index * step, count)
+    return lo, min(lo + step, count)
+
+
+def _copy_local(dst: torch.Tensor, src: torch.Tensor, ch: GroupChannel) -> None:
+    """A stream-ordered local copy between tensors of which one is symmetric."""
+    if dst.data_ptr() == src.data_ptr():
+        return
+    if is_symmetric(dst):
+        shmem.put(dst, src, ch.my_pe)
+    else:
+        shmem.get(dst, src, ch.my_pe)
+
+
+def _flush_for_host_read() -> None:
+    """Finishes the current stream's work: Python is about to read what a peer wrote."""
+    current = shmem.current_stream()
+    if not current.is_default:
+        current.synchronize()
+
+
+def shmem_allgather(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                    group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
+    """Gathers every rank's ``input_tensor`` into ``output_tensor``, in group-rank order (collective).
+
+    Args:
+        output_tensor: group-size times the input's elements, same dtype. Symmetric: peers push into it
+            directly; otherwise it is filled through the staging area.
+        input_tensor: this rank's contribution. It may be this rank's part of ``output_tensor`` (in place).
+        group: a ProcessGroup inside the root (None: WORLD).
+
+    Returns:
+        ``output_tensor``.
+
+    Raises:
+        TypeError: differing dtypes, a non-tensor.
+        ValueError: sizes that do not match, or an input overlapping the output elsewhere than its own part.
+        ShmemTimeoutError: a rank did not take part in time.
+    """
+    output = _args.tensor(output_tensor, "output_tensor")
+    data = _args.tensor(input_tensor, "input_tensor")
+    _args.same_dtype(data, "input_tensor", output, "output_tensor")
+    ch = _context.channel(group)
+    n = ch.size
+    if output.numel() != n * data.numel():
+        raise ValueError(
+            f"`output_tensor.numel()` must be {n} x input_tensor.numel() ({n * data.numel()}), "
+            f"but got {output.numel()}"
+        )
+    src, out = _bytes(data), _bytes(output)
+    c = src.numel()
+    mine = out[ch.me * c:(ch.me + 1) * c]
+    if _args.overlaps(src, out) and src.data_ptr() != mine.data_ptr():
+        raise ValueError("`input_tensor` must be this rank's part of `output_tensor` or not overlap it, but got "
+                         f"an overlap at byte {src.data_ptr() - out.data_ptr()} of the output")
+    if c == 0:
+        return output_tensor
+    ring = ch.peers + (ch.me,)
+    if is_symmetric(out):
+        ch.sync()
+        for p in ch.peers:
+            shmem.put(mine, src, ch.pes[p])
+        _copy_local(mine, src, ch)
+        ch.sync()
+    elif is_symmetric(src):
+        ch.sync()
+        for p in ring:
+            shmem.get(out[p * c:(p + 1) * c], src, ch.pes[p])
+        ch.sync()
+    else:
+        piece = ch.staging.numel()
+        ch.sync()
+        for off in range(0, c, piece):
+            length = min(piece, c - off)
+            stage = ch.staging[:length]
+            shmem.put(stage, src[off:off + length], ch.my_pe)
+            ch.sync()
+            for p in ring:
+                shmem.get(out[p * c + off:p * c + off + length], stage, ch.pes[p])
+            ch.sync()
+    return output_tensor
+
+
+def shmem_allreduce(tensor: torch.Tensor, op: str = "sum", group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
+    """Reduces ``tensor`` across the group, in place: every rank ends with bit-identical values (collective).
+
+    Small tensors (up to 256 KiB) take one step: each rank reads every peer's staged copy. Larger ones
+    reduce-scatter then all-gather; a symmetric ``tensor`` is reduced in place with no copies, any other
+    through the staging area. float16/bfloat16 accumulate in float32.
+
+    Args:
+        tensor: a contiguous CPU tensor of float32, float64, float16, bfloat16, int8, uint8, int32 or int64.
+        op: 'sum', 'avg' (floating point only), 'max' or 'min'.
+        group: a ProcessGroup inside the root (None: WORLD).
+
+    Returns:
+        ``tensor``.
+
+    Raises:
+        TypeError: an unsupported dtype.
+        ValueError: an unknown op, 'avg' on integers.
+        ShmemTimeoutError: a rank did not take part in time.
+    """
+    t = _args.tensor(tensor, "tensor")
+    op = _args.reduce_op(op, t.dtype)
+    ch = _context.channel(group)
+    flat = t.view(-1)
+    count = flat.numel()
+    if count == 0 or ch.size == 1:
+        return tensor
+    nbytes = count * t.element_size()
+    half = ch.staging.numel() // 2
+    if nbytes <= min(_ONE_SHOT_BYTES, half):
+        stage = ch.staging_view(t.dtype, ch.flip() * half, count)
+        shmem.put(stage, flat, ch.my_pe)
+        ch.sync()
+        shmem.reduce(flat, stage, ch.pes, op=op)
+        return tensor
+    if is_symmetric(flat):
+        ch.sync()
+        _reduce_mine_and_share(flat, ch, op)
+        ch.sync()
+        return tensor
+    piece = ch.staging.numel() // t.element_size()
+    ch.sync()
+    for off in range(0, count, piece):
+        length = min(piece, count - off)
+        stage = ch.staging_view(t.dtype, 0, length)
+        shmem.put(stage, flat[off:off + length], ch.my_pe)
+        ch.sync()
+        _reduce_mine_and_share(stage, ch, op)
+        ch.sync()
+        shmem.get(flat[off:off + length], stage, ch.my_pe)
+    return tensor
+
+
+def _reduce_mine_and_share(buffer: torch.Tensor, ch: GroupChannel, op: str) -> None:
+    """Two-shot core on a symmetric buffer: reduce this rank's part from every peer in place, push it back."""
+    lo, hi = _chunk(buffer.numel(), ch.size, ch.me)
+    if hi == lo:
+        return
+    part = buffer[lo:hi]
+    shmem.reduce(part, part, ch.pes, op=op)
+    for p in ch.peers:
+        shmem.put(part, part, ch.pes[p])
+
+
+def shmem_reduce_scatter(output_tensor: torch.Tensor, input_tensor: torch.Tensor, op: str = "sum",
+                         group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
+    """Reduces ``input_tensor`` across the group; rank r keeps part r of the result (collective).
+
+    Args:
+        output_tensor: 1/group-size of the input's elements, same dtype.
+        input_tensor: group-size equal parts. Symmetric: peers reduce from it directly; otherwise it is
+            staged.
+        op: 'sum', 'avg' (floating point only), 'max' or 'min'.
+        group: a ProcessGroup inside the root (None: WORLD).
+
+    Returns:
+        ``output_tensor``.
+
+    Raises:
+        TypeError: differing or unsupported dtypes.
+        ValueError: sizes that do not match, an unknown op, a symmetric input overlapped by the output
+            elsewhere than this rank's part.
+        ShmemTimeoutError: a rank did not take part in time.
+    """
+    output = _args.tensor(output_tensor, "output_tensor")
+    data = _args.tensor(input_tensor, "input_tensor")
+    _args.same_dtype(output, "output_tensor", data, "input_tensor")
+    op = _args.reduce_op(op, data.dtype)
+    ch = _context.channel(group)
+    n = ch.size
+    if data.numel() != n * output.numel():
+        raise ValueError(
+            f"`input_tensor.numel()` must be {n} x output_tensor.numel() ({n * output.numel()}), "
+            f"but got {data.numel()}"
+        )
+    out, src = output.view(-1), data.view(-1)
+    c = out.numel()
+    if c == 0:
+        return output_tensor
+    if is_symmetric(src):
+        mine = src[ch.me * c:(ch.me + 1) * c]
+        if _args.overlaps(out, src) and out.data_ptr() != mine.data_ptr():
+            raise ValueError("`output_tensor` must be this rank's part of a symmetric `input_tensor` or not overlap "
+                             f"it, but got an overlap at byte {out.data_ptr() - src.data_ptr()} of the input")
+        ch.sync()
+        shmem.reduce(out, mine, ch.pes, op=op)
+        ch.sync()
+        return output_tensor
+    region = (ch.staging.numel() // n) // 64 * 64
+    piece = region // data.element_size()
+    ch.sync()
+    for off in range(0, c, piece):
+        length = min(piece, c - off)
+        for j in range(n):
+            shmem.put(ch.staging_view(data.dtype, j * region, length), src[j * c + off:j * c + off + length], ch.my_pe)
+        ch.sync()
+        shmem.reduce(out[off:off + length], ch.staging_view(data.dtype, ch.me * region, length), ch.pes, op=op)
+        ch.sync()
+    return output_tensor
+
+
+def _receive_counts(receive_list: object, n: int) -> list:
+    if isinstance(receive_list, torch.Tensor):
+        if receive_list.dim() != 1 or receive_list.dtype.is_floating_point or receive_list.dtype == torch.bool:
+            raise TypeError(f"`receive_list` must be a sequence of {n} ints or a 1-D integer tensor, "
+                            f"but got a tensor of shape {tuple(receive_list.shape)} and dtype {receive_list.dtype}")
+        receive_list = receive_list.tolist()
+    if not isinstance(receive_list, Sequence) or isinstance(receive_list, (str, bytes)):
+        raise TypeError(f"`receive_list` must be a sequence of {n} ints, but got {type(receive_list).__name__}")
+    if len(receive_list) != n:
+        raise ValueError(f"`receive_list` must have one count per rank of the group ({n}), but got {len(receive_list)}")
+    return [_args.count(v, f"receive_list[{i}]") for i, v in enumerate(receive_list)]
+
+
+def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: torch.Tensor, receive_list: Sequence[int],
+                   group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
+    """Sends ``send_tensor_list[j]`` to rank j; ``receive_tensor`` gets every rank's part in rank order (collective).
+
+    The counts are exchanged through symmetric memory (no framework collective) and checked on every rank
+    before any data moves: a mismatch raises the same error everywhere and writes nothing.
+
+    Args:
+        send_tensor_list: one contiguous tensor per group rank (any sizes, the dtype of ``receive_tensor``).
+        receive_tensor: the destination; the part from rank i starts after the counts from ranks < i. Symmetric:
+            senders push into it directly; otherwise it is filled through the staging area.
+        receive_list: the element count expected from each rank (ints or a 1-D integer tensor); their sum must
+            fit ``receive_tensor``.
+        group: a ProcessGroup inside the root (None: WORLD).
+
+    Returns:
+        ``receive_tensor``.
+
+    Raises:
+        TypeError: differing dtypes, non-tensors.
+        ValueError: a list of the wrong length, counts past ``receive_tensor``'s end, or counts that disagree
+            with what the senders send.
+        ShmemTimeoutError: a rank did not take part in time.
+    """
+    receive = _args.tensor(receive_tensor, "receive_tensor")
+    ch = _context.channel(group)
+    n, me = ch.size, ch.me
+    if isinstance(send_tensor_list, torch.Tensor) or not isinstance(send_tensor_list, Sequence):
+        raise TypeError(f"`send_tensor_list` must be a sequence of {n} tensors, but got {type(send_tensor_list).__name__}")
+    if len(send_tensor_list) != n:
+        raise ValueError(f"`send_tensor_list` must have one tensor per rank of the group ({n}), "
+                         f"but got {len(send_tensor_list)}")
+    sends = []
+    for j, t in enumerate(send_tensor_list):
+        t = _args.tensor(t, f"send_tensor_list[{j}]")
+        _args.same_dtype(t, f"send_tensor_list[{j}]", receive, "receive_tensor")
+        sends.append(_bytes(t))
+    receives = _receive_counts(receive_list, n)
+    if sum(receives) > receive.numel():
+        raise ValueError(f"`sum(receive_list)` must be at most receive_tensor.numel() ({receive.numel()}), "
+                         f"but got {sum(receives)}")
+    row = torch.tensor([t.numel() // receive.element_size() for t in sends] + receives, dtype=torch.int64)
+    counts = ch.counts[ch.flip()]
+    for p in ch.peers + (me,):
+        shmem.put(counts[me, :2 * n], row, ch.pes[p])
+    ch.sync()
+    _flush_for_host_read()
+    table = counts[:n, :2 * n].clone()
+    sent, expected = table[:, :n], table[:, n:]
+    wrong = (sent != expected.t()).nonzero()
+    if wrong.numel():
+        i, j = (int(v) for v in wrong[0])
+        raise ValueError(f"`send_tensor_list[{j}]` of rank {i} must have the {int(expected[j, i])} elements rank {j} "
+                         f"expects in its receive_list[{i}], but got {int(sent[i, j])}")
+    esize = receive.element_size()
+    # offsets[j][i]: where rank i's part starts in rank j's receive_tensor (bytes).
+    offsets = (torch.cumsum(expected, dim=1) - expected).mul_(esize).tolist()
+    out = _bytes(receive)
+    ring = ch.peers + (me,)
+    if is_symmetric(out):
+        for j in ring:
+            start = offsets[j][me]
+            shmem.put(out[start:start + sends[j].numel()], sends[j], ch.pes[j])
+        ch.sync()
+        return receive_tensor
+    region = (ch.staging.numel() // n) // 64 * 64
+    largest = int(table[:, :n].max()) * esize
+    for off in range(0, largest, region):
+        for j in ring:
+            piece = sends[j][off:off + region]
+            shmem.put(ch.staging[me * region:me * region + piece.numel()], piece, ch.pes[j])
+        ch.sync()
+        for i in ring:
+            length = max(0, min(region, int(sent[i, me]) * esize - off))
+            if length:
+                start = offsets[me][i] + off
+                shmem.get(out[start:start + length], ch.staging[i * region:i * region + length], ch.my_pe)
+        ch.sync()
+    return receive_tensor
+
+
+def shmem_send(tensor: torch.Tensor, dst_rank: int, group: Optional[dist.ProcessGroup] = None) -> None:
+    """Sends ``tensor`` to ``dst_rank``, which receives it with :func:`shmem_recv` (point to point).
+
+    Messages travel through the receiver's mailbox in pieces; a message that fits one piece returns at once
+    (the tensor may be reused), a larger one waits for the receiver to drain each piece. Messages between
+    two ranks arrive in the order they were sent.
+
+    Args:
+        tensor: a contiguous CPU tensor.
+        dst_rank: a rank of ``group`` other than this one.
+        group: a ProcessGroup inside the root (None: WORLD) that ran a collective (or ``barrier``) before.
+
+    Raises:
+        ValueError: ``dst_rank`` outside the group or this rank itself.
+        ShmemStateError: ``group`` never ran a collective, so it has no channel.
+        ShmemTimeoutError: the receiver did not drain a piece in time.
+    """
+    data = _bytes(_args.tensor(tensor, "tensor"))
+    ch = _context.registered_channel(group, "shmem_send")
+    dst = _peer_rank(dst_rank, "dst_rank", ch)
+    pe, region = ch.pes[dst], ch.mailbox_region
+    mailbox = ch.mailbox[ch.me * region:(ch.me + 1) * region]
+    total = data.numel()
+    seq = ch.sent_messages[dst]
+    for index, off in enumerate(range(0, max(total, 1), region)):
+        seq += 1
+        shmem.wait_signal(ch.acked[dst], seq - 1, cmp="ge")  # the receiver drained the previous piece
+        if index == 0:
+            shmem.signal(ch.message_bytes[ch.me], total, pe)
+        piece = data[off:off + region]
+        shmem.put(mailbox[:piece.numel()], piece, pe)
+        shmem.signal(ch.sent[ch.me], seq, pe)
+    ch.sent_messages[dst] = seq
+
+
+def shmem_recv(tensor: torch.Tensor, src_rank: int, group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
+    """Receives the next message ``src_rank`` sent with :func:`shmem_send` into ``tensor``.
+
+    Args:
+        tensor: a contiguous CPU tensor of the message's byte size.
+        src_rank: a rank of ``group`` other than this one.
+        group: a ProcessGroup inside the root (None: WORLD) that ran a collective (or ``barrier``) before.
+
+    Returns:
+        ``tensor``.
+
+    Raises:
+        ValueError: ``src_rank`` outside the group or this rank, or a message of another size (the message is
+            drained, so the sender is not left waiting, and ``tensor`` is left unchanged).
+        ShmemStateError: ``group`` never ran a collective.
+        ShmemTimeoutError: nothing arrived in time.
+    """
+    data = _bytes(_args.tensor(tensor, "tensor"))
+    ch = _context.registered_channel(group, "shmem_recv")
+    src = _peer_rank(src_rank, "src_rank", ch)
+    pe, region = ch.pes[src], ch.mailbox_region
+    mailbox = ch.mailbox[src * region:(src + 1) * region]
+    seq = ch.received_messages[src] + 1
+    shmem.wait_signal(ch.sent[src], seq, cmp="ge")
+    _flush_for_host_read()
+    total = int(ch.message_bytes[src].item())
+    fits = total == data.numel()
+    for index, off in enumerate(range(0, max(total, 1), region)):
+        if index:
+            seq += 1
+            shmem.wait_signal(ch.sent[src], seq, cmp="ge")
+        length = min(region, total - off)
+        if fits and length > 0:
+            shmem.get(data[off:off + length], mailbox[:length], ch.my_pe)
+        shmem.signal(ch.acked[ch.me], seq, pe)
+    ch.received_messages[src] = seq
+    if not fits:
+        raise ValueError(f"`tensor` must have the {total} bytes rank {src_rank} sent, but got {data.numel()} bytes")
+    return tensor
+
+
+def _peer_rank(value: object, name: str, ch: GroupChannel) -> int:
+    rank = _args.rank_in_group(value, name, ch.size)
+    if rank == ch.me:
+        raise ValueError(f"`{name}` must be another rank than this one ({ch.me}), but got {rank}")
+    return rank

@@ -1,0 +1,311 @@
+"""The state behind the user API: the runtime handle, the symmetric workspace, and one channel per group.
+
+The runtime is acquired over the WORLD group by the first ``symm.empty`` (or the first WORLD collective). Right
+after, every rank allocates one symmetric *workspace* (collective, like every allocation) that the collectives
+stage through and signal in. It is cut into ``_SLOTS`` equal slots; a group gets one slot for its lifetime the
+first time it runs a collective. Slot numbers are negotiated among the group's ranks (the largest next free
+slot of any member), so groups that share a rank never share a slot, while disjoint groups may: they touch
+disjoint heaps. Each slot holds:
+
+* ``arrive[n]``: rank p of the group SETs ``arrive[p]`` on every peer to its epoch: a group barrier whose
+  values only grow (signals never need resetting);
+* ``sent[n]``, ``acked[n]``, ``message_bytes[n]``: the sequence numbers of send/recv, per peer;
+* ``counts[2][n][2n]``: the send and receive counts every rank publishes for all_to_all (double-buffered);
+* ``staging``: bounce space for collectives whose tensors are not symmetric;
+* ``mailbox``: one region per sender for send/recv.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from hyper_parallel.core.multicore import shmem
+from hyper_parallel.core.multicore.shmem._lifecycle import root_info
+from hyper_parallel.core.multicore.shmem.errors import ShmemStateError
+
+_HEAP_VAR = "HYPER_PARALLEL_SHMEM_HEAP_SIZE"
+_HEAP_ALIAS = "SYMMETRIC_MEMORY_HEAP_SIZE"
+_SLOTS = 16
+_MAX_STAGING_BYTES = 2 << 20
+_MIN_STAGING_BYTES = 64 << 10
+_ALIGN = 4096
+
+_lock = threading.RLock()
+
+
+def _round_down(value: int, unit: int) -> int:
+    return value // unit * unit
+
+
+class GroupChannel:
+    """One group's ranks, its slot of the workspace, and the epochs of its protocols.
+
+    All methods enqueue on the current SHMEM stream; none waits for the stream to finish.
+    """
+
+    def __init__(self, pes: tuple, me: int, slot: "torch.Tensor", world: int, staging_bytes: int,
+                 whole_root: bool) -> None:
+        self.pes = pes  # root rank (PE) of each group rank
+        self.whole_root = whole_root
+        self.size = len(pes)
+        self.me = me  # this process's rank inside the group
+        self.my_pe = pes[me]
+        # Peers in rotated order (me+1, me+2, ...): no two ranks start by writing to the same peer.
+        self.peers = tuple((me + r) % self.size for r in range(1, self.size))
+        signals = slot[: 4 * world * 8].view(torch.int64)
+        self.arrive = [signals[p:p + 1] for p in range(world)]
+        self.sent = [signals[world + p:world + p + 1] for p in range(world)]
+        self.acked = [signals[2 * world + p:2 * world + p + 1] for p in range(world)]
+        self.message_bytes = [signals[3 * world + p:3 * world + p + 1] for p in range(world)]
+        counts_offset = 4 * world * 8
+        counts_bytes = 2 * world * 2 * world * 8
+        self.counts = slot[counts_offset:counts_offset + counts_bytes].view(torch.int64).view(2, world, 2 * world)
+        staging_offset = _round_down(counts_offset + counts_bytes + _ALIGN - 1, _ALIGN)
+        self.staging = slot[staging_offset:staging_offset + staging_bytes]
+        self.mailbox = slot[staging_offset + staging_bytes:staging_offset + 2 * staging_bytes]
+        self.mailbox_region = _round_down(staging_bytes // self.size, 64)
+        self.epoch = 0
+        self.parity = 0  # which half of the staging (and of `counts`) the next double-buffered op uses
+        self.sent_messages = [0] * self.size
+        self.received_messages = [0] * self.size
+
+    def sync(self) -> None:
+        """A group barrier: everything enqueued before it is visible to every member.
+
+        The WORLD uses the device's counting barrier (one cache line, cheaper than n - 1 signals and waits when
+        ranks outnumber cores); other groups signal epochs through their slot.
+        """
+        if self.whole_root:
+            shmem.barrier()
+            return
+        self.epoch += 1
+        epoch, me, pes = self.epoch, self.me, self.pes
+        for p in self.peers:
+            shmem.signal(self.arrive[me], epoch, pes[p])
+        for p in self.peers:
+            shmem.wait_signal(self.arrive[p], epoch, cmp="ge")
+
+    def flip(self) -> int:
+        """The parity for a double-buffered op, switching it for the next."""
+        parity = self.parity
+        self.parity ^= 1
+        return parity
+
+    def staging_view(self, dtype: torch.dtype, byte_offset: int, numel: int) -> torch.Tensor:
+        """``numel`` elements of ``dtype`` in the staging area, starting ``byte_offset`` bytes in."""
+        nbytes = numel * dtype.itemsize
+        return self.staging[byte_offset:byte_offset + nbytes].view(dtype)
+
+
+@dataclass
+class _State:
+    handle: shmem.Handle
+    workspace: torch.Tensor
+    slot_bytes: int
+    staging_bytes: int
+    heap_base: int
+    heap_end: int
+    channels: dict = field(default_factory=dict)  # group (or None: WORLD) -> GroupChannel
+    next_free_slot: int = 0
+    rank_maps: dict = field(default_factory=dict)  # group -> tuple of root ranks
+
+
+_state: Optional[_State] = None
+
+
+def _heap_size_env() -> dict:
+    """The environment acquire_shmem should see: SYMMETRIC_MEMORY_HEAP_SIZE as an alias of the runtime's variable."""
+    alias = os.environ.get(_HEAP_ALIAS)
+    if alias is None:
+        return {}
+    primary = os.environ.get(_HEAP_VAR)
+    if primary is not None and primary != alias:
+        raise ValueError(
+            f"`{_HEAP_ALIAS}` must equal `{_HEAP_VAR}` when both are set, but got {alias!r} and {primary!r}"
+        )
+    return {_HEAP_VAR: alias}
+
+
+def _workspace_layout(heap_size: int, world: int) -> tuple:
+    """(slot_bytes, staging_bytes) for a heap: an eighth of the heap at most, split over the slots."""
+    signal_bytes = _round_down(4 * world * 8 + 4 * world * world * 8 + _ALIGN - 1, _ALIGN)
+    budget = heap_size // 8
+    staging = _round_down((budget // _SLOTS - signal_bytes) // 2, _ALIGN)
+    staging = max(_MIN_STAGING_BYTES, min(_MAX_STAGING_BYTES, staging))
+    return signal_bytes + 2 * staging, staging
+
+
+def state() -> _State:
+    """The user API's state, acquiring the runtime over WORLD on first use (collective over WORLD).
+
+    Raises:
+        ShmemStateError: torch.distributed is not initialised.
+    """
+    global _state
+    if _state is not None:
+        return _state
+    with _lock:
+        if _state is not None:
+            return _state
+        if not dist.is_initialized():
+            raise ShmemStateError(
+                "torch.distributed is not initialised: op=symmetric_memory (call init_process_group() first)"
+            )
+        overrides = _heap_size_env()
+        saved = {k: os.environ.get(k) for k in overrides}
+        os.environ.update(overrides)
+        try:
+            handle = shmem.acquire_shmem()
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+        try:
+            debug = shmem.debug_state()
+            world = dist.get_world_size()
+            slot_bytes, staging_bytes = _workspace_layout(debug["heap_size"], world)
+            workspace = shmem.empty(_SLOTS * slot_bytes, dtype=torch.uint8, alignment=_ALIGN)
+        except BaseException:
+            handle.close()
+            raise
+        workspace.zero_()  # the heap may hand out memory an earlier allocation left signals in
+        shmem.barrier()
+        _state = _State(
+            handle=handle,
+            workspace=workspace,
+            slot_bytes=slot_bytes,
+            staging_bytes=staging_bytes,
+            heap_base=debug["heap_base"],
+            heap_end=debug["heap_base"] + debug["heap_size"],
+        )
+        channel(None)  # WORLD's channel exists from the start, so that send/recv on WORLD need no collective first
+        return _state
+
+
+def active() -> Optional[_State]:
+    """The state if the runtime was acquired, else None (never acquires)."""
+    return _state
+
+
+def shutdown() -> None:
+    """Frees the workspace and releases this API's runtime reference (collective over WORLD)."""
+    global _state
+    with _lock:
+        if _state is None:
+            return
+        current = _state
+        shmem.free(current.workspace)
+        _state = None
+        current.handle.close()
+
+
+def group_pes(group: Optional[dist.ProcessGroup]) -> tuple:
+    """The root ranks (PEs) of a group's ranks, in group-rank order; cached per group.
+
+    Raises:
+        TypeError: ``group`` is not a ProcessGroup.
+        ValueError: the group does not contain this rank, or has a rank outside the root.
+        ShmemStateError: no runtime.
+    """
+    st = state()
+    if group is dist.group.WORLD:
+        group = None
+    pes = st.rank_maps.get(group)
+    if pes is not None:
+        return pes
+    root = root_info()
+    if root is None:
+        raise ShmemStateError("shmem runtime is not initialised: op=symmetric_memory")
+    if group is None:
+        pes = tuple(range(len(root.ranks)))
+    else:
+        if group is dist.GroupMember.NON_GROUP_MEMBER:  # what new_group returns on ranks outside the group
+            raise ValueError(f"`group` must contain this rank ({dist.get_rank()}), but got a group it is not a member of")
+        if not isinstance(group, dist.ProcessGroup):
+            raise TypeError(f"`group` must be a torch.distributed.ProcessGroup or None, but got {type(group).__name__}")
+        ranks = dist.get_process_group_ranks(group)
+        if dist.get_rank() not in ranks:
+            raise ValueError(f"`group` must contain this rank ({dist.get_rank()}), but got ranks {list(ranks)}")
+        outside = [r for r in ranks if r not in root.ranks]
+        if outside:
+            raise ValueError(
+                f"`group` must lie inside the SHMEM root {list(root.ranks)}, but got ranks {list(ranks)}"
+            )
+        pes = tuple(root.ranks.index(r) for r in ranks)
+    st.rank_maps[group] = pes
+    return pes
+
+
+def channel(group: Optional[dist.ProcessGroup]) -> GroupChannel:
+    """The group's channel, registering the group on first use (collective over the group).
+
+    Registration agrees on a workspace slot and checks that the group lives on one machine.
+
+    Raises:
+        ValueError: the group spans machines, or does not contain this rank.
+        ShmemStateError: every slot of the workspace is taken.
+    """
+    st = state()
+    if group is dist.group.WORLD:
+        group = None
+    ch = st.channels.get(group)
+    if ch is not None:
+        return ch
+    with _lock:
+        pes = group_pes(group)
+        world = dist.get_world_size()
+        me = pes.index(root_info().rank)
+        torch_group = group if group is not None else dist.group.WORLD
+        proposals: list = [None] * len(pes)
+        dist.all_gather_object(proposals, (st.next_free_slot, socket.gethostname()), group=torch_group)
+        hosts = sorted({host for _, host in proposals})
+        if len(hosts) > 1:
+            raise ValueError(
+                f"`group` must lie on one machine (symmetric memory is node-local), but got hosts {hosts}"
+            )
+        slot = max(next_free for next_free, _ in proposals)
+        if slot >= _SLOTS:
+            raise ShmemStateError(
+                f"every workspace slot is taken by another group: slots={_SLOTS} group_ranks={list(pes)}"
+            )
+        st.next_free_slot = slot + 1
+        memory = st.workspace[slot * st.slot_bytes:(slot + 1) * st.slot_bytes]
+        ch = GroupChannel(pes, me, memory, world, st.staging_bytes, whole_root=group is None)
+        st.channels[group] = ch
+        return ch
+
+
+def registered_channel(group: Optional[dist.ProcessGroup], op: str) -> GroupChannel:
+    """The channel of a group that already ran a collective (point-to-point calls cannot register one).
+
+    Raises:
+        ShmemStateError: the group has no channel yet.
+    """
+    st = state()
+    key = None if group is dist.group.WORLD else group
+    ch = st.channels.get(key)
+    if ch is None:
+        group_pes(group)  # argument errors first
+        raise ShmemStateError(
+            f"group has no symmetric-memory channel yet: op={op} group_ranks={list(dist.get_process_group_ranks(group))} "
+            "(run symm.barrier(group) on all its ranks once before point-to-point calls)"
+        )
+    return ch
+
+
+def is_symmetric(t: torch.Tensor) -> bool:
+    """Whether a tensor lies in the symmetric heap (its peers' copies are addressable)."""
+    st = _state
+    if st is None:
+        return False
+    ptr = t.data_ptr()
+    return st.heap_base <= ptr < st.heap_end

@@ -1,0 +1,268 @@
+"""System tests of the user API's primitives, groups, examples and argument checks (real ranks, gloo groups).
+
+* the examples: seed 000's example 1 (only the device changed) and the push/pull example, run as written;
+* primitives with int and one-element tensor offsets, get's direction, every signal and compare op;
+* groups: group-local ranks, overlapping DP {0,1},{2,3} and TP {0,2},{1,3} groups in use at once, on two
+  streams at once, and mixed with torch.distributed collectives on the other group in the same step;
+* every bad argument raises ValueError/TypeError in the project's form and writes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import socket
+from unittest import mock
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import hyper_parallel.core.symmetric_memory as symm
+from hyper_parallel.core.multicore import shmem
+from st_cases import expect_error, restored_env, run_case
+from symm_cases import gathered, rank_input, symm_session
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_ENV = {"HYPER_PARALLEL_SHMEM_HEAP_SIZE": "64M", "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC": "30"}
+SET, ADD = 0, 1
+EQ, GT, LT, NE, GE, LE = range(6)
+
+
+# --------------------------------------------------------------------------
+# Cases (run in the ranks).
+# --------------------------------------------------------------------------
+
+
+def _case_example(name: str) -> None:
+    runpy.run_path(os.path.join(_REPO, "examples", name), run_name="__main__")
+    assert shmem.debug_state()["state"] == "uninitialized"
+
+
+def _case_primitives() -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    peer = (rank + 1) % world
+    with symm_session() as empty:
+        buf = empty((world, 8), torch.int64)
+        buf.fill_(-1)
+        sig = empty(4, torch.int32)
+        sig.zero_()
+        symm.barrier()
+        row = torch.arange(8, dtype=torch.int64) + 100 * rank
+        # Tensor offsets (seed 000) for the first half, ints for the second.
+        symm.shmem_put(buf, torch.tensor([rank * 8]), row, torch.tensor([0]), torch.tensor([4]), peer)
+        symm.shmem_put(buf, rank * 8 + 4, row, 4, 4, torch.tensor(peer))
+        symm.shmem_signal_op(sig, 0, 1, ADD, peer)
+        symm.shmem_wait_for_signal(buf, sig, 0, 1, EQ)
+        left = (rank - 1) % world
+        assert torch.equal(buf[left], torch.arange(8, dtype=torch.int64) + 100 * left)
+        symm.barrier()
+        # Every compare op, against a signal the peer sets.
+        symm.shmem_signal_op(sig, 1, torch.tensor([5], dtype=torch.int32), SET, peer)
+        for op, value in [(EQ, 5), (GT, 4), (LT, 6), (NE, 0), (GE, 5), (LE, 5)]:
+            symm.shmem_wait_for_signal(None, sig, torch.tensor([1]), value, op)
+        # put_with_signal: the data is there when the signal is.
+        symm.shmem_put_with_signal(buf, rank * 8, row * 2, 0, 8, sig, 2, 7, SET, peer)
+        symm.shmem_wait_for_signal(buf, sig, 2, 7, EQ)
+        assert torch.equal(buf[left], (torch.arange(8, dtype=torch.int64) + 100 * left) * 2)
+        symm.barrier()
+
+
+def _case_get_direction() -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    with symm_session() as empty:
+        src = empty(16, torch.float32)
+        src.copy_(torch.arange(16.0) + 1000 * rank)
+        symm.barrier()
+        for target_rank in range(world):
+            got = torch.zeros(16)
+            symm.shmem_get(got, 4, src, 2, 10, target_rank)
+            expected = torch.zeros(16)
+            expected[4:14] = torch.arange(2.0, 12.0) + 1000 * target_rank
+            assert torch.equal(got, expected), f"from {target_rank}"
+        symm.barrier()
+
+
+def _case_group_local_ranks() -> None:
+    rank = dist.get_rank()
+    odd = dist.new_group([1, 3])
+    even = dist.new_group([0, 2])
+    mine = odd if rank % 2 else even
+    with symm_session() as empty:
+        buf = empty(4, torch.int64)
+        buf.zero_()
+        symm.barrier()
+        if rank in (0, 1):  # group rank 0 writes to group rank 1 of its own group: global rank 2 or 3
+            symm.shmem_put(buf, 0, torch.full((4,), rank + 10, dtype=torch.int64), 0, 4, 1, group=mine)
+        symm.barrier()
+        expected = {2: 10, 3: 11}.get(rank, 0)
+        assert buf.eq(expected).all(), (rank, buf)
+        expect_error(ValueError, lambda: symm.shmem_put(buf, 0, buf, 0, 1, 2, group=mine),
+                     "`target_rank` must be in [0, 2), but got 2")
+        symm.barrier()
+
+
+def _case_overlapping_groups(use_streams: bool, mix_torch: bool) -> None:
+    rank = dist.get_rank()
+    dp = [dist.new_group([0, 1]), dist.new_group([2, 3])][rank // 2]
+    tp = [dist.new_group([0, 2]), dist.new_group([1, 3])][rank % 2]
+    with symm_session():
+        symm.barrier()  # acquires the runtime (streams need it) and registers WORLD
+        for step in range(3):
+            for count in (5, 70_001):
+                grads = rank_input(rank, count, torch.float32, salt=step)
+                acts = rank_input(rank, count, torch.int64, salt=step + 7)
+                ref_grads = grads.clone()
+                dist.all_reduce(ref_grads, group=dp)
+                ref_acts = torch.cat(gathered(acts, tp))
+                out = torch.empty(2 * count, dtype=torch.int64)
+                if use_streams:
+                    s1, s2 = shmem.Stream(), shmem.Stream()
+                    with shmem.stream(s1):
+                        symm.shmem_allreduce(grads, group=dp)
+                    with shmem.stream(s2):
+                        symm.shmem_allgather(out, acts, group=tp)
+                    s1.synchronize()
+                    s2.synchronize()
+                    s1.destroy()
+                    s2.destroy()
+                elif mix_torch:  # symm on DP, torch.distributed on TP, in the same step
+                    symm.shmem_allreduce(grads, group=dp)
+                    dist.all_gather_into_tensor(out, acts, group=tp)
+                else:
+                    symm.shmem_allreduce(grads, group=dp)
+                    symm.shmem_allgather(out, acts, group=tp)
+                assert torch.equal(grads, ref_grads), f"dp all_reduce, step {step}"
+                assert torch.equal(out, ref_acts), f"tp all_gather, step {step}"
+
+
+def _case_bad_arguments() -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    with symm_session() as empty:
+        buf = empty(8, torch.float32)
+        buf.fill_(1.0)
+        sig = empty(2, torch.int32)
+        sig.zero_()
+        symm.barrier()
+        src = torch.full((8,), 5.0)
+        cases = [
+            (ValueError, lambda: symm.shmem_put(buf, 6, src, 0, 4, 0), "`target_offset + size` must be at most target.numel() (8), but got 6 + 4 = 10"),
+            (ValueError, lambda: symm.shmem_put(buf, 0, src, 7, 2, 0), "`src_offset + size` must be at most src.numel() (8)"),
+            (TypeError, lambda: symm.shmem_put(buf, 0, src.double(), 0, 2, 0), "`src` must have the dtype of `target` (torch.float32), but got torch.float64"),
+            (ValueError, lambda: symm.shmem_put(buf, -1, src, 0, 2, 0), "`target_offset` must be non-negative, but got -1"),
+            (TypeError, lambda: symm.shmem_put(buf, 0.5, src, 0, 2, 0), "`target_offset` must be an int or a one-element integer tensor, but got float"),
+            (TypeError, lambda: symm.shmem_put(buf, torch.tensor([0, 1]), src, 0, 2, 0), "`target_offset` must be an int or a one-element integer tensor"),
+            (ValueError, lambda: symm.shmem_put(buf, 0, src, 0, 2, world), f"`target_rank` must be in [0, {world}), but got {world}"),
+            (ValueError, lambda: symm.shmem_put(src, 0, src, 0, 2, 0), "`target` must be a symmetric tensor from symm.empty, but got an ordinary tensor"),
+            (TypeError, lambda: symm.shmem_signal_op(buf, 0, 1, SET, 0), "`signal` must have dtype torch.int32 or torch.int64, but got torch.float32"),
+            (ValueError, lambda: symm.shmem_signal_op(sig, 2, 1, SET, 0), "`signal_offset + size` must be at most signal.numel() (2)"),
+            (ValueError, lambda: symm.shmem_signal_op(sig, 0, 1, 2, 0), "`signal_op` must be one of 0 (SET), 1 (ADD), but got 2"),
+            (ValueError, lambda: symm.shmem_wait_for_signal(buf, sig, 0, 1, 6), "`compare_op` must be one of 0 (EQ)"),
+            (ValueError, lambda: symm.shmem_allreduce(torch.ones(3), op="prod"), "`op` must be one of 'sum', 'avg', 'max', 'min', but got 'prod'"),
+            (ValueError, lambda: symm.shmem_allreduce(torch.ones(3, dtype=torch.int32), op="avg"), "`op` must be 'sum', 'max' or 'min' for the integer dtype torch.int32, but got 'avg'"),
+            (TypeError, lambda: symm.shmem_allreduce(torch.ones(3, dtype=torch.complex64)), "`tensor` must have one of dtypes"),
+            (ValueError, lambda: symm.shmem_allreduce(torch.ones(4, 4).t()), "`tensor` must be contiguous"),
+            (ValueError, lambda: symm.shmem_allgather(torch.empty(world * 3 + 1), torch.ones(3)), f"`output_tensor.numel()` must be {world} x input_tensor.numel() ({world * 3}), but got {world * 3 + 1}"),
+            (TypeError, lambda: symm.shmem_allgather(torch.empty(world * 3), torch.ones(3, dtype=torch.int32)), "`input_tensor` must have the dtype of `output_tensor`"),
+            (ValueError, lambda: symm.shmem_reduce_scatter(torch.empty(2), torch.ones(world * 2 + 1)), f"`input_tensor.numel()` must be {world} x output_tensor.numel() ({world * 2}), but got {world * 2 + 1}"),
+            (ValueError, lambda: symm.shmem_alltoall([torch.ones(1)] * (world + 1), torch.empty(world), [1] * world), f"`send_tensor_list` must have one tensor per rank of the group ({world}), but got {world + 1}"),
+            (ValueError, lambda: symm.shmem_alltoall([torch.ones(1)] * world, torch.empty(world), [1] * (world - 1)), f"`receive_list` must have one count per rank of the group ({world}), but got {world - 1}"),
+            (ValueError, lambda: symm.shmem_alltoall([torch.ones(1)] * world, torch.empty(world - 1), [1] * world), f"`sum(receive_list)` must be at most receive_tensor.numel() ({world - 1}), but got {world}"),
+            (ValueError, lambda: symm.shmem_send(torch.ones(2), rank), f"`dst_rank` must be another rank than this one ({rank}), but got {rank}"),
+            (TypeError, lambda: symm.shmem_allreduce(torch.ones(2), group="dp"), "`group` must be a torch.distributed.ProcessGroup or None, but got str"),
+        ]
+        for exc, fn, needle in cases:
+            expect_error(exc, fn, needle)
+        assert buf.eq(1.0).all() and sig.eq(0).all(), "a rejected call wrote"
+        symm.barrier()
+        # Counts that disagree between sender and receiver: every rank raises the same error, nothing is written.
+        out = torch.full((world + 1,), -3.0)
+        counts = [1] * world
+        if rank == 0:
+            counts[world - 1] = 2
+        message = expect_error(ValueError, lambda: symm.shmem_alltoall([torch.ones(1)] * world, out, counts),
+                               f"`send_tensor_list[0]` of rank {world - 1} must have the 2 elements rank 0 expects")
+        assert out.eq(-3.0).all(), "a rejected all_to_all wrote"
+        assert gathered(torch.tensor([len(message)]))  # every rank got here (none hangs)
+        # A message of the wrong size is drained and reported; the next one still arrives.
+        if rank == 0:
+            symm.shmem_send(torch.ones(5), 1)
+            symm.shmem_send(torch.full((2,), 4.0), 1)
+        elif rank == 1:
+            small = torch.zeros(3)
+            expect_error(ValueError, lambda: symm.shmem_recv(small, 0), "`tensor` must have the 20 bytes rank 0 sent, but got 12 bytes")
+            assert small.eq(0).all()
+            good = torch.zeros(2)
+            symm.shmem_recv(good, 0)
+            assert good.eq(4.0).all()
+        symm.barrier()
+
+
+def _case_group_checks() -> None:
+    rank = dist.get_rank()
+    pair = dist.new_group([0, 1])
+    with symm_session():
+        if rank in (0, 1):
+            # send/recv need a channel, which only a collective of the whole group can create.
+            expect_error(shmem.ShmemStateError, lambda: symm.shmem_send(torch.ones(1), 1 - rank, group=pair),
+                         "group has no symmetric-memory channel yet: op=shmem_send group_ranks=[0, 1]")
+            # A group spanning machines is refused on every member.
+            host = socket.gethostname() + ("-elsewhere" if rank == 1 else "")
+            with mock.patch("socket.gethostname", return_value=host):
+                expect_error(ValueError, lambda: symm.barrier(group=pair),
+                             "`group` must lie on one machine (symmetric memory is node-local), but got hosts")
+        else:
+            expect_error(ValueError, lambda: symm.shmem_allreduce(torch.ones(1), group=pair),
+                         f"`group` must contain this rank ({rank}), but got a group it is not a member of")
+
+
+def _case_heap_alias() -> None:
+    with restored_env("SYMMETRIC_MEMORY_HEAP_SIZE"), restored_env("HYPER_PARALLEL_SHMEM_HEAP_SIZE"):
+        os.environ.pop("HYPER_PARALLEL_SHMEM_HEAP_SIZE", None)
+        os.environ["SYMMETRIC_MEMORY_HEAP_SIZE"] = "48M"
+        with symm_session() as empty:
+            empty(1, torch.int32)
+            assert shmem.debug_state()["heap_size"] == 48 << 20
+        os.environ["HYPER_PARALLEL_SHMEM_HEAP_SIZE"] = "32M"
+        expect_error(ValueError, lambda: symm.empty(1, torch.int32),
+                     "`SYMMETRIC_MEMORY_HEAP_SIZE` must equal `HYPER_PARALLEL_SHMEM_HEAP_SIZE` when both are set, "
+                     "but got '48M' and '32M'")
+        assert shmem.debug_state()["state"] == "uninitialized"
+
+
+# --------------------------------------------------------------------------
+# Tests.
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,nranks", [("symm_producer_consumer.py", 2), ("symm_push_pull.py", 4)])
+def test_examples_run_as_written(world_factory, name: str, nranks: int) -> None:
+    run_case(world_factory(nranks, _ENV), _case_example, name)
+
+
+@pytest.mark.parametrize("nranks", [1, 2, 3])
+def test_primitives(world_factory, nranks: int) -> None:
+    run_case(world_factory(nranks, _ENV), _case_primitives)
+    run_case(world_factory(nranks, _ENV), _case_get_direction)
+
+
+def test_group_local_ranks(world_factory) -> None:
+    run_case(world_factory(4, _ENV), _case_group_local_ranks)
+
+
+@pytest.mark.parametrize("use_streams,mix_torch", [(False, False), (True, False), (False, True)])
+def test_overlapping_dp_and_tp_groups(world_factory, use_streams: bool, mix_torch: bool) -> None:
+    run_case(world_factory(4, _ENV), _case_overlapping_groups, use_streams, mix_torch, timeout=120)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_bad_arguments_write_nothing(world_factory, nranks: int) -> None:
+    run_case(world_factory(nranks, _ENV), _case_bad_arguments)
+
+
+def test_group_checks(world_factory) -> None:
+    run_case(world_factory(4, _ENV), _case_group_checks)
+
+
+def test_heap_size_alias(world_factory) -> None:
+    run_case(world_factory(2, _ENV), _case_heap_alias)
