@@ -4,11 +4,11 @@ NPROC_DEMO ?= 4
 BUILD_CPP := build/cpp
 BUILD_SAN := build/cpp-sanitize
 
-.PHONY: deps install demo test test-cpp test-cpp-sanitize test-py clean
+.PHONY: deps install demo perf test test-cpp test-cpp-sanitize test-py clean
 
 # Build and test requirements: torch's CPU build, the Python build tools, and googletest from Debian.
 deps:
-	$(PYTHON) -m pip install --quiet "torch==2.13.0" "scikit-build-core>=0.10" "pybind11>=2.12" ninja "pytest>=8"
+	$(PYTHON) -m pip install --quiet "torch==2.13.0" "scikit-build-core>=0.10" "pybind11>=2.12" ninja "pytest>=8" matplotlib
 	@if [ ! -f /usr/include/gtest/gtest.h ]; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgtest-dev cmake; \
 	fi
@@ -18,6 +18,10 @@ install: deps
 
 demo: install
 	cd examples && HYPER_PARALLEL_SHMEM_HEAP_SIZE=64M $(PYTHON) -m torch.distributed.run --standalone --nproc-per-node $(NPROC_DEMO) ring_demo.py
+
+# The README's performance table and plot: every op, 8 B to 64 MiB, ours beside gloo (docs/perf.md).
+perf: install
+	$(PYTHON) -m hyper_parallel.perf --op all --nproc 2 -b 8 -e 64M -f 2 --json perf.json --plot perf.png
 
 test: install test-cpp test-cpp-sanitize test-py
 

@@ -13,6 +13,7 @@ constexpr const char* kHeapSizeVar = "HYPER_PARALLEL_SHMEM_HEAP_SIZE";
 constexpr const char* kTimeoutVar = "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC";
 constexpr const char* kLogLevelVar = "HYPER_PARALLEL_SHMEM_LOG_LEVEL";
 constexpr const char* kDeviceVar = "HYPER_PARALLEL_SHMEM_DEVICE";
+constexpr const char* kTlsInfoVar = "HYPER_PARALLEL_SHMEM_TLS_INFO";
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 constexpr std::size_t kTiB = std::size_t{1} << 40;
@@ -91,8 +92,8 @@ Result<LogLevel> ParseLogLevel(const std::string& text) {
 
 Result<std::string> ParseDevice(const std::string& text) {
   const std::string value = Trim(text);
-  if (value == "host") return value;
-  return InvalidArgument(Broken(kDeviceVar, "one of host", Quoted(text)));
+  if (value == "host" || value == "ascend") return value;
+  return InvalidArgument(Broken(kDeviceVar, "one of host, ascend", Quoted(text)));
 }
 
 }  // namespace
@@ -162,6 +163,7 @@ Result<Config> ParseConfig(const EnvLookup& env) {
   if (auto text = env(kDeviceVar)) {
     HP_ASSIGN_OR_RETURN(config.device, ParseDevice(*text));
   }
+  if (auto text = env(kTlsInfoVar)) config.tls_info = *text;   // CANN parses it; an empty value means TLS off
   return config;
 }
 

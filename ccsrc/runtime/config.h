@@ -21,6 +21,9 @@ struct Config {
   double timeout_sec = kDefaultTimeoutSec;    // HYPER_PARALLEL_SHMEM_TIMEOUT_SEC
   LogLevel log_level = LogLevel::kWarning;    // HYPER_PARALLEL_SHMEM_LOG_LEVEL (0 debug .. 3 error)
   std::string device = "host";                // HYPER_PARALLEL_SHMEM_DEVICE
+  // HYPER_PARALLEL_SHMEM_TLS_INFO: TLS settings of CANN SHMEM's config store (ascend device). Empty: TLS off.
+  // Not in ToString: it names key material.
+  std::string tls_info;
 
   // One "key=value" per field, space separated (for logs and debug_state).
   std::string ToString() const;
@@ -38,7 +41,8 @@ EnvLookup ProcessEnv();
 //                At least 1 MiB, at most 1 TiB.
 //   TIMEOUT_SEC: a positive decimal number of seconds (fractions allowed), at most 86400.
 //   LOG_LEVEL:   one of 0, 1, 2, 3, or DEBUG, INFO, WARNING, ERROR (case-insensitive).
-//   DEVICE:      "host" (the only device built into every wheel).
+//   DEVICE:      "host" (built into every wheel) or "ascend" (CANN SHMEM; needs a build with CANN).
+//   TLS_INFO:    any text, passed to CANN SHMEM as is; unset or empty turns the config store's TLS off.
 Result<Config> ParseConfig(const EnvLookup& env);
 
 // Parses a byte count with the suffixes above; `name` is used in the error message.

@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "ops/reduce_op.h"
 #include "runtime/bootstrap.h"
 #include "runtime/status.h"
 
@@ -36,6 +38,11 @@ struct DeviceInitArgs {
 // Keeps the buffers of an enqueued operation alive until it has run (e.g. torch tensors).
 using KeepAlive = std::shared_ptr<const void>;
 
+class Device;
+
+// OK when [address, address + bytes) lies inside `device`'s own heap; otherwise the broken contract, naming `what`.
+Status CheckInOwnHeap(const Device& device, const void* address, std::size_t bytes, const char* what);
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -56,6 +63,13 @@ class Device {
   virtual std::uintptr_t heap_base() const = 0;
   virtual std::size_t heap_size() const = 0;
 
+  // Local copies between host memory and this rank's own heap, for the runtime's own records. The heap may be
+  // device memory that the host cannot dereference (an NPU's): these are the only way the host reads or writes it.
+  // Synchronous, and not ordered with stream work: the caller makes sure nothing enqueued touches the range.
+  // `symmetric_*` must lie inside this rank's heap; zero bytes are a no-op.
+  virtual Status CopyToHeap(void* symmetric_dst, const void* host_src, std::size_t bytes) = 0;
+  virtual Status CopyFromHeap(void* host_dst, const void* symmetric_src, std::size_t bytes) = 0;
+
   // Largest byte count one Put/Get call may carry; 0 means no limit. The runtime splits larger transfers.
   virtual std::size_t max_transfer_bytes() const = 0;
 
@@ -72,6 +86,11 @@ class Device {
   // Waits until the local signal compares true against `value`, at most the configured timeout.
   virtual Status WaitSignal(void* symmetric_signal, SignalWidth width, CompareOp cmp, std::int64_t value,
                             StreamHandle stream) = 0;
+  // Reduces one heap range across `pes` into local memory: dst[i] = op over pe in `pes` of symmetric_src[i] as
+  // it is on pe, for `count` elements of `dtype`. `dst` may be `symmetric_src` itself (in place); every other
+  // range of `dst` must not overlap a source. The caller orders it after the peers' writes (signals).
+  virtual Status Reduce(void* dst, const void* symmetric_src, std::size_t count, DataType dtype, ReduceOp op,
+                        const std::vector<int>& pes, StreamHandle stream, KeepAlive keep) = 0;
   // Every rank reaches the barrier and everything enqueued before it (on every rank) is complete and visible.
   virtual Status Barrier(StreamHandle stream) = 0;
 

@@ -1,7 +1,5 @@
 #include "runtime/runtime.h"
 
-#include <cstring>
-
 #include "runtime/interrupt.h"
 #include "runtime/logging.h"
 #include "runtime/transfer.h"
@@ -31,8 +29,23 @@ const char* CompareOpName(CompareOp op) {
   return "?";
 }
 
+Status CheckInOwnHeap(const Device& device, const void* address, std::size_t bytes, const char* what) {
+  const std::uintptr_t base = device.heap_base();
+  const std::uintptr_t end = base + device.heap_size();
+  const auto from = reinterpret_cast<std::uintptr_t>(address);
+  if (from >= base && from <= end && bytes <= end - from) return Status::Ok();
+  return InvalidArgument(std::string("`") + what + "` must lie inside this rank's symmetric heap [" + Hex(base) + "," +
+                         Hex(end) + "), but got [" + Hex(from) + "," + Hex(from + bytes) + ")");
+}
+
 namespace {
 bool IsPowerOfTwo(std::size_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+Status CheckSameBytes(std::size_t dst_bytes, std::size_t src_bytes) {
+  if (src_bytes == dst_bytes) return Status::Ok();
+  return InvalidArgument("`src` must have as many bytes as `dst` (" + std::to_string(dst_bytes) + "), but got " +
+                         std::to_string(src_bytes));
+}
 
 std::string DescribeAllocation(const AllocationInfo& info) {
   return "allocation_id=" + std::to_string(info.id) + " base=" + Hex(info.base) + " bytes=" + std::to_string(info.bytes);
@@ -95,12 +108,18 @@ Status Runtime::Init(const Config& config, std::unique_ptr<Device> device, Boots
   HP_RETURN_IF_ERROR(Record(device->Init(args, bootstrap)));
 
   // The check records live in symmetric memory of their own: the first allocation, identical on every rank.
-  auto control = device->Allocate(2 * static_cast<std::size_t>(world_size) * sizeof(CheckRecord), 64);
-  if (!control.ok()) {
-    (void)device->Finalize();
-    return Record(control.status());
+  const std::size_t control_bytes = 2 * static_cast<std::size_t>(world_size) * sizeof(CheckRecord);
+  auto control = device->Allocate(control_bytes, 64);
+  Status cleared = control.status();
+  if (cleared.ok()) {
+    // The heap may be device memory: the records are cleared through the device, never by the host directly.
+    const std::vector<char> zeros(control_bytes);
+    cleared = device->CopyToHeap(control.value(), zeros.data(), control_bytes);
   }
-  std::memset(control.value(), 0, 2 * static_cast<std::size_t>(world_size) * sizeof(CheckRecord));
+  if (!cleared.ok()) {
+    (void)device->Finalize();
+    return Record(cleared);
+  }
 
   rank_ = rank;
   world_size_ = world_size;
@@ -143,13 +162,16 @@ Result<std::vector<Runtime::CheckRecord>> Runtime::Exchange(CheckRecord mine) {
   // Two slots alternate: a rank writes slot s only after the barrier of the previous exchange, which every rank
   // passes only after reading slot s of the exchange before that.
   const std::size_t slot = mine.sequence & 1;
-  auto* records = static_cast<CheckRecord*>(control_);
-  CheckRecord* my_slot = records + slot * world_size_ + rank_;
-  // Through TransferChunks like every other transfer: the device may carry fewer bytes per call than the records.
+  char* slot_base = static_cast<char*>(control_) + slot * static_cast<std::size_t>(world_size_) * sizeof(CheckRecord);
+  char* my_slot = slot_base + static_cast<std::size_t>(rank_) * sizeof(CheckRecord);
+  // The heap may be device memory, which the host cannot touch and device copies need on both sides: the record
+  // enters this rank's own slot by a local copy, then travels from there into the same slot of every peer.
+  HP_RETURN_IF_ERROR(device_->CopyToHeap(my_slot, &mine, sizeof(mine)));
   for (int pe = 0; pe < world_size_; ++pe) {
+    if (pe == rank_) continue;
+    // Through TransferChunks like every other transfer: the device may carry fewer bytes per call than a record.
     HP_RETURN_IF_ERROR(TransferChunks(sizeof(mine), [&](std::size_t offset, std::size_t n) {
-      return device_->Put(reinterpret_cast<char*>(my_slot) + offset, reinterpret_cast<const char*>(&mine) + offset, n,
-                          pe, kDefaultStream, nullptr);
+      return device_->Put(my_slot + offset, my_slot + offset, n, pe, kDefaultStream, nullptr);
     }));
   }
   Status arrived = device_->Barrier(kDefaultStream);
@@ -158,11 +180,7 @@ Result<std::vector<Runtime::CheckRecord>> Runtime::Exchange(CheckRecord mine) {
                                       " " + Describe(mine) + " (" + arrived.message() + ")");
   }
   std::vector<CheckRecord> all(static_cast<std::size_t>(world_size_));
-  const char* slot_base = reinterpret_cast<const char*>(records + slot * world_size_);
-  HP_RETURN_IF_ERROR(TransferChunks(all.size() * sizeof(CheckRecord), [&](std::size_t offset, std::size_t n) {
-    return device_->Get(reinterpret_cast<char*>(all.data()) + offset, slot_base + offset, n, rank_, kDefaultStream,
-                        nullptr);
-  }));
+  HP_RETURN_IF_ERROR(device_->CopyFromHeap(all.data(), slot_base, all.size() * sizeof(CheckRecord)));
   for (int r = 0; r < world_size_; ++r) {
     if (all[static_cast<std::size_t>(r)].sequence != mine.sequence) {
       return Mismatch("ranks are not in the same collective: rank=" + std::to_string(rank_) + " " + Describe(mine) +
@@ -308,10 +326,7 @@ Status Runtime::CheckTransfer(const char* op, int pe, std::size_t dst_bytes, std
                               const void* symmetric, const char* symmetric_name) const {
   HP_RETURN_IF_ERROR(RequireInitialized(op));
   HP_RETURN_IF_ERROR(CheckPe(pe, "pe"));
-  if (src_bytes != dst_bytes) {
-    return InvalidArgument("`src` must have as many bytes as `dst` (" + std::to_string(dst_bytes) + "), but got " +
-                           std::to_string(src_bytes));
-  }
+  HP_RETURN_IF_ERROR(CheckSameBytes(dst_bytes, src_bytes));
   return ResolveSymmetric(symmetric, dst_bytes, symmetric_name).status();
 }
 
@@ -358,6 +373,48 @@ Status Runtime::WaitSignal(const void* symmetric_signal, SignalWidth width, Comp
   HP_RETURN_IF_ERROR(Record(RequireInitialized("wait_signal")));
   HP_RETURN_IF_ERROR(Record(CheckSignal(symmetric_signal, width)));
   return Record(device_->WaitSignal(const_cast<void*>(symmetric_signal), width, cmp, value, stream));
+}
+
+Status Runtime::CheckReduce(const void* dst, std::size_t dst_bytes, const void* symmetric_src, std::size_t src_bytes,
+                            DataType dtype, ReduceOp op, const std::vector<int>& pes) const {
+  HP_RETURN_IF_ERROR(RequireInitialized("reduce"));
+  if (pes.empty()) return InvalidArgument("`pes` must name at least one pe, but got none");
+  for (std::size_t i = 0; i < pes.size(); ++i) {
+    if (!CheckPe(pes[i], "pes").ok()) return CheckPe(pes[i], ("pes[" + std::to_string(i) + "]").c_str());
+    for (std::size_t j = 0; j < i; ++j) {
+      if (pes[j] == pes[i]) {
+        return InvalidArgument("`pes` must be distinct, but got " + std::to_string(pes[i]) + " at positions " +
+                               std::to_string(j) + " and " + std::to_string(i));
+      }
+    }
+  }
+  HP_RETURN_IF_ERROR(CheckSameBytes(dst_bytes, src_bytes));
+  const std::size_t element = DataTypeSize(dtype);
+  if (src_bytes % element != 0) {
+    return InvalidArgument(std::string("`src` must hold whole ") + DataTypeName(dtype) + " elements (" +
+                           std::to_string(element) + " bytes each), but got " + std::to_string(src_bytes) + " bytes");
+  }
+  if (op == ReduceOp::kAvg && !IsFloatingPoint(dtype)) {
+    return InvalidArgument(std::string("`op` must be sum, max or min for ") + DataTypeName(dtype) + ", but got avg");
+  }
+  HP_RETURN_IF_ERROR(ResolveSymmetric(symmetric_src, src_bytes, "src").status());
+  const auto to = reinterpret_cast<std::uintptr_t>(dst);
+  const auto from = reinterpret_cast<std::uintptr_t>(symmetric_src);
+  if (to != from && to < from + src_bytes && from < to + dst_bytes) {
+    // In place works because a block of dst is written after its sources are read; a shifted dst would read
+    // what it has already written.
+    return InvalidArgument("`dst` must be `src` itself or not overlap it, but got bytes [" + Hex(to) + "," +
+                           Hex(to + dst_bytes) + ") against src [" + Hex(from) + "," + Hex(from + src_bytes) + ")");
+  }
+  return Status::Ok();
+}
+
+Status Runtime::Reduce(void* dst, std::size_t dst_bytes, const void* symmetric_src, std::size_t src_bytes,
+                       DataType dtype, ReduceOp op, const std::vector<int>& pes, StreamHandle stream, KeepAlive keep) {
+  HP_RETURN_IF_ERROR(Record(CheckReduce(dst, dst_bytes, symmetric_src, src_bytes, dtype, op, pes)));
+  if (dst_bytes == 0) return Status::Ok();
+  return Record(device_->Reduce(dst, symmetric_src, dst_bytes / DataTypeSize(dtype), dtype, op, pes, stream,
+                                std::move(keep)));
 }
 
 Status Runtime::Barrier(StreamHandle stream) {

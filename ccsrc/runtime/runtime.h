@@ -93,6 +93,11 @@ class Runtime {
   Status WaitSignal(const void* symmetric_signal, SignalWidth width, CompareOp cmp, std::int64_t value,
                     StreamHandle stream);
   Status Barrier(StreamHandle stream);
+  // dst[i] = op over pe in `pes` of symmetric_src[i] as it is on pe (distinct pes, in their order: it matters to
+  // floating-point sums). `dst` is local memory: symmetric_src itself (in place) or outside it. The caller orders
+  // it after the peers' writes; an in-place reduction overwrites what peers may still read.
+  Status Reduce(void* dst, std::size_t dst_bytes, const void* symmetric_src, std::size_t src_bytes, DataType dtype,
+                ReduceOp op, const std::vector<int>& pes, StreamHandle stream, KeepAlive keep);
   // output (symmetric) receives world_size * input_bytes: rank r's input at r * input_bytes, on every rank.
   Status AllGather(const void* symmetric_output, std::size_t output_bytes, const void* input, std::size_t input_bytes,
                    StreamHandle stream, KeepAlive keep);
@@ -129,6 +134,9 @@ class Runtime {
   // The checks shared by Put and Get: state, pe, equal byte counts, the symmetric side inside an allocation.
   Status CheckTransfer(const char* op, int pe, std::size_t dst_bytes, std::size_t src_bytes, const void* symmetric,
                        const char* symmetric_name) const;
+  // Every contract of Reduce but the device's own.
+  Status CheckReduce(const void* dst, std::size_t dst_bytes, const void* symmetric_src, std::size_t src_bytes,
+                     DataType dtype, ReduceOp op, const std::vector<int>& pes) const;
   // Waits for every stream of this rank before a collective check.
   void QuiesceBeforeCollective();
   // Publishes `mine` to every rank and returns every rank's record (index = rank).

@@ -181,13 +181,28 @@ TEST(ConfigTest, LogLevelBadValues) {
 }
 
 TEST(ConfigTest, DeviceValues) {
-  Result<Config> good = ParseOne(kDevice, "host");
-  ASSERT_TRUE(good.ok());
-  EXPECT_EQ(good->device, "host");
-  for (const char* text : {"npu", "", "cuda", "HOSTS"}) {
-    ExpectError(ParseOne(kDevice, text),
-                std::string("`HYPER_PARALLEL_SHMEM_DEVICE` must be one of host, but got '") + text + "'");
+  for (const char* text : {"host", "ascend", " ascend\n"}) {
+    Result<Config> good = ParseOne(kDevice, text);
+    ASSERT_TRUE(good.ok()) << "'" << text << "': " << good.status().ToString();
   }
+  EXPECT_EQ(ParseOne(kDevice, "host")->device, "host");
+  EXPECT_EQ(ParseOne(kDevice, " ascend\n")->device, "ascend");
+  for (const char* text : {"npu", "", "cuda", "HOSTS", "Ascend"}) {
+    ExpectError(ParseOne(kDevice, text),
+                std::string("`HYPER_PARALLEL_SHMEM_DEVICE` must be one of host, ascend, but got '") + text + "'");
+  }
+}
+
+TEST(ConfigTest, TlsInfoIsPassedOnAsIsAndUnsetMeansOff) {
+  Result<Config> unset = ParseConfig(FakeEnv({}));
+  ASSERT_TRUE(unset.ok());
+  EXPECT_EQ(unset->tls_info, "");
+  const std::string settings = "tls.enable=true;tls.ca.path=/etc/ca;";
+  Result<Config> set = ParseOne("HYPER_PARALLEL_SHMEM_TLS_INFO", settings.c_str());
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  EXPECT_EQ(set->tls_info, settings);
+  // Key material stays out of logs and debug_state.
+  EXPECT_EQ(set->ToString().find("tls"), std::string::npos);
 }
 
 TEST(ConfigTest, FirstBadVariableFailsTheWholeParse) {

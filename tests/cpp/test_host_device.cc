@@ -59,6 +59,10 @@ TEST(HostDeviceTest, NotInitialised) {
   char byte = 0;
   EXPECT_TRUE(HasError(device.Free(&byte), StatusCode::kStateError, "host device is not initialised: op=Free"));
   EXPECT_EQ(device.ReservedBytes(&byte), 0u);
+  EXPECT_TRUE(HasError(device.CopyToHeap(&byte, &byte, 1), StatusCode::kStateError,
+                       "host device is not initialised: op=CopyToHeap"));
+  EXPECT_TRUE(HasError(device.CopyFromHeap(&byte, &byte, 1), StatusCode::kStateError,
+                       "host device is not initialised: op=CopyFromHeap"));
   EXPECT_TRUE(IsOk(device.Quiesce()));
   EXPECT_TRUE(IsOk(device.Finalize()));
 }
@@ -155,6 +159,30 @@ TEST(HostDeviceTest, SymmetricHeapAndDataPlane) {
     ASSERT_TRUE(IsOk(device.Barrier(kDefaultStream)));
     EXPECT_TRUE(IsOk(device.Free(b.value())));
     EXPECT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
+TEST(HostDeviceTest, LocalCopiesStayInsideTheOwnHeap) {
+  RunRanks(2, [](int, Bootstrap& bootstrap) {
+    HostDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(bootstrap), bootstrap)));
+    auto buffer = device.Allocate(64, 64);
+    ASSERT_TRUE(buffer.ok());
+    const char text[] = "local copy";
+    ASSERT_TRUE(IsOk(device.CopyToHeap(At(buffer.value(), 4), text, sizeof(text))));
+    EXPECT_STREQ(static_cast<const char*>(At(buffer.value(), 4)), "local copy");   // host memory: the same bytes
+    char back[sizeof(text)] = {};
+    ASSERT_TRUE(IsOk(device.CopyFromHeap(back, At(buffer.value(), 4), sizeof(text))));
+    EXPECT_STREQ(back, "local copy");
+
+    const std::string heap = "must lie inside this rank's symmetric heap [" + Hex(device.heap_base()) + "," +
+                             Hex(device.heap_base() + device.heap_size()) + "), but got [";
+    EXPECT_TRUE(HasError(device.CopyToHeap(back, text, 4), StatusCode::kInvalidArgument, "`symmetric_dst` " + heap));
+    void* last = reinterpret_cast<void*>(device.heap_base() + device.heap_size() - 2);
+    EXPECT_TRUE(HasError(device.CopyFromHeap(back, last, 4), StatusCode::kInvalidArgument, "`symmetric_src` " + heap));
+    EXPECT_TRUE(IsOk(device.CopyFromHeap(back, last, 2)));   // the heap's last bytes
+    ASSERT_TRUE(IsOk(device.Free(buffer.value())));
+    ASSERT_TRUE(IsOk(device.Finalize()));
   });
 }
 

@@ -84,10 +84,13 @@ struct Faults {
   bool fail_init = false;
   bool fail_finalize = false;
   int fail_allocate_call = -1;         // index of the Allocate call that fails (0: the runtime's control block)
+  bool fail_copy_to_heap = false;
   std::size_t max_transfer_bytes = 0;
 
   std::mutex mu;
   int allocate_calls = 0;
+  int copies_to_heap = 0;
+  int copies_from_heap = 0;
   std::vector<Transfer> transfers;
   std::size_t largest_transfer = 0;
 
@@ -130,6 +133,21 @@ class FaultyDevice final : public Device {
     return inner_.Allocate(bytes, alignment);
   }
   Status Free(void* ptr) override { return inner_.Free(ptr); }
+  Status CopyToHeap(void* dst, const void* src, std::size_t bytes) override {
+    {
+      std::lock_guard<std::mutex> lock(faults_->mu);
+      ++faults_->copies_to_heap;
+    }
+    if (faults_->fail_copy_to_heap) return DeviceError("injected copy failure: bytes=" + std::to_string(bytes));
+    return inner_.CopyToHeap(dst, src, bytes);
+  }
+  Status CopyFromHeap(void* dst, const void* src, std::size_t bytes) override {
+    {
+      std::lock_guard<std::mutex> lock(faults_->mu);
+      ++faults_->copies_from_heap;
+    }
+    return inner_.CopyFromHeap(dst, src, bytes);
+  }
   std::size_t ReservedBytes(const void* ptr) const override { return inner_.ReservedBytes(ptr); }
   std::uintptr_t heap_base() const override { return inner_.heap_base(); }
   std::size_t heap_size() const override { return inner_.heap_size(); }
@@ -149,6 +167,10 @@ class FaultyDevice final : public Device {
   Status WaitSignal(void* signal, SignalWidth width, CompareOp cmp, std::int64_t value,
                     StreamHandle stream) override {
     return inner_.WaitSignal(signal, width, cmp, value, stream);
+  }
+  Status Reduce(void* dst, const void* src, std::size_t count, DataType dtype, ReduceOp op, const std::vector<int>& pes,
+                StreamHandle stream, KeepAlive keep) override {
+    return inner_.Reduce(dst, src, count, dtype, op, pes, stream, std::move(keep));
   }
   Status Barrier(StreamHandle stream) override { return inner_.Barrier(stream); }
   Result<StreamHandle> CreateStream() override { return inner_.CreateStream(); }
@@ -430,6 +452,14 @@ TEST(RuntimeTest, InitFailureLeavesACleanUninitializedRuntime) {
     // A heap too small for the runtime's own records fails after the device came up: it is finalised again.
     const Status too_small = InitHost(runtime, bootstrap, TestConfig(0));
     EXPECT_TRUE(HasError(too_small, StatusCode::kOutOfMemory, "symmetric heap exhausted: requested=256"));
+    EXPECT_EQ(runtime.state(), LifecycleState::kUninitialized);
+    EXPECT_EQ(runtime.lifecycle(), 0u);
+
+    // So does a device that cannot clear the runtime's records in its heap.
+    auto copy_faults = std::make_shared<Faults>();
+    copy_faults->fail_copy_to_heap = true;
+    EXPECT_TRUE(IsError(runtime.Init(TestConfig(), std::make_unique<FaultyDevice>(copy_faults), bootstrap),
+                        StatusCode::kDeviceError, "injected copy failure: bytes=256"));
     EXPECT_EQ(runtime.state(), LifecycleState::kUninitialized);
     EXPECT_EQ(runtime.lifecycle(), 0u);
 
@@ -1066,6 +1096,44 @@ TEST(RuntimeTest, TransfersAreSplitAtTheDeviceLimit) {
     }
     EXPECT_TRUE(IsOk(runtime.Free(buffer.id, "test")));
     EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+  });
+}
+
+TEST(RuntimeTest, CheckRecordsMoveHeapToHeapAndTheHostOnlyCopiesLocally) {
+  // The heap may be device memory: a check writes this rank's record into its own slot with one local copy, puts it
+  // from there into every peer's slot (symmetric memory on both sides), and reads every record with one local copy.
+  constexpr int kWorld = 3;
+  RunRanks(kWorld, [](int rank, Bootstrap& bootstrap) {
+    Runtime runtime;
+    auto faults = std::make_shared<Faults>();
+    ASSERT_TRUE(IsOk(runtime.Init(TestConfig(), std::make_unique<FaultyDevice>(faults), bootstrap)));
+    EXPECT_EQ(faults->copies_to_heap, 1);   // Init clears the records through the device
+    EXPECT_EQ(faults->copies_from_heap, 0);
+    (void)faults->TakeTransfers();
+    const std::uintptr_t control = runtime.Snapshot().heap_base;   // the records are the first allocation
+    const AllocationInfo buffer = MustAllocate(runtime, 256);
+    const std::vector<Transfer> puts = faults->TakeTransfers();
+    ASSERT_EQ(puts.size(), static_cast<std::size_t>(kWorld - 1));
+    std::vector<int> pes;
+    for (const Transfer& put : puts) {
+      EXPECT_TRUE(put.put);
+      EXPECT_EQ(put.bytes, 64u);   // one record
+      // Slot 1 (sequence 1), this rank's record.
+      EXPECT_EQ(put.symmetric, control + ControlBytes(kWorld) / 2 + static_cast<std::size_t>(rank) * 64);
+      pes.push_back(put.pe);
+    }
+    std::sort(pes.begin(), pes.end());
+    std::vector<int> peers;
+    for (int pe = 0; pe < kWorld; ++pe) {
+      if (pe != rank) peers.push_back(pe);
+    }
+    EXPECT_EQ(pes, peers);
+    EXPECT_EQ(faults->copies_to_heap, 2);
+    EXPECT_EQ(faults->copies_from_heap, 1);
+    EXPECT_TRUE(IsOk(runtime.Free(buffer.id, "test")));
+    EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+    EXPECT_EQ(faults->copies_to_heap, 4);
+    EXPECT_EQ(faults->copies_from_heap, 3);
   });
 }
 

@@ -217,6 +217,12 @@ def _case_new_lifecycle_reads_the_heap_size() -> list[int]:
         expect_error(ValueError, shmem.acquire_shmem, f"`{HEAP_VAR}` must be a positive byte count, but got '0'")
         state = shmem.debug_state()
         assert state["state"] == "uninitialized" and state["lifecycle"] == lifecycles[-1], repr(state)
+    # The ascend device is a valid name, but only a build against a real CANN installation carries it.
+    with restored_env("HYPER_PARALLEL_SHMEM_DEVICE"):
+        os.environ["HYPER_PARALLEL_SHMEM_DEVICE"] = "ascend"
+        expect_error(shmem.ShmemStateError, shmem.acquire_shmem,
+                     "device is not built into this module: device=ascend built=host")
+        assert shmem.debug_state()["state"] == "uninitialized"
     assert lifecycles == list(range(lifecycles[0], lifecycles[0] + 3)), lifecycles
     assert ids == sorted(set(ids)), ids  # never reused across lifecycles either
     with shmem.acquire_shmem():

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import os
+import re
 import runpy
 import socket
 from unittest import mock
@@ -32,6 +33,20 @@ EQ, GT, LT, NE, GE, LE = range(6)
 # --------------------------------------------------------------------------
 # Cases (run in the ranks).
 # --------------------------------------------------------------------------
+
+
+def _readme_block(heading: str) -> str:
+    with open(os.path.join(_REPO, "README.md"), encoding="utf-8") as f:
+        section = f.read().split(heading, 1)[1].split("\n## ", 1)[0]
+    match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert match, f"README.md has no python block under {heading!r}"
+    return match.group(1)
+
+
+def _case_readme(code: str) -> None:
+    with mock.patch.object(dist, "init_process_group"):  # the harness has initialised it already
+        exec(compile(code, "README.md", "exec"), {})
+    assert shmem.debug_state()["state"] == "uninitialized"
 
 
 def _case_example(name: str) -> None:
@@ -238,6 +253,10 @@ def _case_heap_alias() -> None:
 @pytest.mark.parametrize("name,nranks", [("symm_producer_consumer.py", 2), ("symm_push_pull.py", 4)])
 def test_examples_run_as_written(world_factory, name: str, nranks: int) -> None:
     run_case(world_factory(nranks, _ENV), _case_example, name)
+
+
+def test_readme_user_api_block_runs(world_factory) -> None:
+    run_case(world_factory(2, _ENV), _case_readme, _readme_block("## The user API"))
 
 
 @pytest.mark.parametrize("nranks", [1, 2, 3])

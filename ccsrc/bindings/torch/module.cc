@@ -5,9 +5,11 @@
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <limits>
 #include <map>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include "bindings/torch/allocations.h"
 #include "bindings/torch/arguments.h"
@@ -16,6 +18,9 @@
 #include "runtime/config.h"
 #include "runtime/interrupt.h"
 #include "runtime/host/host_device.h"
+#ifdef HP_WITH_ASCEND_DEVICE
+#include "runtime/ascend/ascend_device.h"
+#endif
 #include "runtime/logging.h"
 #include "runtime/runtime.h"
 
@@ -59,7 +64,12 @@ SignalWidth WidthOf(const at::Tensor& signal) {
 
 std::unique_ptr<Device> MakeDevice(const Config& config) {
   if (config.device == "host") return std::make_unique<host::HostDevice>();
-  throw StatusError(InvalidArgument("`HYPER_PARALLEL_SHMEM_DEVICE` must be one of host, but got '" + config.device + "'"));
+#ifdef HP_WITH_ASCEND_DEVICE
+  if (config.device == "ascend") return std::make_unique<ascend::AscendDevice>(ascend::AscendDeviceOptions{config.tls_info});
+#endif
+  // Only a build against a real CANN installation carries the ascend device; the fakes never reach a wheel.
+  throw StatusError(StateError("device is not built into this module: device=" + config.device +
+                               " built=host (build with -DHP_ASCEND_REAL_CANN=ON where CANN is installed)"));
 }
 
 void Init(int rank, int world_size, py::object all_gather, py::object barrier) {
@@ -138,6 +148,64 @@ void WaitSignal(py::handle signal_arg, py::handle value_arg, int cmp, StreamHand
   void* ptr = DataPointer(signal, "signal_tensor");
   py::gil_scoped_release nogil;
   ThrowIfError(R().WaitSignal(ptr, WidthOf(signal), static_cast<CompareOp>(cmp), value, stream));
+}
+
+// The runtime's element type of a reduction's tensors; both tensors must share it.
+DataType ReduceDtypeArg(const at::Tensor& dst, const at::Tensor& src) {
+  if (dst.scalar_type() != src.scalar_type()) {
+    throw StatusError(TypeError("`dst` must have the dtype of `src` (" + DtypeName(src.scalar_type()) + "), but got " +
+                                DtypeName(dst.scalar_type())));
+  }
+  switch (src.scalar_type()) {
+    case at::kFloat: return DataType::kFloat32;
+    case at::kDouble: return DataType::kFloat64;
+    case at::kHalf: return DataType::kFloat16;
+    case at::kBFloat16: return DataType::kBFloat16;
+    case at::kChar: return DataType::kInt8;
+    case at::kByte: return DataType::kUInt8;
+    case at::kInt: return DataType::kInt32;
+    case at::kLong: return DataType::kInt64;
+    default:
+      throw StatusError(TypeError("`src` must have one of dtypes float32, float64, float16, bfloat16, int8, uint8, "
+                                  "int32, int64, but got " + DtypeName(src.scalar_type())));
+  }
+}
+
+// A list or tuple of ints; their range is the runtime's check.
+std::vector<int> PesArg(py::handle value) {
+  if (!PyList_Check(value.ptr()) && !PyTuple_Check(value.ptr())) {
+    throw StatusError(TypeError("`pes` must be a list or tuple of ints, but got " + PyTypeName(value)));
+  }
+  const Py_ssize_t size = PySequence_Fast_GET_SIZE(value.ptr());
+  PyObject** items = PySequence_Fast_ITEMS(value.ptr());
+  std::vector<int> pes(static_cast<std::size_t>(size));
+  for (Py_ssize_t i = 0; i < size; ++i) {
+    // The element's name is built only when IntArg has to explain it: this loop sits on the hot path.
+    int overflow = 0;
+    const long long pe = PyLong_CheckExact(items[i]) ? PyLong_AsLongLongAndOverflow(items[i], &overflow) : 0;
+    if (PyLong_CheckExact(items[i]) && overflow == 0 && pe >= std::numeric_limits<int>::min() &&
+        pe <= std::numeric_limits<int>::max()) {
+      pes[static_cast<std::size_t>(i)] = static_cast<int>(pe);
+      continue;
+    }
+    const std::string name = "pes[" + std::to_string(i) + "]";
+    pes[static_cast<std::size_t>(i)] = static_cast<int>(IntArg(items[i], name.c_str(), std::numeric_limits<int>::min(),
+                                                               std::numeric_limits<int>::max(), "a C int"));
+  }
+  return pes;
+}
+
+void Reduce(py::handle dst_arg, py::handle src_arg, int op, py::handle pes_arg, StreamHandle stream) {
+  const at::Tensor& dst = TensorArg(dst_arg, "dst");
+  const at::Tensor& src = TensorArg(src_arg, "src");
+  const DataType dtype = ReduceDtypeArg(dst, src);
+  const std::vector<int> pes = PesArg(pes_arg);
+  void* dst_ptr = DataPointer(dst, "dst");
+  const void* src_ptr = DataPointer(src, "src");
+  KeepAlive keep = Keep(stream, {dst, src});
+  py::gil_scoped_release nogil;
+  ThrowIfError(R().Reduce(dst_ptr, ByteSize(dst), src_ptr, ByteSize(src), dtype, static_cast<ReduceOp>(op), pes,
+                          stream, std::move(keep)));
 }
 
 void Barrier(StreamHandle stream) {
@@ -251,6 +319,7 @@ PYBIND11_MODULE(_shmem_torch, m) {
   m.def("get", &Get, py::arg("dst"), py::arg("src"), py::arg("pe"), py::arg("stream"));
   m.def("signal", &Signal, py::arg("signal"), py::arg("value"), py::arg("pe"), py::arg("op"), py::arg("stream"));
   m.def("wait_signal", &WaitSignal, py::arg("signal"), py::arg("value"), py::arg("cmp"), py::arg("stream"));
+  m.def("reduce", &Reduce, py::arg("dst"), py::arg("src"), py::arg("op"), py::arg("pes"), py::arg("stream"));
   m.def("barrier", &Barrier, py::arg("stream"));
   m.def("all_gather", &AllGather, py::arg("output"), py::arg("input"), py::arg("stream"));
   m.def("create_stream", [] { return ValueOrThrow(Runtime::Instance().CreateStream()); });

@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstring>
 
+#include "ops/host/reduce.h"
+#include "runtime/agreement.h"
 #include "runtime/host/atomics.h"
 #include "runtime/logging.h"
 
@@ -32,27 +34,6 @@ namespace {
 constexpr std::uint64_t kMagic = 0x68707368'6d656d31ull;   // "hpshmem1"
 
 std::size_t RoundUp(std::size_t value, std::size_t multiple) { return (value + multiple - 1) / multiple * multiple; }
-
-// Rank-local outcomes of a collective step, made the same on every rank: the first failure (by rank) wins.
-Status AgreeOnStatus(Bootstrap& bootstrap, const Status& local, const char* step) {
-  struct Wire {
-    std::int32_t code;
-    char message[472];
-  };
-  Wire mine{};
-  mine.code = static_cast<std::int32_t>(local.code());
-  std::strncpy(mine.message, local.message().c_str(), sizeof(mine.message) - 1);
-  std::vector<Wire> all(static_cast<std::size_t>(bootstrap.world_size()));
-  HP_RETURN_IF_ERROR(bootstrap.AllGather(&mine, sizeof(Wire), all.data()));
-  for (std::size_t r = 0; r < all.size(); ++r) {
-    if (all[r].code != 0) {
-      all[r].message[sizeof(all[r].message) - 1] = '\0';
-      return Status(static_cast<StatusCode>(all[r].code),
-                    std::string(step) + " failed: rank=" + std::to_string(r) + " (" + all[r].message + ")");
-    }
-  }
-  return Status::Ok();
-}
 
 template <typename T>
 bool Compare(T observed, CompareOp cmp, T expected) {
@@ -194,6 +175,20 @@ std::size_t HostDevice::ReservedBytes(const void* ptr) const {
       static_cast<std::size_t>(static_cast<const char*>(ptr) - bases_[static_cast<std::size_t>(rank_)]));
 }
 
+Status HostDevice::CopyToHeap(void* symmetric_dst, const void* host_src, std::size_t bytes) {
+  if (!heap_) return StateError("host device is not initialised: op=CopyToHeap");
+  HP_RETURN_IF_ERROR(CheckInOwnHeap(*this, symmetric_dst, bytes, "symmetric_dst"));
+  if (bytes > 0) std::memcpy(symmetric_dst, host_src, bytes);   // the heap is host memory
+  return Status::Ok();
+}
+
+Status HostDevice::CopyFromHeap(void* host_dst, const void* symmetric_src, std::size_t bytes) {
+  if (!heap_) return StateError("host device is not initialised: op=CopyFromHeap");
+  HP_RETURN_IF_ERROR(CheckInOwnHeap(*this, symmetric_src, bytes, "symmetric_src"));
+  if (bytes > 0) std::memcpy(host_dst, symmetric_src, bytes);
+  return Status::Ok();
+}
+
 Result<std::shared_ptr<HostStream>> HostDevice::FindStream(StreamHandle stream) const {
   std::lock_guard<std::mutex> lock(streams_mu_);
   auto it = streams_.find(stream);
@@ -224,6 +219,21 @@ Status HostDevice::Get(void* dst, const void* symmetric_src, std::size_t bytes, 
   const char* remote = PeerAddress(symmetric_src, pe);
   return Submit(stream, [dst, remote, bytes, keep = std::move(keep)] {
     std::memcpy(dst, remote, bytes);
+    return Status::Ok();
+  });
+}
+
+Status HostDevice::Reduce(void* dst, const void* symmetric_src, std::size_t count, DataType dtype, ReduceOp op,
+                          const std::vector<int>& pes, StreamHandle stream, KeepAlive keep) {
+  std::vector<const void*> sources;
+  sources.reserve(pes.size());
+  for (int pe : pes) sources.push_back(PeerAddress(symmetric_src, pe));
+  // Straight from the peers' mappings into dst: the kernel is memory bound, a staging copy would only cost.
+  return Submit(stream, [dst, sources = std::move(sources), count, dtype, op, keep = std::move(keep)] {
+    if (!ops::HostReduce(dtype, op, dst, sources.data(), static_cast<int>(sources.size()), count)) {
+      return Internal(std::string("host reduction cannot compute this: dtype=") + DataTypeName(dtype) +
+                      " op=" + ReduceOpName(op) + " sources=" + std::to_string(sources.size()));
+    }
     return Status::Ok();
   });
 }

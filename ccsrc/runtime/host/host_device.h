@@ -34,6 +34,8 @@ class HostDevice final : public Device {
   std::size_t ReservedBytes(const void* ptr) const override;
   std::uintptr_t heap_base() const override;
   std::size_t heap_size() const override { return heap_size_; }
+  Status CopyToHeap(void* symmetric_dst, const void* host_src, std::size_t bytes) override;
+  Status CopyFromHeap(void* host_dst, const void* symmetric_src, std::size_t bytes) override;
   std::size_t max_transfer_bytes() const override { return 0; }
 
   Status Put(void* symmetric_dst, const void* src, std::size_t bytes, int pe, StreamHandle stream,
@@ -44,6 +46,8 @@ class HostDevice final : public Device {
                 StreamHandle stream) override;
   Status WaitSignal(void* symmetric_signal, SignalWidth width, CompareOp cmp, std::int64_t value,
                     StreamHandle stream) override;
+  Status Reduce(void* dst, const void* symmetric_src, std::size_t count, DataType dtype, ReduceOp op,
+                const std::vector<int>& pes, StreamHandle stream, KeepAlive keep) override;
   Status Barrier(StreamHandle stream) override;
 
   Result<StreamHandle> CreateStream() override;

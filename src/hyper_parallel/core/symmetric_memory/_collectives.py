@@ -24,10 +24,8 @@ import torch.distributed as dist
 
 from hyper_parallel.core.multicore import shmem
 from hyper_parallel.core.symmetric_memory import _args, _context
-from hyper_parallel.core.symmetric_memory._context import GroupChannel, is_symmetric
+from hyper_parallel.core.symmetric_memory._context import MAILBOX_SLOTS, GroupChannel, is_symmetric
 
-# All-reduces up to this size read every peer's whole input (one step); larger ones reduce-scatter then gather.
-_ONE_SHOT_BYTES = 256 << 10
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -96,7 +94,14 @@ def shmem_allgather(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
     if c == 0:
         return output_tensor
     ring = ch.peers + (ch.me,)
-    if is_symmetric(out):
+    if c <= ch.one_shot_bytes:  # one sync: stage in the half the next small op leaves alone, peers pull from it
+        stage = ch.one_shot_stage(torch.uint8, c)
+        shmem.put(stage, src, ch.my_pe)
+        ch.sync()
+        for p in ring:
+            if p != ch.me or src.data_ptr() != mine.data_ptr():
+                shmem.get(out[p * c:(p + 1) * c], stage, ch.pes[p])
+    elif is_symmetric(out):
         ch.sync()
         for p in ch.peers:
             shmem.put(mine, src, ch.pes[p])
@@ -124,7 +129,7 @@ def shmem_allgather(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
 def shmem_allreduce(tensor: torch.Tensor, op: str = "sum", group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
     """Reduces ``tensor`` across the group, in place: every rank ends with bit-identical values (collective).
 
-    Small tensors (up to 256 KiB) take one step: each rank reads every peer's staged copy. Larger ones
+    Small tensors (up to 256 KiB, or half the staging area if smaller) take one step: each rank reads every peer's staged copy. Larger ones
     reduce-scatter then all-gather; a symmetric ``tensor`` is reduced in place with no copies, any other
     through the staging area. float16/bfloat16 accumulate in float32.
 
@@ -144,23 +149,23 @@ def shmem_allreduce(tensor: torch.Tensor, op: str = "sum", group: Optional[dist.
     t = _args.tensor(tensor, "tensor")
     op = _args.reduce_op(op, t.dtype)
     ch = _context.channel(group)
-    flat = t.view(-1)
-    count = flat.numel()
+    count = t.numel()
     if count == 0 or ch.size == 1:
         return tensor
-    nbytes = count * t.element_size()
-    half = ch.staging.numel() // 2
-    if nbytes <= min(_ONE_SHOT_BYTES, half):
-        stage = ch.staging_view(t.dtype, ch.flip() * half, count)
-        shmem.put(stage, flat, ch.my_pe)
+    if t.nbytes <= ch.one_shot_bytes:
+        stage = ch.one_shot_stage(t.dtype, count)
+        shmem.put(stage, t, ch.my_pe)
         ch.sync()
-        shmem.reduce(flat, stage, ch.pes, op=op)
+        shmem.reduce(t, stage, ch.pes, op=op)
         return tensor
+    flat = t.view(-1)
     if is_symmetric(flat):
         ch.sync()
         _reduce_mine_and_share(flat, ch, op)
         ch.sync()
         return tensor
+    # Staged: each piece is reduced part by part in the ranks' staging areas, then every rank pulls the reduced
+    # parts straight into its tensor (one copy less than pushing them back and copying the piece out).
     piece = ch.staging.numel() // t.element_size()
     ch.sync()
     for off in range(0, count, piece):
@@ -168,14 +173,20 @@ def shmem_allreduce(tensor: torch.Tensor, op: str = "sum", group: Optional[dist.
         stage = ch.staging_view(t.dtype, 0, length)
         shmem.put(stage, flat[off:off + length], ch.my_pe)
         ch.sync()
-        _reduce_mine_and_share(stage, ch, op)
+        lo, hi = _chunk(length, ch.size, ch.me)
+        if hi > lo:
+            shmem.reduce(stage[lo:hi], stage[lo:hi], ch.pes, op=op)
         ch.sync()
-        shmem.get(flat[off:off + length], stage, ch.my_pe)
+        for p in ch.peers + (ch.me,):
+            lo, hi = _chunk(length, ch.size, p)
+            if hi > lo:
+                shmem.get(flat[off + lo:off + hi], stage[lo:hi], ch.pes[p])
+        ch.sync()
     return tensor
 
 
 def _reduce_mine_and_share(buffer: torch.Tensor, ch: GroupChannel, op: str) -> None:
-    """Two-shot core on a symmetric buffer: reduce this rank's part from every peer in place, push it back."""
+    """Two-shot on a symmetric tensor: reduce this rank's part from every peer in place, push it to them."""
     lo, hi = _chunk(buffer.numel(), ch.size, ch.me)
     if hi == lo:
         return
@@ -219,6 +230,12 @@ def shmem_reduce_scatter(output_tensor: torch.Tensor, input_tensor: torch.Tensor
     out, src = output.view(-1), data.view(-1)
     c = out.numel()
     if c == 0:
+        return output_tensor
+    if src.numel() * data.element_size() <= ch.one_shot_bytes:  # one sync, as in all_reduce
+        stage = ch.one_shot_stage(data.dtype, src.numel())
+        shmem.put(stage, src, ch.my_pe)
+        ch.sync()
+        shmem.reduce(out, stage[ch.me * c:(ch.me + 1) * c], ch.pes, op=op)
         return output_tensor
     if is_symmetric(src):
         mine = src[ch.me * c:(ch.me + 1) * c]
@@ -296,42 +313,59 @@ def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: tor
     if sum(receives) > receive.numel():
         raise ValueError(f"`sum(receive_list)` must be at most receive_tensor.numel() ({receive.numel()}), "
                          f"but got {sum(receives)}")
-    row = torch.tensor([t.numel() // receive.element_size() for t in sends] + receives, dtype=torch.int64)
-    counts = ch.counts[ch.flip()]
+    esize = receive.element_size()
+    row = torch.tensor([t.numel() // esize for t in sends] + receives, dtype=torch.int64)
+    parity = ch.flip()
+    counts = ch.counts[parity]
+    # Small parts travel with the counts (one sync in all): into the receiver's staging half of this parity,
+    # in a region per sender. They are used only if every rank's parts fit.
+    half = ch.staging.numel() // 2
+    eager_region = (half // n) // 64 * 64
+    eager = max(t.numel() for t in sends) <= eager_region
     for p in ch.peers + (me,):
+        if eager:
+            start = parity * half + me * eager_region
+            shmem.put(ch.staging[start:start + sends[p].numel()], sends[p], ch.pes[p])
         shmem.put(counts[me, :2 * n], row, ch.pes[p])
     ch.sync()
     _flush_for_host_read()
-    table = counts[:n, :2 * n].clone()
-    sent, expected = table[:, :n], table[:, n:]
-    wrong = (sent != expected.t()).nonzero()
-    if wrong.numel():
-        i, j = (int(v) for v in wrong[0])
-        raise ValueError(f"`send_tensor_list[{j}]` of rank {i} must have the {int(expected[j, i])} elements rank {j} "
-                         f"expects in its receive_list[{i}], but got {int(sent[i, j])}")
-    esize = receive.element_size()
-    # offsets[j][i]: where rank i's part starts in rank j's receive_tensor (bytes).
-    offsets = (torch.cumsum(expected, dim=1) - expected).mul_(esize).tolist()
+    table = counts[:n, :2 * n].tolist()
+    sent = [r[:n] for r in table]  # sent[i][j]: elements rank i sends to rank j
+    expected = [r[n:] for r in table]  # expected[j][i]: elements rank j expects from rank i
+    for i in range(n):
+        for j in range(n):
+            if sent[i][j] != expected[j][i]:
+                raise ValueError(f"`send_tensor_list[{j}]` of rank {i} must have the {expected[j][i]} elements rank "
+                                 f"{j} expects in its receive_list[{i}], but got {sent[i][j]}")
+    # Where rank i's part starts in this rank's receive_tensor, and in rank j's (bytes).
+    starts = [sum(expected[me][:i]) * esize for i in range(n)]
     out = _bytes(receive)
     ring = ch.peers + (me,)
+    if max(max(r) for r in sent) * esize <= eager_region:
+        for i in ring:
+            length = sent[i][me] * esize
+            if length:
+                at = parity * half + i * eager_region
+                shmem.get(out[starts[i]:starts[i] + length], ch.staging[at:at + length], ch.my_pe)
+        return receive_tensor
     if is_symmetric(out):
         for j in ring:
-            start = offsets[j][me]
+            start = sum(expected[j][:me]) * esize
             shmem.put(out[start:start + sends[j].numel()], sends[j], ch.pes[j])
         ch.sync()
         return receive_tensor
     region = (ch.staging.numel() // n) // 64 * 64
-    largest = int(table[:, :n].max()) * esize
+    largest = max(max(r) for r in sent) * esize
     for off in range(0, largest, region):
         for j in ring:
             piece = sends[j][off:off + region]
             shmem.put(ch.staging[me * region:me * region + piece.numel()], piece, ch.pes[j])
         ch.sync()
         for i in ring:
-            length = max(0, min(region, int(sent[i, me]) * esize - off))
+            length = max(0, min(region, sent[i][me] * esize - off))
             if length:
-                start = offsets[me][i] + off
-                shmem.get(out[start:start + length], ch.staging[i * region:i * region + length], ch.my_pe)
+                shmem.get(out[starts[i] + off:starts[i] + off + length], ch.staging[i * region:i * region + length],
+                          ch.my_pe)
         ch.sync()
     return receive_tensor
 
@@ -339,9 +373,9 @@ def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: tor
 def shmem_send(tensor: torch.Tensor, dst_rank: int, group: Optional[dist.ProcessGroup] = None) -> None:
     """Sends ``tensor`` to ``dst_rank``, which receives it with :func:`shmem_recv` (point to point).
 
-    Messages travel through the receiver's mailbox in pieces; a message that fits one piece returns at once
-    (the tensor may be reused), a larger one waits for the receiver to drain each piece. Messages between
-    two ranks arrive in the order they were sent.
+    Messages travel through the receiver's mailbox in pieces, up to four in flight: a small message returns
+    at once (the tensor may be reused), a larger one waits while the receiver lags four pieces behind.
+    Messages between two ranks arrive in the order they were sent.
 
     Args:
         tensor: a contiguous CPU tensor.
@@ -356,17 +390,18 @@ def shmem_send(tensor: torch.Tensor, dst_rank: int, group: Optional[dist.Process
     data = _bytes(_args.tensor(tensor, "tensor"))
     ch = _context.registered_channel(group, "shmem_send")
     dst = _peer_rank(dst_rank, "dst_rank", ch)
-    pe, region = ch.pes[dst], ch.mailbox_region
-    mailbox = ch.mailbox[ch.me * region:(ch.me + 1) * region]
+    pe = ch.pes[dst]
     total = data.numel()
+    header_value = torch.tensor([total], dtype=torch.int64)
     seq = ch.sent_messages[dst]
-    for index, off in enumerate(range(0, max(total, 1), region)):
+    for off in range(0, max(total, 1), ch.mailbox_payload_bytes):
         seq += 1
-        shmem.wait_signal(ch.acked[dst], seq - 1, cmp="ge")  # the receiver drained the previous piece
-        if index == 0:
-            shmem.signal(ch.message_bytes[ch.me], total, pe)
-        piece = data[off:off + region]
-        shmem.put(mailbox[:piece.numel()], piece, pe)
+        # The slot is free once the receiver acknowledged the piece that used it MAILBOX_SLOTS pieces ago.
+        shmem.wait_signal(ch.acked[dst], seq - MAILBOX_SLOTS, cmp="ge")
+        header, payload = ch.mailbox_slot(ch.me, seq)
+        piece = data[off:off + ch.mailbox_payload_bytes]
+        shmem.put(header, header_value, pe)
+        shmem.put(payload[:piece.numel()], piece, pe)
         shmem.signal(ch.sent[ch.me], seq, pe)
     ch.sent_messages[dst] = seq
 
@@ -391,20 +426,21 @@ def shmem_recv(tensor: torch.Tensor, src_rank: int, group: Optional[dist.Process
     data = _bytes(_args.tensor(tensor, "tensor"))
     ch = _context.registered_channel(group, "shmem_recv")
     src = _peer_rank(src_rank, "src_rank", ch)
-    pe, region = ch.pes[src], ch.mailbox_region
-    mailbox = ch.mailbox[src * region:(src + 1) * region]
+    pe = ch.pes[src]
     seq = ch.received_messages[src] + 1
     shmem.wait_signal(ch.sent[src], seq, cmp="ge")
     _flush_for_host_read()
-    total = int(ch.message_bytes[src].item())
+    header, _ = ch.mailbox_slot(src, seq)
+    total = int(header.item())
     fits = total == data.numel()
-    for index, off in enumerate(range(0, max(total, 1), region)):
+    for index, off in enumerate(range(0, max(total, 1), ch.mailbox_payload_bytes)):
         if index:
             seq += 1
             shmem.wait_signal(ch.sent[src], seq, cmp="ge")
-        length = min(region, total - off)
+        _, payload = ch.mailbox_slot(src, seq)
+        length = min(ch.mailbox_payload_bytes, total - off)
         if fits and length > 0:
-            shmem.get(data[off:off + length], mailbox[:length], ch.my_pe)
+            shmem.get(data[off:off + length], payload[:length], ch.my_pe)
         shmem.signal(ch.acked[ch.me], seq, pe)
     ch.received_messages[src] = seq
     if not fits:

@@ -9,10 +9,11 @@ disjoint heaps. Each slot holds:
 
 * ``arrive[n]``: rank p of the group SETs ``arrive[p]`` on every peer to its epoch: a group barrier whose
   values only grow (signals never need resetting);
-* ``sent[n]``, ``acked[n]``, ``message_bytes[n]``: the sequence numbers of send/recv, per peer;
+* ``sent[n]``, ``acked[n]``: the piece sequence numbers of send/recv, per peer;
 * ``counts[2][n][2n]``: the send and receive counts every rank publishes for all_to_all (double-buffered);
 * ``staging``: bounce space for collectives whose tensors are not symmetric;
-* ``mailbox``: one region per sender for send/recv.
+* ``mailbox``: one region per sender for send/recv, cut into ``MAILBOX_SLOTS`` pieces that travel in flight
+  at once, each a 64-byte header (the message's byte count) and a payload.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ _MAX_STAGING_BYTES = 2 << 20
 _MIN_STAGING_BYTES = 64 << 10
 _ALIGN = 4096
 
+# All-reduces up to this size read every peer's whole staged input (one step); larger ones reduce-scatter then
+# gather.
+_ONE_SHOT_BYTES = 256 << 10
+# Pieces of send/recv in flight per (sender, receiver): the sender runs this far ahead of the receiver.
+MAILBOX_SLOTS = 4
 _lock = threading.RLock()
 
 
@@ -59,18 +65,21 @@ class GroupChannel:
         self.my_pe = pes[me]
         # Peers in rotated order (me+1, me+2, ...): no two ranks start by writing to the same peer.
         self.peers = tuple((me + r) % self.size for r in range(1, self.size))
-        signals = slot[: 4 * world * 8].view(torch.int64)
+        signals = slot[: 3 * world * 8].view(torch.int64)
         self.arrive = [signals[p:p + 1] for p in range(world)]
         self.sent = [signals[world + p:world + p + 1] for p in range(world)]
         self.acked = [signals[2 * world + p:2 * world + p + 1] for p in range(world)]
-        self.message_bytes = [signals[3 * world + p:3 * world + p + 1] for p in range(world)]
-        counts_offset = 4 * world * 8
+        counts_offset = 3 * world * 8
         counts_bytes = 2 * world * 2 * world * 8
         self.counts = slot[counts_offset:counts_offset + counts_bytes].view(torch.int64).view(2, world, 2 * world)
         staging_offset = _round_down(counts_offset + counts_bytes + _ALIGN - 1, _ALIGN)
         self.staging = slot[staging_offset:staging_offset + staging_bytes]
         self.mailbox = slot[staging_offset + staging_bytes:staging_offset + 2 * staging_bytes]
-        self.mailbox_region = _round_down(staging_bytes // self.size, 64)
+        region = _round_down(staging_bytes // self.size, 64)
+        self.mailbox_slot_bytes = _round_down(region // MAILBOX_SLOTS, 64)
+        self.mailbox_payload_bytes = self.mailbox_slot_bytes - 64
+        self.one_shot_bytes = min(_ONE_SHOT_BYTES, staging_bytes // 2)
+        self._one_shot_stages: dict = {}
         self.epoch = 0
         self.parity = 0  # which half of the staging (and of `counts`) the next double-buffered op uses
         self.sent_messages = [0] * self.size
@@ -97,6 +106,28 @@ class GroupChannel:
         parity = self.parity
         self.parity ^= 1
         return parity
+
+    def mailbox_slot(self, sender: int, seq: int) -> tuple:
+        """(header, payload) of the mailbox slot for piece ``seq`` from group rank ``sender``: an int64 byte count
+        and the bytes."""
+        start = (sender * MAILBOX_SLOTS + seq % MAILBOX_SLOTS) * self.mailbox_slot_bytes
+        slot = self.mailbox[start:start + self.mailbox_slot_bytes]
+        return slot[:8].view(torch.int64), slot[64:]
+
+    def one_shot_stage(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        """The staging half for the next one-step op (switching halves), as ``numel`` elements of ``dtype``.
+
+        Views are cached: on the small-message path, slicing would cost more than the transfer.
+        """
+        parity = self.flip()
+        key = (parity, dtype, numel)
+        view = self._one_shot_stages.get(key)
+        if view is None:
+            if len(self._one_shot_stages) >= 256:
+                self._one_shot_stages.clear()
+            view = self.staging_view(dtype, parity * (self.staging.numel() // 2), numel)
+            self._one_shot_stages[key] = view
+        return view
 
     def staging_view(self, dtype: torch.dtype, byte_offset: int, numel: int) -> torch.Tensor:
         """``numel`` elements of ``dtype`` in the staging area, starting ``byte_offset`` bytes in."""
@@ -135,7 +166,7 @@ def _heap_size_env() -> dict:
 
 def _workspace_layout(heap_size: int, world: int) -> tuple:
     """(slot_bytes, staging_bytes) for a heap: an eighth of the heap at most, split over the slots."""
-    signal_bytes = _round_down(4 * world * 8 + 4 * world * world * 8 + _ALIGN - 1, _ALIGN)
+    signal_bytes = _round_down(3 * world * 8 + 4 * world * world * 8 + _ALIGN - 1, _ALIGN)
     budget = heap_size // 8
     staging = _round_down((budget // _SLOTS - signal_bytes) // 2, _ALIGN)
     staging = max(_MIN_STAGING_BYTES, min(_MAX_STAGING_BYTES, staging))

@@ -1,4 +1,4 @@
-"""The data plane: one-sided put/get, signals, barrier and all_gather over the root.
+"""The data plane: one-sided put/get, signals, reduce, barrier and all_gather over the root.
 
 Each call is enqueued on the current stream (:mod:`._streams`); on the default stream it is complete when it
 returns. PEs are ranks inside the root group. The binding checks tensors, PEs and signal values (in C++: on
@@ -6,6 +6,8 @@ this hot path the checks would otherwise cost more than a small put).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -15,6 +17,7 @@ from hyper_parallel.core.multicore.shmem._streams import current_handle
 
 _SIGNAL_OPS = {"set": 0, "add": 1}
 _COMPARE_OPS = {"eq": 0, "ne": 1, "gt": 2, "ge": 3, "lt": 4, "le": 5}
+_REDUCE_OPS = {"sum": 0, "avg": 1, "max": 2, "min": 3}
 
 
 def put(dst: torch.Tensor, src: torch.Tensor, pe: int) -> None:
@@ -81,6 +84,37 @@ def wait_signal(signal_tensor: torch.Tensor, value: int, *, cmp: str = "eq") -> 
         TypeError, ValueError: as :func:`signal`.
     """
     C.wait_signal(signal_tensor, value, check_choice("cmp", cmp, _COMPARE_OPS), current_handle())
+
+
+def reduce(dst: torch.Tensor, src: torch.Tensor, pes: Sequence[int], *, op: str = "sum") -> None:
+    """Reduces the copies of the symmetric tensor ``src`` on ``pes`` into ``dst``, reading the peers directly.
+
+    ``dst[i] = op over pe in pes of src[i] as it is on pe``, combining the PEs in the order given (which matters
+    to floating-point sums). float16 and bfloat16 accumulate in float32 and are rounded once; ``"avg"`` is the sum
+    divided by ``len(pes)``; integer sums wrap like torch's; ``"max"`` and ``"min"`` propagate NaN like
+    ``torch.maximum``/``torch.minimum``. Nothing is synchronised: order it after the peers' writes (a barrier or
+    a signal), and in place, keep peers from reading this rank's ``src`` while it is overwritten.
+
+    Args:
+        dst: a contiguous CPU tensor of ``src``'s dtype and byte size; ``src`` itself (in place) or a tensor that
+            does not overlap it.
+        src: a symmetric tensor (from ``empty``, or a contiguous view of one) of dtype float32, float64, float16,
+            bfloat16, int8, uint8, int32 or int64.
+        pes: distinct ranks inside the root, at least one (a list or tuple of ints).
+        op: one of ``"sum"``, ``"avg"``, ``"max"``, ``"min"``; ``"avg"`` only for floating-point dtypes.
+
+    Returns:
+        None. On the default stream ``dst`` holds the result when the call returns.
+
+    Raises:
+        TypeError: an argument of the wrong type, an unsupported dtype, or dtypes of ``dst`` and ``src`` that
+            differ.
+        ValueError: an unknown op, ``"avg"`` of integers, empty, repeated or out-of-range ``pes``, byte counts that
+            differ, a non-contiguous tensor, a ``src`` outside the symmetric heap or running past its allocation,
+            a ``dst`` that overlaps ``src`` other than as ``src`` itself. Nothing is written.
+        ShmemStateError: a freed tensor, or no runtime.
+    """
+    C.reduce(dst, src, check_choice("op", op, _REDUCE_OPS), pes, current_handle())
 
 
 def barrier() -> None:

@@ -1,0 +1,212 @@
+// The fake ACL runtime: devices per simulated process (thread), streams as ordered queues, events, device memory.
+#include <cstring>
+
+#include "acl/acl_rt.h"
+#include "fake_world.h"
+
+using hp::fakes::FakeCall;
+using hp::fakes::internal::CurrentProcess;
+using hp::fakes::internal::DeviceMemory;
+using hp::fakes::internal::Event;
+using hp::fakes::internal::HostView;
+using hp::fakes::internal::Stream;
+using hp::fakes::internal::World;
+
+namespace {
+
+constexpr int32_t kDeviceCount = 16;
+// What aclrtMalloc aligns buffers to (the release documents 32 bytes at least; its pages are larger).
+constexpr std::size_t kMallocAlignment = 512;
+
+FakeCall Named(const char* name, void* stream = nullptr) {
+  FakeCall call;
+  call.name = name;
+  call.stream = reinterpret_cast<std::uintptr_t>(stream);
+  return call;
+}
+
+}  // namespace
+
+extern "C" {
+
+aclError aclrtSetDevice(int32_t deviceId) {
+  World& world = World::Get();
+  std::lock_guard<std::mutex> lock(world.mu);
+  FakeCall call = Named("aclrtSetDevice");
+  call.value = deviceId;
+  world.Record(call);
+  if (const int code = world.TakeFailure("aclrtSetDevice")) return code;
+  if (deviceId < 0 || deviceId >= kDeviceCount) return ACL_ERROR_RT_INVALID_DEVICEID;
+  CurrentProcess().device = deviceId;
+  return ACL_SUCCESS;
+}
+
+aclError aclrtGetDevice(int32_t* deviceId) {
+  World& world = World::Get();
+  std::lock_guard<std::mutex> lock(world.mu);
+  world.Record(Named("aclrtGetDevice"));
+  if (const int code = world.TakeFailure("aclrtGetDevice")) return code;
+  if (deviceId == nullptr) return ACL_ERROR_RT_PARAM_INVALID;
+  if (CurrentProcess().device < 0) return ACL_ERROR_RT_CONTEXT_NULL;
+  *deviceId = CurrentProcess().device;
+  return ACL_SUCCESS;
+}
+
+const char* aclrtGetSocName() {
+  World& world = World::Get();
+  std::lock_guard<std::mutex> lock(world.mu);
+  world.Record(Named("aclrtGetSocName"));
+  if (world.TakeFailure("aclrtGetSocName")) return nullptr;
+  return world.soc_name.c_str();
+}
+
+aclError aclrtCreateStream(aclrtStream* stream) {
+  World& world = World::Get();
+  std::lock_guard<std::mutex> lock(world.mu);
+  world.Record(Named("aclrtCreateStream"));
+  if (const int code = world.TakeFailure("aclrtCreateStream")) return code;
+  if (stream == nullptr) return ACL_ERROR_RT_PARAM_INVALID;
+  if (CurrentProcess().device < 0) return ACL_ERROR_RT_CONTEXT_NULL;
+  *stream = world.CreateStream(CurrentProcess().device);
+  return ACL_SUCCESS;
+}
+
+aclError aclrtDestroyStream(aclrtStream stream) {
+  World& world = World::Get();
+  std::unique_lock<std::mutex> lock(world.mu);
+  world.Record(Named("aclrtDestroyStream", stream));
+  if (const int code = world.TakeFailure("aclrtDestroyStream")) return code;
+  if (world.streams.count(stream) == 0) return ACL_ERROR_RT_PARAM_INVALID;
+  world.DestroyStream(stream, lock);
+  return ACL_SUCCESS;
+}
+
+aclError aclrtSynchronizeStream(aclrtStream stream) {
+  World& world = World::Get();
+  std::unique_lock<std::mutex> lock(world.mu);
+  world.Record(Named("aclrtSynchronizeStream", stream));
+  if (const int code = world.TakeFailure("aclrtSynchronizeStream")) return code;
+  return world.Synchronize(stream, -1, lock);
+}
+
+aclError aclrtSynchronizeStreamWithTimeout(aclrtStream stream, int32_t timeout) {
+  World& world = World::Get();
+  std::unique_lock<std::mutex> lock(world.mu);
+  FakeCall call = Named("aclrtSynchronizeStreamWithTimeout", stream);
+  call.value = timeout;
+  world.Record(call);
+  if (const int code = world.TakeFailure("aclrtSynchronizeStreamWithTimeout")) return code;
+  if (timeout < -1 || timeout == 0) return ACL_ERROR_RT_PARAM_INVALID;
+  return world.Synchronize(stream, timeout, lock);
+}
+
+aclError aclrtCreateEvent(aclrtEvent* event) {
+  World& world = World::Get();
+  std::lock_guard<std::mutex> lock(world.mu);
+  world.Record(Named("aclrtCreateEvent"));
+  if (const int code = world.TakeFailure("aclrtCreateEvent")) return code;
+  if (event == nullptr) return ACL_ERROR_RT_PARAM_INVALID;
+  auto created = std::make_shared<Event>();
+  *event = created.get();
+  world.events.emplace(created.get(), std::move(created));
+  return ACL_SUCCESS;
+}
+
+aclError aclrtDestroyEvent(aclrtEvent event) {
+  World& world = World::Get();
+  std::lock_guard<std::mutex> lock(world.mu);
+  world.Record(Named("aclrtDestroyEvent"));
+  if (const int code = world.TakeFailure("aclrtDestroyEvent")) return code;
+  return world.events.erase(event) == 1 ? ACL_SUCCESS : ACL_ERROR_RT_PARAM_INVALID;
+}
+
+aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream) {
+  World& world = World::Get();
+  std::lock_guard<std::mutex> lock(world.mu);
+  world.Record(Named("aclrtRecordEvent", stream));
+  if (const int code = world.TakeFailure("aclrtRecordEvent")) return code;
+  auto found_event = world.events.find(event);
+  auto found_stream = world.streams.find(stream);
+  if (found_event == world.events.end() || found_stream == world.streams.end()) return ACL_ERROR_RT_PARAM_INVALID;
+  found_event->second->stream = found_stream->second;
+  found_event->second->position = found_stream->second->enqueued;
+  return ACL_SUCCESS;
+}
+
+aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) {
+  World& world = World::Get();
+  std::lock_guard<std::mutex> lock(world.mu);
+  world.Record(Named("aclrtStreamWaitEvent", stream));
+  if (const int code = world.TakeFailure("aclrtStreamWaitEvent")) return code;
+  auto found_event = world.events.find(event);
+  if (found_event == world.events.end() || world.streams.count(stream) == 0) return ACL_ERROR_RT_PARAM_INVALID;
+  // The wait captures the event as recorded now: a later record does not move it.
+  std::shared_ptr<Stream> waited = found_event->second->stream;
+  const std::uint64_t position = found_event->second->position;
+  world.Enqueue(stream, [&world, waited, position](const Stream& self) {
+    if (!waited) return ACL_SUCCESS;
+    std::unique_lock<std::mutex> wait_lock(world.mu);
+    world.WaitInTask(self, wait_lock, [&] { return waited->cancelled || waited->completed >= position; });
+    return ACL_SUCCESS;
+  });
+  return ACL_SUCCESS;
+}
+
+aclError aclrtMalloc(void** devPtr, size_t size, aclrtMemMallocPolicy policy) {
+  World& world = World::Get();
+  std::lock_guard<std::mutex> lock(world.mu);
+  FakeCall call = Named("aclrtMalloc");
+  call.bytes = size;
+  call.op = static_cast<int>(policy);
+  world.Record(call);
+  if (const int code = world.TakeFailure("aclrtMalloc")) return code;
+  if (devPtr == nullptr || size == 0) return ACL_ERROR_RT_PARAM_INVALID;
+  if (CurrentProcess().device < 0) return ACL_ERROR_RT_CONTEXT_NULL;
+  std::shared_ptr<DeviceMemory> memory = DeviceMemory::Create(size, kMallocAlignment, CurrentProcess().device);
+  if (!memory) return ACL_ERROR_RT_MEMORY_ALLOCATION;
+  *devPtr = memory->device_base();
+  world.device_allocations.emplace(*devPtr, std::move(memory));
+  return ACL_SUCCESS;
+}
+
+aclError aclrtFree(void* devPtr) {
+  World& world = World::Get();
+  std::lock_guard<std::mutex> lock(world.mu);
+  FakeCall call = Named("aclrtFree");
+  call.address = reinterpret_cast<std::uintptr_t>(devPtr);
+  world.Record(call);
+  if (const int code = world.TakeFailure("aclrtFree")) return code;
+  return world.device_allocations.erase(devPtr) == 1 ? ACL_SUCCESS : ACL_ERROR_RT_PARAM_INVALID;
+}
+
+aclError aclrtMemcpy(void* dst, size_t destMax, const void* src, size_t count, aclrtMemcpyKind kind) {
+  World& world = World::Get();
+  std::lock_guard<std::mutex> lock(world.mu);
+  FakeCall call = Named("aclrtMemcpy");
+  call.address = reinterpret_cast<std::uintptr_t>(dst);
+  call.bytes = count;
+  call.op = static_cast<int>(kind);
+  world.Record(call);
+  if (const int code = world.TakeFailure("aclrtMemcpy")) return code;
+  if (CurrentProcess().device < 0) return ACL_ERROR_RT_CONTEXT_NULL;
+  if (dst == nullptr || src == nullptr || count > destMax || kind < ACL_MEMCPY_HOST_TO_HOST ||
+      kind > ACL_MEMCPY_DEVICE_TO_DEVICE) {
+    return ACL_ERROR_RT_PARAM_INVALID;
+  }
+  if (count == 0) return ACL_SUCCESS;
+  const bool dst_on_device = kind == ACL_MEMCPY_HOST_TO_DEVICE || kind == ACL_MEMCPY_DEVICE_TO_DEVICE;
+  const bool src_on_device = kind == ACL_MEMCPY_DEVICE_TO_HOST || kind == ACL_MEMCPY_DEVICE_TO_DEVICE;
+  // Each side must be what `kind` says: the whole range in memory of the current device (reached through its host
+  // view), or host memory (used as it is).
+  const int device = CurrentProcess().device;
+  const HostView to = HostView::Of(dst, count);
+  const HostView from = HostView::Of(src, count);
+  const bool dst_ok = dst_on_device ? to && to.memory->device() == device : !HostView::Of(dst, 1);
+  const bool src_ok = src_on_device ? from && from.memory->device() == device : !HostView::Of(src, 1);
+  if (!dst_ok || !src_ok) return ACL_ERROR_RT_PARAM_INVALID;
+  std::memmove(dst_on_device ? to.host : static_cast<char*>(dst),
+               src_on_device ? from.host : static_cast<const char*>(src), count);
+  return ACL_SUCCESS;
+}
+
+}  // extern "C"

@@ -1,0 +1,76 @@
+// Test control of the fake ACL runtime and fake CANN SHMEM (ccsrc/fakes): what the calls recorded, which calls
+// fail next, and a reset between tests.
+//
+// The fakes simulate several PEs inside one process. Each thread is one simulated process: it has its own current
+// ACL device (aclrtSetDevice) and, once aclshmemx_init_attr returned, its own PE. PEs find each other through the
+// unique id (aclshmemx_get_uniqueid opens a session, every PE that initialises with that id joins it). Every PE
+// owns a heap of local_mem_size bytes (2 MiB aligned) with a best-fit allocator that hands a freed address out
+// again, as CANN's does. Streams are ordered queues, each run by a worker thread of its own, so that enqueued calls
+// complete asynchronously as on an NPU; failures surface at the next synchronize.
+//
+// NPU memory is honest: the heaps and aclrtMalloc's buffers sit at addresses the host cannot touch (PROT_NONE: a
+// host load or store there crashes the test). Only aclrtMemcpy and the stream-enqueued calls reach the bytes, and
+// they reject host memory where the real ones need device memory: aclrtMemcpy with ACL_ERROR_RT_PARAM_INVALID, a
+// put/get whose local buffer is not NPU memory of the caller's device with ACL_ERROR_RT_AICORE_EXCEPTION at the
+// stream's next synchronize (the copy kernel faults).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "host/shmem_host_def.h"
+
+namespace hp::fakes {
+
+// One call into the fakes, as the caller made it.
+struct FakeCall {
+  std::string name;              // e.g. "aclshmemx_putmem_on_stream"
+  int device = -1;               // the caller's current ACL device (-1: none set)
+  int pe = -1;                   // the caller's PE (-1: not initialised)
+  std::uintptr_t stream = 0;     // the stream argument (0: none or NULL)
+  std::uintptr_t address = 0;    // dst / sig_addr / ptr argument
+  std::size_t bytes = 0;         // byte count / size argument
+  int target_pe = -1;            // pe argument
+  std::int64_t value = 0;        // signal value, compare value, alignment, TLS enable
+  int op = -1;                   // sig_op / cmp / bootstrap flags
+};
+
+// What CANN SHMEM saw at the calling thread's last aclshmemx_init_attr.
+struct InitRecord {
+  int bootstrap_flags = 0;
+  aclshmemx_init_attr_t attr{};
+  aclshmemx_uniqueid_t uid{};
+  bool tls_decided = false;      // aclshmemx_set_conf_store_tls was called before init
+  bool tls_enable = true;        // CANN's default is on
+  std::string tls_info;          // read through the stored pointer at init, as CANN does
+};
+
+class FakeCann {
+ public:
+  // Back to a fresh process: stops every stream, drops every session, event, aclrtMalloc buffer, record and
+  // injection, and clears the calling thread's device and PE.
+  static void Reset();
+
+  static std::vector<FakeCall> Calls();
+  static std::vector<FakeCall> CallsNamed(const std::string& name);
+  static void ClearCalls();
+
+  // The calling thread's next call named `name` fails with `code`: a call returning a code returns it, one
+  // returning a pointer returns NULL, a stream-enqueued call makes its stream report `code` at the next synchronize.
+  static void FailNext(const std::string& name, int code);
+
+  static void SetSocName(const std::string& soc_name);   // default "Ascend910B1"
+  static std::optional<InitRecord> LastInit();           // of the calling thread
+  static std::size_t LiveStreams();
+  static std::size_t LiveEvents();
+  static std::size_t LiveSessions();
+  // [address, address + bytes) lies inside one live piece of fake NPU memory (a heap or an aclrtMalloc buffer), which
+  // the host cannot dereference.
+  static bool IsDeviceMemory(const void* address, std::size_t bytes = 1);
+  static std::size_t LiveDeviceAllocations();   // aclrtMalloc buffers not freed yet
+};
+
+}  // namespace hp::fakes

@@ -1,0 +1,815 @@
+// The ascend device on the CANN fakes: the init sequence, the lifecycle and its failures, device drift, memory
+// through CANN's heap with the runtime's guards, the stream-enqueued data plane and the mapping of CANN's codes.
+// As on an NPU, the heap is out of the host's reach (a host dereference crashes): the tests read and write it with
+// aclrtMemcpy, and pass NPU buffers (aclrtMalloc) where CANN needs device memory.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "acl/acl.h"
+#include "fake_cann.h"
+#include "runtime/ascend/ascend_device.h"
+#include "runtime/ascend/cann_status.h"
+#include "runtime/logging.h"
+#include "runtime/runtime.h"
+#include "shmem.h"
+#include "test_support.h"
+#include "thread_bootstrap.h"
+
+namespace hp::shmem {
+namespace {
+
+using ascend::AscendDevice;
+using ascend::AscendDeviceOptions;
+using fakes::FakeCall;
+using fakes::FakeCann;
+using testutil::Contains;
+using testutil::HasError;
+using testutil::IsOk;
+using testutil::kMiB;
+
+DeviceInitArgs Args(int rank, int world_size, std::size_t heap_size = 3 * kMiB, double timeout_sec = 5.0) {
+  DeviceInitArgs args;
+  args.rank = rank;
+  args.world_size = world_size;
+  args.heap_size = heap_size;
+  args.timeout_sec = timeout_sec;
+  return args;
+}
+
+Config AscendConfig(double timeout_sec = 5.0) {
+  Config config;
+  config.device = "ascend";
+  config.heap_size = 2 * kMiB;
+  config.timeout_sec = timeout_sec;
+  return config;
+}
+
+// Every simulated process (thread) selects its NPU first, as torch.npu.set_device would: rank r uses npu:r.
+template <typename Fn>
+void RunNpuRanks(int world_size, Fn&& fn) {
+  testutil::RunRanks(world_size, [&](int rank, Bootstrap& bootstrap) {
+    ASSERT_EQ(aclrtSetDevice(rank), ACL_SUCCESS);
+    fn(rank, bootstrap);
+  });
+}
+
+// The calls a rank made (its thread's device is npu:rank).
+std::vector<FakeCall> CallsOf(int device, const std::string& name = "") {
+  std::vector<FakeCall> mine;
+  for (const FakeCall& call : FakeCann::Calls()) {
+    if (call.device == device && (name.empty() || call.name == name)) mine.push_back(call);
+  }
+  return mine;
+}
+
+// NPU memory outside the symmetric heap, as a torch_npu tensor holds it.
+class NpuBuffer {
+ public:
+  explicit NpuBuffer(std::size_t bytes) {
+    EXPECT_EQ(aclrtMalloc(&data_, bytes, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  }
+  explicit NpuBuffer(const std::vector<char>& contents) : NpuBuffer(contents.size()) {
+    EXPECT_EQ(aclrtMemcpy(data_, contents.size(), contents.data(), contents.size(), ACL_MEMCPY_HOST_TO_DEVICE),
+              ACL_SUCCESS);
+  }
+  ~NpuBuffer() { EXPECT_EQ(aclrtFree(data_), ACL_SUCCESS); }
+  NpuBuffer(const NpuBuffer&) = delete;
+  NpuBuffer& operator=(const NpuBuffer&) = delete;
+  void* data() const { return data_; }
+
+ private:
+  void* data_ = nullptr;
+};
+
+// Host copies of NPU memory (the heap or an NpuBuffer).
+std::vector<char> ReadNpu(const void* npu, std::size_t bytes) {
+  std::vector<char> host(bytes);
+  EXPECT_EQ(aclrtMemcpy(host.data(), bytes, npu, bytes, ACL_MEMCPY_DEVICE_TO_HOST), ACL_SUCCESS);
+  return host;
+}
+
+void WriteNpu(void* npu, const void* host, std::size_t bytes) {
+  EXPECT_EQ(aclrtMemcpy(npu, bytes, host, bytes, ACL_MEMCPY_HOST_TO_DEVICE), ACL_SUCCESS);
+}
+
+std::size_t IndexOf(const std::vector<FakeCall>& calls, const std::string& name) {
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    if (calls[i].name == name) return i;
+  }
+  return calls.size();
+}
+
+class AscendDeviceTest : public ::testing::Test {
+ protected:
+  void SetUp() override { FakeCann::Reset(); }
+  void TearDown() override {
+    FakeCann::Reset();
+    Logger::SetLevel(LogLevel::kWarning);
+  }
+};
+
+TEST_F(AscendDeviceTest, InitDecidesTlsFirstThenBroadcastsRankZerosUniqueId) {
+  RunNpuRanks(2, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 2, 3 * kMiB, 2.5), bootstrap)));
+    EXPECT_EQ(device.device_id(), rank);
+    EXPECT_EQ(device.soc_name(), "Ascend910B1");
+    EXPECT_EQ(device.heap_size(), 4 * kMiB);   // 2 MiB pages
+    EXPECT_NE(device.heap_base(), 0u);
+
+    const std::vector<FakeCall> calls = CallsOf(rank);
+    const std::size_t tls = IndexOf(calls, "aclshmemx_set_conf_store_tls");
+    const std::size_t args = IndexOf(calls, "aclshmemx_set_attr_uniqueid_args");
+    const std::size_t init = IndexOf(calls, "aclshmemx_init_attr");
+    ASSERT_LT(init, calls.size());
+    EXPECT_LT(tls, args);
+    EXPECT_LT(args, init);
+    EXPECT_EQ(calls[tls].value, 0);   // no HYPER_PARALLEL_SHMEM_TLS_INFO: off
+    const std::size_t uid = IndexOf(calls, "aclshmemx_get_uniqueid");
+    if (rank == 0) {
+      EXPECT_LT(tls, uid);
+      EXPECT_LT(uid, args);
+    } else {
+      EXPECT_EQ(uid, calls.size());   // only the root creates the id
+    }
+
+    const auto record = FakeCann::LastInit();
+    ASSERT_TRUE(record.has_value());
+    EXPECT_EQ(record->bootstrap_flags, ACLSHMEMX_INIT_WITH_UNIQUEID);
+    EXPECT_EQ(record->attr.my_pe, rank);
+    EXPECT_EQ(record->attr.n_pes, 2);
+    EXPECT_EQ(record->attr.local_mem_size, 4 * kMiB);
+    EXPECT_EQ(record->attr.option_attr.shm_init_timeout, 3u);
+    EXPECT_EQ(record->attr.option_attr.control_operation_timeout, 3u);
+    EXPECT_EQ(record->attr.option_attr.data_op_engine_type, ACLSHMEM_DATA_OP_MTE);
+    EXPECT_TRUE(record->tls_decided);
+    EXPECT_FALSE(record->tls_enable);
+    EXPECT_EQ(record->uid.version, ACLSHMEM_UNIQUEID_VERSION);
+    const auto uids = testutil::GatherValue(bootstrap, record->uid);
+    EXPECT_EQ(std::memcmp(&uids[0], &uids[1], sizeof(uids[0])), 0);   // one id, broadcast
+    ASSERT_TRUE(bootstrap.Barrier().ok());
+    EXPECT_TRUE(IsOk(device.Finalize()));
+  });
+  EXPECT_EQ(FakeCann::CallsNamed("aclshmemx_get_uniqueid").size(), 1u);
+  EXPECT_EQ(FakeCann::LiveStreams(), 0u);
+  EXPECT_EQ(FakeCann::LiveSessions(), 0u);
+}
+
+TEST_F(AscendDeviceTest, TlsIsOnWithTlsInfoAndOffWithOneWarning) {
+  const std::string settings = "tls.enable=true;tls.ca.path=/etc/ssl/ca.pem;";
+  RunNpuRanks(1, [&](int rank, Bootstrap& bootstrap) {
+    AscendDeviceOptions options;
+    options.tls_info = settings;
+    AscendDevice device(options);
+    ::testing::internal::CaptureStderr();
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 1), bootstrap)));
+    EXPECT_FALSE(Contains(::testing::internal::GetCapturedStderr(), "TLS is off"));
+    const auto record = FakeCann::LastInit();
+    ASSERT_TRUE(record.has_value());
+    EXPECT_TRUE(record->tls_enable);
+    EXPECT_EQ(record->tls_info, settings);   // read through the pointer the device kept alive
+    ASSERT_TRUE(IsOk(device.Finalize()));
+
+    AscendDevice plain;
+    ::testing::internal::CaptureStderr();
+    ASSERT_TRUE(IsOk(plain.Init(Args(rank, 1), bootstrap)));
+    const std::string log = ::testing::internal::GetCapturedStderr();
+    EXPECT_TRUE(Contains(log, "WARNING")) << log;
+    EXPECT_TRUE(Contains(log, "CANN SHMEM config-store TLS is off: HYPER_PARALLEL_SHMEM_TLS_INFO is unset")) << log;
+    EXPECT_EQ(log.find('\n'), log.size() - 1) << "one line: " << log;
+    EXPECT_FALSE(FakeCann::LastInit()->tls_enable);
+    ASSERT_TRUE(IsOk(plain.Finalize()));
+  });
+}
+
+TEST_F(AscendDeviceTest, DoubleInitIsRejectedAndReinitAfterFinalizeWorks) {
+  RunNpuRanks(2, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 2), bootstrap)));
+    EXPECT_TRUE(HasError(device.Init(Args(rank, 2), bootstrap), StatusCode::kStateError,
+                         "ascend device is already initialised: rank=" + std::to_string(rank)));
+    AscendDevice second;   // another user of CANN SHMEM in the same process
+    EXPECT_TRUE(HasError(second.Init(Args(rank, 2), bootstrap), StatusCode::kStateError,
+                         "CANN SHMEM is already initialised in this process: init_status=2"));
+    ASSERT_TRUE(IsOk(device.Finalize()));
+    EXPECT_EQ(aclshmemx_init_status(), ACLSHMEM_STATUS_NOT_INITIALIZED);
+    ASSERT_TRUE(IsOk(second.Init(Args(rank, 2), bootstrap)));
+    ASSERT_TRUE(IsOk(second.Finalize()));
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 2), bootstrap)));   // the same object, a new lifecycle
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+  EXPECT_EQ(FakeCann::LiveStreams(), 0u);
+  EXPECT_EQ(FakeCann::LiveSessions(), 0u);
+}
+
+TEST_F(AscendDeviceTest, InitFailureOnOneRankLeavesEveryRankClean) {
+  // Rank 1's CANN init succeeds but its stream does not: rank 0 finished init too, and must undo it.
+  RunNpuRanks(2, [](int rank, Bootstrap& bootstrap) {
+    if (rank == 1) FakeCann::FailNext("aclrtCreateStream", ACL_ERROR_RT_INTERNAL_ERROR);
+    AscendDevice device;
+    EXPECT_TRUE(HasError(device.Init(Args(rank, 2), bootstrap), StatusCode::kDeviceError,
+                         "initialising CANN SHMEM failed: rank=1 (aclrtCreateStream failed: cann_error_code=507000"));
+    EXPECT_EQ(aclshmemx_init_status(), ACLSHMEM_STATUS_NOT_INITIALIZED);
+    EXPECT_EQ(device.heap_base(), 0u);
+    EXPECT_TRUE(HasError(device.Allocate(64, 64).status(), StatusCode::kStateError, "not initialised"));
+    ASSERT_TRUE(bootstrap.Barrier().ok());
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 2), bootstrap)));   // nothing left behind
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+  EXPECT_EQ(FakeCann::LiveStreams(), 0u);
+  EXPECT_EQ(FakeCann::LiveSessions(), 0u);
+}
+
+TEST_F(AscendDeviceTest, InitFailureInCannIsAgreedAndKeepsTheCannCode) {
+  RunNpuRanks(2, [](int rank, Bootstrap& bootstrap) {
+    FakeCann::FailNext("aclshmemx_init_attr", ACLSHMEM_BOOTSTRAP_ERROR);
+    AscendDevice device;
+    EXPECT_TRUE(HasError(device.Init(Args(rank, 2), bootstrap), StatusCode::kDeviceError,
+                         "initialising CANN SHMEM failed: rank=0 (aclshmemx_init_attr failed: cann_error_code=-6 "
+                         "(ACLSHMEM_BOOTSTRAP_ERROR)"));
+    // The root's failure to create the id reaches every rank before anyone initialises.
+    if (rank == 0) FakeCann::FailNext("aclshmemx_get_uniqueid", ACLSHMEM_INNER_ERROR);
+    EXPECT_TRUE(HasError(device.Init(Args(rank, 2), bootstrap), StatusCode::kDeviceError,
+                         "aclshmemx_get_uniqueid failed: cann_error_code=-4 (ACLSHMEM_INNER_ERROR) rank=0"));
+  });
+  EXPECT_EQ(FakeCann::CallsNamed("aclshmemx_init_attr").size(), 2u);
+  EXPECT_EQ(FakeCann::LiveStreams(), 0u);
+}
+
+TEST_F(AscendDeviceTest, AFailedFinalizeIsTerminal) {
+  RunNpuRanks(1, [](int rank, Bootstrap& bootstrap) {
+    {
+      AscendDevice device;
+      ASSERT_TRUE(IsOk(device.Init(Args(rank, 1), bootstrap)));
+      FakeCann::FailNext("aclshmem_finalize", ACLSHMEM_INNER_ERROR);
+      EXPECT_TRUE(HasError(device.Finalize(), StatusCode::kDeviceError,
+                           "aclshmem_finalize failed: cann_error_code=-4 (ACLSHMEM_INNER_ERROR)"));
+      EXPECT_TRUE(HasError(device.Allocate(64, 64).status(), StatusCode::kStateError,
+                           "ascend device failed to finalize and cannot be used again: op=Allocate"));
+      EXPECT_TRUE(HasError(device.Init(Args(rank, 1), bootstrap), StatusCode::kStateError, "cannot be used again"));
+      EXPECT_TRUE(HasError(device.Finalize(), StatusCode::kStateError, "cannot be used again"));
+    }
+    // Through the runtime: the lifecycle ends in kFailed.
+    EXPECT_EQ(aclshmem_finalize(), ACLSHMEM_SUCCESS);   // clean the fake's PE for the next init
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(AscendConfig(), std::make_unique<AscendDevice>(), bootstrap)));
+    FakeCann::FailNext("aclshmem_finalize", ACLSHMEM_INNER_ERROR);
+    EXPECT_TRUE(HasError(runtime.Shutdown(bootstrap), StatusCode::kDeviceError,
+                         "device finalize failed, the runtime cannot be used again: aclshmem_finalize failed: "
+                         "cann_error_code=-4"));
+    EXPECT_EQ(runtime.state(), LifecycleState::kFailed);
+    EXPECT_TRUE(Contains(runtime.Snapshot().latest_failure, "cann_error_code=-4 (ACLSHMEM_INNER_ERROR)"));
+  });
+}
+
+TEST_F(AscendDeviceTest, EveryOperationRejectsAChangedCurrentDevice) {
+  RunNpuRanks(1, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 1), bootstrap)));
+    auto buffer = device.Allocate(256, 64);
+    ASSERT_TRUE(buffer.ok());
+    char local[16] = {};
+    ASSERT_EQ(aclrtSetDevice(1), ACL_SUCCESS);
+    const std::string drift = "current device must be npu:0 (fixed at acquire_shmem), but got npu:1";
+    EXPECT_TRUE(HasError(device.Allocate(64, 64).status(), StatusCode::kInvalidArgument, drift));
+    EXPECT_TRUE(HasError(device.Free(buffer.value()), StatusCode::kInvalidArgument, drift));
+    EXPECT_TRUE(HasError(device.Put(buffer.value(), local, 16, 0, kDefaultStream, nullptr),
+                         StatusCode::kInvalidArgument, drift));
+    EXPECT_TRUE(HasError(device.Get(local, buffer.value(), 16, 0, kDefaultStream, nullptr),
+                         StatusCode::kInvalidArgument, drift));
+    EXPECT_TRUE(HasError(device.Signal(buffer.value(), SignalWidth::k32, 1, SignalOp::kSet, 0, kDefaultStream),
+                         StatusCode::kInvalidArgument, drift));
+    EXPECT_TRUE(HasError(device.WaitSignal(buffer.value(), SignalWidth::k32, CompareOp::kEq, 0, kDefaultStream),
+                         StatusCode::kInvalidArgument, drift));
+    EXPECT_TRUE(HasError(device.Barrier(kDefaultStream), StatusCode::kInvalidArgument, drift));
+    EXPECT_TRUE(HasError(device.CopyToHeap(buffer.value(), local, 16), StatusCode::kInvalidArgument, drift));
+    EXPECT_TRUE(HasError(device.CopyFromHeap(local, buffer.value(), 16), StatusCode::kInvalidArgument, drift));
+    EXPECT_TRUE(HasError(device.CreateStream().status(), StatusCode::kInvalidArgument, drift));
+    EXPECT_TRUE(HasError(device.SynchronizeStream(kDefaultStream), StatusCode::kInvalidArgument, drift));
+    EXPECT_TRUE(HasError(device.Quiesce(), StatusCode::kInvalidArgument, drift));
+    EXPECT_TRUE(FakeCann::CallsNamed("aclshmemx_putmem_on_stream").empty());
+    EXPECT_TRUE(FakeCann::CallsNamed("aclrtMemcpy").empty());
+    // Back on npu:0 everything works; a finalize from elsewhere releases on npu:0 and restores the caller's NPU.
+    ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS);
+    EXPECT_TRUE(IsOk(device.Free(buffer.value())));
+    ASSERT_EQ(aclrtSetDevice(1), ACL_SUCCESS);
+    EXPECT_TRUE(IsOk(device.Finalize()));
+    int32_t current = -1;
+    ASSERT_EQ(aclrtGetDevice(&current), ACL_SUCCESS);
+    EXPECT_EQ(current, 1);
+    EXPECT_EQ(aclshmemx_init_status(), ACLSHMEM_STATUS_NOT_INITIALIZED);
+  });
+}
+
+TEST_F(AscendDeviceTest, NoNpuSelectedFailsWithTheAclCode) {
+  testutil::RunRanks(1, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    EXPECT_TRUE(HasError(device.Init(Args(rank, 1), bootstrap), StatusCode::kStateError,
+                         "aclrtGetDevice failed: cann_error_code=107002 (ACL_ERROR_RT_CONTEXT_NULL) rank=0"));
+  });
+}
+
+TEST_F(AscendDeviceTest, MemoryComesFromCannsHeapAndIdsAreNeverReusedOnAddressReuse) {
+  RunNpuRanks(2, [](int rank, Bootstrap& bootstrap) {
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(AscendConfig(), std::make_unique<AscendDevice>(), bootstrap)));
+    auto first = runtime.Allocate(4096, 0, "test");
+    ASSERT_TRUE(first.ok()) << first.status().ToString();
+    EXPECT_FALSE(CallsOf(rank, "aclshmem_align").empty());
+    ASSERT_TRUE(IsOk(runtime.Free(first->id, "test")));
+    EXPECT_EQ(CallsOf(rank, "aclshmem_free").back().address, first->base);
+    auto second = runtime.Allocate(4096, 0, "test");
+    ASSERT_TRUE(second.ok());
+    EXPECT_EQ(second->base, first->base);   // CANN's best fit hands the address out again
+    EXPECT_NE(second->id, first->id);
+    EXPECT_TRUE(HasError(runtime.Free(first->id, "test"), StatusCode::kStateError, "already freed"));
+    ASSERT_TRUE(IsOk(runtime.Free(second->id, "test")));
+    ASSERT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+  });
+}
+
+TEST_F(AscendDeviceTest, LeakAndUseAfterFreeGuardsHoldOnThisDevice) {
+  RunNpuRanks(2, [](int, Bootstrap& bootstrap) {
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(AscendConfig(), std::make_unique<AscendDevice>(), bootstrap)));
+    auto freed = runtime.Allocate(256, 0, "test");
+    auto leaked = runtime.Allocate(256, 0, "test");
+    ASSERT_TRUE(freed.ok() && leaked.ok());
+    ASSERT_TRUE(IsOk(runtime.Free(freed->id, "test")));
+    char src[16] = {};
+    EXPECT_TRUE(HasError(runtime.Put(reinterpret_cast<void*>(freed->base), src, 16, 16, 0, kDefaultStream, nullptr),
+                         StatusCode::kInvalidArgument, "`dst`"));
+    EXPECT_TRUE(HasError(runtime.Free(freed->id, "test"), StatusCode::kStateError, "already freed"));
+    runtime.OnStorageReleased(leaked->id);
+    ASSERT_EQ(runtime.Snapshot().leaked.size(), 1u);
+    EXPECT_EQ(runtime.Snapshot().leaked[0].id, leaked->id);
+    EXPECT_TRUE(HasError(runtime.Free(leaked->id, "test"), StatusCode::kStateError, "state=leaked"));
+    ASSERT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+  });
+}
+
+TEST_F(AscendDeviceTest, AllocationFailureIsOutOfMemoryAndShowsInLatestFailure) {
+  RunNpuRanks(1, [](int, Bootstrap& bootstrap) {
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(AscendConfig(), std::make_unique<AscendDevice>(), bootstrap)));
+    FakeCann::FailNext("aclshmem_align", 1);
+    EXPECT_TRUE(HasError(runtime.Allocate(256, 0, "test").status(), StatusCode::kOutOfMemory,
+                         "aclshmem_align failed: cann_error_code=-8 (ACLSHMEM_MALLOC_FAILED) requested=256"));
+    EXPECT_TRUE(Contains(runtime.Snapshot().latest_failure, "cann_error_code=-8"));
+    EXPECT_TRUE(HasError(runtime.Allocate(64 * kMiB, 0, "test").status(), StatusCode::kOutOfMemory,
+                         "the symmetric heap is exhausted"));
+    ASSERT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+  });
+}
+
+TEST_F(AscendDeviceTest, SmallAlignmentsUseMallocAndPeerAddressesGoThroughAclshmemPtr) {
+  RunNpuRanks(2, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 2), bootstrap)));
+    auto small = device.Allocate(10, 16);
+    ASSERT_TRUE(small.ok());
+    EXPECT_EQ(CallsOf(rank, "aclshmem_malloc").size(), 1u);
+    EXPECT_EQ(device.ReservedBytes(small.value()), 16u);
+    auto big = device.Allocate(1000, 4096);
+    ASSERT_TRUE(big.ok());
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(big.value()) % 4096, 0u);
+    EXPECT_EQ(CallsOf(rank, "aclshmem_align").back().value, 4096);
+
+    const auto bigs = testutil::GatherValue(bootstrap, big.value());
+    auto peer = device.PeerAddress(static_cast<char*>(big.value()) + 100, 1 - rank);
+    ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+    EXPECT_EQ(peer.value(), static_cast<char*>(bigs[static_cast<std::size_t>(1 - rank)]) + 100);
+    EXPECT_TRUE(HasError(device.PeerAddress(big.value(), 2).status(), StatusCode::kInvalidArgument,
+                         "`pe` must be in [0, 2), but got 2"));
+    int outside = 0;
+    EXPECT_TRUE(HasError(device.PeerAddress(&outside, 0).status(), StatusCode::kInvalidArgument,
+                         "`symmetric` must be an address inside the symmetric heap"));
+    EXPECT_TRUE(HasError(device.Free(&outside), StatusCode::kInvalidArgument,
+                         "`ptr` must be an allocation of the ascend device"));
+    ASSERT_TRUE(bootstrap.Barrier().ok());
+    EXPECT_TRUE(IsOk(device.Free(small.value())));
+    EXPECT_TRUE(IsOk(device.Free(big.value())));
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
+TEST_F(AscendDeviceTest, DataPlaneCallsCarryTheStreamBytesAndPe) {
+  RunNpuRanks(2, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 2), bootstrap)));
+    auto buffer = device.Allocate(4096, 64);
+    auto signal = device.Allocate(4, 64);
+    ASSERT_TRUE(buffer.ok() && signal.ok());
+    const std::int32_t zero = 0;
+    WriteNpu(signal.value(), &zero, sizeof(zero));
+    auto stream = device.CreateStream();
+    ASSERT_TRUE(stream.ok());
+    const int peer = 1 - rank;
+    ASSERT_TRUE(bootstrap.Barrier().ok());
+
+    const NpuBuffer src(std::vector<char>(1000, static_cast<char>('a' + rank)));
+    ASSERT_TRUE(IsOk(device.Put(buffer.value(), src.data(), 1000, peer, stream.value(), nullptr)));
+    const FakeCall put = CallsOf(rank, "aclshmemx_putmem_on_stream").back();
+    EXPECT_EQ(put.stream, stream.value());
+    EXPECT_EQ(put.bytes, 1000u);
+    EXPECT_EQ(put.target_pe, peer);
+    EXPECT_EQ(put.address, reinterpret_cast<std::uintptr_t>(buffer.value()));
+    ASSERT_TRUE(IsOk(device.Signal(signal.value(), SignalWidth::k32, 5, SignalOp::kAdd, peer, stream.value())));
+    const std::vector<FakeCall> calls = CallsOf(rank);
+    ASSERT_GE(calls.size(), 2u);
+    EXPECT_EQ(calls[calls.size() - 2].name, "aclshmemx_quiet_on_stream");   // puts complete before the signal
+    const FakeCall& sig = calls.back();
+    EXPECT_EQ(sig.name, "aclshmemx_signal_op_on_stream");
+    EXPECT_EQ(sig.stream, stream.value());
+    EXPECT_EQ(sig.value, 5);
+    EXPECT_EQ(sig.op, ACLSHMEM_SIGNAL_ADD);
+    EXPECT_EQ(sig.target_pe, peer);
+
+    ASSERT_TRUE(IsOk(device.WaitSignal(signal.value(), SignalWidth::k32, CompareOp::kGe, 5, stream.value())));
+    const FakeCall wait = CallsOf(rank, "aclshmemx_signal_wait_until_on_stream").back();
+    EXPECT_EQ(wait.op, ACLSHMEM_CMP_GE);
+    EXPECT_EQ(wait.value, 5);
+    EXPECT_EQ(wait.stream, stream.value());
+    ASSERT_TRUE(IsOk(device.SynchronizeStream(stream.value())));
+    EXPECT_EQ(ReadNpu(buffer.value(), 1000)[999], static_cast<char>('a' + peer));
+
+    // The default stream: the device's own, synchronized (bounded) before the call returns.
+    const NpuBuffer back(1000);
+    ASSERT_TRUE(IsOk(device.Get(back.data(), buffer.value(), 1000, peer, kDefaultStream, nullptr)));
+    const std::vector<FakeCall> after = CallsOf(rank);
+    EXPECT_EQ(after[after.size() - 2].name, "aclshmemx_getmem_on_stream");
+    EXPECT_EQ(after[after.size() - 2].stream, device.default_stream());
+    EXPECT_EQ(after[after.size() - 2].target_pe, peer);
+    EXPECT_EQ(after.back().name, "aclrtSynchronizeStreamWithTimeout");
+    EXPECT_EQ(after.back().value, 5000);
+    EXPECT_EQ(ReadNpu(back.data(), 1000)[0], static_cast<char>('a' + rank));   // what this rank put into the peer
+    ASSERT_TRUE(IsOk(device.Barrier(stream.value())));
+    EXPECT_EQ(CallsOf(rank, "aclshmemx_barrier_all_on_stream").back().stream, stream.value());
+    ASSERT_TRUE(IsOk(device.SynchronizeStream(stream.value())));
+    ASSERT_TRUE(IsOk(device.DestroyStream(stream.value())));
+    EXPECT_TRUE(HasError(device.DestroyStream(stream.value()), StatusCode::kInvalidArgument,
+                         "`stream` must be a live stream of the ascend device"));
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
+TEST_F(AscendDeviceTest, TheHeapIsReachedFromTheHostOnlyThroughAclrtMemcpy) {
+  RunNpuRanks(1, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    const char text[] = "records";
+    char back[sizeof(text)] = {};
+    EXPECT_TRUE(HasError(device.CopyToHeap(back, text, sizeof(text)), StatusCode::kStateError,
+                         "ascend device is not initialised: op=CopyToHeap"));
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 1), bootstrap)));
+    EXPECT_TRUE(FakeCann::IsDeviceMemory(reinterpret_cast<void*>(device.heap_base()), device.heap_size()));
+    auto buffer = device.Allocate(64, 64);
+    ASSERT_TRUE(buffer.ok());
+    char* heap = static_cast<char*>(buffer.value());
+    FakeCann::ClearCalls();
+    ASSERT_TRUE(IsOk(device.CopyToHeap(heap + 8, text, sizeof(text))));
+    ASSERT_TRUE(IsOk(device.CopyFromHeap(back, heap + 8, sizeof(text))));
+    EXPECT_STREQ(back, "records");
+    const std::vector<FakeCall> copies = FakeCann::CallsNamed("aclrtMemcpy");
+    ASSERT_EQ(copies.size(), 2u);
+    EXPECT_EQ(copies[0].op, ACL_MEMCPY_HOST_TO_DEVICE);
+    EXPECT_EQ(copies[0].address, reinterpret_cast<std::uintptr_t>(heap + 8));
+    EXPECT_EQ(copies[0].bytes, sizeof(text));
+    EXPECT_EQ(copies[1].op, ACL_MEMCPY_DEVICE_TO_HOST);
+    EXPECT_EQ(copies[1].address, reinterpret_cast<std::uintptr_t>(back));
+
+    // Only this rank's heap; zero bytes are no-ops; CANN's failures keep their code.
+    const std::string heap_range = "must lie inside this rank's symmetric heap [" + Hex(device.heap_base()) + "," +
+                                   Hex(device.heap_base() + device.heap_size()) + "), but got [";
+    EXPECT_TRUE(HasError(device.CopyToHeap(back, text, 1), StatusCode::kInvalidArgument,
+                         "`symmetric_dst` " + heap_range + Hex(reinterpret_cast<std::uintptr_t>(back))));
+    char* end = reinterpret_cast<char*>(device.heap_base() + device.heap_size());
+    EXPECT_TRUE(HasError(device.CopyFromHeap(back, end - 4, 8), StatusCode::kInvalidArgument,
+                         "`symmetric_src` " + heap_range));
+    EXPECT_TRUE(IsOk(device.CopyToHeap(end, text, 0)));
+    EXPECT_EQ(FakeCann::CallsNamed("aclrtMemcpy").size(), 2u);
+    FakeCann::FailNext("aclrtMemcpy", ACL_ERROR_RT_INTERNAL_ERROR);
+    EXPECT_TRUE(HasError(device.CopyToHeap(heap, text, 8), StatusCode::kDeviceError,
+                         "aclrtMemcpy failed: cann_error_code=507000 (ACL_ERROR) op=CopyToHeap kind=host_to_device "
+                         "bytes=8 heap_offset=" + Hex(reinterpret_cast<std::uintptr_t>(heap) - device.heap_base())));
+    ASSERT_TRUE(IsOk(device.Free(heap)));
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
+TEST_F(AscendDeviceTest, HostBuffersFailWhereCannNeedsDeviceMemory) {
+  RunNpuRanks(1, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 1), bootstrap)));
+    auto buffer = device.Allocate(64, 64);
+    ASSERT_TRUE(buffer.ok());
+    char host[16] = "host memory";
+    const std::string fault = "aclrtSynchronizeStreamWithTimeout failed: cann_error_code=507015 (ACL_ERROR)";
+    EXPECT_TRUE(HasError(device.Put(buffer.value(), host, 16, 0, kDefaultStream, nullptr), StatusCode::kDeviceError,
+                         fault + " op=Put"));
+    EXPECT_TRUE(HasError(device.Get(host, buffer.value(), 16, 0, kDefaultStream, nullptr), StatusCode::kDeviceError,
+                         fault + " op=Get"));
+    EXPECT_EQ(ReadNpu(buffer.value(), 16), std::vector<char>(16, '\0'));
+    EXPECT_STREQ(host, "host memory");
+    ASSERT_TRUE(IsOk(device.Free(buffer.value())));
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
+TEST_F(AscendDeviceTest, CollectiveChecksWorkWithTheHeapOutOfTheHostsReach) {
+  // The runtime's allocation, free and shutdown checks exchange records in the heap: on an NPU the host can only
+  // copy them in and out, and every rank must still see every other rank's record.
+  RunNpuRanks(3, [](int rank, Bootstrap& bootstrap) {
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(AscendConfig(), std::make_unique<AscendDevice>(), bootstrap)));
+    const DebugSnapshot snapshot = runtime.Snapshot();
+    EXPECT_TRUE(FakeCann::IsDeviceMemory(reinterpret_cast<void*>(snapshot.heap_base), snapshot.heap_size));
+
+    auto agreed = runtime.Allocate(1024, 0, "test");
+    ASSERT_TRUE(agreed.ok()) << agreed.status().ToString();
+    EXPECT_TRUE(FakeCann::IsDeviceMemory(reinterpret_cast<void*>(agreed->base), 1024));
+    // Rank 2 asks for another size: every rank learns it from the exchanged records.
+    auto disagreed = runtime.Allocate(rank == 2 ? 512 : 256, 0, "test");
+    EXPECT_TRUE(HasError(disagreed.status(), StatusCode::kMismatch, "ranks disagree on a symmetric allocation"));
+    const std::string theirs =
+        rank == 2 ? "rank=0 op=Empty sequence=2 bytes=256" : "rank=2 op=Empty sequence=2 bytes=512";
+    EXPECT_TRUE(Contains(disagreed.status().message(), theirs)) << disagreed.status().message();
+
+    // A live allocation refuses shutdown on every rank, naming the holders.
+    EXPECT_TRUE(HasError(runtime.Shutdown(bootstrap), StatusCode::kStateError,
+                         "shutdown refused: live allocations remain (free them, then close again): rank0=1 rank1=1 "
+                         "rank2=1"));
+    ASSERT_TRUE(IsOk(runtime.Free(agreed->id, "test")));
+    ASSERT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+    EXPECT_FALSE(CallsOf(rank, "aclrtMemcpy").empty());
+    // Every record crossed between heaps (NPU to NPU), never from or into host memory.
+    for (const FakeCall& put : CallsOf(rank, "aclshmemx_putmem_on_stream")) EXPECT_NE(put.target_pe, rank);
+    EXPECT_TRUE(CallsOf(rank, "aclshmemx_getmem_on_stream").empty());
+  });
+  EXPECT_EQ(FakeCann::LiveSessions(), 0u);
+}
+
+TEST_F(AscendDeviceTest, SignalsAreInt32) {
+  RunNpuRanks(1, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 1), bootstrap)));
+    auto signal = device.Allocate(8, 64);
+    ASSERT_TRUE(signal.ok());
+    EXPECT_TRUE(HasError(device.Signal(signal.value(), SignalWidth::k64, 1, SignalOp::kSet, 0, kDefaultStream),
+                         StatusCode::kTypeError, "`signal_tensor` must be int32 on the ascend device"));
+    EXPECT_TRUE(HasError(device.Signal(signal.value(), SignalWidth::k32, std::int64_t{1} << 40, SignalOp::kSet, 0,
+                                       kDefaultStream),
+                         StatusCode::kInvalidArgument, "`value` must fit in int32 on the ascend device, but got"));
+    EXPECT_TRUE(FakeCann::CallsNamed("aclshmemx_signal_op_on_stream").empty());
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
+TEST_F(AscendDeviceTest, ChunksAtTheLimitAndZeroBytesAreValidatedNoOps) {
+  RunNpuRanks(1, [](int, Bootstrap& bootstrap) {
+    AscendDeviceOptions options;
+    options.max_transfer_bytes = 4096;
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(AscendConfig(), std::make_unique<AscendDevice>(options), bootstrap)));
+    auto buffer = runtime.Allocate(3 * 4096, 0, "test");
+    ASSERT_TRUE(buffer.ok());
+    auto* dst = reinterpret_cast<char*>(buffer->base);
+    const std::size_t size = 2 * 4096 + 100;
+    const NpuBuffer src(std::vector<char>(size, 'x'));
+    FakeCann::ClearCalls();
+    ASSERT_TRUE(IsOk(runtime.Put(dst, src.data(), size, size, 0, kDefaultStream, nullptr)));
+    auto puts = FakeCann::CallsNamed("aclshmemx_putmem_on_stream");
+    ASSERT_EQ(puts.size(), 3u);
+    EXPECT_EQ(puts[0].bytes, 4096u);
+    EXPECT_EQ(puts[1].bytes, 4096u);
+    EXPECT_EQ(puts[2].bytes, 100u);
+    EXPECT_EQ(puts[1].address, buffer->base + 4096);
+    EXPECT_EQ(puts[2].address, buffer->base + 8192);
+    EXPECT_EQ(ReadNpu(dst, size)[size - 1], 'x');
+
+    FakeCann::ClearCalls();
+    ASSERT_TRUE(IsOk(runtime.Put(dst, src.data(), 4096, 4096, 0, kDefaultStream, nullptr)));
+    EXPECT_EQ(FakeCann::CallsNamed("aclshmemx_putmem_on_stream").size(), 1u);
+
+    FakeCann::ClearCalls();
+    ASSERT_TRUE(IsOk(runtime.Put(dst, src.data(), 0, 0, 0, kDefaultStream, nullptr)));
+    ASSERT_TRUE(IsOk(runtime.Get(src.data(), dst, 0, 0, 0, kDefaultStream, nullptr)));
+    EXPECT_TRUE(FakeCann::CallsNamed("aclshmemx_putmem_on_stream").empty());
+    EXPECT_TRUE(FakeCann::CallsNamed("aclshmemx_getmem_on_stream").empty());
+    ASSERT_TRUE(IsOk(runtime.Free(buffer->id, "test")));
+    ASSERT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+  });
+}
+
+TEST_F(AscendDeviceTest, DeviceRejectsOversizedCallsAndTreatsZeroBytesAsNoOps) {
+  RunNpuRanks(1, [](int rank, Bootstrap& bootstrap) {
+    AscendDeviceOptions options;
+    options.max_transfer_bytes = 4096;
+    AscendDevice device(options);
+    EXPECT_EQ(AscendDevice().max_transfer_bytes(), std::size_t{1} << 31);
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 1), bootstrap)));
+    auto buffer = device.Allocate(8192, 64);
+    ASSERT_TRUE(buffer.ok());
+    std::vector<char> src(8192);
+    EXPECT_TRUE(HasError(device.Put(buffer.value(), src.data(), 4097, 0, kDefaultStream, nullptr),
+                         StatusCode::kInvalidArgument, "`bytes` of one device call must be at most 4096, but got 4097"));
+    EXPECT_TRUE(IsOk(device.Put(buffer.value(), src.data(), 0, 0, kDefaultStream, nullptr)));
+    EXPECT_TRUE(IsOk(device.Get(src.data(), buffer.value(), 0, 0, kDefaultStream, nullptr)));
+    EXPECT_TRUE(HasError(device.Put(buffer.value(), src.data(), 0, 1, kDefaultStream, nullptr),
+                         StatusCode::kInvalidArgument, "`pe` must be in [0, 1), but got 1"));
+    EXPECT_TRUE(FakeCann::CallsNamed("aclshmemx_putmem_on_stream").empty());
+    EXPECT_TRUE(FakeCann::CallsNamed("aclshmemx_getmem_on_stream").empty());
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
+TEST_F(AscendDeviceTest, StreamWaitStreamOrdersThroughAnEvent) {
+  RunNpuRanks(1, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 1), bootstrap)));
+    auto signal = device.Allocate(4, 64);
+    auto data = device.Allocate(64, 64);
+    ASSERT_TRUE(signal.ok() && data.ok());
+    const std::vector<char> zeros(64, '\0');
+    WriteNpu(signal.value(), zeros.data(), 4);
+    WriteNpu(data.value(), zeros.data(), 64);
+    auto waited = device.CreateStream();
+    auto waiter = device.CreateStream();
+    ASSERT_TRUE(waited.ok() && waiter.ok());
+    ASSERT_TRUE(IsOk(device.WaitSignal(signal.value(), SignalWidth::k32, CompareOp::kEq, 1, waited.value())));
+    ASSERT_TRUE(IsOk(device.StreamWaitStream(waiter.value(), waited.value())));
+    EXPECT_EQ(CallsOf(rank, "aclrtRecordEvent").back().stream, waited.value());
+    EXPECT_EQ(CallsOf(rank, "aclrtStreamWaitEvent").back().stream, waiter.value());
+    const NpuBuffer text(std::vector<char>{'o', 'r', 'd', 'e', 'r', 'e', 'd', '\0'});
+    auto keep = std::make_shared<int>(1);
+    std::weak_ptr<int> kept = keep;
+    ASSERT_TRUE(IsOk(device.Put(data.value(), text.data(), 8, 0, waiter.value(), std::move(keep))));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(ReadNpu(data.value(), 1)[0], '\0');   // still behind the wait
+    EXPECT_FALSE(kept.expired());                            // its buffers are kept until the stream syncs
+    ASSERT_TRUE(IsOk(device.Signal(signal.value(), SignalWidth::k32, 1, SignalOp::kSet, 0, kDefaultStream)));
+    ASSERT_TRUE(IsOk(device.SynchronizeStream(waiter.value())));
+    EXPECT_STREQ(ReadNpu(data.value(), 8).data(), "ordered");
+    EXPECT_TRUE(kept.expired());
+    ASSERT_TRUE(IsOk(device.Quiesce()));
+    EXPECT_EQ(FakeCann::LiveEvents(), 0u);   // destroyed once every stream drained
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+  EXPECT_EQ(FakeCann::LiveStreams(), 0u);
+}
+
+TEST_F(AscendDeviceTest, CallersStreamIsUsedAsIsButNeverDestroyed) {
+  RunNpuRanks(1, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 1), bootstrap)));
+    aclrtStream current = nullptr;   // what torch_npu's current stream would be
+    ASSERT_EQ(aclrtCreateStream(&current), ACL_SUCCESS);
+    const auto handle = reinterpret_cast<StreamHandle>(current);
+    ASSERT_TRUE(IsOk(device.Barrier(handle)));
+    EXPECT_EQ(CallsOf(rank, "aclshmemx_barrier_all_on_stream").back().stream, handle);
+    FakeCann::ClearCalls();
+    ASSERT_TRUE(IsOk(device.Quiesce()));
+    EXPECT_FALSE(FakeCann::CallsNamed("aclrtSynchronizeStreamWithTimeout").empty());
+    EXPECT_TRUE(HasError(device.DestroyStream(handle), StatusCode::kInvalidArgument,
+                         "`stream` must be a live stream of the ascend device"));
+    ASSERT_TRUE(IsOk(device.Finalize()));
+    EXPECT_EQ(aclrtDestroyStream(current), ACL_SUCCESS);   // still the caller's
+  });
+}
+
+TEST_F(AscendDeviceTest, TimeoutsAndStreamFailuresKeepTheCannCode) {
+  RunNpuRanks(1, [](int, Bootstrap& bootstrap) {
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(AscendConfig(0.2), std::make_unique<AscendDevice>(), bootstrap)));
+    auto signal = runtime.Allocate(4, 0, "test");
+    ASSERT_TRUE(signal.ok());
+    auto stream = runtime.CreateStream();
+    ASSERT_TRUE(stream.ok());
+    const NpuBuffer src(8);
+    FakeCann::FailNext("aclshmemx_putmem_on_stream", ACL_ERROR_RT_AICORE_EXCEPTION);
+    ASSERT_TRUE(IsOk(runtime.Put(reinterpret_cast<void*>(signal->base), src.data(), 4, 4, 0, stream.value(),
+                                 nullptr)));
+    EXPECT_TRUE(HasError(runtime.SynchronizeStream(stream.value()), StatusCode::kDeviceError,
+                         "aclrtSynchronizeStreamWithTimeout failed: cann_error_code=507015 (ACL_ERROR)"));
+    EXPECT_TRUE(Contains(runtime.Snapshot().latest_failure, "cann_error_code=507015"));
+
+    const auto* address = reinterpret_cast<const void*>(signal->base);
+    EXPECT_TRUE(HasError(runtime.WaitSignal(address, SignalWidth::k32, CompareOp::kEq, 7, kDefaultStream),
+                         StatusCode::kTimeout,
+                         "aclrtSynchronizeStreamWithTimeout failed: cann_error_code=507046 "
+                         "(ACL_ERROR_RT_STREAM_SYNC_TIMEOUT) op=WaitSignal"));
+    const std::string latest = runtime.Snapshot().latest_failure;
+    EXPECT_TRUE(Contains(latest, "cann_error_code=507046")) << latest;
+    EXPECT_TRUE(Contains(latest, "cmp=eq expected=7 timeout_sec=0.2")) << latest;
+    // Release the stuck wait so that the lifecycle can end.
+    ASSERT_TRUE(IsOk(runtime.Signal(address, SignalWidth::k32, 7, SignalOp::kSet, 0, stream.value())));
+    ASSERT_TRUE(IsOk(runtime.SynchronizeStream(stream.value())));
+    ASSERT_TRUE(IsOk(runtime.DestroyStream(stream.value())));
+    ASSERT_TRUE(IsOk(runtime.Free(signal->id, "test")));
+    ASSERT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+  });
+}
+
+TEST_F(AscendDeviceTest, AllGatherIsBuiltFromPutsAndBarriers) {
+  RunNpuRanks(3, [](int rank, Bootstrap& bootstrap) {
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(AscendConfig(), std::make_unique<AscendDevice>(), bootstrap)));
+    auto output = runtime.Allocate(3 * 256, 0, "test");
+    ASSERT_TRUE(output.ok());
+    const NpuBuffer input(std::vector<char>(256, static_cast<char>('A' + rank)));
+    ASSERT_TRUE(IsOk(runtime.AllGather(reinterpret_cast<void*>(output->base), 3 * 256, input.data(), 256,
+                                       kDefaultStream, nullptr)));
+    const std::vector<char> out = ReadNpu(reinterpret_cast<const void*>(output->base), 3 * 256);
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_EQ(std::count(out.begin() + r * 256, out.begin() + (r + 1) * 256, static_cast<char>('A' + r)), 256)
+          << "slot " << r;
+    }
+    EXPECT_EQ(CallsOf(rank, "aclshmemx_putmem_on_stream").size() >= 3, true);
+    EXPECT_GE(CallsOf(rank, "aclshmemx_barrier_all_on_stream").size(), 2u);
+    ASSERT_TRUE(IsOk(runtime.Free(output->id, "test")));
+    ASSERT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+  });
+}
+
+TEST_F(AscendDeviceTest, ReduceNeedsTheAscendCKernel) {
+  RunNpuRanks(1, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 1), bootstrap)));
+    auto buffer = device.Allocate(64, 64);
+    ASSERT_TRUE(buffer.ok());
+    EXPECT_TRUE(HasError(device.Reduce(buffer.value(), buffer.value(), 16, DataType::kFloat32, ReduceOp::kSum, {0},
+                                       kDefaultStream, nullptr),
+                         StatusCode::kDeviceError,
+                         "reduce on the ascend device needs the AscendC reduction kernel, which is not built here: "
+                         "device=ascend"));
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
+struct CodeCase {
+  int code;
+  StatusCode expected;
+  const char* name;
+};
+
+TEST(CannStatusTest, EveryShmemCodeMapsAndKeepsTheCode) {
+  const CodeCase cases[] = {
+      {ACLSHMEM_INVALID_PARAM, StatusCode::kInvalidArgument, "ACLSHMEM_INVALID_PARAM"},
+      {ACLSHMEM_INVALID_VALUE, StatusCode::kInvalidArgument, "ACLSHMEM_INVALID_VALUE"},
+      {ACLSHMEM_SMEM_ERROR, StatusCode::kDeviceError, "ACLSHMEM_SMEM_ERROR"},
+      {ACLSHMEM_INNER_ERROR, StatusCode::kDeviceError, "ACLSHMEM_INNER_ERROR"},
+      {ACLSHMEM_NOT_INITED, StatusCode::kStateError, "ACLSHMEM_NOT_INITED"},
+      {ACLSHMEM_BOOTSTRAP_ERROR, StatusCode::kDeviceError, "ACLSHMEM_BOOTSTRAP_ERROR"},
+      {ACLSHMEM_TIMEOUT_ERROR, StatusCode::kTimeout, "ACLSHMEM_TIMEOUT_ERROR"},
+      {ACLSHMEM_MALLOC_FAILED, StatusCode::kOutOfMemory, "ACLSHMEM_MALLOC_FAILED"},
+      {ACLSHMEM_DL_FUNC_FAILED, StatusCode::kDeviceError, "ACLSHMEM_DL_FUNC_FAILED"},
+      {ACLSHMEM_INNER_TIMEOUT, StatusCode::kTimeout, "ACLSHMEM_INNER_TIMEOUT"},
+      {ACLSHMEM_UNDER_API_UNLOAD, StatusCode::kDeviceError, "ACLSHMEM_UNDER_API_UNLOAD"},
+      {ACLSHMEM_NOT_SUPPORTED, StatusCode::kDeviceError, "ACLSHMEM_NOT_SUPPORTED"},
+      {-42, StatusCode::kDeviceError, "unknown"},
+  };
+  EXPECT_TRUE(ascend::FromShmemCode(ACLSHMEM_SUCCESS, "aclshmem_x").ok());
+  for (const CodeCase& c : cases) {
+    const Status status = ascend::FromShmemCode(c.code, "aclshmem_x", "pe=1");
+    EXPECT_EQ(status.code(), c.expected) << c.name;
+    EXPECT_TRUE(Contains(status.message(), "cann_error_code=" + std::to_string(c.code) + " (" + c.name + ") pe=1"))
+        << status.message();
+    EXPECT_TRUE(Contains(status.message(), "aclshmem_x")) << status.message();
+  }
+  EXPECT_EQ(ascend::FromShmemCode(ACLSHMEM_INVALID_VALUE, "aclshmem_x").message(),
+            "arguments of aclshmem_x must be valid for CANN, but got cann_error_code=-2 (ACLSHMEM_INVALID_VALUE)");
+  EXPECT_EQ(ascend::FromShmemCode(ACLSHMEM_TIMEOUT_ERROR, "aclshmem_x", "pe=1").message(),
+            "aclshmem_x failed: cann_error_code=-7 (ACLSHMEM_TIMEOUT_ERROR) pe=1");
+}
+
+TEST(CannStatusTest, EveryAclCodeMapsAndKeepsTheCode) {
+  const CodeCase cases[] = {
+      {ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, StatusCode::kTimeout, "ACL_ERROR_RT_STREAM_SYNC_TIMEOUT"},
+      {ACL_ERROR_RT_EVENT_SYNC_TIMEOUT, StatusCode::kTimeout, "ACL_ERROR_RT_EVENT_SYNC_TIMEOUT"},
+      {ACL_ERROR_RT_WAIT_TIMEOUT, StatusCode::kTimeout, "ACL_ERROR_RT_WAIT_TIMEOUT"},
+      {ACL_ERROR_RT_TASK_TIMEOUT, StatusCode::kTimeout, "ACL_ERROR_RT_TASK_TIMEOUT"},
+      {ACL_ERROR_RT_MEMORY_ALLOCATION, StatusCode::kOutOfMemory, "ACL_ERROR_RT_MEMORY_ALLOCATION"},
+      {ACL_ERROR_RT_DEVICE_OOM, StatusCode::kOutOfMemory, "ACL_ERROR_RT_DEVICE_OOM"},
+      {ACL_ERROR_RT_PARAM_INVALID, StatusCode::kInvalidArgument, "ACL_ERROR_RT_PARAM_INVALID"},
+      {ACL_ERROR_RT_INVALID_DEVICEID, StatusCode::kInvalidArgument, "ACL_ERROR_RT_INVALID_DEVICEID"},
+      {ACL_ERROR_RT_CONTEXT_NULL, StatusCode::kStateError, "ACL_ERROR_RT_CONTEXT_NULL"},
+      {ACL_ERROR_RT_INTERNAL_ERROR, StatusCode::kDeviceError, "ACL_ERROR"},
+      {ACL_ERROR_RT_AICORE_EXCEPTION, StatusCode::kDeviceError, "ACL_ERROR"},
+  };
+  EXPECT_TRUE(ascend::FromAclError(ACL_SUCCESS, "aclrtX").ok());
+  for (const CodeCase& c : cases) {
+    const Status status = ascend::FromAclError(c.code, "aclrtX", "stream=0x1");
+    EXPECT_EQ(status.code(), c.expected) << c.name;
+    EXPECT_TRUE(Contains(status.message(), "cann_error_code=" + std::to_string(c.code) + " (" + c.name + ")"))
+        << status.message();
+  }
+}
+
+}  // namespace
+}  // namespace hp::shmem
