@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "bindings/torch/status_error.h"
+#include "bindings/torch/tensor_device.h"
 #include "runtime/logging.h"
 #include "runtime/runtime.h"
 
@@ -85,15 +86,16 @@ at::Tensor Empty(const std::vector<std::int64_t>& sizes, c10::ScalarType dtype, 
   const std::uint64_t id = info.id;
   // The deleter learns its storage's address once the tensor exists.
   auto storage_key = std::make_shared<const c10::StorageImpl*>(nullptr);
-  at::Tensor tensor = at::from_blob(
+  const TensorDevice& device = ActiveTensorDevice();
+  at::Tensor tensor = device.wrap(
       reinterpret_cast<void*>(info.base), sizes,
+      at::TensorOptions().dtype(dtype).device(device.device),
       [id, storage_key](void*) {
         // The storage let go of the memory: on free (already freed, nothing to do), or before free because its
         // last reference died or torch moved it to other memory (a leak either way, which the runtime reports).
         const bool storage_alive = Untrack(*storage_key, id);
         Runtime::Instance().OnStorageReleased(id, storage_alive);
-      },
-      at::TensorOptions().dtype(dtype).device(at::kCPU));
+      });
   c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
   *storage_key = storage;
   std::lock_guard<std::mutex> lock(g_mu);

@@ -14,7 +14,8 @@
 
 namespace hp::shmem::torch_binding {
 
-// Collective: allocates and wraps a CPU tensor of `sizes` and `dtype` from the symmetric heap.
+// Collective: allocates a tensor of `sizes` and `dtype` from the symmetric heap, on the active tensor device
+// (tensor_device.h): a CPU tensor on the host device, an npu tensor on the ascend device.
 at::Tensor Empty(const std::vector<std::int64_t>& sizes, c10::ScalarType dtype, std::size_t alignment,
                  std::string call_site);
 

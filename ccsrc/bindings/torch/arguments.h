@@ -13,6 +13,7 @@
 #include <string>
 
 #include "bindings/torch/status_error.h"
+#include "bindings/torch/tensor_device.h"
 
 namespace hp::shmem::torch_binding {
 
@@ -31,16 +32,17 @@ inline std::string IntList(c10::IntArrayRef values) {
   return text + "]";
 }
 
-// A contiguous CPU tensor (the host device's memory).
+// A contiguous tensor on the active tensor device: any CPU tensor on the host device, a tensor on the SHMEM NPU
+// (npu:N) on the ascend device.
 inline const at::Tensor& TensorArg(pybind11::handle value, const char* name) {
   if (!THPVariable_Check(value.ptr())) {
     throw StatusError(TypeError(std::string("`") + name + "` must be a torch.Tensor, but got " + PyTypeName(value)));
   }
   const at::Tensor& tensor = THPVariable_Unpack(value.ptr());
-  if (!tensor.is_cpu()) {
-    throw StatusError(InvalidArgument(std::string("`") + name +
-                                      "` must be a cpu tensor (the host device), but got a tensor on " +
-                                      tensor.device().str()));
+  const TensorDevice& active = ActiveTensorDevice();
+  const c10::Device device = tensor.device();
+  if (device.type() != active.device.type() || (active.device.has_index() && device.index() != active.device.index())) {
+    throw StatusError(InvalidArgument(std::string("`") + name + "` must be " + active.mismatch + device.str()));
   }
   if (tensor.is_conj() || tensor.is_neg()) {   // lazy views: their bytes are not their values
     throw StatusError(InvalidArgument(std::string("`") + name +

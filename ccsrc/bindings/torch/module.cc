@@ -15,10 +15,12 @@
 #include "bindings/torch/arguments.h"
 #include "bindings/torch/py_bootstrap.h"
 #include "bindings/torch/status_error.h"
+#include "bindings/torch/tensor_device.h"
 #include "runtime/config.h"
 #include "runtime/interrupt.h"
 #include "runtime/host/host_device.h"
 #ifdef HP_WITH_ASCEND_DEVICE
+#include "bindings/torch/npu/npu_tensors.h"
 #include "runtime/ascend/ascend_device.h"
 #endif
 #include "runtime/logging.h"
@@ -52,10 +54,21 @@ bool PythonSignalPending() {
   return PyErr_CheckSignals() != 0;
 }
 
-// Nothing to keep alive on the default stream: the operation is over when the call returns.
+// `stream` as Python passed it. Nothing to keep alive on the default stream: on the host device the operation is
+// over when the call returns; on torch_npu's current stream torch's own rule holds, as for its ops (the caching
+// allocator hands a tensor's memory out again only in that stream's order).
 KeepAlive Keep(StreamHandle stream, std::initializer_list<at::Tensor> tensors) {
   if (stream == kDefaultStream) return nullptr;
   return std::make_shared<const std::vector<at::Tensor>>(tensors);
+}
+
+// The stream a call runs on: Python's default stream (0) is the active tensor device's, torch_npu's current stream
+// on the ascend device, so that SHMEM operations keep their order with the torch ops around them. Called without
+// the GIL: torch_npu drains its task queue first.
+StreamHandle OnStream(StreamHandle stream) {
+  if (stream != kDefaultStream) return stream;
+  const TensorDevice& active = ActiveTensorDevice();
+  return active.default_stream == nullptr ? kDefaultStream : active.default_stream(active.device);
 }
 
 SignalWidth WidthOf(const at::Tensor& signal) {
@@ -72,9 +85,20 @@ std::unique_ptr<Device> MakeDevice(const Config& config) {
                                " built=host (build with -DHP_ASCEND_REAL_CANN=ON where CANN is installed)"));
 }
 
+// The tensor device of `device`, which Init has just initialised (the ascend device's NPU is known only then).
+const TensorDevice& TensorDeviceOf([[maybe_unused]] const Device& device) {
+#ifdef HP_WITH_ASCEND_DEVICE
+  if (const auto* ascend = dynamic_cast<const ascend::AscendDevice*>(&device)) {
+    return npu::NpuTensorDevice(ascend->device_id());
+  }
+#endif
+  return HostTensorDevice();
+}
+
 void Init(int rank, int world_size, py::object all_gather, py::object barrier) {
   Config config = ValueOrThrow(ParseConfig(ProcessEnv()));
   std::unique_ptr<Device> device = MakeDevice(config);
+  const Device& initialised = *device;   // the runtime owns it from here on: alive once Init has succeeded
   PyBootstrap bootstrap(rank, world_size, std::move(all_gather), std::move(barrier));
   Status status;
   {
@@ -82,6 +106,7 @@ void Init(int rank, int world_size, py::object all_gather, py::object barrier) {
     status = R().Init(config, std::move(device), bootstrap);
   }
   ThrowIfError(std::move(status));
+  SetActiveTensorDevice(TensorDeviceOf(initialised));
 }
 
 void Shutdown(int rank, int world_size, py::object all_gather, py::object barrier) {
@@ -119,7 +144,7 @@ void Put(py::handle dst_arg, py::handle src_arg, py::handle pe_arg, StreamHandle
   const void* src_ptr = DataPointer(src, "src");
   KeepAlive keep = Keep(stream, {dst, src});
   py::gil_scoped_release nogil;
-  ThrowIfError(R().Put(dst_ptr, src_ptr, ByteSize(dst), ByteSize(src), pe, stream, std::move(keep)));
+  ThrowIfError(R().Put(dst_ptr, src_ptr, ByteSize(dst), ByteSize(src), pe, OnStream(stream), std::move(keep)));
 }
 
 void Get(py::handle dst_arg, py::handle src_arg, py::handle pe_arg, StreamHandle stream) {
@@ -130,7 +155,7 @@ void Get(py::handle dst_arg, py::handle src_arg, py::handle pe_arg, StreamHandle
   const void* src_ptr = DataPointer(src, "src");
   KeepAlive keep = Keep(stream, {dst, src});
   py::gil_scoped_release nogil;
-  ThrowIfError(R().Get(dst_ptr, src_ptr, ByteSize(dst), ByteSize(src), pe, stream, std::move(keep)));
+  ThrowIfError(R().Get(dst_ptr, src_ptr, ByteSize(dst), ByteSize(src), pe, OnStream(stream), std::move(keep)));
 }
 
 void Signal(py::handle signal_arg, py::handle value_arg, py::handle pe_arg, int op, StreamHandle stream) {
@@ -139,7 +164,7 @@ void Signal(py::handle signal_arg, py::handle value_arg, py::handle pe_arg, int 
   const int pe = PeArg(pe_arg);
   void* ptr = DataPointer(signal, "signal_tensor");
   py::gil_scoped_release nogil;
-  ThrowIfError(R().Signal(ptr, WidthOf(signal), value, static_cast<SignalOp>(op), pe, stream));
+  ThrowIfError(R().Signal(ptr, WidthOf(signal), value, static_cast<SignalOp>(op), pe, OnStream(stream)));
 }
 
 void WaitSignal(py::handle signal_arg, py::handle value_arg, int cmp, StreamHandle stream) {
@@ -147,7 +172,7 @@ void WaitSignal(py::handle signal_arg, py::handle value_arg, int cmp, StreamHand
   const std::int64_t value = SignalValueArg(signal, value_arg);
   void* ptr = DataPointer(signal, "signal_tensor");
   py::gil_scoped_release nogil;
-  ThrowIfError(R().WaitSignal(ptr, WidthOf(signal), static_cast<CompareOp>(cmp), value, stream));
+  ThrowIfError(R().WaitSignal(ptr, WidthOf(signal), static_cast<CompareOp>(cmp), value, OnStream(stream)));
 }
 
 // The runtime's element type of a reduction's tensors; both tensors must share it.
@@ -205,12 +230,12 @@ void Reduce(py::handle dst_arg, py::handle src_arg, int op, py::handle pes_arg, 
   KeepAlive keep = Keep(stream, {dst, src});
   py::gil_scoped_release nogil;
   ThrowIfError(R().Reduce(dst_ptr, ByteSize(dst), src_ptr, ByteSize(src), dtype, static_cast<ReduceOp>(op), pes,
-                          stream, std::move(keep)));
+                          OnStream(stream), std::move(keep)));
 }
 
 void Barrier(StreamHandle stream) {
   py::gil_scoped_release nogil;
-  ThrowIfError(R().Barrier(stream));
+  ThrowIfError(R().Barrier(OnStream(stream)));
 }
 
 void AllGather(py::handle output_arg, py::handle input_arg, StreamHandle stream) {
@@ -220,7 +245,7 @@ void AllGather(py::handle output_arg, py::handle input_arg, StreamHandle stream)
   const void* in_ptr = DataPointer(input, "input");
   KeepAlive keep = Keep(stream, {output, input});
   py::gil_scoped_release nogil;
-  ThrowIfError(R().AllGather(out_ptr, ByteSize(output), in_ptr, ByteSize(input), stream, std::move(keep)));
+  ThrowIfError(R().AllGather(out_ptr, ByteSize(output), in_ptr, ByteSize(input), OnStream(stream), std::move(keep)));
 }
 
 py::dict AllocationDict(const AllocationInfo& info) {
@@ -329,11 +354,11 @@ PYBIND11_MODULE(_shmem_torch, m) {
   });
   m.def("synchronize_stream", [](StreamHandle s) {
     py::gil_scoped_release nogil;
-    ThrowIfError(Runtime::Instance().SynchronizeStream(s));
+    ThrowIfError(Runtime::Instance().SynchronizeStream(OnStream(s)));
   });
   m.def("stream_wait_stream", [](StreamHandle waiter, StreamHandle waited) {
     py::gil_scoped_release nogil;
-    ThrowIfError(Runtime::Instance().StreamWaitStream(waiter, waited));
+    ThrowIfError(Runtime::Instance().StreamWaitStream(OnStream(waiter), OnStream(waited)));
   });
   m.def("debug_state", &DebugState);
   m.def("read_config", &ReadConfig);

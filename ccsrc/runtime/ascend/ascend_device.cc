@@ -331,15 +331,20 @@ Status AscendDevice::CopyFromHeap(void* host_dst, const void* symmetric_src, std
   return CopyLocal("CopyFromHeap", host_dst, symmetric_src, bytes, false);
 }
 
-Status AscendDevice::Put(void* symmetric_dst, const void* src, std::size_t bytes, int pe, StreamHandle stream,
-                         KeepAlive keep) {
-  HP_RETURN_IF_ERROR(RequireReady("Put"));
+Status AscendDevice::CheckCopy(const char* op, int pe, std::size_t bytes) const {
+  HP_RETURN_IF_ERROR(RequireReady(op));
   HP_RETURN_IF_ERROR(CheckPe(pe));
-  if (bytes == 0) return Status::Ok();
   if (bytes > options_.max_transfer_bytes) {
     return InvalidArgument("`bytes` of one device call must be at most " + std::to_string(options_.max_transfer_bytes) +
                            ", but got " + std::to_string(bytes));
   }
+  return Status::Ok();
+}
+
+Status AscendDevice::Put(void* symmetric_dst, const void* src, std::size_t bytes, int pe, StreamHandle stream,
+                         KeepAlive keep) {
+  HP_RETURN_IF_ERROR(CheckCopy("Put", pe, bytes));
+  if (bytes == 0) return Status::Ok();
   void* acl_stream = Resolve(stream);
   aclshmemx_putmem_on_stream(symmetric_dst, const_cast<void*>(src), bytes, pe, acl_stream);
   return Completed(stream, acl_stream, std::move(keep),
@@ -348,13 +353,8 @@ Status AscendDevice::Put(void* symmetric_dst, const void* src, std::size_t bytes
 
 Status AscendDevice::Get(void* dst, const void* symmetric_src, std::size_t bytes, int pe, StreamHandle stream,
                          KeepAlive keep) {
-  HP_RETURN_IF_ERROR(RequireReady("Get"));
-  HP_RETURN_IF_ERROR(CheckPe(pe));
+  HP_RETURN_IF_ERROR(CheckCopy("Get", pe, bytes));
   if (bytes == 0) return Status::Ok();
-  if (bytes > options_.max_transfer_bytes) {
-    return InvalidArgument("`bytes` of one device call must be at most " + std::to_string(options_.max_transfer_bytes) +
-                           ", but got " + std::to_string(bytes));
-  }
   void* acl_stream = Resolve(stream);
   aclshmemx_getmem_on_stream(dst, const_cast<void*>(symmetric_src), bytes, pe, acl_stream);
   return Completed(stream, acl_stream, std::move(keep),

@@ -95,6 +95,8 @@ class AscendDevice final : public Device {
   Status RequireReady(const char* op) const;
   Status CheckCurrentDevice() const;
   Status CheckPe(int pe) const;
+  // The checks of one Put or Get call: ready, a valid pe, at most one call's bytes.
+  Status CheckCopy(const char* op, int pe, std::size_t bytes) const;
   Status CheckSignal(SignalWidth width, std::int64_t value, const char* value_name) const;
   // The shared part of CopyToHeap and CopyFromHeap: one aclrtMemcpy between the host and `symmetric` in this heap.
   Status CopyLocal(const char* op, void* dst, const void* src, std::size_t bytes, bool to_heap);

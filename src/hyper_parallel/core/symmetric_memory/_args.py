@@ -10,6 +10,7 @@ from typing import Union
 import torch
 
 from hyper_parallel.core.multicore.shmem._checks import type_name
+from hyper_parallel.core.symmetric_memory import _context
 
 Count = Union[int, torch.Tensor]
 
@@ -44,16 +45,17 @@ def count(value: Count, name: str) -> int:
 
 
 def tensor(value: object, name: str) -> torch.Tensor:
-    """A contiguous CPU tensor.
+    """A contiguous tensor on the SHMEM device (the CPU for the host device).
 
     Raises:
         TypeError: not a tensor.
-        ValueError: not contiguous, or not on the CPU.
+        ValueError: not contiguous, or on another device.
     """
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"`{name}` must be a torch.Tensor, but got {type_name(value)}")
-    if value.device.type != "cpu":
-        raise ValueError(f"`{name}` must be a tensor on the cpu device (the host device), but got {value.device}")
+    device = _context.tensor_device()
+    if value.device != device:
+        raise ValueError(f"`{name}` must be a tensor on {device} (the SHMEM device), but got {value.device}")
     if not value.is_contiguous():
         raise ValueError(f"`{name}` must be contiguous, but got strides {tuple(value.stride())}")
     return value

@@ -40,6 +40,14 @@ def _chunk(count: int, parts: int, index: int) -> tuple:
     return lo, min(lo + step, count)
 
 
+def _check_group_multiple(whole: torch.Tensor, whole_name: str, part: torch.Tensor, part_name: str, n: int) -> None:
+    """Raises ValueError unless ``whole`` has ``n`` times the elements of ``part`` (one part per group rank)."""
+    if whole.numel() != n * part.numel():
+        raise ValueError(
+            f"`{whole_name}.numel()` must be {n} x {part_name}.numel() ({n * part.numel()}), but got {whole.numel()}"
+        )
+
+
 def _copy_local(dst: torch.Tensor, src: torch.Tensor, ch: GroupChannel) -> None:
     """A stream-ordered local copy between tensors of which one is symmetric."""
     if dst.data_ptr() == src.data_ptr():
@@ -80,11 +88,7 @@ def shmem_allgather(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
     _args.same_dtype(data, "input_tensor", output, "output_tensor")
     ch = _context.channel(group)
     n = ch.size
-    if output.numel() != n * data.numel():
-        raise ValueError(
-            f"`output_tensor.numel()` must be {n} x input_tensor.numel() ({n * data.numel()}), "
-            f"but got {output.numel()}"
-        )
+    _check_group_multiple(output, "output_tensor", data, "input_tensor", n)
     src, out = _bytes(data), _bytes(output)
     c = src.numel()
     mine = out[ch.me * c:(ch.me + 1) * c]
@@ -222,11 +226,7 @@ def shmem_reduce_scatter(output_tensor: torch.Tensor, input_tensor: torch.Tensor
     op = _args.reduce_op(op, data.dtype)
     ch = _context.channel(group)
     n = ch.size
-    if data.numel() != n * output.numel():
-        raise ValueError(
-            f"`input_tensor.numel()` must be {n} x output_tensor.numel() ({n * output.numel()}), "
-            f"but got {data.numel()}"
-        )
+    _check_group_multiple(data, "input_tensor", output, "output_tensor", n)
     out, src = output.view(-1), data.view(-1)
     c = out.numel()
     if c == 0:
@@ -314,7 +314,7 @@ def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: tor
         raise ValueError(f"`sum(receive_list)` must be at most receive_tensor.numel() ({receive.numel()}), "
                          f"but got {sum(receives)}")
     esize = receive.element_size()
-    row = torch.tensor([t.numel() // esize for t in sends] + receives, dtype=torch.int64)
+    row = torch.tensor([t.numel() // esize for t in sends] + receives, dtype=torch.int64, device=receive.device)
     parity = ch.flip()
     counts = ch.counts[parity]
     # Small parts travel with the counts (one sync in all): into the receiver's staging half of this parity,
@@ -392,7 +392,7 @@ def shmem_send(tensor: torch.Tensor, dst_rank: int, group: Optional[dist.Process
     dst = _peer_rank(dst_rank, "dst_rank", ch)
     pe = ch.pes[dst]
     total = data.numel()
-    header_value = torch.tensor([total], dtype=torch.int64)
+    header_value = torch.tensor([total], dtype=torch.int64, device=data.device)
     seq = ch.sent_messages[dst]
     for off in range(0, max(total, 1), ch.mailbox_payload_bytes):
         seq += 1

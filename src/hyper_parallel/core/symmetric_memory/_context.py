@@ -43,6 +43,7 @@ _ALIGN = 4096
 _ONE_SHOT_BYTES = 256 << 10
 # Pieces of send/recv in flight per (sender, receiver): the sender runs this far ahead of the receiver.
 MAILBOX_SLOTS = 4
+_CPU = torch.device("cpu")
 _lock = threading.RLock()
 
 
@@ -227,6 +228,12 @@ def active() -> Optional[_State]:
     return _state
 
 
+def tensor_device() -> torch.device:
+    """Where the SHMEM device's tensors live: that of the heap once acquired, else the host device's CPU."""
+    st = _state
+    return st.workspace.device if st is not None else _CPU
+
+
 def shutdown() -> None:
     """Frees the workspace and releases this API's runtime reference (collective over WORLD)."""
     global _state
@@ -239,6 +246,11 @@ def shutdown() -> None:
         current.handle.close()
 
 
+def _key(group: Optional[dist.ProcessGroup]) -> Optional[dist.ProcessGroup]:
+    """How a group is cached: the WORLD object and None are the same group."""
+    return None if group is dist.group.WORLD else group
+
+
 def group_pes(group: Optional[dist.ProcessGroup]) -> tuple:
     """The root ranks (PEs) of a group's ranks, in group-rank order; cached per group.
 
@@ -248,8 +260,7 @@ def group_pes(group: Optional[dist.ProcessGroup]) -> tuple:
         ShmemStateError: no runtime.
     """
     st = state()
-    if group is dist.group.WORLD:
-        group = None
+    group = _key(group)
     pes = st.rank_maps.get(group)
     if pes is not None:
         return pes
@@ -286,8 +297,7 @@ def channel(group: Optional[dist.ProcessGroup]) -> GroupChannel:
         ShmemStateError: every slot of the workspace is taken.
     """
     st = state()
-    if group is dist.group.WORLD:
-        group = None
+    group = _key(group)
     ch = st.channels.get(group)
     if ch is not None:
         return ch
@@ -322,8 +332,7 @@ def registered_channel(group: Optional[dist.ProcessGroup], op: str) -> GroupChan
         ShmemStateError: the group has no channel yet.
     """
     st = state()
-    key = None if group is dist.group.WORLD else group
-    ch = st.channels.get(key)
+    ch = st.channels.get(_key(group))
     if ch is None:
         group_pes(group)  # argument errors first
         raise ShmemStateError(

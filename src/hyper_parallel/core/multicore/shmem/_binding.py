@@ -1,6 +1,13 @@
 """Loads the C++ binding once, after torch (whose libraries it links against)."""
 
+import importlib.util
+
 import torch  # noqa: F401  (loads libc10/libtorch before the extension)
+
+# A build with the ascend device links libtorch_npu: torch_npu's Python side must be initialised first. Where
+# torch_npu is not installed (every host-only machine) nothing is imported.
+if importlib.util.find_spec("torch_npu") is not None:
+    import torch_npu  # noqa: F401
 
 from hyper_parallel import _shmem_torch as C
 from hyper_parallel.core.multicore.shmem import errors as _errors

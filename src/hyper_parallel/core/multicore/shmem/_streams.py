@@ -3,7 +3,8 @@
 On the host device the default stream is the calling thread itself: an operation is complete when the call
 returns, so torch CPU ops and SHMEM ops stay in program order. A :class:`Stream` runs what is enqueued on it in
 order on a worker thread, so communication overlaps the caller's computation; ``synchronize()`` and
-``wait_stream()`` order it against the rest, as with CUDA streams.
+``wait_stream()`` order it against the rest, as with CUDA streams. (On the ascend device, where the binding is
+built against CANN, the default stream is torch_npu's current stream and a Stream is an ACL stream.)
 """
 
 from __future__ import annotations
