@@ -1,0 +1,504 @@
+"""The benchmarked operations as each rank runs them: ours (out of place and in place), the gloo baseline, the
+memcpy reference, the check.
+
+A case is built for one row (one op at one size) on every rank. Our side works on symmetric tensors (the
+copy-free path, like nccl-tests' registered buffers); the gloo side works on ordinary tensors of the same shape
+and the same contents. ``fill`` puts identical inputs into both, and ``wrong_elements`` compares our output with
+gloo's after one operation of each; ``prepare_in_place`` then lays the same inputs out for the in-place form, and
+``wrong_elements_in_place`` compares its output with the same gloo output (gloo runs out of place only).
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Callable, ClassVar, NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from hyper_parallel.core.multicore import shmem
+from hyper_parallel.perf.ops import OPS, InPlace, OpSpec
+
+SYMMETRIC_MEMORY_MODULE = "hyper_parallel.core.symmetric_memory"
+
+DIST_REDUCE_OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "min": dist.ReduceOp.MIN,
+    "max": dist.ReduceOp.MAX,
+    "avg": dist.ReduceOp.AVG,
+}
+
+
+class PerfSetupError(RuntimeError):
+    """The benchmark cannot run as asked (a missing API, too few ranks); raised identically on every rank."""
+
+
+class RankInfo(NamedTuple):
+    """What every case needs to know about its rank and the run.
+
+    Attributes:
+        rank: this process's rank.
+        nranks: the world size.
+        dtype: the element type (``-d``).
+        redop: the reduction (``-o``), for the ops that reduce.
+    """
+
+    rank: int
+    nranks: int
+    dtype: torch.dtype
+    redop: str
+
+
+def symmetric_memory_api(op_name: str) -> ModuleType:
+    """Imports the user API ``hyper_parallel.core.symmetric_memory``.
+
+    Args:
+        op_name: the op that needs it (named in the error).
+
+    Returns:
+        The module.
+
+    Raises:
+        PerfSetupError: it cannot be imported.
+    """
+    try:
+        return importlib.import_module(SYMMETRIC_MEMORY_MODULE)
+    except ImportError as error:
+        raise PerfSetupError(f"`--op {op_name}` needs {SYMMETRIC_MEMORY_MODULE}: {error}") from error
+
+
+def input_pattern(count: int, dtype: torch.dtype, rank: int, salt: int = 0) -> torch.Tensor:
+    """Deterministic inputs that differ per rank: small integers 1..4, exact in every dtype.
+
+    Small values keep sums exact for the world sizes this tool runs, so that ours and gloo's results can be
+    compared closely whatever order either reduces in.
+
+    Args:
+        count: number of elements.
+        dtype: their type.
+        rank: whose inputs (each rank's differ).
+        salt: another variation, for ops with more than one input per rank.
+
+    Returns:
+        A new 1-D tensor.
+    """
+    return ((torch.arange(count, dtype=torch.int64) + 3 * rank + salt) % 4 + 1).to(dtype)
+
+
+def count_wrong(ours: torch.Tensor, reference: torch.Tensor, *, exact: bool) -> int:
+    """The number of elements of ``ours`` that differ from ``reference``.
+
+    Args:
+        ours: our result.
+        reference: gloo's result for the same inputs.
+        exact: compare bit for bit (integers, min/max, data movement); otherwise floating-point results within
+            a tolerance that fits the dtype.
+
+    Returns:
+        The count of wrong elements.
+    """
+    if exact or not reference.is_floating_point():
+        return int(torch.count_nonzero(ours != reference).item())
+    rtol = {torch.float16: 1e-2, torch.bfloat16: 2e-2, torch.float32: 1e-5}.get(reference.dtype, 1e-12)
+    close = torch.isclose(ours.double(), reference.double(), rtol=rtol, atol=0.0, equal_nan=True)
+    return int(torch.count_nonzero(~close).item())
+
+
+class SymmetricBuffers:
+    """Hands out symmetric tensors for one case and frees them all at once (collective, in the same order).
+
+    Args:
+        api: the user API ``symmetric_memory`` to allocate through, or None for the runtime face.
+    """
+
+    def __init__(self, api: ModuleType | None) -> None:
+        self._api = api
+        self._tensors: list[torch.Tensor] = []
+
+    def empty(self, count: int, dtype: torch.dtype) -> torch.Tensor:
+        """A new symmetric 1-D tensor (collective), zeroed so that its pages are mapped before any timing."""
+        if self._api is None:
+            tensor = shmem.empty(count, dtype=dtype)
+        else:
+            tensor = self._api.empty((count,), dtype=dtype)
+        tensor.zero_()
+        self._tensors.append(tensor)
+        return tensor
+
+    def free_all(self) -> None:
+        """Frees every tensor handed out, newest first."""
+        free = shmem.free if self._api is None else self._api.free
+        while self._tensors:
+            free(self._tensors.pop())
+
+
+class Case:
+    """One row's operation on this rank: subclasses allocate in ``setup`` and define ours and gloo's run.
+
+    Buffers come in pairs, ours (symmetric) and gloo's (ordinary) of the same size: ``input_pair`` pairs get the
+    same deterministic inputs before the check, ``output_pair`` pairs are zeroed then and compared after it.
+    Ops whose ``spec.in_place`` is ``InPlace.SUPPORTED`` also define ``run_ours_in_place`` and
+    ``prepare_in_place``, and list in ``in_place_outputs`` (in ``setup``) which of our tensors hold the in-place
+    result, each beside gloo's out-of-place output it must equal; the in-place form reuses the out-of-place
+    buffers (views of them), so it costs no heap.
+    Every rank calls every method the same number of times (ranks with no part in an op return at once), so
+    that collectives, signal epochs and point-to-point pairs stay matched.
+    """
+
+    spec: ClassVar[OpSpec]
+
+    def __init__(self, info: RankInfo, count: int) -> None:
+        """Allocates the case's buffers (collective).
+
+        Args:
+            info: the rank and the run's dtype and reduction.
+            count: the row's element count (``OpSpec.element_count``).
+
+        Raises:
+            PerfSetupError: the op needs an API that is missing.
+        """
+        self.info = info
+        self.count = count
+        self.symm = symmetric_memory_api(self.spec.name) if self.spec.needs_symmetric_memory else None
+        self.buffers = SymmetricBuffers(self.symm)
+        self.inputs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.outputs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.in_place_outputs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.setup()
+
+    @property
+    def block(self) -> int:
+        """Elements per rank's block, for ops whose size is n blocks."""
+        return self.count // self.info.nranks
+
+    def own_block(self, tensor: torch.Tensor) -> torch.Tensor:
+        """This rank's block of ``tensor`` (a view), for ops whose size is n blocks."""
+        return tensor[self.info.rank * self.block:(self.info.rank + 1) * self.block]
+
+    def input_pair(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A symmetric tensor and an ordinary one of ``count`` elements that ``fill`` gives the same inputs."""
+        pair = (self.buffers.empty(count, self.info.dtype), torch.zeros(count, dtype=self.info.dtype))
+        self.inputs.append(pair)
+        return pair
+
+    def output_pair(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A symmetric tensor and an ordinary one of ``count`` elements that ``wrong_elements`` compares."""
+        pair = (self.buffers.empty(count, self.info.dtype), torch.zeros(count, dtype=self.info.dtype))
+        self.outputs.append(pair)
+        return pair
+
+    def setup(self) -> None:
+        """Allocates the pairs (and anything else the op needs)."""
+        raise NotImplementedError
+
+    def fill(self) -> None:
+        """Zeroes the outputs, then writes the same inputs into ours and gloo's (before the check).
+
+        In that order, so that an in-place op's buffer, both input and output, ends up holding the inputs.
+        """
+        for ours, baseline in self.outputs:
+            ours.zero_()
+            baseline.zero_()
+        for salt, (ours, baseline) in enumerate(self.inputs):
+            data = input_pattern(ours.numel(), self.info.dtype, self.info.rank, salt)
+            ours.copy_(data)
+            baseline.copy_(data)
+
+    def run_ours(self) -> None:
+        """One out-of-place operation through HyperParallel SHMEM."""
+        raise NotImplementedError
+
+    def run_ours_in_place(self) -> None:
+        """One in-place operation through HyperParallel SHMEM (ops whose in-place form is supported)."""
+        raise NotImplementedError(f"`{self.spec.name}` has no in-place form")
+
+    def prepare_in_place(self) -> None:
+        """Lays out the inputs ``fill`` wrote for the in-place form, in this rank's own buffers (before its check).
+
+        Called after the out-of-place check, which leaves the inputs as ``fill`` wrote them.
+        """
+        raise NotImplementedError(f"`{self.spec.name}` has no in-place form")
+
+    def run_baseline(self) -> None:
+        """One operation through torch.distributed on gloo."""
+        raise NotImplementedError
+
+    def run_memcpy(self) -> None:
+        """One single-core copy of the row's bytes on the rank that moves them (``memcpy_reference`` ops)."""
+        raise NotImplementedError(f"`{self.spec.name}` has no memcpy reference")
+
+    def _count_wrong(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
+        """Wrong elements of ours against gloo's, bit for bit except floating-point sums and averages."""
+        exact = not self.spec.reduces or self.info.redop in ("min", "max")
+        return sum(count_wrong(ours, baseline, exact=exact) for ours, baseline in pairs)
+
+    def wrong_elements(self) -> int:
+        """Wrong elements of this rank's outputs after one ``run_ours`` and one ``run_baseline``.
+
+        Bit for bit, except floating-point sums and averages, whose order of additions may differ.
+        """
+        return self._count_wrong(self.outputs)
+
+    def wrong_elements_in_place(self) -> int:
+        """Wrong elements of this rank's in-place result after one ``run_ours_in_place``, against gloo's output.
+
+        Raises:
+            NotImplementedError: the op has no in-place form.
+        """
+        if self.spec.in_place is not InPlace.SUPPORTED:
+            raise NotImplementedError(f"`{self.spec.name}` has no in-place form")
+        return self._count_wrong(self.in_place_outputs)
+
+    def close(self) -> None:
+        """Frees the symmetric tensors (collective)."""
+        self.buffers.free_all()
+
+
+class _OneSidedCase(Case):
+    """Rank 0 moves the row's bytes between its memory and rank 1's; every other rank idles."""
+
+    source_rank: ClassVar[int]  # whose data is moved
+    dest_rank: ClassVar[int]
+
+    def setup(self) -> None:
+        self.src, self.base_src = self.input_pair(self.count)
+        self.dst, self.base_dst = self.output_pair(self.count)
+
+    def run_baseline(self) -> None:
+        if self.info.rank == self.source_rank:
+            dist.send(self.base_src, self.dest_rank)
+        elif self.info.rank == self.dest_rank:
+            dist.recv(self.base_dst, self.source_rank)
+
+    def run_memcpy(self) -> None:
+        if self.info.rank == 0:
+            self.base_dst.copy_(self.base_src)
+
+    def wrong_elements(self) -> int:
+        return super().wrong_elements() if self.info.rank == self.dest_rank else 0
+
+
+class PutCase(_OneSidedCase):
+    """``put``: rank 0 writes its symmetric ``src`` into rank 1's ``dst``."""
+
+    spec = OPS["put"]
+    source_rank, dest_rank = 0, 1
+
+    def run_ours(self) -> None:
+        if self.info.rank == 0:
+            shmem.put(self.dst, self.src, 1)
+
+
+class GetCase(_OneSidedCase):
+    """``get``: rank 0 reads rank 1's symmetric ``src`` into its own ``dst``."""
+
+    spec = OPS["get"]
+    source_rank, dest_rank = 1, 0
+
+    def run_ours(self) -> None:
+        if self.info.rank == 0:
+            shmem.get(self.dst, self.src, 1)
+
+
+class SignalPingPongCase(Case):
+    """``signal_pingpong``: rank 0 raises rank 1's signal, rank 1 waits for it and raises rank 0's.
+
+    Signals carry increasing epochs (never reset); gloo passes the same epochs in one-element messages.
+    """
+
+    spec = OPS["signal_pingpong"]
+
+    def setup(self) -> None:
+        self.signal = self.buffers.empty(1, torch.int64)
+        shmem.barrier()  # every rank's zeroed signal before the first epoch
+        self.epoch = 0
+        self.base_epoch = 0
+        self.base_message = torch.zeros(1, dtype=torch.int64)
+
+    def run_ours(self) -> None:
+        rank = self.info.rank
+        if rank > 1:
+            return
+        self.epoch += 1
+        if rank == 0:
+            shmem.signal(self.signal, self.epoch, 1)
+            shmem.wait_signal(self.signal, self.epoch, cmp="ge")
+        else:
+            shmem.wait_signal(self.signal, self.epoch, cmp="ge")
+            shmem.signal(self.signal, self.epoch, 0)
+
+    def run_baseline(self) -> None:
+        rank = self.info.rank
+        if rank > 1:
+            return
+        self.base_epoch += 1
+        if rank == 0:
+            self.base_message.fill_(self.base_epoch)
+            dist.send(self.base_message, 1)
+            dist.recv(self.base_message, 1)
+        else:
+            dist.recv(self.base_message, 0)
+            dist.send(self.base_message, 0)
+
+    def wrong_elements(self) -> int:
+        if self.info.rank > 1:
+            return 0
+        return int(int(self.signal.item()) != self.epoch) + int(int(self.base_message.item()) != self.base_epoch)
+
+
+class BarrierCase(Case):
+    """``barrier``: ours against ``dist.barrier``."""
+
+    spec = OPS["barrier"]
+
+    def setup(self) -> None:
+        pass
+
+    def run_ours(self) -> None:
+        shmem.barrier()
+
+    def run_baseline(self) -> None:
+        dist.barrier()
+
+
+class AllGatherCase(Case):
+    """``all_gather``: a block per rank into an output of n blocks; in place, the input is this rank's block of
+    the output."""
+
+    spec = OPS["all_gather"]
+
+    def setup(self) -> None:
+        self.input, self.base_input = self.input_pair(self.block)
+        self.output, self.base_output = self.output_pair(self.count)
+        self.output_own_block = self.own_block(self.output)
+        self.in_place_outputs = [(self.output, self.base_output)]
+
+    def run_ours(self) -> None:
+        self.symm.shmem_allgather(self.output, self.input)
+
+    def run_ours_in_place(self) -> None:
+        self.symm.shmem_allgather(self.output, self.output_own_block)
+
+    def prepare_in_place(self) -> None:
+        self.output.zero_()  # so that the out-of-place result cannot pass for the in-place one
+        self.output_own_block.copy_(self.input)
+
+    def run_baseline(self) -> None:
+        dist.all_gather_single(self.base_output, self.base_input)
+
+
+class AllReduceCase(Case):
+    """``all_reduce``: out of place, the input copied into the output and reduced there (``shmem_allreduce`` and
+    ``dist.all_reduce`` work in place only); in place, the output reduced as it is."""
+
+    spec = OPS["all_reduce"]
+
+    def setup(self) -> None:
+        self.input, self.base_input = self.input_pair(self.count)
+        self.output, self.base_output = self.output_pair(self.count)
+        self.in_place_outputs = [(self.output, self.base_output)]
+
+    def run_ours(self) -> None:
+        self.output.copy_(self.input)
+        self.run_ours_in_place()
+
+    def run_ours_in_place(self) -> None:
+        self.symm.shmem_allreduce(self.output, op=self.info.redop)
+
+    def prepare_in_place(self) -> None:
+        self.output.copy_(self.input)
+
+    def run_baseline(self) -> None:
+        self.base_output.copy_(self.base_input)
+        dist.all_reduce(self.base_output, op=DIST_REDUCE_OPS[self.info.redop])
+
+
+class ReduceScatterCase(Case):
+    """``reduce_scatter``: n blocks per rank in, the reduction of block i out on rank i; in place, the output is
+    this rank's block of the input."""
+
+    spec = OPS["reduce_scatter"]
+
+    def setup(self) -> None:
+        self.input, self.base_input = self.input_pair(self.count)
+        self.output, self.base_output = self.output_pair(self.block)
+        self.input_own_block = self.own_block(self.input)
+        self.in_place_outputs = [(self.input_own_block, self.base_output)]
+
+    def run_ours(self) -> None:
+        self.symm.shmem_reduce_scatter(self.output, self.input, op=self.info.redop)
+
+    def run_ours_in_place(self) -> None:
+        self.symm.shmem_reduce_scatter(self.input_own_block, self.input, op=self.info.redop)
+
+    def prepare_in_place(self) -> None:
+        pass  # the input is still as ``fill`` wrote it: the out-of-place form only reads it
+
+    def run_baseline(self) -> None:
+        dist.reduce_scatter_single(self.base_output, self.base_input, op=DIST_REDUCE_OPS[self.info.redop])
+
+
+class AllToAllCase(Case):
+    """``all_to_all``: block j of rank i's send buffer lands in block i of rank j's output."""
+
+    spec = OPS["all_to_all"]
+
+    def setup(self) -> None:
+        self.send, self.base_send = self.input_pair(self.count)
+        self.receive, self.base_receive = self.output_pair(self.count)
+        self.send_blocks = list(self.send.split(self.block))
+        self.receive_counts = [self.block] * self.info.nranks
+
+    def run_ours(self) -> None:
+        self.symm.shmem_alltoall(self.send_blocks, self.receive, self.receive_counts)
+
+    def run_baseline(self) -> None:
+        dist.all_to_all_single(self.base_receive, self.base_send)
+
+
+class SendRecvCase(Case):
+    """``send_recv``: ranks 2i and 2i+1 exchange a message; with an odd world the last rank idles."""
+
+    spec = OPS["send_recv"]
+
+    def setup(self) -> None:
+        self.peer = self.info.rank ^ 1
+        self.send, self.base_send = self.input_pair(self.count)
+        self.receive, self.base_receive = self.output_pair(self.count)
+
+    def _exchange(self, send: Callable[[torch.Tensor, int], None], recv: Callable[[torch.Tensor, int], None],
+                  send_buffer: torch.Tensor, receive_buffer: torch.Tensor) -> None:
+        if self.peer >= self.info.nranks:
+            return
+        if self.info.rank % 2 == 0:
+            send(send_buffer, self.peer)
+            recv(receive_buffer, self.peer)
+        else:
+            recv(receive_buffer, self.peer)
+            send(send_buffer, self.peer)
+
+    def run_ours(self) -> None:
+        self._exchange(self.symm.shmem_send, self.symm.shmem_recv, self.send, self.receive)
+
+    def run_baseline(self) -> None:
+        self._exchange(dist.send, dist.recv, self.base_send, self.base_receive)
+
+
+CASES: dict[str, type[Case]] = {
+    case.spec.name: case
+    for case in (
+        PutCase,
+        GetCase,
+        SignalPingPongCase,
+        BarrierCase,
+        AllGatherCase,
+        AllReduceCase,
+        ReduceScatterCase,
+        AllToAllCase,
+        SendRecvCase,
+    )
+}
+assert CASES.keys() == OPS.keys(), "every op of the table needs a case"
+assert all((case.run_ours_in_place is not Case.run_ours_in_place) == (case.spec.in_place is InPlace.SUPPORTED)
+           for case in CASES.values()), "exactly the ops whose in-place form is supported run in place"

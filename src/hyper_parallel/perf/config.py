@@ -1,0 +1,235 @@
+"""The command line: nccl-tests' flags, checked into a :class:`Config` before any rank starts (torch-free)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from hyper_parallel.perf.ops import OPS, OpSpec
+from hyper_parallel.perf.units import DTYPE_BYTES, DTYPE_LABELS, DTYPES, REDUCE_OPS, parse_size, size_sweep
+
+PROG = "hp-shmem-perf"
+BASELINES = ("gloo", "none")
+PROGRESS_MODES = ("auto", "on", "off")
+
+
+@dataclass(frozen=True)
+class Config:
+    """The validated settings of a run (every rank parses the same command line into the same Config).
+
+    Attributes:
+        ops: the operations, measured one after the other in the same processes (``--op a,b`` or ``all``).
+        nproc: local ranks to start, or None under torchrun (or another launcher that sets RANK/WORLD_SIZE).
+        min_bytes, max_bytes, factor: the sweep (``-b``, ``-e``, ``-f``).
+        iterations: timed operations per loop (``-n``).
+        warmup: untimed operations per side and size first (``-w``).
+        repeat: timed rounds per size; the median round is reported (``-r``).
+        dtype: the torch dtype name (``float32``).
+        redop: the reduction (``-o``).
+        check: whether to count wrong elements (``-c``).
+        baseline: ``"gloo"`` or None.
+        json_path, plot_path: where to write the rows and the plot, or None.
+        progress: ``"auto"`` (a terminal), ``"on"`` or ``"off"``.
+    """
+
+    ops: tuple[OpSpec, ...]
+    nproc: Optional[int]
+    min_bytes: int
+    max_bytes: int
+    factor: int
+    iterations: int
+    warmup: int
+    repeat: int
+    dtype: str
+    redop: str
+    check: bool
+    baseline: Optional[str]
+    json_path: Optional[str]
+    plot_path: Optional[str]
+    progress: str
+
+    @property
+    def element_bytes(self) -> int:
+        """Bytes per element of ``dtype``."""
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def min_ranks(self) -> int:
+        """The fewest ranks every op of the run can work with."""
+        return max(op.min_ranks for op in self.ops)
+
+    def dtype_label(self, op: OpSpec) -> str:
+        """The type column of ``op``'s rows: nccl-tests' name of ``dtype`` (``float``), or the op's own."""
+        return DTYPE_LABELS[self.dtype] if op.sized else op.fixed_type
+
+    def redop_label(self, op: OpSpec) -> str:
+        """The redop column of ``op``'s rows: the reduction, or ``none`` for ops that do not reduce."""
+        return self.redop if op.reduces else "none"
+
+    def sizes(self, op: OpSpec) -> list[int]:
+        """The requested sizes of ``op`` in bytes; one fixed size for ops that move no payload of their own."""
+        if not op.sized:
+            return [op.fixed_bytes]
+        return size_sweep(self.min_bytes, self.max_bytes, self.factor)
+
+    def settings(self, nranks: int) -> dict[str, Any]:
+        """The run's settings as plain values, for the JSON file and the table's header."""
+        return {
+            "ops": [op.name for op in self.ops],
+            "nranks": nranks,
+            "min_bytes": self.min_bytes,
+            "max_bytes": self.max_bytes,
+            "factor": self.factor,
+            "iterations": self.iterations,
+            "warmup": self.warmup,
+            "repeat": self.repeat,
+            "dtype": self.dtype,
+            "type": DTYPE_LABELS[self.dtype],
+            "redop": self.redop,
+            "check": self.check,
+            "baseline": self.baseline,
+        }
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser, with nccl-tests' flag names.
+
+    Returns:
+        The parser (its values still need :func:`config_from_args`).
+    """
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        allow_abbrev=False,
+        description="nccl-tests-style bandwidth and latency of HyperParallel SHMEM, "
+        "with torch.distributed's gloo measured beside it in the same processes.",
+        epilog="ops: " + "; ".join(f"{spec.name}: {spec.summary}" for spec in OPS.values()),
+    )
+    parser.add_argument("--op", default="all_reduce", metavar="OP[,OP...]",
+                        help=f"the operations, one after the other: {', '.join(OPS)}, or all (default all_reduce)")
+    parser.add_argument("--nproc", type=int, default=None,
+                        help="local ranks to start (default 2; omit under torchrun)")
+    parser.add_argument("-b", "--minbytes", type=_size, default=parse_size("8"), metavar="SIZE",
+                        help="smallest size, e.g. 8, 1K, 64M (default 8)")
+    parser.add_argument("-e", "--maxbytes", type=_size, default=parse_size("64M"), metavar="SIZE",
+                        help="largest size (default 64M)")
+    parser.add_argument("-f", "--stepfactor", type=int, default=2, metavar="N",
+                        help="multiplication factor between sizes (default 2)")
+    parser.add_argument("-n", "--iters", type=int, default=20, metavar="N",
+                        help="timed operations per loop (default 20)")
+    parser.add_argument("-w", "--warmup_iters", type=int, default=5, metavar="N",
+                        help="untimed operations first, per size and side (default 5)")
+    parser.add_argument("-r", "--repeat", type=int, default=3, metavar="N",
+                        help="timed loops per size and side, interleaved; the median is reported (default 3)")
+    parser.add_argument("-d", "--datatype", default="float", metavar="TYPE",
+                        help=f"element type: {', '.join(DTYPES)} (default float)")
+    parser.add_argument("-o", "--redop", default="sum", metavar="OP",
+                        help=f"reduction of all_reduce and reduce_scatter: {', '.join(REDUCE_OPS)} (default sum)")
+    parser.add_argument("-c", "--check", type=int, default=1, metavar="0|1",
+                        help="count wrong elements against gloo once per size, outside the timing (default 1)")
+    parser.add_argument("--baseline", default="gloo", metavar="NAME",
+                        help="the transport timed beside ours: gloo or none (default gloo)")
+    parser.add_argument("--json", dest="json_path", default=None, metavar="FILE", help="write every row to FILE")
+    parser.add_argument("--plot", dest="plot_path", default=None, metavar="FILE.png",
+                        help="draw bus bandwidth and time against size, log-log (needs matplotlib)")
+    parser.add_argument("--progress", default="auto", metavar="MODE",
+                        help="progress bar on stderr of rank 0: auto (when a terminal), on, off (default auto)")
+    return parser
+
+
+def _choice(flag: str, value: str, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise ValueError(f"`{flag}` must be one of {', '.join(choices)}, but got {value!r}")
+    return value
+
+
+def _at_least(flag: str, value: int, minimum: int) -> int:
+    if value < minimum:
+        raise ValueError(f"`{flag}` must be at least {minimum}, but got {value}")
+    return value
+
+
+def _ops(text: str) -> tuple[OpSpec, ...]:
+    """The ``--op`` list: comma-separated names in the order given (duplicates dropped), or ``all``."""
+    if text == "all":
+        return tuple(OPS.values())
+    names = [name.strip() for name in text.split(",")]
+    for name in names:
+        if name not in OPS:
+            raise ValueError(f"`--op` must be all or a comma-separated list of {', '.join(OPS)}, but got {name!r}")
+    return tuple(OPS[name] for name in dict.fromkeys(names))
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """Checks the parsed flags against each other.
+
+    Args:
+        args: what :func:`build_parser` parsed.
+
+    Returns:
+        The run's Config.
+
+    Raises:
+        ValueError: a flag out of range or inconsistent, with "`-b` must be ..., but got ..." messages.
+    """
+    ops = _ops(args.op)
+    dtype = DTYPES[_choice("-d", args.datatype, list(DTYPES))]
+    redop = _choice("-o", args.redop, REDUCE_OPS)
+    baseline = _choice("--baseline", args.baseline, BASELINES)
+    progress = _choice("--progress", args.progress, PROGRESS_MODES)
+    if args.nproc is not None:
+        _at_least("--nproc", args.nproc, max(op.min_ranks for op in ops))
+    if any(op.sized for op in ops):
+        size_sweep(args.minbytes, args.maxbytes, args.stepfactor)  # raises on a bad sweep
+    _at_least("-n", args.iters, 1)
+    _at_least("-w", args.warmup_iters, 0)
+    _at_least("-r", args.repeat, 1)
+    _choice("-c", str(args.check), ("0", "1"))
+    if any(op.reduces for op in ops) and redop == "avg" and not dtype.startswith(("float", "bfloat")):
+        raise ValueError(f"`-o avg` must have a floating-point `-d`, but got {args.datatype}")
+    if args.plot_path is not None and importlib.util.find_spec("matplotlib") is None:
+        raise ValueError("`--plot` must have matplotlib installed (pip install 'hyper-parallel-shmem[plot]'), "
+                         "but got none")
+    return Config(
+        ops=ops,
+        nproc=args.nproc,
+        min_bytes=args.minbytes,
+        max_bytes=args.maxbytes,
+        factor=args.stepfactor,
+        iterations=args.iters,
+        warmup=args.warmup_iters,
+        repeat=args.repeat,
+        dtype=dtype,
+        redop=redop,
+        check=args.check == 1,
+        baseline=None if baseline == "none" else baseline,
+        json_path=args.json_path,
+        plot_path=args.plot_path,
+        progress=progress,
+    )
+
+
+def parse_config(argv: Optional[Sequence[str]] = None) -> Config:
+    """Parses and checks a command line; a bad one exits like argparse (usage, the message, status 2).
+
+    Args:
+        argv: the arguments (default ``sys.argv[1:]``).
+
+    Returns:
+        The run's Config.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return config_from_args(args)
+    except ValueError as error:
+        parser.error(str(error))
+        raise  # parser.error exits; this keeps type checkers content

@@ -1,0 +1,221 @@
+"""The table of benchmarked operations: what each measures and how nccl-tests counts its bytes.
+
+This module is torch-free so that the launcher can validate ``--op`` before any rank starts; the code that runs
+each operation lives in :mod:`hyper_parallel.perf.cases`.
+
+Accounting (nccl-tests' ``*GetBw`` functions): the ``size`` of a row is the bytes nccl-tests reports for it, and
+``algbw = size / time``, ``busbw = algbw * bus_factor(nranks)``:
+
+========================  ==========================================  =================
+op                        size                                        bus factor
+========================  ==========================================  =================
+all_reduce                the buffer (input = output in size)         2 (n - 1) / n
+all_gather                the whole output (n inputs)                 (n - 1) / n
+reduce_scatter            the whole input (n outputs)                 (n - 1) / n
+all_to_all                the whole send buffer (n blocks)            (n - 1) / n
+send_recv, put, get       the message                                 1
+signal_pingpong           the 8-byte signal                           1
+barrier                   0                                           1
+========================  ==========================================  =================
+
+The collectives also have nccl-tests' in-place group of columns (:class:`InPlace`): all_gather, all_reduce and
+reduce_scatter run in place as well, all_to_all shows ``n/a`` (``shmem_alltoall`` has no in-place form).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Callable
+
+
+def _ring_reduce_factor(nranks: int) -> float:
+    return 2.0 * (nranks - 1) / nranks
+
+
+def _ring_factor(nranks: int) -> float:
+    return (nranks - 1) / nranks
+
+
+def _unit_factor(nranks: int) -> float:
+    return 1.0
+
+
+class InPlace(enum.Enum):
+    """Whether an op's table has nccl-tests' in-place group of columns, and what it holds."""
+
+    ABSENT = "absent"
+    """No in-place group: point-to-point and fixed-size ops."""
+    SUPPORTED = "supported"
+    """The op is timed and checked in place as well."""
+    UNSUPPORTED = "unsupported"
+    """The group is shown, as ``n/a``: our API has no in-place form of the op."""
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One benchmarked operation.
+
+    Attributes:
+        name: the ``--op`` value.
+        summary: one line for ``--help`` and the docs.
+        baseline: what the gloo column runs.
+        bus_factor: nranks -> nccl-tests' bus-bandwidth factor.
+        split_by_ranks: the size is n equal blocks (all_gather, reduce_scatter, all_to_all): the element count is
+            rounded down to a multiple of n, as nccl-tests does.
+        fixed_bytes: the size of an operation that moves no payload of its own (barrier: 0, signal: 8); such
+            an op has one row whatever ``-b``/``-e`` say. None for sized operations.
+        fixed_type: the type column of such an op (``int64`` for the signal, ``none`` for the barrier).
+        min_ranks: the fewest ranks it needs.
+        needs_symmetric_memory: it runs through ``hyper_parallel.core.symmetric_memory`` (the user API) rather
+            than the runtime face.
+        reduces: it takes ``-o``.
+        memcpy_reference: its rows also time a single-core memcpy of the same bytes.
+        time_divisor: the reported time is the timed loop's time per iteration divided by this (2 for a
+            ping-pong: one-way latency, half a round trip).
+        in_place: whether the op has an in-place group of columns, and whether it runs in place.
+        in_place_summary: one line on the in-place form (or why there is none), for the table's heading.
+    """
+
+    name: str
+    summary: str
+    baseline: str
+    bus_factor: Callable[[int], float]
+    split_by_ranks: bool = False
+    fixed_bytes: int | None = None
+    fixed_type: str = "none"
+    min_ranks: int = 1
+    needs_symmetric_memory: bool = False
+    reduces: bool = False
+    memcpy_reference: bool = False
+    time_divisor: int = 1
+    in_place: InPlace = InPlace.ABSENT
+    in_place_summary: str = ""
+
+    @property
+    def sized(self) -> bool:
+        """Whether the op sweeps ``-b`` .. ``-e`` (False: one row of ``fixed_bytes``)."""
+        return self.fixed_bytes is None
+
+    def element_count(self, nbytes: int, element_bytes: int, nranks: int) -> int:
+        """The elements a row of about ``nbytes`` moves, rounded down as nccl-tests rounds it.
+
+        Args:
+            nbytes: the requested size in bytes.
+            element_bytes: bytes per element of the data type.
+            nranks: the number of ranks.
+
+        Returns:
+            The total element count of the row's ``size`` (0 when the size is too small to split).
+        """
+        if not self.sized:
+            return 1 if self.fixed_bytes else 0  # one signal, or nothing
+        count = nbytes // element_bytes
+        if self.split_by_ranks:
+            count -= count % nranks
+        return count
+
+    def bandwidths(self, nbytes: int, seconds: float, nranks: int) -> tuple[float, float]:
+        """nccl-tests' algorithm and bus bandwidths of a row.
+
+        Args:
+            nbytes: the row's size in bytes.
+            seconds: the time per operation.
+            nranks: the number of ranks.
+
+        Returns:
+            ``(algbw, busbw)`` in GB/s (10**9 bytes per second); zeros for a zero time or size.
+        """
+        if seconds <= 0 or nbytes <= 0:
+            return 0.0, 0.0
+        algbw = nbytes / seconds / 1e9
+        return algbw, algbw * self.bus_factor(nranks)
+
+
+OPS: dict[str, OpSpec] = {
+    spec.name: spec
+    for spec in (
+        OpSpec(
+            name="put",
+            summary="rank 0 writes into rank 1's symmetric buffer (one-sided)",
+            baseline="dist.send on rank 0, dist.recv on rank 1",
+            bus_factor=_unit_factor,
+            min_ranks=2,
+            memcpy_reference=True,
+        ),
+        OpSpec(
+            name="get",
+            summary="rank 0 reads rank 1's symmetric buffer (one-sided)",
+            baseline="dist.send on rank 1, dist.recv on rank 0",
+            bus_factor=_unit_factor,
+            min_ranks=2,
+            memcpy_reference=True,
+        ),
+        OpSpec(
+            name="signal_pingpong",
+            summary="rank 0 signals rank 1, which waits and signals back; time is half the round trip",
+            baseline="a one-element dist.send/dist.recv ping-pong",
+            bus_factor=_unit_factor,
+            fixed_bytes=8,
+            fixed_type="int64",
+            min_ranks=2,
+            time_divisor=2,
+        ),
+        OpSpec(
+            name="barrier",
+            summary="a barrier over all ranks",
+            baseline="dist.barrier",
+            bus_factor=_unit_factor,
+            fixed_bytes=0,
+        ),
+        OpSpec(
+            name="all_gather",
+            summary="every rank's block into every rank's output",
+            baseline="dist.all_gather_single",
+            bus_factor=_ring_factor,
+            split_by_ranks=True,
+            needs_symmetric_memory=True,
+            in_place=InPlace.SUPPORTED,
+            in_place_summary="the input is this rank's block of the symmetric output",
+        ),
+        OpSpec(
+            name="all_reduce",
+            summary="reduction of every rank's input into its output: a copy, then shmem_allreduce (in place only)",
+            baseline="a copy into the output, then dist.all_reduce on it",
+            bus_factor=_ring_reduce_factor,
+            needs_symmetric_memory=True,
+            reduces=True,
+            in_place=InPlace.SUPPORTED,
+            in_place_summary="shmem_allreduce on the buffer itself, no copy",
+        ),
+        OpSpec(
+            name="reduce_scatter",
+            summary="reduction of every rank's input, block i to rank i",
+            baseline="dist.reduce_scatter_single",
+            bus_factor=_ring_factor,
+            split_by_ranks=True,
+            needs_symmetric_memory=True,
+            reduces=True,
+            in_place=InPlace.SUPPORTED,
+            in_place_summary="the output is this rank's block of the symmetric input",
+        ),
+        OpSpec(
+            name="all_to_all",
+            summary="block j of rank i's send buffer to block i of rank j's output",
+            baseline="dist.all_to_all_single",
+            bus_factor=_ring_factor,
+            split_by_ranks=True,
+            needs_symmetric_memory=True,
+            in_place=InPlace.UNSUPPORTED,
+            in_place_summary="not supported by shmem_alltoall (n/a)",
+        ),
+        OpSpec(
+            name="send_recv",
+            summary="pairs (2i, 2i+1) exchange a message: the even rank sends then receives, the odd one the reverse",
+            baseline="dist.send/dist.recv in the same order",
+            bus_factor=_unit_factor,
+            min_ranks=2,
+            needs_symmetric_memory=True,
+        ),
+    )
+}

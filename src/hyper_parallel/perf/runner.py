@@ -1,0 +1,225 @@
+"""One rank's run: join the process group, acquire the runtime, measure every size, and (rank 0) report.
+
+Every rank runs the same sequence of collectives: allocate a row's buffers, check once (out of place, then in
+place where the op has that form), time the interleaved sides, combine the times and the wrong counts over gloo,
+free the buffers.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import timedelta
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from hyper_parallel.core.multicore import shmem
+from hyper_parallel.perf.cases import (
+    CASES,
+    SYMMETRIC_MEMORY_MODULE,
+    Case,
+    PerfSetupError,
+    RankInfo,
+    symmetric_memory_api,
+)
+from hyper_parallel.perf.config import Config
+from hyper_parallel.perf.launch import STORE_ENV
+from hyper_parallel.perf.ops import InPlace, OpSpec
+from hyper_parallel.perf.progress import Progress
+from hyper_parallel.perf.report import Reporter, Row
+from hyper_parallel.perf.timing import Side, measure, slowest_rank, time_per_operation_us
+from hyper_parallel.perf.units import format_size
+
+HEAP_SIZE_ENV = "HYPER_PARALLEL_SHMEM_HEAP_SIZE"
+OURS, IN_PLACE, MEMCPY = "ours", "in_place", "memcpy"  # the sides' names (the baseline's is its own)
+TIMEOUT_ENV = "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC"
+_DEFAULT_TIMEOUT_SEC = 120.0
+_MIB = 1 << 20
+
+
+def timeout_seconds() -> float:
+    """The runtime's wait limit (``HYPER_PARALLEL_SHMEM_TIMEOUT_SEC``), used for gloo's waits as well.
+
+    Raises:
+        ValueError: the variable is not a positive number.
+    """
+    text = os.environ.get(TIMEOUT_ENV)
+    if text is None:
+        return _DEFAULT_TIMEOUT_SEC
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"`{TIMEOUT_ENV}` must be a positive number of seconds, but got {text!r}")
+    return value
+
+
+def heap_bytes(config: Config) -> int:
+    """The symmetric heap each rank needs: four times the largest row plus 64 MiB, in whole MiB.
+
+    Our side of a row holds at most two buffers of the row's size (all_reduce's and all_to_all's input and output;
+    the in-place forms reuse them); the rest is room for the collectives' own scratch and the allocator's alignment.
+    """
+    largest = max(max(config.sizes(op)) for op in config.ops)
+    return -(-(4 * largest + 64 * _MIB) // _MIB) * _MIB
+
+
+def init_process_group() -> None:
+    """Joins the gloo process group: through the launcher's FileStore, or torchrun's ``env://`` variables."""
+    timeout = timedelta(seconds=timeout_seconds())
+    store_path = os.environ.get(STORE_ENV)
+    if store_path:
+        dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
+    else:
+        dist.init_process_group("gloo", timeout=timeout)
+
+
+def _check(case: Case) -> list[int]:
+    """This rank's wrong elements (collective): ours out of place against gloo on the same inputs, then, where the
+    op runs in place, ours in place against the same gloo output.
+
+    Returns:
+        ``[out-of-place wrong]``, or ``[out-of-place wrong, in-place wrong]``.
+    """
+    case.fill()
+    shmem.barrier()  # no rank writes into a peer's buffers before that peer has filled them
+    case.run_ours()
+    shmem.barrier()  # one-sided writes by other ranks are visible after it
+    case.run_baseline()
+    wrong = [case.wrong_elements()]
+    if case.spec.in_place is InPlace.SUPPORTED:
+        case.prepare_in_place()
+        shmem.barrier()  # as above, for the in-place layout
+        case.run_ours_in_place()
+        shmem.barrier()
+        wrong.append(case.wrong_elements_in_place())
+    return wrong
+
+
+def _sum_over_ranks(values: list[int]) -> list[int]:
+    totals = torch.tensor(values, dtype=torch.int64)
+    dist.all_reduce(totals)
+    return [int(total) for total in totals.tolist()]
+
+
+def measure_row(config: Config, spec: OpSpec, info: RankInfo, nbytes: int, progress: Progress) -> Optional[Row]:
+    """Measures one op at one size on every rank (collective).
+
+    Args:
+        config: the run.
+        spec: the op.
+        info: this rank.
+        nbytes: the requested size; it is rounded down as nccl-tests rounds it.
+        progress: advanced once per timed round.
+
+    Returns:
+        The row (the same on every rank), or None when the size rounds down to nothing.
+
+    Raises:
+        PerfSetupError: the op needs an API that is missing.
+    """
+    count = spec.element_count(nbytes, config.element_bytes, info.nranks)
+    if spec.sized and count == 0:
+        progress.advance(config.repeat)
+        return None
+    row_bytes = count * config.element_bytes if spec.sized else spec.fixed_bytes
+    case = CASES[spec.name](info, count)
+    try:
+        wrong = _check(case) if config.check else []
+        sides = [Side(OURS, case.run_ours, shmem.barrier)]
+        if spec.in_place is InPlace.SUPPORTED:
+            sides.append(Side(IN_PLACE, case.run_ours_in_place, shmem.barrier))
+        if config.baseline is not None:
+            sides.append(Side(config.baseline, case.run_baseline, dist.barrier))
+        if spec.memcpy_reference:
+            sides.append(Side(MEMCPY, case.run_memcpy, shmem.barrier))
+        slowest = slowest_rank(measure(sides, config.iterations, config.warmup, config.repeat, progress.advance))
+        wrong = _sum_over_ranks(wrong) if wrong else []
+    finally:
+        case.close()
+
+    times = {
+        side.name: time_per_operation_us([round_[index] for round_ in slowest], config.iterations, spec.time_divisor)
+        for index, side in enumerate(sides)
+    }
+
+    def timed(side: str) -> tuple[float, float, float]:
+        """(time, algbw, busbw) of a side."""
+        return (times[side], *spec.bandwidths(row_bytes, times[side] * 1e-6, info.nranks))
+
+    time_us, algbw, busbw = timed(OURS)
+    fields: dict[str, Optional[float]] = {"wrong": wrong[0] if wrong else None}
+    if IN_PLACE in times:
+        fields.update(zip(("in_place_time_us", "in_place_algbw", "in_place_busbw"), timed(IN_PLACE)))
+        fields.update(in_place_wrong=wrong[1] if wrong else None)
+    if config.baseline is not None:
+        fields.update(zip(("baseline_time_us", "baseline_algbw", "baseline_busbw"), timed(config.baseline)))
+    if MEMCPY in times:
+        fields.update(zip(("memcpy_time_us", "memcpy_algbw"), timed(MEMCPY)))
+    return Row(op=spec.name, size=row_bytes, count=count, type=config.dtype_label(spec), redop=config.redop_label(spec),
+               time_us=time_us, algbw=algbw, busbw=busbw, **fields)
+
+
+def run_rank(config: Config) -> list[Row]:
+    """Runs the whole benchmark as one rank: joins the gloo group, measures every op and size; rank 0 reports.
+
+    Args:
+        config: the run.
+
+    Returns:
+        The rows (on every rank).
+
+    Raises:
+        PerfSetupError: too few ranks, or an op needs an API that is missing (the same on every rank).
+        ShmemError, RuntimeError: a failure of either transport.
+    """
+    init_process_group()
+    rank, nranks = dist.get_rank(), dist.get_world_size()
+    if nranks < config.min_ranks:
+        names = ", ".join(op.name for op in config.ops if op.min_ranks > nranks)
+        raise PerfSetupError(f"`--op {names}` must run on at least {config.min_ranks} ranks, but got {nranks}")
+    for spec in config.ops:
+        if spec.needs_symmetric_memory:
+            symmetric_memory_api(spec.name)  # fail before any allocation, on every rank alike
+    torch.set_num_threads(1)  # one core per rank: the memcpy reference is single-core, and gloo gets no extra
+    os.environ.setdefault(HEAP_SIZE_ENV, str(heap_bytes(config)))
+    info = RankInfo(rank=rank, nranks=nranks, dtype=getattr(torch, config.dtype), redop=config.redop)
+
+    steps = sum(len(config.sizes(spec)) for spec in config.ops) * config.repeat
+    progress_on = rank == 0 and (config.progress == "on" or (config.progress == "auto" and sys.stderr.isatty()))
+    progress = Progress(total=steps, enabled=progress_on)
+    reporter = None
+    if rank == 0:
+        reporter = Reporter(config.settings(nranks), config.json_path, config.plot_path, sys.stdout,
+                            before_line=progress.clear)
+        reporter.start()
+
+    handle = shmem.acquire_shmem()
+    rows = []
+    for spec in config.ops:
+        if reporter is not None:
+            reporter.start_op(spec)
+        for nbytes in config.sizes(spec):
+            progress.set_label(f"{spec.name} {format_size(nbytes)}B")
+            row = measure_row(config, spec, info, nbytes, progress)
+            if row is None:
+                continue
+            rows.append(row)
+            if reporter is not None:
+                reporter.add(row)
+        if reporter is not None:
+            reporter.finish_op()
+    progress.clear()
+    symmetric_memory = sys.modules.get(SYMMETRIC_MEMORY_MODULE)
+    if symmetric_memory is not None:
+        symmetric_memory.shutdown()  # its workspace and runtime reference (a no-op when it was never used)
+    handle.close()
+    if reporter is not None:
+        reporter.finish()
+    dist.barrier()
+    dist.destroy_process_group()
+    return rows

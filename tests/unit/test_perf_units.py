@@ -1,0 +1,359 @@
+"""Unit tests of hp-shmem-perf's pure parts: sizes, nccl-tests' accounting, the command line, the table.
+
+No rank is started here (tests/st/test_perf.py runs the tool).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from hyper_parallel.perf.cases import CASES, Case, count_wrong, input_pattern
+from hyper_parallel.perf.config import build_parser, config_from_args, parse_config
+from hyper_parallel.perf.ops import OPS, InPlace
+from hyper_parallel.perf.progress import render_bar
+from hyper_parallel.perf.report import Row, Table, footer, format_time_us, write_json
+from hyper_parallel.perf.timing import time_per_operation_us
+from hyper_parallel.perf.units import format_size, parse_size, size_sweep
+
+# --------------------------------------------------------------------------
+# units.py
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("8", 8), ("0", 0), ("1K", 1024), ("1k", 1024), ("64M", 64 << 20), ("2G", 2 << 30), ("1T", 1 << 40),
+     ("4KB", 4096), ("4KiB", 4096), ("16B", 16), (" 32M ", 32 << 20)],
+)
+def test_parse_size_reads_binary_suffixes_like_nccl_tests(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "M", "1.5M", "-1", "1X", "1 K B", "iB", "8iB"])
+def test_parse_size_rejects_anything_else_with_the_value_in_the_message(text: str) -> None:
+    with pytest.raises(ValueError, match=r"size must be a whole number of bytes .*, but got " + repr(text)):
+        parse_size(text)
+
+
+def test_format_size_uses_the_largest_exact_unit() -> None:
+    assert [format_size(n) for n in (8, 1024, 1536, 64 << 20, 3 << 30)] == ["8", "1K", "1536", "64M", "3G"]
+
+
+def test_size_sweep_multiplies_while_within_the_maximum() -> None:
+    assert size_sweep(8, 64 << 20, 8) == [8 * 8**k for k in range(8)]  # 128M would pass -e
+    assert size_sweep(4, 64 << 20, 8)[-1] == 64 << 20
+    assert size_sweep(1024, 1024, 2) == [1024]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [((0, 8, 2), "`-b` must be at least 1 byte, but got 0"),
+     ((16, 8, 2), "`-e` must be at least `-b` (16), but got 8"),
+     ((8, 64, 1), "`-f` must be at least 2, but got 1")],
+)
+def test_size_sweep_rejects_bad_bounds(args: tuple, message: str) -> None:
+    with pytest.raises(ValueError) as error:
+        size_sweep(*args)
+    assert str(error.value) == message
+
+
+# --------------------------------------------------------------------------
+# ops.py: nccl-tests' accounting
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("nranks", [2, 3, 4, 8])
+def test_bus_factors_are_nccl_tests_definitions(nranks: int) -> None:
+    # all_reduce.cu: 2(n-1)/n; all_gather.cu, reduce_scatter.cu, alltoall.cu: (n-1)/n; sendrecv.cu: 1.
+    expected = {
+        "all_reduce": 2 * (nranks - 1) / nranks,
+        "all_gather": (nranks - 1) / nranks,
+        "reduce_scatter": (nranks - 1) / nranks,
+        "all_to_all": (nranks - 1) / nranks,
+        "send_recv": 1.0,
+        "put": 1.0,
+        "get": 1.0,
+        "signal_pingpong": 1.0,
+        "barrier": 1.0,
+    }
+    assert set(expected) == set(OPS)
+    for name, factor in expected.items():
+        assert math.isclose(OPS[name].bus_factor(nranks), factor), name
+
+
+def test_bandwidths_are_size_over_time_in_decimal_gigabytes() -> None:
+    algbw, busbw = OPS["all_reduce"].bandwidths(64 << 20, 0.01, 2)
+    assert math.isclose(algbw, (64 << 20) / 0.01 / 1e9)
+    assert math.isclose(busbw, algbw)  # 2(n-1)/n = 1 at n = 2
+    algbw, busbw = OPS["all_gather"].bandwidths(1_000_000_000, 1.0, 4)
+    assert (algbw, busbw) == (1.0, 0.75)
+    assert OPS["barrier"].bandwidths(0, 1e-6, 2) == (0.0, 0.0)
+
+
+def test_element_counts_round_split_ops_down_to_whole_blocks() -> None:
+    # nccl-tests sizes all_gather/reduce_scatter/all_to_all by their whole buffer of n blocks.
+    assert OPS["all_gather"].element_count(60, 4, 4) == 12
+    assert OPS["reduce_scatter"].element_count(64, 4, 4) == 16
+    assert OPS["all_to_all"].element_count(8, 4, 4) == 0  # too small to give every rank an element
+    assert OPS["all_reduce"].element_count(60, 4, 4) == 15
+    assert OPS["put"].element_count(7, 4, 2) == 1
+    assert OPS["signal_pingpong"].element_count(1 << 20, 4, 2) == 1  # one signal, whatever -b says
+    assert OPS["barrier"].element_count(1 << 20, 4, 2) == 0
+
+
+def test_the_collectives_have_nccl_tests_in_place_group() -> None:
+    in_place = {name: spec.in_place for name, spec in OPS.items()}
+    assert in_place == {
+        "all_gather": InPlace.SUPPORTED, "all_reduce": InPlace.SUPPORTED, "reduce_scatter": InPlace.SUPPORTED,
+        "all_to_all": InPlace.UNSUPPORTED,  # shown as n/a
+        "put": InPlace.ABSENT, "get": InPlace.ABSENT, "signal_pingpong": InPlace.ABSENT, "barrier": InPlace.ABSENT,
+        "send_recv": InPlace.ABSENT,
+    }
+    for name, spec in OPS.items():
+        assert bool(spec.in_place_summary) == (spec.in_place is not InPlace.ABSENT), name
+        runs_in_place = CASES[name].run_ours_in_place is not Case.run_ours_in_place
+        assert runs_in_place == (spec.in_place is InPlace.SUPPORTED), name
+
+
+def test_fixed_size_ops_have_one_size() -> None:
+    config = parse_config(["--op", "barrier,signal_pingpong,put", "-b", "1K", "-e", "4K"])
+    barrier, signal, put = config.ops
+    assert (config.sizes(barrier), config.dtype_label(barrier)) == ([0], "none")
+    assert (config.sizes(signal), config.dtype_label(signal)) == ([8], "int64")
+    assert (config.sizes(put), config.dtype_label(put)) == ([1024, 2048, 4096], "float")
+
+
+# --------------------------------------------------------------------------
+# config.py
+# --------------------------------------------------------------------------
+
+
+def test_defaults_match_the_readme_sweep() -> None:
+    config = parse_config([])
+    assert ([op.name for op in config.ops], config.nproc, config.min_bytes, config.max_bytes, config.factor) == (
+        ["all_reduce"], None, 8, 64 << 20, 2)
+    assert (config.iterations, config.warmup, config.repeat, config.dtype, config.redop) == (20, 5, 3, "float32", "sum")
+    op = config.ops[0]
+    assert (config.check, config.baseline, config.dtype_label(op), config.redop_label(op)) == (
+        True, "gloo", "float", "sum")
+    assert config.redop_label(OPS["put"]) == "none"  # put does not reduce
+
+
+def test_op_lists_keep_their_order_and_all_means_the_whole_table() -> None:
+    assert [op.name for op in parse_config(["--op", "barrier,put,barrier"]).ops] == ["barrier", "put"]
+    assert [op.name for op in parse_config(["--op", "all"]).ops] == list(OPS)
+    assert parse_config(["--op", "all"]).min_ranks == 2
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["--op", "scatter"], "`--op` must be all or a comma-separated list of put, get, signal_pingpong, barrier, "
+                           "all_gather, all_reduce, reduce_scatter, all_to_all, send_recv, but got 'scatter'"),
+     (["--op", "put,all"], "`--op` must be all or a comma-separated list of put, get, signal_pingpong, barrier, "
+                           "all_gather, all_reduce, reduce_scatter, all_to_all, send_recv, but got 'all'"),
+     (["-b", "0"], "`-b` must be at least 1 byte, but got 0"),
+     (["-b", "1M", "-e", "1K"], "`-e` must be at least `-b` (1048576), but got 1024"),
+     (["-f", "1"], "`-f` must be at least 2, but got 1"),
+     (["-n", "0"], "`-n` must be at least 1, but got 0"),
+     (["-w", "-1"], "`-w` must be at least 0, but got -1"),
+     (["-r", "0"], "`-r` must be at least 1, but got 0"),
+     (["-d", "complex64"], "`-d` must be one of int8, uint8, int32, int64, half, float16, bfloat16, float, "
+                           "float32, double, float64, but got 'complex64'"),
+     (["-o", "xor"], "`-o` must be one of sum, min, max, avg, but got 'xor'"),
+     (["-o", "avg", "-d", "int32"], "`-o avg` must have a floating-point `-d`, but got int32"),
+     (["-c", "2"], "`-c` must be one of 0, 1, but got '2'"),
+     (["--baseline", "mpi"], "`--baseline` must be one of gloo, none, but got 'mpi'"),
+     (["--progress", "yes"], "`--progress` must be one of auto, on, off, but got 'yes'"),
+     (["--op", "barrier,put", "--nproc", "1"], "`--nproc` must be at least 2, but got 1")],
+)
+def test_bad_flags_exit_like_argparse_with_the_rule_and_the_value(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: hp-shmem-perf")
+    assert err.rstrip().endswith(f"hp-shmem-perf: error: {message}")
+
+
+def test_unparsable_values_are_argparse_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_config(["-b", "1.5M"])
+    assert "argument -b/--minbytes: size must be a whole number of bytes" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_config(["--nproc", "two"])
+    assert "argument --nproc: invalid int value: 'two'" in capsys.readouterr().err
+
+
+def test_config_from_args_raises_value_error_for_programmatic_use() -> None:
+    args = build_parser().parse_args(["-f", "0"])
+    with pytest.raises(ValueError, match=r"^`-f` must be at least 2, but got 0$"):
+        config_from_args(args)
+
+
+def test_settings_are_plain_values() -> None:
+    settings = parse_config(["--op", "all_gather,put", "-d", "bfloat16", "--json", "x.json"]).settings(4)
+    json.dumps(settings)  # serialisable
+    assert settings["ops"] == ["all_gather", "put"] and settings["nranks"] == 4
+    assert (settings["type"], settings["dtype"], settings["baseline"]) == ("bfloat16", "bfloat16", "gloo")
+    assert "json_path" not in settings
+
+
+# --------------------------------------------------------------------------
+# timing.py
+# --------------------------------------------------------------------------
+
+
+def test_time_per_operation_is_the_median_round_per_iteration_in_microseconds() -> None:
+    assert time_per_operation_us([0.004, 0.002, 0.1], 20) == pytest.approx(200.0)  # median 0.004 / 20
+    assert time_per_operation_us([0.004], 20, divisor=2) == pytest.approx(100.0)  # half a round trip
+    with pytest.raises(ValueError, match="at least one round of at least one iteration, but got 0 rounds of 20"):
+        time_per_operation_us([], 20)
+
+
+# --------------------------------------------------------------------------
+# report.py and progress.py
+# --------------------------------------------------------------------------
+
+
+def _row(**overrides) -> Row:
+    fields = dict(op="put", size=67108864, count=16777216, type="float", redop="none", time_us=7815.5,
+                  algbw=8.59, busbw=8.59, wrong=0, baseline_time_us=29482.0, baseline_algbw=2.28,
+                  baseline_busbw=2.28, memcpy_time_us=4996.3, memcpy_algbw=13.43)
+    fields.update(overrides)
+    return Row(**fields)
+
+
+def test_format_time_follows_nccl_tests_precision() -> None:
+    assert [format_time_us(v) for v in (1.234, 99.994, 123.45, 9999.94, 29482.4)] == [
+        "1.23", "99.99", "123.5", "9999.9", "29482"]
+
+
+def test_table_has_nccl_tests_columns_then_the_baseline_and_memcpy() -> None:
+    table = Table("gloo", memcpy=True)
+    groups, titles, units = table.header()
+    assert titles.startswith("#") and units.startswith("#") and groups.startswith("#")
+    assert titles[1:].split() == ["size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong",
+                              "time", "algbw", "busbw", "speedup", "time", "algbw", "ours/"]
+    assert units[1:].split() == ["(B)", "(elements)", "(us)", "(GB/s)", "(GB/s)", "(us)", "(GB/s)", "(GB/s)",
+                             "(us)", "(GB/s)", "memcpy"]
+    assert groups[1:].split() == ["hyper_parallel.shmem", "gloo", "memcpy,", "1", "core"]
+    line = table.line(_row())
+    assert line.split() == ["67108864", "16777216", "float", "none", "7815.5", "8.59", "8.59", "0",
+                            "29482", "2.28", "2.28", "3.8x", "4996.3", "13.43", "64%"]
+    assert len(line) == len(titles) == len(units)  # values sit under their titles
+
+
+def _collective_row(**overrides) -> Row:
+    fields = dict(op="all_gather", size=67108864, count=16777216, memcpy_time_us=None, memcpy_algbw=None,
+                  in_place_time_us=5895.9, in_place_algbw=11.38, in_place_busbw=5.69, in_place_wrong=0)
+    fields.update(overrides)
+    return _row(**fields)
+
+
+def test_in_place_group_sits_between_ours_and_the_baseline_with_a_speedup_each() -> None:
+    table = Table("gloo", memcpy=False, in_place=True)
+    groups, titles, units = table.header()
+    assert titles[1:].split() == ["size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong",
+                                  "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "speedup", "speedup"]
+    assert units[1:].split() == ["(B)", "(elements)", "(us)", "(GB/s)", "(GB/s)", "(us)", "(GB/s)", "(GB/s)",
+                                 "(us)", "(GB/s)", "(GB/s)", "(out)", "(in)"]
+    assert groups[1:].split() == ["shmem,", "out-of-place", "shmem,", "in-place", "gloo,", "out-of-place"]
+    line = table.line(_collective_row())
+    assert line.split() == ["67108864", "16777216", "float", "none", "7815.5", "8.59", "8.59", "0",
+                            "5895.9", "11.38", "5.69", "0", "29482", "2.28", "2.28", "3.8x", "5.0x"]
+    assert len(line) == len(titles) == len(units) <= 160
+
+
+def test_an_op_that_cannot_run_in_place_shows_n_a_in_that_group() -> None:
+    table = Table("gloo", memcpy=False, in_place=True)
+    row = _collective_row(op="all_to_all", in_place_time_us=None, in_place_algbw=None, in_place_busbw=None,
+                          in_place_wrong=None)
+    assert table.line(row).split()[8:] == ["n/a"] * 4 + ["29482", "2.28", "2.28", "3.8x", "n/a"]
+    assert row.in_place_speedup is None
+
+
+def test_in_place_wrong_is_n_a_in_capitals_when_the_check_is_off() -> None:
+    table = Table(None, memcpy=False, in_place=True)
+    assert table.header()[1][1:].split()[-4:] == ["time", "algbw", "busbw", "#wrong"]
+    assert table.line(_collective_row(wrong=None, in_place_wrong=None)).split()[-5:] == [
+        "N/A", "5895.9", "11.38", "5.69", "N/A"]
+
+
+def test_table_without_baseline_or_check() -> None:
+    table = Table(None, memcpy=False)
+    titles = table.header()[1]
+    assert titles[1:].split() == ["size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong"]
+    row = _row(wrong=None, baseline_time_us=None, baseline_algbw=None, baseline_busbw=None,
+               memcpy_time_us=None, memcpy_algbw=None)
+    assert table.line(row).split()[-1] == "N/A"
+    assert row.speedup is None and row.memcpy_fraction is None
+
+
+def test_footer_counts_wrong_values_and_averages_bus_bandwidth() -> None:
+    assert footer([_row(busbw=2.0), _row(busbw=4.0)]) == [
+        "# Out of bounds values : 0 OK", "# Avg bus bandwidth    : 3 GB/s",
+        "# Avg bus bandwidth of the baseline : 2.28 GB/s"]
+    assert footer([_row(wrong=3)])[0] == "# Out of bounds values : 3 FAILED"
+
+
+def test_footer_counts_in_place_wrong_values_and_averages_in_place_bus_bandwidth() -> None:
+    rows = [_collective_row(in_place_busbw=1.0), _collective_row(wrong=1, in_place_wrong=2, in_place_busbw=2.0)]
+    assert footer(rows) == [
+        "# Out of bounds values : 3 FAILED", "# Avg bus bandwidth    : 8.59 GB/s",
+        "# Avg bus bandwidth in place : 1.5 GB/s", "# Avg bus bandwidth of the baseline : 2.28 GB/s"]
+
+
+def test_json_has_settings_and_every_row(tmp_path) -> None:
+    path = tmp_path / "rows.json"
+    write_json(str(path), {"op": "put", "nranks": 2}, [_row(), _row(size=8)])
+    document = json.loads(path.read_text())
+    assert document["tool"] == "hp-shmem-perf" and document["schema"] == 2
+    assert document["settings"] == {"op": "put", "nranks": 2}
+    first = document["rows"][0]
+    assert first["size"] == 67108864 and first["wrong"] == 0
+    assert first["speedup"] == pytest.approx(29482.0 / 7815.5)
+    assert first["memcpy_fraction"] == pytest.approx(4996.3 / 7815.5)
+    assert [first[key] for key in ("in_place_time_us", "in_place_algbw", "in_place_busbw", "in_place_wrong",
+                                   "in_place_speedup")] == [None] * 5  # put has no in-place form
+
+
+def test_json_rows_carry_the_in_place_fields(tmp_path) -> None:
+    path = tmp_path / "rows.json"
+    write_json(str(path), {}, [_collective_row()])
+    row = json.loads(path.read_text())["rows"][0]
+    assert (row["in_place_time_us"], row["in_place_algbw"], row["in_place_busbw"], row["in_place_wrong"]) == (
+        5895.9, 11.38, 5.69, 0)
+    assert row["in_place_speedup"] == pytest.approx(29482.0 / 5895.9)
+    assert row["speedup"] == pytest.approx(29482.0 / 7815.5)  # both against the same out-of-place gloo time
+
+
+def test_progress_bar_text() -> None:
+    assert render_bar(7, 20, "64M", 12.4, width=10) == "[###.......]  7/20  35%  64M  12s"
+    assert render_bar(30, 20, "", 0, width=4) == "[####] 20/20 100%    0s"
+
+
+# --------------------------------------------------------------------------
+# cases.py: inputs and the comparison
+# --------------------------------------------------------------------------
+
+
+def test_input_pattern_differs_per_rank_and_is_exact_in_every_dtype() -> None:
+    for dtype in (torch.int8, torch.float16, torch.bfloat16, torch.float32):
+        zero, one = input_pattern(8, dtype, 0), input_pattern(8, dtype, 1)
+        assert zero.dtype == dtype and not torch.equal(zero, one)
+        assert set(zero.tolist()) <= {1, 2, 3, 4}
+
+
+def test_count_wrong_is_exact_for_moves_and_tolerant_for_float_reductions() -> None:
+    reference = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    assert count_wrong(reference.clone(), reference, exact=True) == 0
+    assert count_wrong(reference + torch.tensor([0, 4e-6, 0, 1]), reference, exact=True) == 2
+    assert count_wrong(reference + torch.tensor([0, 4e-6, 0, 1]), reference, exact=False) == 1
+    ints = torch.tensor([1, 2, 3], dtype=torch.int32)
+    assert count_wrong(ints + torch.tensor([0, 0, 1], dtype=torch.int32), ints, exact=False) == 1
