@@ -39,9 +39,9 @@ bool AwaitSleeper(const std::uint32_t* sleepers) {
   return true;
 }
 
-TEST(SpinPolicyTest, DefaultsSpinBriefly) {
+TEST(SpinPolicyTest, DefaultsSpinBeforeSleeping) {
   const SpinPolicy policy;
-  EXPECT_EQ(policy.spin, std::chrono::microseconds(20));
+  EXPECT_EQ(policy.spin, std::chrono::microseconds(200));
   EXPECT_EQ(policy.yields, 4);
   EXPECT_EQ(policy.sleep_slice, milliseconds(50));
 }
@@ -55,7 +55,7 @@ TEST(SpinPolicyTest, NoSpinningWhenRanksOutnumberCores) {
   EXPECT_EQ(crowded.sleep_slice, milliseconds(50));
 
   const SpinPolicy fits = SpinPolicy::For(static_cast<int>(cores));
-  EXPECT_EQ(fits.spin, std::chrono::microseconds(20));
+  EXPECT_EQ(fits.spin, std::chrono::microseconds(200));
   EXPECT_EQ(fits.yields, 4);
   const SpinPolicy one = SpinPolicy::For(1);
   EXPECT_GT(one.spin.count(), 0);

@@ -1,4 +1,4 @@
-// Waiting for a word of shared memory: spin briefly, then yield, then sleep in the kernel (futex).
+// Waiting for a word of shared memory: spin a while, then yield, then sleep in the kernel (futex).
 //
 // Ranks may outnumber cores (8 ranks on 2 cores in CI): a waiter that only spins would burn the time slice its
 // peer needs to make progress, so spinning is short and the kernel does the rest. Wakers pay a futex syscall
@@ -16,7 +16,9 @@
 namespace hp::shmem::host {
 
 struct SpinPolicy {
-  std::chrono::nanoseconds spin{std::chrono::microseconds(20)};   // busy-wait with a pause instruction
+  // Busy-wait with a pause instruction. Long enough to cover a peer's hand-off written in Python (tens of µs):
+  // a futex wake costs the sleeper ~50-100 µs of scheduling latency on a VM.
+  std::chrono::nanoseconds spin{std::chrono::microseconds(200)};
   int yields = 4;                                                   // sched_yield rounds after spinning
   std::chrono::milliseconds sleep_slice{50};                        // longest single futex sleep
 

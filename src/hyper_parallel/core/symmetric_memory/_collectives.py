@@ -316,20 +316,17 @@ def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: tor
     esize = receive.element_size()
     row = torch.tensor([t.numel() // esize for t in sends] + receives, dtype=torch.int64, device=receive.device)
     parity = ch.flip()
-    counts = ch.counts[parity]
-    # Small parts travel with the counts (one sync in all): into the receiver's staging half of this parity,
-    # in a region per sender. They are used only if every rank's parts fit.
-    half = ch.staging.numel() // 2
-    eager_region = (half // n) // 64 * 64
-    eager = max(t.numel() for t in sends) <= eager_region
+    # Small parts travel with the counts (one sync in all): into the receiver's staging half of this parity, in a
+    # region per sender. They are used only if every rank's parts fit.
+    eager = max(t.numel() for t in sends) <= ch.eager_region_bytes
+    region_of_mine = ch.eager_regions[parity][me]
     for p in ch.peers + (me,):
         if eager:
-            start = parity * half + me * eager_region
-            shmem.put(ch.staging[start:start + sends[p].numel()], sends[p], ch.pes[p])
-        shmem.put(counts[me, :2 * n], row, ch.pes[p])
+            shmem.put(region_of_mine[:sends[p].numel()], sends[p], ch.pes[p])
+        shmem.put(ch.counts_row[parity], row, ch.pes[p])
     ch.sync()
     _flush_for_host_read()
-    table = counts[:n, :2 * n].tolist()
+    table = ch.counts_table[parity].tolist()
     sent = [r[:n] for r in table]  # sent[i][j]: elements rank i sends to rank j
     expected = [r[n:] for r in table]  # expected[j][i]: elements rank j expects from rank i
     for i in range(n):
@@ -337,16 +334,15 @@ def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: tor
             if sent[i][j] != expected[j][i]:
                 raise ValueError(f"`send_tensor_list[{j}]` of rank {i} must have the {expected[j][i]} elements rank "
                                  f"{j} expects in its receive_list[{i}], but got {sent[i][j]}")
-    # Where rank i's part starts in this rank's receive_tensor, and in rank j's (bytes).
+    # Where rank i's part starts in this rank's receive_tensor (bytes).
     starts = [sum(expected[me][:i]) * esize for i in range(n)]
     out = _bytes(receive)
     ring = ch.peers + (me,)
-    if max(max(r) for r in sent) * esize <= eager_region:
+    if max(max(r) for r in sent) * esize <= ch.eager_region_bytes:
         for i in ring:
             length = sent[i][me] * esize
             if length:
-                at = parity * half + i * eager_region
-                shmem.get(out[starts[i]:starts[i] + length], ch.staging[at:at + length], ch.my_pe)
+                shmem.get(out[starts[i]:starts[i] + length], ch.eager_regions[parity][i][:length], ch.my_pe)
         return receive_tensor
     if is_symmetric(out):
         for j in ring:

@@ -72,7 +72,12 @@ class GroupChannel:
         self.acked = [signals[2 * world + p:2 * world + p + 1] for p in range(world)]
         counts_offset = 3 * world * 8
         counts_bytes = 2 * world * 2 * world * 8
-        self.counts = slot[counts_offset:counts_offset + counts_bytes].view(torch.int64).view(2, world, 2 * world)
+        counts = slot[counts_offset:counts_offset + counts_bytes].view(torch.int64).view(2, world, 2 * world)
+        n = self.size
+        # all_to_all's views, made once (slicing costs a microsecond each on the small-message path): per parity,
+        # this rank's row of counts, the group's table, and one eager region of the staging half per sender.
+        self.counts_row = [counts[parity, me, :2 * n] for parity in (0, 1)]
+        self.counts_table = [counts[parity, :n, :2 * n] for parity in (0, 1)]
         staging_offset = _round_down(counts_offset + counts_bytes + _ALIGN - 1, _ALIGN)
         self.staging = slot[staging_offset:staging_offset + staging_bytes]
         self.mailbox = slot[staging_offset + staging_bytes:staging_offset + 2 * staging_bytes]
@@ -80,6 +85,12 @@ class GroupChannel:
         self.mailbox_slot_bytes = _round_down(region // MAILBOX_SLOTS, 64)
         self.mailbox_payload_bytes = self.mailbox_slot_bytes - 64
         self.one_shot_bytes = min(_ONE_SHOT_BYTES, staging_bytes // 2)
+        half = self.staging.numel() // 2
+        self.eager_region_bytes = _round_down(half // n, 64)
+        self.eager_regions = [
+            [self.staging[parity * half + i * self.eager_region_bytes:][:self.eager_region_bytes] for i in range(n)]
+            for parity in (0, 1)
+        ]
         self._one_shot_stages: dict = {}
         self.epoch = 0
         self.parity = 0  # which half of the staging (and of `counts`) the next double-buffered op uses
