@@ -37,7 +37,7 @@ def symm_session() -> Iterator[Callable[..., torch.Tensor]]:
         return tensor
 
     def free(tensor: torch.Tensor) -> None:
-        allocations.remove(tensor)
+        allocations[:] = [t for t in allocations if t is not tensor]  # by identity: == on tensors is elementwise
         symm.free(tensor)
 
     empty.free = free  # type: ignore[attr-defined]

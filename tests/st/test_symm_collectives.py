@@ -172,6 +172,30 @@ def _case_alltoall(counts: list, dtypes: list) -> None:
                 empty.free(sym_out)
 
 
+def _case_alltoall_in_place(counts: list, dtypes: list) -> None:
+    """The send blocks are the blocks of the receive tensor: everywhere (pairwise swaps when it is symmetric), or
+    on rank 0 only (staged then, since peers may not write into blocks rank 0 has yet to send)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    with symm_session() as empty:
+        for dtype in dtypes:
+            for per in counts:
+                data = rank_input(rank, world * per, dtype)
+                reference = torch.empty_like(data)
+                dist.all_to_all_single(reference, data)
+                for layout in ("symmetric", "ordinary", "rank 0 only"):
+                    buffer = empty(world * per, dtype) if layout != "ordinary" else torch.empty(world * per, dtype=dtype)
+                    other = empty(world * per, dtype)
+                    buffer.copy_(data)
+                    in_place = layout != "rank 0 only" or rank == 0
+                    sends = list(buffer.split(per)) if in_place else [t.clone() for t in data.split(per)]
+                    target = buffer if in_place else other
+                    symm.shmem_alltoall(sends, target, [per] * world)
+                    assert torch.equal(target, reference), f"{layout} {dtype} x{per}"
+                    empty.free(other)
+                    if layout != "ordinary":
+                        empty.free(buffer)
+
+
 def _case_send_recv(counts: list, dtypes: list) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     right, left = (rank + 1) % world, (rank - 1) % world
@@ -246,6 +270,12 @@ def test_reduce_scatter_matches_gloo(world_factory, nranks: int) -> None:
 @pytest.mark.parametrize("nranks", _RANKS)
 def test_alltoall_matches_gloo(world_factory, nranks: int) -> None:
     run_case(world_factory(nranks, _env(nranks)), _case_alltoall, [0, 1, 7, 4099, 300_001], DTYPES, timeout=180)
+
+
+@pytest.mark.parametrize("nranks", [2, 3, 4, 8])
+def test_alltoall_in_place_matches_gloo(world_factory, nranks: int) -> None:
+    run_case(world_factory(nranks, _env(nranks)), _case_alltoall_in_place, [1, 4099, 300_001],
+             [torch.float32, torch.bfloat16, torch.int64], timeout=180)
 
 
 @pytest.mark.parametrize("nranks", [2, 3, 4, 8])

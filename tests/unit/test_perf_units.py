@@ -109,7 +109,7 @@ def test_the_collectives_have_nccl_tests_in_place_group() -> None:
     in_place = {name: spec.in_place for name, spec in OPS.items()}
     assert in_place == {
         "all_gather": InPlace.SUPPORTED, "all_reduce": InPlace.SUPPORTED, "reduce_scatter": InPlace.SUPPORTED,
-        "all_to_all": InPlace.UNSUPPORTED,  # shown as n/a
+        "all_to_all": InPlace.SUPPORTED,
         "put": InPlace.ABSENT, "get": InPlace.ABSENT, "signal_pingpong": InPlace.ABSENT, "barrier": InPlace.ABSENT,
         "send_recv": InPlace.ABSENT,
     }
@@ -269,13 +269,6 @@ def test_in_place_group_sits_between_ours_and_the_baseline_with_a_speedup_each()
                             "5895.9", "11.38", "5.69", "0", "29482", "2.28", "2.28", "3.8x", "5.0x"]
     assert len(line) == len(titles) == len(units) <= 160
 
-
-def test_an_op_that_cannot_run_in_place_shows_n_a_in_that_group() -> None:
-    table = Table("gloo", memcpy=False, in_place=True)
-    row = _collective_row(op="all_to_all", in_place_time_us=None, in_place_algbw=None, in_place_busbw=None,
-                          in_place_wrong=None)
-    assert table.line(row).split()[8:] == ["n/a"] * 4 + ["29482", "2.28", "2.28", "3.8x", "n/a"]
-    assert row.in_place_speedup is None
 
 
 def test_in_place_wrong_is_n_a_in_capitals_when_the_check_is_off() -> None:

@@ -440,7 +440,8 @@ class ReduceScatterCase(Case):
 
 
 class AllToAllCase(Case):
-    """``all_to_all``: block j of rank i's send buffer lands in block i of rank j's output."""
+    """``all_to_all``: block j of rank i's send buffer lands in block i of rank j's output; in place, the send
+    blocks are the blocks of the (symmetric) output itself."""
 
     spec = OPS["all_to_all"]
 
@@ -448,10 +449,18 @@ class AllToAllCase(Case):
         self.send, self.base_send = self.input_pair(self.count)
         self.receive, self.base_receive = self.output_pair(self.count)
         self.send_blocks = list(self.send.split(self.block))
+        self.receive_blocks = list(self.receive.split(self.block))
         self.receive_counts = [self.block] * self.info.nranks
+        self.in_place_outputs = [(self.receive, self.base_receive)]
 
     def run_ours(self) -> None:
         self.symm.shmem_alltoall(self.send_blocks, self.receive, self.receive_counts)
+
+    def run_ours_in_place(self) -> None:
+        self.symm.shmem_alltoall(self.receive_blocks, self.receive, self.receive_counts)
+
+    def prepare_in_place(self) -> None:
+        self.receive.copy_(self.send)
 
     def run_baseline(self) -> None:
         dist.all_to_all_single(self.base_receive, self.base_send)

@@ -19,7 +19,7 @@ barrier                   0                                           1
 ========================  ==========================================  =================
 
 The collectives also have nccl-tests' in-place group of columns (:class:`InPlace`): all_gather, all_reduce and
-reduce_scatter run in place as well, all_to_all shows ``n/a`` (``shmem_alltoall`` has no in-place form).
+reduce_scatter and all_to_all run in place as well.
 """
 
 from __future__ import annotations
@@ -48,8 +48,6 @@ class InPlace(enum.Enum):
     """No in-place group: point-to-point and fixed-size ops."""
     SUPPORTED = "supported"
     """The op is timed and checked in place as well."""
-    UNSUPPORTED = "unsupported"
-    """The group is shown, as ``n/a``: our API has no in-place form of the op."""
 
 
 @dataclass(frozen=True)
@@ -206,8 +204,8 @@ OPS: dict[str, OpSpec] = {
             bus_factor=_ring_factor,
             split_by_ranks=True,
             needs_symmetric_memory=True,
-            in_place=InPlace.UNSUPPORTED,
-            in_place_summary="not supported by shmem_alltoall (n/a)",
+            in_place=InPlace.SUPPORTED,
+            in_place_summary="the send blocks are the blocks of the symmetric output (a pairwise swap)",
         ),
         OpSpec(
             name="send_recv",

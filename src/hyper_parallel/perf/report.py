@@ -84,12 +84,9 @@ def _fixed2(value: float) -> str:
     return f"{value:.2f}"
 
 
-NOT_APPLICABLE = "n/a"  # an in-place cell of an op that has no in-place form (all_to_all)
-
-
 def _in_place(format_value: Callable[[Any], str], field: str) -> Callable[[Row], str]:
-    """A cell of the in-place group: ``field`` of the row formatted, or ``n/a`` when the op has no in-place form."""
-    return lambda row: NOT_APPLICABLE if row.in_place_time_us is None else format_value(getattr(row, field))
+    """A cell of the in-place group: ``field`` of the row, formatted."""
+    return lambda row: format_value(getattr(row, field))
 
 
 def _wrong(value: Optional[int]) -> str:
@@ -155,8 +152,8 @@ class Table:
     Args:
         baseline: the name of the baseline (``"gloo"``) or None for none.
         memcpy: whether rows carry the memcpy reference.
-        in_place: whether the op has nccl-tests' in-place group (shown as ``n/a`` for an op that cannot run in
-            place); the baseline then gets a speedup for each of our two groups.
+        in_place: whether the op has nccl-tests' in-place group; the baseline then gets a speedup for each of
+            our two groups.
     """
 
     def __init__(self, baseline: Optional[str], memcpy: bool, in_place: bool = False) -> None:

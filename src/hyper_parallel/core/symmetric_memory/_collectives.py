@@ -277,10 +277,14 @@ def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: tor
     """Sends ``send_tensor_list[j]`` to rank j; ``receive_tensor`` gets every rank's part in rank order (collective).
 
     The counts are exchanged through symmetric memory (no framework collective) and checked on every rank
-    before any data moves: a mismatch raises the same error everywhere and writes nothing.
+    before any data moves: a mismatch raises the same error everywhere and writes nothing. Small parts travel
+    with the counts. When every rank passes the same symmetric ``receive_tensor``, senders push into it; when
+    the send tensors are, on every rank, the blocks of that tensor where the same peer's part lands (in place),
+    each pair of ranks swaps its two blocks, moving half the bytes. Anything else is staged.
 
     Args:
-        send_tensor_list: one contiguous tensor per group rank (any sizes, the dtype of ``receive_tensor``).
+        send_tensor_list: one contiguous tensor per group rank (any sizes, the dtype of ``receive_tensor``); they
+            may be views of ``receive_tensor``.
         receive_tensor: the destination; the part from rank i starts after the counts from ranks < i. Symmetric:
             senders push into it directly; otherwise it is filled through the staging area.
         receive_list: the element count expected from each rank (ints or a 1-D integer tensor); their sum must
@@ -314,7 +318,17 @@ def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: tor
         raise ValueError(f"`sum(receive_list)` must be at most receive_tensor.numel() ({receive.numel()}), "
                          f"but got {sum(receives)}")
     esize = receive.element_size()
-    row = torch.tensor([t.numel() // esize for t in sends] + receives, dtype=torch.int64, device=receive.device)
+    out = _bytes(receive)
+    # Where the receive tensor lies: -1 when it is an ordinary tensor, else 2 x its heap offset, plus 1 when the
+    # send tensors alias it block for block (in place). Peers may address it only if every rank's is the same.
+    starts = [sum(receives[:i]) * esize for i in range(n)]
+    where = -1
+    if is_symmetric(out):
+        in_place = all(sends[j].numel() == receives[j] * esize and sends[j].data_ptr() == out.data_ptr() + starts[j]
+                       for j in range(n))
+        where = 2 * (out.data_ptr() - _context.state().heap_base) + int(in_place)
+    row = torch.tensor([t.numel() // esize for t in sends] + receives + [where], dtype=torch.int64,
+                       device=receive.device)
     parity = ch.flip()
     # Small parts travel with the counts (one sync in all): into the receiver's staging half of this parity, in a
     # region per sender. They are used only if every rank's parts fit.
@@ -328,15 +342,13 @@ def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: tor
     _flush_for_host_read()
     table = ch.counts_table[parity].tolist()
     sent = [r[:n] for r in table]  # sent[i][j]: elements rank i sends to rank j
-    expected = [r[n:] for r in table]  # expected[j][i]: elements rank j expects from rank i
+    expected = [r[n:2 * n] for r in table]  # expected[j][i]: elements rank j expects from rank i
+    wheres = {r[2 * n] for r in table}
     for i in range(n):
         for j in range(n):
             if sent[i][j] != expected[j][i]:
                 raise ValueError(f"`send_tensor_list[{j}]` of rank {i} must have the {expected[j][i]} elements rank "
                                  f"{j} expects in its receive_list[{i}], but got {sent[i][j]}")
-    # Where rank i's part starts in this rank's receive_tensor (bytes).
-    starts = [sum(expected[me][:i]) * esize for i in range(n)]
-    out = _bytes(receive)
     ring = ch.peers + (me,)
     if max(max(r) for r in sent) * esize <= ch.eager_region_bytes:
         for i in ring:
@@ -344,26 +356,58 @@ def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: tor
             if length:
                 shmem.get(out[starts[i]:starts[i] + length], ch.eager_regions[parity][i][:length], ch.my_pe)
         return receive_tensor
-    if is_symmetric(out):
+    same_tensor = min(wheres) >= 0 and len({w // 2 for w in wheres}) == 1
+    if same_tensor and wheres == {max(wheres) | 1}:  # in place everywhere
+        _swap_blocks(out, starts, expected, sent, esize, ch)
+    elif same_tensor and wheres == {min(wheres) & ~1}:  # the same symmetric tensor everywhere: push into it
         for j in ring:
             start = sum(expected[j][:me]) * esize
             shmem.put(out[start:start + sends[j].numel()], sends[j], ch.pes[j])
-        ch.sync()
+    else:  # staged (also safe where the send tensors alias the receive tensor: parts are staged before use)
+        region = (ch.staging.numel() // n) // 64 * 64
+        largest = max(max(r) for r in sent) * esize
+        for off in range(0, largest, region):
+            for j in ring:
+                piece = sends[j][off:off + region]
+                shmem.put(ch.staging[me * region:me * region + piece.numel()], piece, ch.pes[j])
+            ch.sync()
+            for i in ring:
+                length = max(0, min(region, sent[i][me] * esize - off))
+                if length:
+                    shmem.get(out[starts[i] + off:starts[i] + off + length],
+                              ch.staging[i * region:i * region + length], ch.my_pe)
+            ch.sync()
         return receive_tensor
-    region = (ch.staging.numel() // n) // 64 * 64
-    largest = max(max(r) for r in sent) * esize
-    for off in range(0, largest, region):
-        for j in ring:
-            piece = sends[j][off:off + region]
-            shmem.put(ch.staging[me * region:me * region + piece.numel()], piece, ch.pes[j])
-        ch.sync()
-        for i in ring:
-            length = max(0, min(region, sent[i][me] * esize - off))
-            if length:
-                shmem.get(out[starts[i] + off:starts[i] + off + length], ch.staging[i * region:i * region + length],
-                          ch.my_pe)
-        ch.sync()
+    ch.sync()
     return receive_tensor
+
+
+# Bytes one swap step holds in the staging area: small enough to stay in the core's cache between its two copies.
+_SWAP_CHUNK_BYTES = 256 << 10
+
+
+def _swap_blocks(out: torch.Tensor, starts: list, expected: list, sent: list, esize: int, ch: GroupChannel) -> None:
+    """In-place all_to_all: block j of this rank and block ``me`` of rank j trade places, for every peer j.
+
+    Each pair of ranks splits the work: the lower rank swaps the first half of the two blocks, the higher one
+    the second half, through a cache-sized chunk of its staging area. Every byte is read once and written once,
+    half the traffic of an out-of-place exchange.
+    """
+    me = ch.me
+    chunk = min(_SWAP_CHUNK_BYTES, ch.staging.numel())
+    for j in ch.peers:
+        length = sent[me][j] * esize
+        mine = out[starts[j]:starts[j] + length]
+        theirs_start = sum(expected[j][:me]) * esize  # my block's place in rank j's copy of the tensor
+        theirs = out[theirs_start:theirs_start + length]
+        half = length // 2
+        lo, hi = (0, half) if me < j else (half, length)
+        for a in range(lo, hi, chunk):
+            b = min(a + chunk, hi)
+            held = ch.staging[:b - a]
+            shmem.put(held, mine[a:b], ch.my_pe)
+            shmem.get(mine[a:b], theirs[a:b], ch.pes[j])
+            shmem.put(theirs[a:b], held, ch.pes[j])
 
 
 def shmem_send(tensor: torch.Tensor, dst_rank: int, group: Optional[dist.ProcessGroup] = None) -> None:

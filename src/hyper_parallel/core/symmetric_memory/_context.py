@@ -10,7 +10,8 @@ disjoint heaps. Each slot holds:
 * ``arrive[n]``: rank p of the group SETs ``arrive[p]`` on every peer to its epoch: a group barrier whose
   values only grow (signals never need resetting);
 * ``sent[n]``, ``acked[n]``: the piece sequence numbers of send/recv, per peer;
-* ``counts[2][n][2n]``: the send and receive counts every rank publishes for all_to_all (double-buffered);
+* ``counts[2][n][2n + 1]``: what every rank publishes for all_to_all (double-buffered): its send and receive
+  counts and where its receive tensor lies;
 * ``staging``: bounce space for collectives whose tensors are not symmetric;
 * ``mailbox``: one region per sender for send/recv, cut into ``MAILBOX_SLOTS`` pieces that travel in flight
   at once, each a 64-byte header (the message's byte count) and a payload.
@@ -71,13 +72,13 @@ class GroupChannel:
         self.sent = [signals[world + p:world + p + 1] for p in range(world)]
         self.acked = [signals[2 * world + p:2 * world + p + 1] for p in range(world)]
         counts_offset = 3 * world * 8
-        counts_bytes = 2 * world * 2 * world * 8
-        counts = slot[counts_offset:counts_offset + counts_bytes].view(torch.int64).view(2, world, 2 * world)
+        counts_bytes = 2 * world * (2 * world + 1) * 8
+        counts = slot[counts_offset:counts_offset + counts_bytes].view(torch.int64).view(2, world, 2 * world + 1)
         n = self.size
         # all_to_all's views, made once (slicing costs a microsecond each on the small-message path): per parity,
         # this rank's row of counts, the group's table, and one eager region of the staging half per sender.
-        self.counts_row = [counts[parity, me, :2 * n] for parity in (0, 1)]
-        self.counts_table = [counts[parity, :n, :2 * n] for parity in (0, 1)]
+        self.counts_row = [counts[parity, me, :2 * n + 1] for parity in (0, 1)]
+        self.counts_table = [counts[parity, :n, :2 * n + 1] for parity in (0, 1)]
         staging_offset = _round_down(counts_offset + counts_bytes + _ALIGN - 1, _ALIGN)
         self.staging = slot[staging_offset:staging_offset + staging_bytes]
         self.mailbox = slot[staging_offset + staging_bytes:staging_offset + 2 * staging_bytes]
@@ -178,7 +179,7 @@ def _heap_size_env() -> dict:
 
 def _workspace_layout(heap_size: int, world: int) -> tuple:
     """(slot_bytes, staging_bytes) for a heap: an eighth of the heap at most, split over the slots."""
-    signal_bytes = _round_down(3 * world * 8 + 4 * world * world * 8 + _ALIGN - 1, _ALIGN)
+    signal_bytes = _round_down(3 * world * 8 + 2 * world * (2 * world + 1) * 8 + _ALIGN - 1, _ALIGN)
     budget = heap_size // 8
     staging = _round_down((budget // _SLOTS - signal_bytes) // 2, _ALIGN)
     staging = max(_MIN_STAGING_BYTES, min(_MAX_STAGING_BYTES, staging))
