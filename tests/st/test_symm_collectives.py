@@ -196,6 +196,24 @@ def _case_alltoall_in_place(counts: list, dtypes: list) -> None:
                         empty.free(buffer)
 
 
+def _case_different_symmetric_tensors(count: int) -> None:
+    """Ranks pass different symmetric tensors (other heap offsets): peers must not address them; still right."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    with symm_session() as empty:
+        first, second = empty(world * count, torch.float32), empty(world * count, torch.float32)
+        mine = first if rank % 2 == 0 else second
+        inputs = [rank_input(r, world * count, torch.float32) for r in range(world)]
+        mine.copy_(inputs[rank])
+        symm.shmem_allreduce(mine)
+        _check_reduced(mine, inputs, "sum", "all_reduce")
+        mine.copy_(inputs[rank])
+        out = torch.empty(count)
+        symm.shmem_reduce_scatter(out, mine)
+        _check_reduced(out, [t[rank * count:(rank + 1) * count] for t in inputs], "sum", "reduce_scatter", gloo=False)
+        symm.shmem_allgather(mine, out)
+        assert torch.equal(mine, torch.cat(gathered(out))), "all_gather"
+
+
 def _case_send_recv(counts: list, dtypes: list) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     right, left = (rank + 1) % world, (rank - 1) % world
@@ -276,6 +294,11 @@ def test_alltoall_matches_gloo(world_factory, nranks: int) -> None:
 def test_alltoall_in_place_matches_gloo(world_factory, nranks: int) -> None:
     run_case(world_factory(nranks, _env(nranks)), _case_alltoall_in_place, [1, 4099, 300_001],
              [torch.float32, torch.bfloat16, torch.int64], timeout=180)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_different_symmetric_tensors_on_different_ranks(world_factory, nranks: int) -> None:
+    run_case(world_factory(nranks, _env(nranks)), _case_different_symmetric_tensors, 200_003)
 
 
 @pytest.mark.parametrize("nranks", [2, 3, 4, 8])

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from hyper_parallel.core.multicore import shmem
 from hyper_parallel.core.symmetric_memory import _args, _context
-from hyper_parallel.core.symmetric_memory._context import MAILBOX_SLOTS, GroupChannel, is_symmetric
+from hyper_parallel.core.symmetric_memory._context import MAILBOX_SLOTS, GroupChannel, heap_offset, is_symmetric
 
 
 
@@ -48,6 +48,13 @@ def _check_group_multiple(whole: torch.Tensor, whole_name: str, part: torch.Tens
         )
 
 
+def _same_symmetric(rows: list, column: int) -> bool:
+    """Whether every rank published the same heap offset (not -1: an ordinary tensor) in ``column``: only then may
+    peers address each other's copies of it."""
+    first = rows[0][column]
+    return first >= 0 and all(row[column] == first for row in rows)
+
+
 def _copy_local(dst: torch.Tensor, src: torch.Tensor, ch: GroupChannel) -> None:
     """A stream-ordered local copy between tensors of which one is symmetric."""
     if dst.data_ptr() == src.data_ptr():
@@ -56,13 +63,6 @@ def _copy_local(dst: torch.Tensor, src: torch.Tensor, ch: GroupChannel) -> None:
         shmem.put(dst, src, ch.my_pe)
     else:
         shmem.get(dst, src, ch.my_pe)
-
-
-def _flush_for_host_read() -> None:
-    """Finishes the current stream's work: Python is about to read what a peer wrote."""
-    current = shmem.current_stream()
-    if not current.is_default:
-        current.synchronize()
 
 
 def shmem_allgather(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
@@ -105,20 +105,19 @@ def shmem_allgather(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
         for p in ring:
             if p != ch.me or src.data_ptr() != mine.data_ptr():
                 shmem.get(out[p * c:(p + 1) * c], stage, ch.pes[p])
-    elif is_symmetric(out):
-        ch.sync()
+        return output_tensor
+    where = ch.publish(ch.flip(), [heap_offset(out), heap_offset(src)])  # also: every rank has entered
+    if _same_symmetric(where, 0):  # push into the peers' outputs
         for p in ch.peers:
             shmem.put(mine, src, ch.pes[p])
         _copy_local(mine, src, ch)
         ch.sync()
-    elif is_symmetric(src):
-        ch.sync()
+    elif _same_symmetric(where, 1):  # pull from the peers' inputs
         for p in ring:
             shmem.get(out[p * c:(p + 1) * c], src, ch.pes[p])
         ch.sync()
     else:
         piece = ch.staging.numel()
-        ch.sync()
         for off in range(0, c, piece):
             length = min(piece, c - off)
             stage = ch.staging[:length]
@@ -163,15 +162,13 @@ def shmem_allreduce(tensor: torch.Tensor, op: str = "sum", group: Optional[dist.
         shmem.reduce(t, stage, ch.pes, op=op)
         return tensor
     flat = t.view(-1)
-    if is_symmetric(flat):
-        ch.sync()
+    if _same_symmetric(ch.publish(ch.flip(), [heap_offset(flat)]), 0):  # also: every rank has entered
         _reduce_mine_and_share(flat, ch, op)
         ch.sync()
         return tensor
     # Staged: each piece is reduced part by part in the ranks' staging areas, then every rank pulls the reduced
     # parts straight into its tensor (one copy less than pushing them back and copying the piece out).
     piece = ch.staging.numel() // t.element_size()
-    ch.sync()
     for off in range(0, count, piece):
         length = min(piece, count - off)
         stage = ch.staging_view(t.dtype, 0, length)
@@ -216,8 +213,8 @@ def shmem_reduce_scatter(output_tensor: torch.Tensor, input_tensor: torch.Tensor
 
     Raises:
         TypeError: differing or unsupported dtypes.
-        ValueError: sizes that do not match, an unknown op, a symmetric input overlapped by the output
-            elsewhere than this rank's part.
+        ValueError: sizes that do not match, an unknown op, an output overlapping the input elsewhere than this
+            rank's part.
         ShmemTimeoutError: a rank did not take part in time.
     """
     output = _args.tensor(output_tensor, "output_tensor")
@@ -231,24 +228,22 @@ def shmem_reduce_scatter(output_tensor: torch.Tensor, input_tensor: torch.Tensor
     c = out.numel()
     if c == 0:
         return output_tensor
+    mine = src[ch.me * c:(ch.me + 1) * c]
+    if _args.overlaps(out, src) and out.data_ptr() != mine.data_ptr():
+        raise ValueError("`output_tensor` must be this rank's part of `input_tensor` or not overlap it, but got an "
+                         f"overlap at byte {out.data_ptr() - src.data_ptr()} of the input")
     if src.numel() * data.element_size() <= ch.one_shot_bytes:  # one sync, as in all_reduce
         stage = ch.one_shot_stage(data.dtype, src.numel())
         shmem.put(stage, src, ch.my_pe)
         ch.sync()
         shmem.reduce(out, stage[ch.me * c:(ch.me + 1) * c], ch.pes, op=op)
         return output_tensor
-    if is_symmetric(src):
-        mine = src[ch.me * c:(ch.me + 1) * c]
-        if _args.overlaps(out, src) and out.data_ptr() != mine.data_ptr():
-            raise ValueError("`output_tensor` must be this rank's part of a symmetric `input_tensor` or not overlap "
-                             f"it, but got an overlap at byte {out.data_ptr() - src.data_ptr()} of the input")
-        ch.sync()
+    if _same_symmetric(ch.publish(ch.flip(), [heap_offset(src)]), 0):  # reduce straight from the peers' inputs
         shmem.reduce(out, mine, ch.pes, op=op)
         ch.sync()
         return output_tensor
     region = (ch.staging.numel() // n) // 64 * 64
     piece = region // data.element_size()
-    ch.sync()
     for off in range(0, c, piece):
         length = min(piece, c - off)
         for j in range(n):
@@ -327,20 +322,15 @@ def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: tor
         in_place = all(sends[j].numel() == receives[j] * esize and sends[j].data_ptr() == out.data_ptr() + starts[j]
                        for j in range(n))
         where = 2 * (out.data_ptr() - _context.state().heap_base) + int(in_place)
-    row = torch.tensor([t.numel() // esize for t in sends] + receives + [where], dtype=torch.int64,
-                       device=receive.device)
     parity = ch.flip()
     # Small parts travel with the counts (one sync in all): into the receiver's staging half of this parity, in a
     # region per sender. They are used only if every rank's parts fit.
     eager = max(t.numel() for t in sends) <= ch.eager_region_bytes
     region_of_mine = ch.eager_regions[parity][me]
-    for p in ch.peers + (me,):
-        if eager:
+    if eager:
+        for p in ch.peers + (me,):
             shmem.put(region_of_mine[:sends[p].numel()], sends[p], ch.pes[p])
-        shmem.put(ch.counts_row[parity], row, ch.pes[p])
-    ch.sync()
-    _flush_for_host_read()
-    table = ch.counts_table[parity].tolist()
+    table = ch.publish(parity, [t.numel() // esize for t in sends] + receives + [where])
     sent = [r[:n] for r in table]  # sent[i][j]: elements rank i sends to rank j
     expected = [r[n:2 * n] for r in table]  # expected[j][i]: elements rank j expects from rank i
     wheres = {r[2 * n] for r in table}
@@ -469,7 +459,7 @@ def shmem_recv(tensor: torch.Tensor, src_rank: int, group: Optional[dist.Process
     pe = ch.pes[src]
     seq = ch.received_messages[src] + 1
     shmem.wait_signal(ch.sent[src], seq, cmp="ge")
-    _flush_for_host_read()
+    _context.flush_for_host_read()
     header, _ = ch.mailbox_slot(src, seq)
     total = int(header.item())
     fits = total == data.numel()

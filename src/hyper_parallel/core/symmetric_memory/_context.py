@@ -52,6 +52,13 @@ def _round_down(value: int, unit: int) -> int:
     return value // unit * unit
 
 
+def flush_for_host_read() -> None:
+    """Finishes the current stream's work: Python is about to read what a peer wrote."""
+    current = shmem.current_stream()
+    if not current.is_default:
+        current.synchronize()
+
+
 class GroupChannel:
     """One group's ranks, its slot of the workspace, and the epochs of its protocols.
 
@@ -113,6 +120,20 @@ class GroupChannel:
             shmem.signal(self.arrive[me], epoch, pes[p])
         for p in self.peers:
             shmem.wait_signal(self.arrive[p], epoch, cmp="ge")
+
+    def publish(self, parity: int, values: list) -> list:
+        """Every member's ``values`` (ints, at most 2n + 1), after a sync: row i is group rank i's.
+
+        The rows live in the ``counts`` area of ``parity`` (from :meth:`flip`, so that a slow peer still reading
+        the previous op's rows is not overwritten); the call includes a sync of the group.
+        """
+        row = torch.tensor(values, dtype=torch.int64, device=self.counts_row[parity].device)
+        mine = self.counts_row[parity][:len(values)]
+        for p in self.peers + (self.me,):
+            shmem.put(mine, row, self.pes[p])
+        self.sync()
+        flush_for_host_read()
+        return self.counts_table[parity][:, :len(values)].tolist()
 
     def flip(self) -> int:
         """The parity for a double-buffered op, switching it for the next."""
@@ -352,6 +373,11 @@ def registered_channel(group: Optional[dist.ProcessGroup], op: str) -> GroupChan
             "(run symm.barrier(group) on all its ranks once before point-to-point calls)"
         )
     return ch
+
+
+def heap_offset(t: torch.Tensor) -> int:
+    """A tensor's offset in the symmetric heap (the same on every rank for the same allocation), or -1."""
+    return t.data_ptr() - _state.heap_base if is_symmetric(t) else -1
 
 
 def is_symmetric(t: torch.Tensor) -> bool:
