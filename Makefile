@@ -21,7 +21,7 @@ demo: install
 
 # The README's performance table and plot: every op, 8 B to 64 MiB, ours beside gloo (docs/perf.md).
 perf: install
-	$(PYTHON) -m hyper_parallel.perf --op all --nproc 2 -b 8 -e 64M -f 2 --json perf.json --plot perf.png
+	$(PYTHON) -m hyper_parallel.perf --op all --nproc 2 -b 8 -e 64M -f 2 --json perf.json --plot docs/perf.png
 
 test: install test-cpp test-cpp-sanitize test-py
 
