@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import hyper_parallel.core.symmetric_memory as symm
-from st_cases import expect_error, run_case
+from st_cases import run_case
 from symm_cases import DTYPES, gathered, rank_input, symm_session
 
 _RANKS = [1, 2, 3, 4, 8]

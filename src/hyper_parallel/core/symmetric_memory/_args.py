@@ -21,12 +21,11 @@ REDUCIBLE_DTYPES = (
 REDUCE_OPS = ("sum", "avg", "max", "min")
 
 
-def count(value: Count, name: str) -> int:
-    """A non-negative element count or offset: a Python int or a one-element integer tensor (seed 000).
+def integer(value: Count, name: str) -> int:
+    """An integer given as a Python int or a one-element integer tensor (seed 000's convention).
 
     Raises:
         TypeError: neither an int nor a one-element integer tensor.
-        ValueError: a negative value.
     """
     if isinstance(value, torch.Tensor):
         if value.numel() != 1 or value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
@@ -34,11 +33,20 @@ def count(value: Count, name: str) -> int:
                 f"`{name}` must be an int or a one-element integer tensor, "
                 f"but got a tensor of {value.numel()} {value.dtype} elements"
             )
-        result = int(value.item())
-    elif isinstance(value, int) and not isinstance(value, bool):
-        result = value
-    else:
-        raise TypeError(f"`{name}` must be an int or a one-element integer tensor, but got {type_name(value)}")
+        return int(value.item())
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise TypeError(f"`{name}` must be an int or a one-element integer tensor, but got {type_name(value)}")
+
+
+def count(value: Count, name: str) -> int:
+    """A non-negative element count or offset (see :func:`integer`).
+
+    Raises:
+        TypeError: neither an int nor a one-element integer tensor.
+        ValueError: a negative value.
+    """
+    result = integer(value, name)
     if result < 0:
         raise ValueError(f"`{name}` must be non-negative, but got {result}")
     return result
@@ -64,7 +72,9 @@ def tensor(value: object, name: str) -> torch.Tensor:
 def same_dtype(value: torch.Tensor, name: str, reference: torch.Tensor, reference_name: str) -> None:
     """Raises TypeError unless ``value`` has the dtype of ``reference``."""
     if value.dtype != reference.dtype:
-        raise TypeError(f"`{name}` must have the dtype of `{reference_name}` ({reference.dtype}), but got {value.dtype}")
+        raise TypeError(
+            f"`{name}` must have the dtype of `{reference_name}` ({reference.dtype}), but got {value.dtype}"
+        )
 
 
 def window(value: torch.Tensor, name: str, offset: int, size: int, offset_name: str) -> torch.Tensor:
@@ -76,7 +86,8 @@ def window(value: torch.Tensor, name: str, offset: int, size: int, offset_name: 
     numel = value.numel()
     if offset + size > numel:
         raise ValueError(
-            f"`{offset_name} + size` must be at most {name}.numel() ({numel}), but got {offset} + {size} = {offset + size}"
+            f"`{offset_name} + size` must be at most {name}.numel() ({numel}), "
+            f"but got {offset} + {size} = {offset + size}"
         )
     return value.view(-1)[offset:offset + size]
 
@@ -99,16 +110,13 @@ def reduce_op(op: object, dtype: torch.dtype) -> str:
 
 
 def rank_in_group(value: object, name: str, size: int) -> int:
-    """A rank inside a group of ``size`` ranks.
+    """A rank inside a group of ``size`` ranks (see :func:`integer`).
 
     Raises:
-        TypeError: not an int.
+        TypeError: neither an int nor a one-element integer tensor.
         ValueError: outside [0, size).
     """
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_floating_point:
-        value = int(value.item())
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`{name}` must be an int, but got {type_name(value)}")
+    value = integer(value, name)
     if not 0 <= value < size:
         raise ValueError(f"`{name}` must be in [0, {size}), but got {value}")
     return value

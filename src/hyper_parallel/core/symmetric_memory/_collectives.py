@@ -132,9 +132,10 @@ def shmem_allgather(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
 def shmem_allreduce(tensor: torch.Tensor, op: str = "sum", group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
     """Reduces ``tensor`` across the group, in place: every rank ends with bit-identical values (collective).
 
-    Small tensors (up to 256 KiB, or half the staging area if smaller) take one step: each rank reads every peer's staged copy. Larger ones
-    reduce-scatter then all-gather; a symmetric ``tensor`` is reduced in place with no copies, any other
-    through the staging area. float16/bfloat16 accumulate in float32.
+    Small tensors (up to 256 KiB, or half the staging area if smaller) take one step: each rank reads every
+    peer's staged copy. Larger ones reduce-scatter then all-gather: the same symmetric ``tensor`` on every rank
+    is reduced in place with no copies, anything else through the staging area. float16/bfloat16 accumulate in
+    float32.
 
     Args:
         tensor: a contiguous CPU tensor of float32, float64, float16, bfloat16, int8, uint8, int32 or int64.
@@ -299,7 +300,9 @@ def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: tor
     ch = _context.channel(group)
     n, me = ch.size, ch.me
     if isinstance(send_tensor_list, torch.Tensor) or not isinstance(send_tensor_list, Sequence):
-        raise TypeError(f"`send_tensor_list` must be a sequence of {n} tensors, but got {type(send_tensor_list).__name__}")
+        raise TypeError(
+            f"`send_tensor_list` must be a sequence of {n} tensors, but got {type(send_tensor_list).__name__}"
+        )
     if len(send_tensor_list) != n:
         raise ValueError(f"`send_tensor_list` must have one tensor per rank of the group ({n}), "
                          f"but got {len(send_tensor_list)}")

@@ -10,8 +10,8 @@ disjoint heaps. Each slot holds:
 * ``arrive[n]``: rank p of the group SETs ``arrive[p]`` on every peer to its epoch: a group barrier whose
   values only grow (signals never need resetting);
 * ``sent[n]``, ``acked[n]``: the piece sequence numbers of send/recv, per peer;
-* ``counts[2][n][2n + 1]``: what every rank publishes for all_to_all (double-buffered): its send and receive
-  counts and where its receive tensor lies;
+* ``counts[2][n][2n + 1]``: what every rank publishes for the others to read (double-buffered): all_to_all's
+  send and receive counts, and where in the heap a collective's tensors lie;
 * ``staging``: bounce space for collectives whose tensors are not symmetric;
 * ``mailbox``: one region per sender for send/recv, cut into ``MAILBOX_SLOTS`` pieces that travel in flight
   at once, each a 64-byte header (the message's byte count) and a payload.
@@ -62,7 +62,8 @@ def flush_for_host_read() -> None:
 class GroupChannel:
     """One group's ranks, its slot of the workspace, and the epochs of its protocols.
 
-    All methods enqueue on the current SHMEM stream; none waits for the stream to finish.
+    All methods enqueue on the current SHMEM stream; only :meth:`publish`, whose rows Python reads, waits for
+    the stream to finish.
     """
 
     def __init__(self, pes: tuple, me: int, slot: "torch.Tensor", world: int, staging_bytes: int,
@@ -304,7 +305,9 @@ def group_pes(group: Optional[dist.ProcessGroup]) -> tuple:
         pes = tuple(range(len(root.ranks)))
     else:
         if group is dist.GroupMember.NON_GROUP_MEMBER:  # what new_group returns on ranks outside the group
-            raise ValueError(f"`group` must contain this rank ({dist.get_rank()}), but got a group it is not a member of")
+            raise ValueError(
+                f"`group` must contain this rank ({dist.get_rank()}), but got a group it is not a member of"
+            )
         if not isinstance(group, dist.ProcessGroup):
             raise TypeError(f"`group` must be a torch.distributed.ProcessGroup or None, but got {type(group).__name__}")
         ranks = dist.get_process_group_ranks(group)
@@ -369,7 +372,8 @@ def registered_channel(group: Optional[dist.ProcessGroup], op: str) -> GroupChan
     if ch is None:
         group_pes(group)  # argument errors first
         raise ShmemStateError(
-            f"group has no symmetric-memory channel yet: op={op} group_ranks={list(dist.get_process_group_ranks(group))} "
+            f"group has no symmetric-memory channel yet: op={op} "
+            f"group_ranks={list(dist.get_process_group_ranks(group))} "
             "(run symm.barrier(group) on all its ranks once before point-to-point calls)"
         )
     return ch

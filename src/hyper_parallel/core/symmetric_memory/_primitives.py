@@ -148,16 +148,6 @@ def _signal_element(signal: torch.Tensor, signal_offset: Count) -> torch.Tensor:
     return _args.window(signal, "signal", _args.count(signal_offset, "signal_offset"), 1, "signal_offset")
 
 
-def _signal_value(value: object, name: str) -> int:
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1 or value.dtype.is_floating_point or value.dtype == torch.bool:
-            raise TypeError(f"`{name}` must be an int or a one-element integer tensor, but got {value.dtype} x{value.numel()}")
-        return int(value.item())
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`{name}` must be an int or a one-element integer tensor, but got {type(value).__name__}")
-    return value
-
-
 def _choice(value: object, name: str, choices: dict) -> str:
     if isinstance(value, bool) or not isinstance(value, int) or value not in choices:
         listed = ", ".join(f"{k} ({v.upper()})" for k, v in choices.items())
@@ -184,7 +174,7 @@ def shmem_signal_op(signal: torch.Tensor, signal_offset: Count, signal_value: Co
     """
     element = _signal_element(signal, signal_offset)
     op = _choice(signal_op, "signal_op", _SIGNAL_OPS)
-    shmem.signal(element, _signal_value(signal_value, "signal_value"), _pe(target_rank, group), op=op)
+    shmem.signal(element, _args.integer(signal_value, "signal_value"), _pe(target_rank, group), op=op)
 
 
 def shmem_wait_for_signal(depend_tensor: Optional[torch.Tensor], signal: torch.Tensor, signal_offset: Count,
@@ -208,7 +198,7 @@ def shmem_wait_for_signal(depend_tensor: Optional[torch.Tensor], signal: torch.T
         raise TypeError(f"`depend_tensor` must be a torch.Tensor or None, but got {type(depend_tensor).__name__}")
     element = _signal_element(signal, signal_offset)
     cmp = _choice(compare_op, "compare_op", _COMPARE_OPS)
-    shmem.wait_signal(element, _signal_value(compare_value, "compare_value"), cmp=cmp)
+    shmem.wait_signal(element, _args.integer(compare_value, "compare_value"), cmp=cmp)
 
 
 def shmem_put_with_signal(target: torch.Tensor, target_offset: Count, src: torch.Tensor, src_offset: Count,
@@ -229,7 +219,7 @@ def shmem_put_with_signal(target: torch.Tensor, target_offset: Count, src: torch
     _require_symmetric(target, "target")
     element = _signal_element(signal, signal_offset)
     op = _choice(signal_op, "signal_op", _SIGNAL_OPS)
-    value = _signal_value(signal_value, "signal_value")
+    value = _args.integer(signal_value, "signal_value")
     pe = _pe(target_rank, group)
     shmem.put(dst, source, pe)
     shmem.signal(element, value, pe, op=op)
