@@ -10,6 +10,8 @@ gloo's after one operation of each; ``prepare_in_place`` then lays the same inpu
 
 from __future__ import annotations
 
+import abc
+
 import importlib
 from types import ModuleType
 from typing import Callable, ClassVar, NamedTuple
@@ -133,7 +135,7 @@ class SymmetricBuffers:
             free(self._tensors.pop())
 
 
-class Case:
+class Case(abc.ABC):
     """One row's operation on this rank: subclasses allocate in ``setup`` and define ours and gloo's run.
 
     Buffers come in pairs, ours (symmetric) and gloo's (ordinary) of the same size: ``input_pair`` pairs get the
@@ -188,9 +190,9 @@ class Case:
         self.outputs.append(pair)
         return pair
 
+    @abc.abstractmethod
     def setup(self) -> None:
         """Allocates the pairs (and anything else the op needs)."""
-        raise NotImplementedError
 
     def fill(self) -> None:
         """Zeroes the outputs, then writes the same inputs into ours and gloo's (before the check).
@@ -205,9 +207,9 @@ class Case:
             ours.copy_(data)
             baseline.copy_(data)
 
+    @abc.abstractmethod
     def run_ours(self) -> None:
         """One out-of-place operation through HyperParallel SHMEM."""
-        raise NotImplementedError
 
     def run_ours_in_place(self) -> None:
         """One in-place operation through HyperParallel SHMEM (ops whose in-place form is supported)."""
@@ -220,9 +222,9 @@ class Case:
         """
         raise NotImplementedError(f"`{self.spec.name}` has no in-place form")
 
+    @abc.abstractmethod
     def run_baseline(self) -> None:
         """One operation through torch.distributed on gloo."""
-        raise NotImplementedError
 
     def run_memcpy(self) -> None:
         """One single-core copy of the row's bytes on the rank that moves them (``memcpy_reference`` ops)."""
