@@ -93,6 +93,10 @@ class GroupChannel:
         region = _round_down(staging_bytes // self.size, 64)
         self.mailbox_slot_bytes = _round_down(region // MAILBOX_SLOTS, 64)
         self.mailbox_payload_bytes = self.mailbox_slot_bytes - 64
+        self._mailbox_slots = []  # (header, payload) views, made once like the other small-message views
+        for index in range(self.size * MAILBOX_SLOTS):
+            slot = self.mailbox[index * self.mailbox_slot_bytes:(index + 1) * self.mailbox_slot_bytes]
+            self._mailbox_slots.append((slot[:8].view(torch.int64), slot[64:]))
         self.one_shot_bytes = min(_ONE_SHOT_BYTES, staging_bytes // 2)
         half = self.staging.numel() // 2
         self.eager_region_bytes = _round_down(half // n, 64)
@@ -145,9 +149,7 @@ class GroupChannel:
     def mailbox_slot(self, sender: int, seq: int) -> tuple:
         """(header, payload) of the mailbox slot for piece ``seq`` from group rank ``sender``: an int64 byte count
         and the bytes."""
-        start = (sender * MAILBOX_SLOTS + seq % MAILBOX_SLOTS) * self.mailbox_slot_bytes
-        slot = self.mailbox[start:start + self.mailbox_slot_bytes]
-        return slot[:8].view(torch.int64), slot[64:]
+        return self._mailbox_slots[sender * MAILBOX_SLOTS + seq % MAILBOX_SLOTS]
 
     def one_shot_stage(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
         """The staging half for the next one-step op (switching halves), as ``numel`` elements of ``dtype``.
