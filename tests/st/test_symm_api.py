@@ -217,6 +217,7 @@ def _case_group_checks() -> None:
     rank = dist.get_rank()
     pair = dist.new_group([0, 1])
     with symm_session():
+        symm.barrier()  # acquires the runtime (every rank)
         if rank in (0, 1):
             # send/recv need a channel, which only a collective of the whole group can create.
             expect_error(shmem.ShmemStateError, lambda: symm.shmem_send(torch.ones(1), 1 - rank, group=pair),
@@ -229,6 +230,17 @@ def _case_group_checks() -> None:
         else:
             expect_error(ValueError, lambda: symm.shmem_allreduce(torch.ones(1), group=pair),
                          f"`group` must contain this rank ({rank}), but got a group it is not a member of")
+
+
+def _case_one_sided_calls_never_acquire() -> None:
+    """Before any symm.empty, one-sided and point-to-point calls fail at once instead of waiting for the others."""
+    rank = dist.get_rank()
+    sig = torch.zeros(1, dtype=torch.int32)
+    expect_error(ValueError, lambda: symm.shmem_signal_op(sig, 0, 1, SET, 1 - rank),
+                 "`signal` must be a symmetric tensor from symm.empty, but got an ordinary tensor")
+    expect_error(shmem.ShmemStateError, lambda: symm.shmem_send(torch.ones(1), 1 - rank),
+                 "symmetric memory is not initialised: op=group_ranks (call symm.empty() on every rank first)")
+    assert shmem.debug_state()["state"] == "uninitialized"
 
 
 def _case_heap_alias() -> None:
@@ -281,6 +293,10 @@ def test_bad_arguments_write_nothing(world_factory, nranks: int) -> None:
 
 def test_group_checks(world_factory) -> None:
     run_case(world_factory(4, _ENV), _case_group_checks)
+
+
+def test_one_sided_calls_never_acquire_the_runtime(world_factory) -> None:
+    run_case(world_factory(2, _ENV), _case_one_sided_calls_never_acquire)
 
 
 def test_heap_size_alias(world_factory) -> None:

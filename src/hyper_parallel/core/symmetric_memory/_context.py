@@ -293,16 +293,18 @@ def group_pes(group: Optional[dist.ProcessGroup]) -> tuple:
     Raises:
         TypeError: ``group`` is not a ProcessGroup.
         ValueError: the group does not contain this rank, or has a rank outside the root.
-        ShmemStateError: no runtime.
+        ShmemStateError: the API holds no runtime yet (one-sided calls never acquire it: only a collective
+            call may, since every rank of the root must take part).
     """
-    st = state()
+    st = _state
+    root = root_info()
+    if st is None or root is None:
+        raise ShmemStateError("symmetric memory is not initialised: op=group_ranks (call symm.empty() on every rank "
+                              "first)")
     group = _key(group)
     pes = st.rank_maps.get(group)
     if pes is not None:
         return pes
-    root = root_info()
-    if root is None:
-        raise ShmemStateError("shmem runtime is not initialised: op=symmetric_memory")
     if group is None:
         pes = tuple(range(len(root.ranks)))
     else:
@@ -367,12 +369,11 @@ def registered_channel(group: Optional[dist.ProcessGroup], op: str) -> GroupChan
     """The channel of a group that already ran a collective (point-to-point calls cannot register one).
 
     Raises:
-        ShmemStateError: the group has no channel yet.
+        ShmemStateError: the API holds no runtime yet, or the group has no channel yet.
     """
-    st = state()
-    ch = st.channels.get(_key(group))
+    group_pes(group)  # no runtime, and argument errors, first
+    ch = _state.channels.get(_key(group))
     if ch is None:
-        group_pes(group)  # argument errors first
         raise ShmemStateError(
             f"group has no symmetric-memory channel yet: op={op} "
             f"group_ranks={list(dist.get_process_group_ranks(group))} "

@@ -145,6 +145,7 @@ def _signal_element(signal: torch.Tensor, signal_offset: Count) -> torch.Tensor:
     signal = _args.tensor(signal, "signal")
     if signal.dtype not in _SIGNAL_DTYPES:
         raise TypeError(f"`signal` must have dtype torch.int32 or torch.int64, but got {signal.dtype}")
+    _require_symmetric(signal, "signal")
     return _args.window(signal, "signal", _args.count(signal_offset, "signal_offset"), 1, "signal_offset")
 
 
