@@ -1,6 +1,6 @@
 """System tests of the user API's primitives, groups, examples and argument checks (real ranks, gloo groups).
 
-* the examples: seed 000's example 1 (only the device changed) and the push/pull example, run as written;
+* the examples: seed 000's example 1 (only the device changed) and the push and pull examples, run as written;
 * primitives with int and one-element tensor offsets, get's direction, every signal and compare op;
 * groups: group-local ranks, overlapping DP {0,1},{2,3} and TP {0,2},{1,3} groups in use at once, on two
   streams at once, and mixed with torch.distributed collectives on the other group in the same step;
@@ -262,7 +262,7 @@ def _case_heap_alias() -> None:
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name,nranks", [("symm_producer_consumer.py", 2), ("symm_push_pull.py", 4)])
+@pytest.mark.parametrize("name,nranks", [("symm_producer_consumer.py", 2), ("symm_push.py", 4), ("symm_pull.py", 3)])
 def test_examples_run_as_written(world_factory, name: str, nranks: int) -> None:
     run_case(world_factory(nranks, _ENV), _case_example, name)
 
