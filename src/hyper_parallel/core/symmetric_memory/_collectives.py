@@ -1,17 +1,22 @@
 """Collectives (seeds 000 and 004) written over the runtime's one-sided primitives.
 
-Every algorithm picks its path from local facts that are the same on every rank of a well-formed call:
+Every algorithm picks one of three paths, the same on every rank:
 
-* **copy-free** when the tensor that peers must address is symmetric: peers put into it or reduce from it
-  directly (push for all_gather/all_to_all outputs, pull for symmetric inputs);
-* **staged** otherwise: ranks copy their data into their slot's staging area and peers read it from there,
-  in pieces of the staging size.
+* **one step** for small messages: each rank stages its data in the half of its slot's staging area that the
+  previous small op left alone, one sync, then peers pull from it or reduce straight from it;
+* **copy-free** when every rank passes the same symmetric tensor (ranks publish its heap offset with the op's
+  first sync, ``GroupChannel.publish``): peers push into it, pull from it or reduce straight from it;
+* **staged** otherwise: ranks copy their data into their staging area and peers read it from there, in pieces
+  of the staging size.
 
 A rank only writes into a peer's memory, or reads it, between two syncs of the group (``GroupChannel.sync``):
 the first says every rank has entered the op (so its buffers are free and its inputs ready), the last says
-every rank is done with its peers' memory. The one exception is the small all-reduce, which skips the closing
-sync by alternating between two halves of the staging area (``flip``). Every call is enqueued on the current
-SHMEM stream; a group's collectives must not run on two streams at once.
+every rank is done with its peers' memory. The one-step path skips the closing sync by alternating between
+the two halves of the staging area (``flip``).
+
+Every call is enqueued on the current SHMEM stream. The calls that read what peers published (large
+collectives choosing their path, all_to_all's counts, recv's message size) first wait for that stream. A
+group's collectives must not run on two streams at once.
 """
 
 from __future__ import annotations
