@@ -75,8 +75,8 @@ def shmem_allgather(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
     """Gathers every rank's ``input_tensor`` into ``output_tensor``, in group-rank order (collective).
 
     Args:
-        output_tensor: group-size times the input's elements, same dtype. Symmetric: peers push into it
-            directly; otherwise it is filled through the staging area.
+        output_tensor: group-size times the input's elements, same dtype. The same symmetric tensor on every
+            rank: peers push into it directly (large messages); otherwise it is filled from staged copies.
         input_tensor: this rank's contribution. It may be this rank's part of ``output_tensor`` (in place).
         group: a ProcessGroup inside the root (None: WORLD).
 
@@ -209,8 +209,8 @@ def shmem_reduce_scatter(output_tensor: torch.Tensor, input_tensor: torch.Tensor
 
     Args:
         output_tensor: 1/group-size of the input's elements, same dtype.
-        input_tensor: group-size equal parts. Symmetric: peers reduce from it directly; otherwise it is
-            staged.
+        input_tensor: group-size equal parts. The same symmetric tensor on every rank: peers reduce from it
+            directly (large messages); otherwise it is staged.
         op: 'sum', 'avg' (floating point only), 'max' or 'min'.
         group: a ProcessGroup inside the root (None: WORLD).
 
@@ -286,8 +286,9 @@ def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: tor
     Args:
         send_tensor_list: one contiguous tensor per group rank (any sizes, the dtype of ``receive_tensor``); they
             may be views of ``receive_tensor``.
-        receive_tensor: the destination; the part from rank i starts after the counts from ranks < i. Symmetric:
-            senders push into it directly; otherwise it is filled through the staging area.
+        receive_tensor: the destination; the part from rank i starts after the counts from ranks < i. The
+            same symmetric tensor on every rank: senders push into it directly (large messages); otherwise it is
+            filled through the staging area.
         receive_list: the element count expected from each rank (ints or a 1-D integer tensor); their sum must
             fit ``receive_tensor``.
         group: a ProcessGroup inside the root (None: WORLD).
