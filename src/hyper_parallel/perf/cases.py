@@ -140,10 +140,8 @@ class Case(abc.ABC):
 
     Buffers come in pairs, ours (symmetric) and gloo's (ordinary) of the same size: ``input_pair`` pairs get the
     same deterministic inputs before the check, ``output_pair`` pairs are zeroed then and compared after it.
-    Ops whose ``spec.in_place`` is ``InPlace.SUPPORTED`` also define ``run_ours_in_place`` and
-    ``prepare_in_place``, and list in ``in_place_outputs`` (in ``setup``) which of our tensors hold the in-place
-    result, each beside gloo's out-of-place output it must equal; the in-place form reuses the out-of-place
-    buffers (views of them), so it costs no heap.
+    Ops that also run in place derive from :class:`InPlaceCase`; their in-place form reuses the out-of-place
+    buffers (views of them), so it costs no heap. Ops with a memcpy reference define ``run_memcpy``.
     Every rank calls every method the same number of times (ranks with no part in an op return at once), so
     that collectives, signal epochs and point-to-point pairs stay matched.
     """
@@ -211,24 +209,9 @@ class Case(abc.ABC):
     def run_ours(self) -> None:
         """One out-of-place operation through HyperParallel SHMEM."""
 
-    def run_ours_in_place(self) -> None:
-        """One in-place operation through HyperParallel SHMEM (ops whose in-place form is supported)."""
-        raise NotImplementedError(f"`{self.spec.name}` has no in-place form")
-
-    def prepare_in_place(self) -> None:
-        """Lays out the inputs ``fill`` wrote for the in-place form, in this rank's own buffers (before its check).
-
-        Called after the out-of-place check, which leaves the inputs as ``fill`` wrote them.
-        """
-        raise NotImplementedError(f"`{self.spec.name}` has no in-place form")
-
     @abc.abstractmethod
     def run_baseline(self) -> None:
         """One operation through torch.distributed on gloo."""
-
-    def run_memcpy(self) -> None:
-        """One single-core copy of the row's bytes on the rank that moves them (``memcpy_reference`` ops)."""
-        raise NotImplementedError(f"`{self.spec.name}` has no memcpy reference")
 
     def _count_wrong(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
         """Wrong elements of ours against gloo's, bit for bit except floating-point sums and averages."""
@@ -242,19 +225,29 @@ class Case(abc.ABC):
         """
         return self._count_wrong(self.outputs)
 
-    def wrong_elements_in_place(self) -> int:
-        """Wrong elements of this rank's in-place result after one ``run_ours_in_place``, against gloo's output.
-
-        Raises:
-            NotImplementedError: the op has no in-place form.
-        """
-        if self.spec.in_place is not InPlace.SUPPORTED:
-            raise NotImplementedError(f"`{self.spec.name}` has no in-place form")
-        return self._count_wrong(self.in_place_outputs)
-
     def close(self) -> None:
         """Frees the symmetric tensors (collective)."""
         self.buffers.free_all()
+
+
+class InPlaceCase(Case):
+    """A collective that also runs in place (``InPlace.SUPPORTED``): ``setup`` lists in ``in_place_outputs`` which
+    of our tensors hold the in-place result, each beside gloo's out-of-place output it must equal."""
+
+    @abc.abstractmethod
+    def run_ours_in_place(self) -> None:
+        """One in-place operation through HyperParallel SHMEM."""
+
+    @abc.abstractmethod
+    def prepare_in_place(self) -> None:
+        """Lays out the inputs ``fill`` wrote for the in-place form, in this rank's own buffers (before its check).
+
+        Called after the out-of-place check, which leaves the inputs as ``fill`` wrote them.
+        """
+
+    def wrong_elements_in_place(self) -> int:
+        """Wrong elements of this rank's in-place result after one ``run_ours_in_place``, against gloo's output."""
+        return self._count_wrong(self.in_place_outputs)
 
 
 class _OneSidedCase(Case):
@@ -364,7 +357,7 @@ class BarrierCase(Case):
         dist.barrier()
 
 
-class AllGatherCase(Case):
+class AllGatherCase(InPlaceCase):
     """``all_gather``: a block per rank into an output of n blocks; in place, the input is this rank's block of
     the output."""
 
@@ -390,7 +383,7 @@ class AllGatherCase(Case):
         dist.all_gather_single(self.base_output, self.base_input)
 
 
-class AllReduceCase(Case):
+class AllReduceCase(InPlaceCase):
     """``all_reduce``: out of place, the input copied into the output and reduced there (``shmem_allreduce`` and
     ``dist.all_reduce`` work in place only); in place, the output reduced as it is."""
 
@@ -416,7 +409,7 @@ class AllReduceCase(Case):
         dist.all_reduce(self.base_output, op=DIST_REDUCE_OPS[self.info.redop])
 
 
-class ReduceScatterCase(Case):
+class ReduceScatterCase(InPlaceCase):
     """``reduce_scatter``: n blocks per rank in, the reduction of block i out on rank i; in place, the output is
     this rank's block of the input."""
 
@@ -441,7 +434,7 @@ class ReduceScatterCase(Case):
         dist.reduce_scatter_single(self.base_output, self.base_input, op=DIST_REDUCE_OPS[self.info.redop])
 
 
-class AllToAllCase(Case):
+class AllToAllCase(InPlaceCase):
     """``all_to_all``: block j of rank i's send buffer lands in block i of rank j's output; in place, the send
     blocks are the blocks of the (symmetric) output itself."""
 
@@ -511,5 +504,7 @@ CASES: dict[str, type[Case]] = {
     )
 }
 assert CASES.keys() == OPS.keys(), "every op of the table needs a case"
-assert all((case.run_ours_in_place is not Case.run_ours_in_place) == (case.spec.in_place is InPlace.SUPPORTED)
+assert all(issubclass(case, InPlaceCase) == (case.spec.in_place is InPlace.SUPPORTED)
            for case in CASES.values()), "exactly the ops whose in-place form is supported run in place"
+assert all(hasattr(case, "run_memcpy") == case.spec.memcpy_reference
+           for case in CASES.values()), "exactly the ops with a memcpy reference time one"

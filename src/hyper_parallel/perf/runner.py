@@ -20,13 +20,14 @@ from hyper_parallel.perf.cases import (
     CASES,
     SYMMETRIC_MEMORY_MODULE,
     Case,
+    InPlaceCase,
     PerfSetupError,
     RankInfo,
     symmetric_memory_api,
 )
 from hyper_parallel.perf.config import Config
 from hyper_parallel.perf.launch import STORE_ENV
-from hyper_parallel.perf.ops import InPlace, OpSpec
+from hyper_parallel.perf.ops import OpSpec
 from hyper_parallel.perf.progress import Progress
 from hyper_parallel.perf.report import Reporter, Row
 from hyper_parallel.perf.timing import Side, measure, slowest_rank, time_per_operation_us
@@ -91,7 +92,7 @@ def _check(case: Case) -> list[int]:
     shmem.barrier()  # one-sided writes by other ranks are visible after it
     case.run_baseline()
     wrong = [case.wrong_elements()]
-    if case.spec.in_place is InPlace.SUPPORTED:
+    if isinstance(case, InPlaceCase):
         case.prepare_in_place()
         shmem.barrier()  # as above, for the in-place layout
         case.run_ours_in_place()
@@ -131,7 +132,7 @@ def measure_row(config: Config, spec: OpSpec, info: RankInfo, nbytes: int, progr
     try:
         wrong = _check(case) if config.check else []
         sides = [Side(OURS, case.run_ours, shmem.barrier)]
-        if spec.in_place is InPlace.SUPPORTED:
+        if isinstance(case, InPlaceCase):
             sides.append(Side(IN_PLACE, case.run_ours_in_place, shmem.barrier))
         if config.baseline is not None:
             sides.append(Side(config.baseline, case.run_baseline, dist.barrier))
