@@ -13,6 +13,8 @@ rank's, bit for bit.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -61,6 +63,15 @@ def _check_reduced(ours: torch.Tensor, inputs: list, op: str, what: str, gloo: b
             assert torch.equal(ours, reference), f"{what} vs gloo"
 
 
+def _reductions(dtypes: list, counts: list, ops: list) -> Iterator[tuple]:
+    """Every (dtype, count, op) to try: 'avg' only on floating-point dtypes."""
+    for dtype in dtypes:
+        for count in counts:
+            for op in ops:
+                if op != "avg" or dtype.is_floating_point:
+                    yield dtype, count, op
+
+
 def _same_everywhere(t: torch.Tensor, what: str) -> None:
     copies = gathered(t)
     for r, other in enumerate(copies):
@@ -75,21 +86,17 @@ def _same_everywhere(t: torch.Tensor, what: str) -> None:
 def _case_allreduce(counts: list, dtypes: list, ops: list) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     with symm_session() as empty:
-        for dtype in dtypes:
-            for count in counts:
-                for op in ops:
-                    if op == "avg" and not dtype.is_floating_point:
-                        continue
-                    inputs = [rank_input(r, count, dtype) for r in range(world)]
-                    ordinary = inputs[rank].clone()
-                    assert symm.shmem_allreduce(ordinary, op=op) is ordinary
-                    _check_reduced(ordinary, inputs, op, f"ordinary {dtype} x{count} {op}")
-                    _same_everywhere(ordinary, f"ordinary {dtype} x{count} {op}")
-                    symmetric = empty(count, dtype)
-                    symmetric.copy_(inputs[rank])
-                    symm.shmem_allreduce(symmetric, op=op)
-                    assert torch.equal(symmetric, ordinary), f"symmetric {dtype} x{count} {op} differs from ordinary"
-                    empty.free(symmetric)
+        for dtype, count, op in _reductions(dtypes, counts, ops):
+            inputs = [rank_input(r, count, dtype) for r in range(world)]
+            ordinary = inputs[rank].clone()
+            assert symm.shmem_allreduce(ordinary, op=op) is ordinary
+            _check_reduced(ordinary, inputs, op, f"ordinary {dtype} x{count} {op}")
+            _same_everywhere(ordinary, f"ordinary {dtype} x{count} {op}")
+            symmetric = empty(count, dtype)
+            symmetric.copy_(inputs[rank])
+            symm.shmem_allreduce(symmetric, op=op)
+            assert torch.equal(symmetric, ordinary), f"symmetric {dtype} x{count} {op} differs from ordinary"
+            empty.free(symmetric)
 
 
 def _case_allgather(counts: list, dtypes: list) -> None:
@@ -121,27 +128,23 @@ def _case_allgather(counts: list, dtypes: list) -> None:
 def _case_reduce_scatter(counts: list, dtypes: list, ops: list) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     with symm_session() as empty:
-        for dtype in dtypes:
-            for count in counts:
-                for op in ops:
-                    if op == "avg" and not dtype.is_floating_point:
-                        continue
-                    inputs = [rank_input(r, world * count, dtype) for r in range(world)]
-                    parts = [t[rank * count:(rank + 1) * count] for t in inputs]
-                    out = torch.full((count,), 3, dtype=dtype)
-                    assert symm.shmem_reduce_scatter(out, inputs[rank], op=op) is out
-                    _check_reduced(out, parts, op, f"ordinary {dtype} x{count} {op}", gloo=False)
-                    if op != "avg":
-                        gloo_out = torch.empty_like(out)
-                        dist.reduce_scatter_tensor(gloo_out, inputs[rank].clone(), op=_TORCH_OPS[op])
-                        torch.testing.assert_close(out, gloo_out, rtol=0 if op != "sum" else None,
-                                                   atol=0 if op != "sum" else None)
-                    sym_in = empty(world * count, dtype)
-                    sym_in.copy_(inputs[rank])
-                    out2 = torch.full((count,), 3, dtype=dtype)
-                    symm.shmem_reduce_scatter(out2, sym_in, op=op)
-                    assert torch.equal(out2, out), f"symmetric {dtype} x{count} {op}"
-                    empty.free(sym_in)
+        for dtype, count, op in _reductions(dtypes, counts, ops):
+            inputs = [rank_input(r, world * count, dtype) for r in range(world)]
+            parts = [t[rank * count:(rank + 1) * count] for t in inputs]
+            out = torch.full((count,), 3, dtype=dtype)
+            assert symm.shmem_reduce_scatter(out, inputs[rank], op=op) is out
+            _check_reduced(out, parts, op, f"ordinary {dtype} x{count} {op}", gloo=False)
+            if op != "avg":
+                gloo_out = torch.empty_like(out)
+                dist.reduce_scatter_tensor(gloo_out, inputs[rank].clone(), op=_TORCH_OPS[op])
+                torch.testing.assert_close(out, gloo_out, rtol=0 if op != "sum" else None,
+                                           atol=0 if op != "sum" else None)
+            sym_in = empty(world * count, dtype)
+            sym_in.copy_(inputs[rank])
+            out2 = torch.full((count,), 3, dtype=dtype)
+            symm.shmem_reduce_scatter(out2, sym_in, op=op)
+            assert torch.equal(out2, out), f"symmetric {dtype} x{count} {op}"
+            empty.free(sym_in)
 
 
 def _case_alltoall(counts: list, dtypes: list) -> None:
