@@ -160,6 +160,7 @@ def _case_bad_arguments() -> None:
         sig.zero_()
         symm.barrier()
         src = torch.full((8,), 5.0)
+        big = torch.zeros(3 * world + 3)
         cases = [
             (ValueError, lambda: symm.shmem_put(buf, 6, src, 0, 4, 0), "`target_offset + size` must be at most target.numel() (8), but got 6 + 4 = 10"),
             (ValueError, lambda: symm.shmem_put(buf, 0, src, 7, 2, 0), "`src_offset + size` must be at most src.numel() (8)"),
@@ -184,6 +185,14 @@ def _case_bad_arguments() -> None:
             (ValueError, lambda: symm.shmem_alltoall([torch.ones(1)] * world, torch.empty(world), [1] * (world - 1)), f"`receive_list` must have one count per rank of the group ({world}), but got {world - 1}"),
             (ValueError, lambda: symm.shmem_alltoall([torch.ones(1)] * world, torch.empty(world - 1), [1] * world), f"`sum(receive_list)` must be at most receive_tensor.numel() ({world - 1}), but got {world}"),
             (ValueError, lambda: symm.shmem_send(torch.ones(2), rank), f"`dst_rank` must be another rank than this one ({rank}), but got {rank}"),
+            (TypeError, lambda: symm.shmem_alltoall(torch.ones(world), torch.empty(world), [1] * world), f"`send_tensor_list` must be a sequence of {world} tensors, but got Tensor"),
+            (TypeError, lambda: symm.shmem_alltoall([torch.ones(1)] * world, torch.empty(world), "1" * world), f"`receive_list` must be a sequence of {world} ints, but got str"),
+            (TypeError, lambda: symm.shmem_alltoall([torch.ones(1)] * world, torch.empty(world), torch.ones(world)), "`receive_list` must be a sequence of"),
+            (ValueError, lambda: symm.shmem_allgather(big[:3 * world], big[1:4]), "`input_tensor` must be this rank's part of `output_tensor` or not overlap it, but got an overlap at byte 4"),
+            (ValueError, lambda: symm.shmem_reduce_scatter(big[1:4], big[:3 * world]), "`output_tensor` must be this rank's part of `input_tensor` or not overlap it, but got an overlap at byte 4"),
+            (ValueError, lambda: symm.shmem_allreduce(torch.ones(2, device="meta")), "`tensor` must be a tensor on cpu (the SHMEM device), but got meta"),
+            (TypeError, lambda: symm.shmem_wait_for_signal([1], sig, 0, 1, 0), "`depend_tensor` must be a torch.Tensor or None, but got list"),
+            (TypeError, lambda: symm.shmem_signal_op(sig, 0, 1.5, SET, 0), "`signal_value` must be an int or a one-element integer tensor, but got float"),
             (TypeError, lambda: symm.shmem_allreduce(torch.ones(2), group="dp"), "`group` must be a torch.distributed.ProcessGroup or None, but got str"),
         ]
         for exc, fn, needle in cases:
@@ -243,6 +252,17 @@ def _case_one_sided_calls_never_acquire() -> None:
     assert shmem.debug_state()["state"] == "uninitialized"
 
 
+def _case_slots_run_out() -> None:
+    """A rank in more groups than the workspace has slots: the group beyond them is refused on all its ranks."""
+    groups = [dist.new_group([0, 1]) for _ in range(16)]
+    with symm_session():
+        symm.barrier()  # WORLD takes slot 0
+        for group in groups[:15]:
+            symm.barrier(group)
+        expect_error(shmem.ShmemStateError, lambda: symm.barrier(groups[15]),
+                     "every workspace slot is taken by another group: slots=16 group_ranks=[0, 1]")
+
+
 def _case_heap_alias() -> None:
     with restored_env("SYMMETRIC_MEMORY_HEAP_SIZE"), restored_env("HYPER_PARALLEL_SHMEM_HEAP_SIZE"):
         os.environ.pop("HYPER_PARALLEL_SHMEM_HEAP_SIZE", None)
@@ -297,6 +317,10 @@ def test_group_checks(world_factory) -> None:
 
 def test_one_sided_calls_never_acquire_the_runtime(world_factory) -> None:
     run_case(world_factory(2, _ENV), _case_one_sided_calls_never_acquire)
+
+
+def test_workspace_slots_run_out_with_a_clear_error(world_factory) -> None:
+    run_case(world_factory(2, _ENV), _case_slots_run_out)
 
 
 def test_heap_size_alias(world_factory) -> None:
