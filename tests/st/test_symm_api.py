@@ -282,7 +282,8 @@ def _case_heap_alias() -> None:
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name,nranks", [("symm_producer_consumer.py", 2), ("symm_push.py", 4), ("symm_pull.py", 3)])
+@pytest.mark.parametrize("name,nranks", [("symm_producer_consumer.py", 2), ("symm_push.py", 4), ("symm_pull.py", 3),
+                                        ("symm_fused_matmul.py", 2)])
 def test_examples_run_as_written(world_factory, name: str, nranks: int) -> None:
     run_case(world_factory(nranks, _ENV), _case_example, name)
 

@@ -30,6 +30,7 @@ from hyper_parallel.core.symmetric_memory._collectives import (
     shmem_reduce_scatter,
     shmem_send,
 )
+from hyper_parallel.core.symmetric_memory._fused import fused_all_gather_matmul, fused_matmul_reduce_scatter
 from hyper_parallel.core.symmetric_memory._primitives import (
     barrier,
     empty,
@@ -46,6 +47,8 @@ __all__ = [
     "barrier",
     "empty",
     "free",
+    "fused_all_gather_matmul",
+    "fused_matmul_reduce_scatter",
     "shmem_allgather",
     "shmem_allreduce",
     "shmem_alltoall",

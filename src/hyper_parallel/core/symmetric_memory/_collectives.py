@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.symmetric_memory import _args, _context
+from hyper_parallel.core.symmetric_memory import _args, _autograd, _context, _low_precision
 from hyper_parallel.core.symmetric_memory._context import MAILBOX_SLOTS, GroupChannel, heap_offset, is_symmetric
 
 
@@ -100,8 +100,22 @@ def shmem_allgather(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
     if _args.overlaps(src, out) and src.data_ptr() != mine.data_ptr():
         raise ValueError("`input_tensor` must be this rank's part of `output_tensor` or not overlap it, but got "
                          f"an overlap at byte {src.data_ptr() - out.data_ptr()} of the output")
+    if _autograd.tracks(input_tensor):
+        if c and src.data_ptr() == mine.data_ptr():
+            raise ValueError("`input_tensor` must not be a view of `output_tensor` when it requires grad, but got "
+                             "this rank's part of it (autograd cannot differentiate an in-place all_gather)")
+        return _autograd.AllGather.apply(output_tensor, input_tensor, ch)
+    _all_gather(output, data, ch)
+    return output_tensor
+
+
+def _all_gather(output: torch.Tensor, data: torch.Tensor, ch: GroupChannel) -> None:
+    """all_gather on checked arguments."""
+    src, out = _bytes(data), _bytes(output)
+    c = src.numel()
+    mine = out[ch.me * c:(ch.me + 1) * c]
     if c == 0:
-        return output_tensor
+        return
     ring = ch.peers + (ch.me,)
     if c <= ch.one_shot_bytes:  # one sync: stage in the half the next small op leaves alone, peers pull from it
         stage = ch.one_shot_stage(torch.uint8, c)
@@ -110,7 +124,7 @@ def shmem_allgather(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
         for p in ring:
             if p != ch.me or src.data_ptr() != mine.data_ptr():
                 shmem.get(out[p * c:(p + 1) * c], stage, ch.pes[p])
-        return output_tensor
+        return
     where = ch.publish(ch.flip(), [heap_offset(out), heap_offset(src)])  # also: every rank has entered
     if _same_symmetric(where, 0):  # push into the peers' outputs
         for p in ch.peers:
@@ -131,10 +145,10 @@ def shmem_allgather(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
             for p in ring:
                 shmem.get(out[p * c + off:p * c + off + length], stage, ch.pes[p])
             ch.sync()
-    return output_tensor
 
 
-def shmem_allreduce(tensor: torch.Tensor, op: str = "sum", group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
+def shmem_allreduce(tensor: torch.Tensor, op: str = "sum", group: Optional[dist.ProcessGroup] = None,
+                    low_precision_dtype: Optional[torch.dtype] = None, backward: str = "identity") -> torch.Tensor:
     """Reduces ``tensor`` across the group, in place: every rank ends with bit-identical values (collective).
 
     Small tensors (up to 256 KiB, or half the staging area if smaller) take one step: each rank reads every
@@ -146,32 +160,55 @@ def shmem_allreduce(tensor: torch.Tensor, op: str = "sum", group: Optional[dist.
         tensor: a contiguous CPU tensor of float32, float64, float16, bfloat16, int8, uint8, int32 or int64.
         op: 'sum', 'avg' (floating point only), 'max' or 'min'.
         group: a ProcessGroup inside the root (None: WORLD).
+        low_precision_dtype: travel in this dtype (float16, bfloat16, float8_e4m3fn or float8_e5m2, or its name;
+            fp8 with a power-of-two scale per 128-element block) and accumulate in the tensor's dtype (float32 at
+            least). None: the default set by ``SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE``, which applies only where it
+            can, else full precision; 'none': full precision whatever the environment says. It applies to 'sum'
+            and 'avg' on floating-point tensors wider than it (an explicit dtype elsewhere is a ValueError); see
+            :mod:`~hyper_parallel.core.symmetric_memory._low_precision` for the algorithm and the error bounds.
+        backward: the gradient when ``tensor`` requires grad. 'identity' (default): ``grad_in = grad_out``
+            (scaled by 1/n for 'avg'), right when the computation after the all-reduce is replicated on every
+            rank, so every rank's ``grad_out`` is already the full gradient (tensor parallelism). 'allreduce':
+            ``grad_in = all_reduce(grad_out)`` (same op), right when ranks go on to compute different losses.
 
     Returns:
-        ``tensor``.
+        ``tensor`` (in the autograd graph when it requires grad).
 
     Raises:
         TypeError: an unsupported dtype.
-        ValueError: an unknown op, 'avg' on integers.
+        ValueError: an unknown op or backward, 'avg' on integers, a low-precision dtype that does not apply,
+            'max'/'min' on a tensor that requires grad.
         ShmemTimeoutError: a rank did not take part in time.
     """
     t = _args.tensor(tensor, "tensor")
     op = _args.reduce_op(op, t.dtype)
+    precision = _low_precision.resolve(low_precision_dtype, t.dtype, op)
     ch = _context.channel(group)
+    if _autograd.tracks(tensor):
+        return _autograd.AllReduce.apply(tensor, op, ch, precision, _autograd.backward_mode(backward, op))
+    _all_reduce(t, op, ch, precision)
+    return tensor
+
+
+def _all_reduce(t: torch.Tensor, op: str, ch: GroupChannel, precision: Optional[torch.dtype] = None) -> None:
+    """all_reduce on checked arguments (``precision``: the low-precision dtype to travel in, or None)."""
     count = t.numel()
     if count == 0 or ch.size == 1:
-        return tensor
+        return
+    if precision is not None:
+        _low_precision.all_reduce(t, op, ch, precision)
+        return
     if t.nbytes <= ch.one_shot_bytes:
         stage = ch.one_shot_stage(t.dtype, count)
         shmem.put(stage, t, ch.my_pe)
         ch.sync()
         shmem.reduce(t, stage, ch.pes, op=op)
-        return tensor
+        return
     flat = t.view(-1)
     if _same_symmetric(ch.publish(ch.flip(), [heap_offset(flat)]), 0):  # also: every rank has entered
         _reduce_mine_and_share(flat, ch, op)
         ch.sync()
-        return tensor
+        return
     # Staged: each piece is reduced part by part in the ranks' staging areas, then every rank pulls the reduced
     # parts straight into its tensor (one copy less than pushing them back and copying the piece out).
     piece = ch.staging.numel() // t.element_size()
@@ -189,7 +226,6 @@ def shmem_allreduce(tensor: torch.Tensor, op: str = "sum", group: Optional[dist.
             if hi > lo:
                 shmem.get(flat[off + lo:off + hi], stage[lo:hi], ch.pes[p])
         ch.sync()
-    return tensor
 
 
 def _reduce_mine_and_share(buffer: torch.Tensor, ch: GroupChannel, op: str) -> None:
@@ -204,7 +240,8 @@ def _reduce_mine_and_share(buffer: torch.Tensor, ch: GroupChannel, op: str) -> N
 
 
 def shmem_reduce_scatter(output_tensor: torch.Tensor, input_tensor: torch.Tensor, op: str = "sum",
-                         group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
+                         group: Optional[dist.ProcessGroup] = None,
+                         low_precision_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """Reduces ``input_tensor`` across the group; rank r keeps part r of the result (collective).
 
     Args:
@@ -213,41 +250,60 @@ def shmem_reduce_scatter(output_tensor: torch.Tensor, input_tensor: torch.Tensor
             directly (large messages); otherwise it is staged.
         op: 'sum', 'avg' (floating point only), 'max' or 'min'.
         group: a ProcessGroup inside the root (None: WORLD).
+        low_precision_dtype: as in :func:`shmem_allreduce`.
 
     Returns:
-        ``output_tensor``.
+        ``output_tensor`` (in the autograd graph when the input requires grad: the gradient of the input is the
+        all_gather of the output's, scaled by 1/n for 'avg').
 
     Raises:
         TypeError: differing or unsupported dtypes.
         ValueError: sizes that do not match, an unknown op, an output overlapping the input elsewhere than this
-            rank's part.
+            rank's part, a low-precision dtype that does not apply, 'max'/'min' on an input that requires grad.
         ShmemTimeoutError: a rank did not take part in time.
     """
     output = _args.tensor(output_tensor, "output_tensor")
     data = _args.tensor(input_tensor, "input_tensor")
     _args.same_dtype(output, "output_tensor", data, "input_tensor")
     op = _args.reduce_op(op, data.dtype)
+    precision = _low_precision.resolve(low_precision_dtype, data.dtype, op)
     ch = _context.channel(group)
     n = ch.size
     _check_group_multiple(data, "input_tensor", output, "output_tensor", n)
     out, src = output.view(-1), data.view(-1)
     c = out.numel()
-    if c == 0:
-        return output_tensor
     mine = src[ch.me * c:(ch.me + 1) * c]
     if _args.overlaps(out, src) and out.data_ptr() != mine.data_ptr():
         raise ValueError("`output_tensor` must be this rank's part of `input_tensor` or not overlap it, but got an "
                          f"overlap at byte {out.data_ptr() - src.data_ptr()} of the input")
+    if _autograd.tracks(input_tensor):
+        return _autograd.ReduceScatter.apply(output_tensor, input_tensor, op, ch, precision)
+    _reduce_scatter(output, data, op, ch, precision)
+    return output_tensor
+
+
+def _reduce_scatter(output: torch.Tensor, data: torch.Tensor, op: str, ch: GroupChannel,
+                    precision: Optional[torch.dtype] = None) -> None:
+    """reduce_scatter on checked arguments (``precision`` as in :func:`_all_reduce`)."""
+    n = ch.size
+    out, src = output.view(-1), data.view(-1)
+    c = out.numel()
+    if c == 0:
+        return
+    if precision is not None:
+        _low_precision.reduce_scatter(out, src, op, ch, precision)
+        return
+    mine = src[ch.me * c:(ch.me + 1) * c]
     if src.numel() * data.element_size() <= ch.one_shot_bytes:  # one sync, as in all_reduce
         stage = ch.one_shot_stage(data.dtype, src.numel())
         shmem.put(stage, src, ch.my_pe)
         ch.sync()
         shmem.reduce(out, stage[ch.me * c:(ch.me + 1) * c], ch.pes, op=op)
-        return output_tensor
+        return
     if _same_symmetric(ch.publish(ch.flip(), [heap_offset(src)]), 0):  # reduce straight from the peers' inputs
         shmem.reduce(out, mine, ch.pes, op=op)
         ch.sync()
-        return output_tensor
+        return
     region = (ch.staging.numel() // n) // 64 * 64
     piece = region // data.element_size()
     for off in range(0, c, piece):
@@ -257,7 +313,6 @@ def shmem_reduce_scatter(output_tensor: torch.Tensor, input_tensor: torch.Tensor
         ch.sync()
         shmem.reduce(out[off:off + length], ch.staging_view(data.dtype, ch.me * region, length), ch.pes, op=op)
         ch.sync()
-    return output_tensor
 
 
 def _receive_counts(receive_list: object, n: int) -> list:
@@ -304,7 +359,7 @@ def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: tor
     """
     receive = _args.tensor(receive_tensor, "receive_tensor")
     ch = _context.channel(group)
-    n, me = ch.size, ch.me
+    n = ch.size
     if isinstance(send_tensor_list, torch.Tensor) or not isinstance(send_tensor_list, Sequence):
         raise TypeError(
             f"`send_tensor_list` must be a sequence of {n} tensors, but got {type(send_tensor_list).__name__}"
@@ -321,6 +376,15 @@ def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: tor
     if sum(receives) > receive.numel():
         raise ValueError(f"`sum(receive_list)` must be at most receive_tensor.numel() ({receive.numel()}), "
                          f"but got {sum(receives)}")
+    if _autograd.tracks(*send_tensor_list):
+        return _autograd.AllToAll.apply(receive_tensor, receives, ch, *send_tensor_list)
+    _all_to_all(sends, receive, receives, ch)
+    return receive_tensor
+
+
+def _all_to_all(sends: list, receive: torch.Tensor, receives: list, ch: GroupChannel) -> None:
+    """all_to_all on checked arguments: ``sends`` as flat bytes, ``receives`` as element counts."""
+    n, me = ch.size, ch.me
     esize = receive.element_size()
     out = _bytes(receive)
     # Where the receive tensor lies: -1 when it is an ordinary tensor, else 2 x its heap offset, plus 1 when the
@@ -354,7 +418,7 @@ def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: tor
             length = sent[i][me] * esize
             if length:
                 shmem.get(out[starts[i]:starts[i] + length], ch.eager_regions[parity][i][:length], ch.my_pe)
-        return receive_tensor
+        return
     same_tensor = min(wheres) >= 0 and len({w // 2 for w in wheres}) == 1
     if same_tensor and wheres == {max(wheres) | 1}:  # in place everywhere
         _swap_blocks(out, starts, expected, sent, esize, ch)
@@ -376,9 +440,8 @@ def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: tor
                     shmem.get(out[starts[i] + off:starts[i] + off + length],
                               ch.staging[i * region:i * region + length], ch.my_pe)
             ch.sync()
-        return receive_tensor
+        return
     ch.sync()
-    return receive_tensor
 
 
 # Bytes one swap step holds in the staging area: small enough to stay in the core's cache between its two copies.
@@ -409,7 +472,8 @@ def _swap_blocks(out: torch.Tensor, starts: list, expected: list, sent: list, es
             shmem.put(theirs[a:b], held, ch.pes[j])
 
 
-def shmem_send(tensor: torch.Tensor, dst_rank: int, group: Optional[dist.ProcessGroup] = None) -> None:
+def shmem_send(tensor: torch.Tensor, dst_rank: int,
+               group: Optional[dist.ProcessGroup] = None) -> Optional[torch.Tensor]:
     """Sends ``tensor`` to ``dst_rank``, which receives it with :func:`shmem_recv` (point to point).
 
     Messages travel through the receiver's mailbox in pieces, up to four in flight: a small message returns
@@ -421,14 +485,28 @@ def shmem_send(tensor: torch.Tensor, dst_rank: int, group: Optional[dist.Process
         dst_rank: a rank of ``group`` other than this one.
         group: a ProcessGroup inside the root (None: WORLD) that ran a collective (or ``barrier``) before.
 
+    Returns:
+        None; when ``tensor`` requires grad, a zero scalar in the autograd graph instead: its backward receives
+        the gradient of ``tensor`` from ``dst_rank`` (whose :func:`shmem_recv` result sends it back in its own
+        backward). Add it to the loss or call ``.backward()`` on it.
+
     Raises:
         ValueError: ``dst_rank`` outside the group or this rank itself.
         ShmemStateError: ``group`` never ran a collective, so it has no channel.
         ShmemTimeoutError: the receiver did not drain a piece in time.
     """
-    data = _bytes(_args.tensor(tensor, "tensor"))
+    data = _args.tensor(tensor, "tensor")
     ch = _context.registered_channel(group, "shmem_send")
     dst = _peer_rank(dst_rank, "dst_rank", ch)
+    if _autograd.tracks(tensor):
+        return _autograd.Send.apply(tensor, dst, ch)
+    _send(data, dst, ch)
+    return None
+
+
+def _send(tensor: torch.Tensor, dst: int, ch: GroupChannel) -> None:
+    """send on checked arguments (``dst``: a group rank)."""
+    data = _bytes(tensor)
     pe = ch.pes[dst]
     total = data.numel()
     header_value = torch.tensor([total], dtype=torch.int64, device=data.device)
@@ -454,7 +532,9 @@ def shmem_recv(tensor: torch.Tensor, src_rank: int, group: Optional[dist.Process
         group: a ProcessGroup inside the root (None: WORLD) that ran a collective (or ``barrier``) before.
 
     Returns:
-        ``tensor``.
+        ``tensor``. When ``tensor`` requires grad (a leaf made with ``requires_grad=True``), the result is in the
+        autograd graph: its backward sends the gradient back to ``src_rank`` (whose :func:`shmem_send` result
+        receives it) and leaves it in ``tensor.grad`` as well.
 
     Raises:
         ValueError: ``src_rank`` outside the group or this rank, or a message of another size (the message is
@@ -462,9 +542,21 @@ def shmem_recv(tensor: torch.Tensor, src_rank: int, group: Optional[dist.Process
         ShmemStateError: ``group`` never ran a collective.
         ShmemTimeoutError: nothing arrived in time.
     """
-    data = _bytes(_args.tensor(tensor, "tensor"))
+    data = _args.tensor(tensor, "tensor")
     ch = _context.registered_channel(group, "shmem_recv")
     src = _peer_rank(src_rank, "src_rank", ch)
+    if _autograd.tracks(tensor):
+        if not tensor.is_leaf:
+            raise ValueError("`tensor` must be a leaf (a receive buffer made with requires_grad=True) when it "
+                             f"requires grad, but got the output of {type(tensor.grad_fn).__name__}")
+        return _autograd.Recv.apply(tensor, src, ch)
+    _recv(data, src, ch)
+    return tensor
+
+
+def _recv(tensor: torch.Tensor, src: int, ch: GroupChannel) -> None:
+    """recv on checked arguments (``src``: a group rank)."""
+    data = _bytes(tensor)
     pe = ch.pes[src]
     seq = ch.received_messages[src] + 1
     shmem.wait_signal(ch.sent[src], seq, cmp="ge")
@@ -483,8 +575,7 @@ def shmem_recv(tensor: torch.Tensor, src_rank: int, group: Optional[dist.Process
         shmem.signal(ch.acked[ch.me], seq, pe)
     ch.received_messages[src] = seq
     if not fits:
-        raise ValueError(f"`tensor` must have the {total} bytes rank {src_rank} sent, but got {data.numel()} bytes")
-    return tensor
+        raise ValueError(f"`tensor` must have the {total} bytes rank {src} sent, but got {data.numel()} bytes")
 
 
 def _peer_rank(value: object, name: str, ch: GroupChannel) -> int:

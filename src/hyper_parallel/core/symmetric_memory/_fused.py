@@ -1,0 +1,400 @@
+"""Fused compute-communication ops (seed 000 §10): all-gather + matmul and matmul + reduce-scatter.
+
+**all_gather_matmul** (``gather_out = all_gather(a)``, ``c = gather_out @ b``). Each rank's rows of ``a`` travel
+in blocks of ``block_size`` rows on a communication stream: for every block, a put into each peer's
+``gather_out`` followed by a signal that tells the peer how many blocks have landed (same-stream order makes
+the data visible before the signal). Meanwhile the calling thread multiplies the rows it already has, its own
+rows straight from ``a``, then each peer's blocks in the order they arrive (me-1, me-2, ...: the peers push in
+rotated order, so rank me-1 writes to this rank first). The matmul of one block runs while the next blocks
+are still in flight, instead of after the whole gather. The stream only pays where a core is free for its
+worker: where the local ranks and their torch threads fill the cores, the calling thread issues each block's
+puts itself, right before multiplying that block (still cached from the put), and peers still start on a block
+as soon as it lands, without a barrier behind the whole gather.
+
+**matmul_reduce_scatter** (``reduce_scatter(x1 @ x2)`` over dim 0). Every rank computes the partial product
+of each target rank's rows into its own symmetric scratch, in rotated order (step r works for rank me + r,
+so no two ranks finish a block for the same target at the same step) and signals the target as soon as its
+block is ready. Each rank then waits for its peers' signals and reduces its own rows straight from every
+rank's scratch (no copy; float16/bfloat16 accumulate in float32 and round once), so the reduction of a block
+starts as soon as the last partial product of that block is ready, not after a barrier behind everyone's
+whole matmul.
+
+Signals need no resetting: each rank zeroes its own entries of ``signal`` on entry, before the op's first sync
+(nobody writes into a peer before that sync, and every write of the previous call into this rank landed
+before this rank returned from it). That first sync publishes the heap offsets of the symmetric tensors and
+the shapes, so a mismatch between ranks raises the same ``ValueError`` on every rank before any data moves.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from hyper_parallel.core.multicore import shmem
+from hyper_parallel.core.multicore.shmem._checks import type_name
+from hyper_parallel.core.multicore.shmem._lifecycle import root_info
+from hyper_parallel.core.symmetric_memory import _args, _autograd, _context
+from hyper_parallel.core.symmetric_memory._context import GroupChannel, heap_offset, is_symmetric
+
+MATMUL_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+SIGNAL_DTYPES = (torch.int32, torch.int64)
+FUSED_REDUCE_OPS = ("sum", "avg")
+
+# The automatic block: about this many blocks per rank (enough to overlap the first block's transfer with the
+# local matmul and the later ones with the peers' matmuls, few enough that each put and signal is worth it)...
+_AUTO_BLOCKS_PER_RANK = 4
+# ...but no block under this many bytes of `a`: below it the per-block costs (a put and a signal per peer, a
+# wait and a matmul call, tens of µs) outweigh what the overlap gains (2 ranks, m = 256, k = 2048, n = 64: 64-row
+# blocks took 0.1-0.4 ms more than 128- or 256-row ones, out of 2.3 ms). Nor fewer rows than `b` has columns:
+# every block's matmul streams all of `b` again, which costs (relative to the block's matmul) about 1/rows,
+# while the communication it could hide costs about 1/columns (2 ranks, 2048 x 2048 fp32: 4 blocks of 512 rows
+# were 5-10 % slower than one matmul, for 1 % of communication to hide).
+_MIN_AUTO_BLOCK_BYTES = 1 << 20
+
+# One communication stream per group channel, created on first use and kept (a stream is a worker thread:
+# creating one per call would cost more than a small op). Keyed weakly: a channel dropped by shutdown() takes
+# its stream with it.
+_comm_streams: "weakref.WeakKeyDictionary[GroupChannel, shmem.Stream]" = weakref.WeakKeyDictionary()
+
+
+# Whether all_gather_matmul pushes on its communication stream: None decides by the cores (below); tests set it.
+_push_on_stream: Optional[bool] = None
+
+
+def _comm_stream(ch: GroupChannel) -> Optional[shmem.Stream]:
+    """The channel's communication stream, or None when the calling thread should issue the pushes itself.
+
+    A stream runs its pushes beside the matmuls only if a core is free for it. Where the machine's local ranks
+    and their torch threads already fill the cores, its worker would take turns with the matmul on the same
+    core, evicting the matmul's cache, and a peer would wait for a push until the worker got its turn: there the
+    calling thread pushes each block itself right before multiplying it (measured on 2 ranks on 2 cores: 5-10 %
+    faster than with the stream, see docs/perf.md).
+    """
+    on_stream = _push_on_stream
+    if on_stream is None:
+        local_ranks = len(root_info().ranks)
+        on_stream = _cores() > local_ranks * torch.get_num_threads()
+    if not on_stream:
+        return None
+    stream = _comm_streams.get(ch)
+    if stream is None:
+        stream = shmem.Stream()
+        _comm_streams[ch] = stream
+    return stream
+
+
+def _cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+# --------------------------------------------------------------------------
+# Argument checks.
+# --------------------------------------------------------------------------
+
+
+def _matrix(value: object, name: str) -> torch.Tensor:
+    """A contiguous 2-D tensor of a dtype the fused matmuls take."""
+    t = _args.tensor(value, name)
+    if t.dtype not in MATMUL_DTYPES:
+        names = ", ".join(str(d).replace("torch.", "") for d in MATMUL_DTYPES)
+        raise TypeError(f"`{name}` must have one of dtypes {names}, but got {t.dtype}")
+    if t.dim() != 2:
+        raise ValueError(f"`{name}` must be 2-D, but got shape {tuple(t.shape)}")
+    return t
+
+
+def _shape(t: torch.Tensor, name: str, expected: tuple, rule: str) -> None:
+    if tuple(t.shape) != expected:
+        raise ValueError(f"`{name}` must have shape {expected} ({rule}), but got {tuple(t.shape)}")
+
+
+def _symmetric(t: torch.Tensor, name: str) -> None:
+    """Raises ValueError unless ``t`` lies in the symmetric heap (an empty tensor needs not: nobody addresses it)."""
+    if t.numel() and not is_symmetric(t):
+        raise ValueError(f"`{name}` must be a symmetric tensor from symm.empty, but got an ordinary tensor at "
+                         f"{t.data_ptr():#x}")
+
+
+def _signal(value: object, n: int) -> torch.Tensor:
+    """A symmetric int32/int64 tensor with an entry per group rank."""
+    signal = _args.tensor(value, "signal")
+    if signal.dtype not in SIGNAL_DTYPES:
+        raise TypeError(f"`signal` must have dtype torch.int32 or torch.int64, but got {signal.dtype}")
+    _symmetric(signal, "signal")
+    if signal.numel() < n:
+        raise ValueError(f"`signal.numel()` must be at least the group size ({n}), but got {signal.numel()}")
+    return signal.view(-1)[:n]
+
+
+def _disjoint(t: torch.Tensor, name: str, others: dict) -> None:
+    for other_name, other in others.items():
+        if _args.overlaps(t, other):
+            raise ValueError(f"`{name}` must not overlap `{other_name}`, but got an overlap at byte "
+                             f"{t.data_ptr() - other.data_ptr()} of `{other_name}`")
+
+
+def _block_rows(block_size: object, m: int, row_bytes: int, columns: int) -> int:
+    """The rows per block: ``block_size``, or for None about a quarter of ``m``, but at least 1 MiB of rows and at
+    least ``columns`` (``b``'s) rows.
+
+    Raises:
+        TypeError: ``block_size`` is neither None nor an int.
+        ValueError: ``block_size`` is not positive.
+    """
+    if block_size is None:
+        at_least = max(-(-_MIN_AUTO_BLOCK_BYTES // max(row_bytes, 1)), columns)
+        return max(1, -(-m // _AUTO_BLOCKS_PER_RANK), at_least)
+    if isinstance(block_size, bool) or not isinstance(block_size, int):
+        raise TypeError(f"`block_size` must be a positive int or None, but got {type_name(block_size)}")
+    if block_size <= 0:
+        raise ValueError(f"`block_size` must be a positive int or None, but got {block_size}")
+    return block_size
+
+
+def _agree(rows: list, names: list) -> None:
+    """Raises the same ValueError on every rank unless every rank published the same values.
+
+    ``rows[i]`` holds group rank i's published values; ``names[j]`` names column j. The first two columns are the
+    heap offsets of the op's two symmetric tensors, the rest are sizes.
+    """
+    for column, name in enumerate(names):
+        values = [row[column] for row in rows]
+        if len(set(values)) == 1:
+            continue
+        if column < 2:
+            offsets = ", ".join("ordinary" if v < 0 else hex(v) for v in values)
+            raise ValueError(f"`{name}` must be the same symmetric tensor on every rank of the group, but got heap "
+                             f"offsets [{offsets}] by group rank")
+        raise ValueError(f"`{name}` must be the same on every rank of the group, but got {values} by group rank")
+
+
+def _entry(ch: GroupChannel, signal: torch.Tensor, values: list, names: list) -> None:
+    """Zeroes this rank's signal entries, then publishes ``values`` (an entry sync) and checks they agree.
+
+    The zeroing comes first: after the sync peers may raise this rank's signals.
+    """
+    for i in range(ch.size):
+        shmem.signal(signal[i:i + 1], 0, ch.my_pe)
+    _agree(ch.publish(ch.flip(), values), names)
+
+
+# --------------------------------------------------------------------------
+# all-gather + matmul.
+# --------------------------------------------------------------------------
+
+
+def fused_all_gather_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, gather_out: torch.Tensor,
+                            signal: torch.Tensor, block_size: Optional[int] = None,
+                            group: Optional[dist.ProcessGroup] = None) -> tuple:
+    """Gathers every rank's ``a`` along dim 0 and multiplies the result by ``b``, overlapped (collective).
+
+    ``gather_out = all_gather(a)`` in group-rank order and ``c = gather_out @ b``. Each rank's rows travel in
+    blocks of ``block_size`` rows, each block followed by a signal, while the calling thread multiplies the rows
+    that have arrived: its own first, then each peer's in arrival order. The puts run on a communication stream
+    when the machine has a core to spare for it, else the calling thread issues them between its own blocks'
+    matmuls.
+
+    Args:
+        a: this rank's rows, (m, k), float32, float16, bfloat16 or float64; m and k the same on every rank.
+            It may be this rank's rows of ``gather_out``.
+        b: (k, n), the dtype of ``a``.
+        c: the product, (size * m, n), the dtype of ``a``; any contiguous tensor.
+        gather_out: the gathered rows, (size * m, k), the dtype of ``a``: the same symmetric tensor
+            (``symm.empty``) on every rank, since peers write into it.
+        signal: a symmetric int32 or int64 tensor of at least group-size elements, the same on every rank; its
+            first group-size entries are the op's scratch (any contents on entry).
+        block_size: rows per block (a positive int; the last block may be shorter), or None to pick about a
+            quarter of m, but at least 1 MiB of ``a`` and at least n rows per block (each block's matmul reads
+            all of ``b``).
+        group: a ProcessGroup inside the root (None: WORLD); ranks are group ranks.
+
+    Returns:
+        ``(gather_out, c)`` (in the autograd graph when ``a`` or ``b`` requires grad).
+
+    Raises:
+        TypeError: a non-tensor, an unsupported or differing dtype, a ``block_size`` that is not an int.
+        ValueError: shapes that do not fit, a non-symmetric ``gather_out`` or ``signal``, a non-positive
+            ``block_size``, overlapping tensors, or (on every rank alike, before any data moves) ranks that
+            pass different allocations or shapes.
+        ShmemTimeoutError: a rank did not take part in time.
+    """
+    a_ = _matrix(a, "a")
+    b_ = _matrix(b, "b")
+    c_ = _matrix(c, "c")
+    out = _matrix(gather_out, "gather_out")
+    for t, name in ((b_, "b"), (c_, "c"), (out, "gather_out")):
+        _args.same_dtype(t, name, a_, "a")
+    ch = _context.channel(group)
+    n = ch.size
+    m, k = a_.shape
+    if b_.shape[0] != k:
+        raise ValueError(f"`b.shape[0]` must equal a.shape[1] ({k}), but got {b_.shape[0]}")
+    columns = b_.shape[1]
+    _shape(out, "gather_out", (n * m, k), "group size x a.shape[0], a.shape[1]")
+    _shape(c_, "c", (n * m, columns), "group size x a.shape[0], b.shape[1]")
+    _symmetric(out, "gather_out")
+    sig = _signal(signal, n)
+    own_rows = out[ch.me * m:(ch.me + 1) * m]
+    if _args.overlaps(a_, out) and a_.data_ptr() != own_rows.data_ptr():
+        raise ValueError("`a` must be this rank's rows of `gather_out` or not overlap it, but got an overlap at "
+                         f"byte {a_.data_ptr() - out.data_ptr()} of `gather_out`")
+    _disjoint(c_, "c", {"a": a_, "b": b_, "gather_out": out, "signal": sig})
+    _disjoint(out, "gather_out", {"b": b_, "signal": sig})
+    _disjoint(sig, "signal", {"a": a_, "b": b_})
+    block = _block_rows(block_size, m, k * a_.element_size(), columns)
+    if _autograd.tracks(a, b):
+        return _autograd.FusedAllGatherMatmul.apply(a, b, c, gather_out, signal, block, ch)
+    _all_gather_matmul(a_, b_, c_, out, sig, block, ch)
+    return gather_out, c
+
+
+def _all_gather_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, gather_out: torch.Tensor,
+                       signal: torch.Tensor, block: int, ch: GroupChannel) -> None:
+    """all_gather_matmul on checked arguments (``block``: rows per block)."""
+    n, me = ch.size, ch.me
+    m, k = a.shape
+    signal = signal.view(-1)
+    own = slice(me * m, (me + 1) * m)
+    _context.flush_for_host_read()  # the matmuls are torch ops on this thread: earlier SHMEM work must be done
+    with shmem.stream(None):
+        if n > 1:
+            _entry(ch, signal, [heap_offset(gather_out), heap_offset(signal), m, k, b.shape[1]],
+                   ["gather_out", "signal", "a.shape[0]", "a.shape[1]", "b.shape[1]"])
+        blocks = [(lo, min(lo + block, m)) for lo in range(0, m, block)]
+        copy_own = m > 0 and gather_out[own].data_ptr() != a.data_ptr()  # (not when `a` is its own rows already)
+        comm = _comm_stream(ch) if n > 1 else None
+        if comm is not None:
+            with comm:
+                for index, (lo, hi) in enumerate(blocks):
+                    _push_block(a, gather_out, signal, index, lo, hi, ch)
+                if copy_own:
+                    shmem.put(gather_out[own], a, ch.my_pe)
+        try:
+            for index, (lo, hi) in enumerate(blocks):  # own rows straight from `a`, while peers' rows travel
+                if comm is None:
+                    _push_block(a, gather_out, signal, index, lo, hi, ch)
+                    if copy_own:
+                        gather_out[me * m + lo:me * m + hi].copy_(a[lo:hi])
+                torch.mm(a[lo:hi], b, out=c[me * m + lo:me * m + hi])  # `a[lo:hi]` is still in cache from the push
+            for r in range(1, n):  # peers in arrival order: rank me - 1 pushes to this rank first
+                src = (me - r) % n
+                for index, (lo, hi) in enumerate(blocks):
+                    shmem.wait_signal(signal[src:src + 1], index + 1, cmp="ge")
+                    rows = slice(src * m + lo, src * m + hi)
+                    torch.mm(gather_out[rows], b, out=c[rows])
+        finally:
+            if comm is not None:
+                comm.synchronize()  # `a` may be reused once this returns; errors of the pushes surface here
+
+
+def _push_block(a: torch.Tensor, gather_out: torch.Tensor, signal: torch.Tensor, index: int, lo: int, hi: int,
+                ch: GroupChannel) -> None:
+    """Puts rows ``lo:hi`` of ``a`` into every peer's ``gather_out``, each followed by the signal that block
+    ``index`` has landed (put and signal are ordered on one stream: the data is visible first)."""
+    rows = gather_out[ch.me * a.shape[0] + lo:ch.me * a.shape[0] + hi]
+    for p in ch.peers:
+        shmem.put(rows, a[lo:hi], ch.pes[p])
+        shmem.signal(signal[ch.me:ch.me + 1], index + 1, ch.pes[p])
+
+
+# --------------------------------------------------------------------------
+# matmul + reduce-scatter.
+# --------------------------------------------------------------------------
+
+
+def fused_matmul_reduce_scatter(x1: torch.Tensor, x2: torch.Tensor, symm_tensor: torch.Tensor,
+                                signal: torch.Tensor, reduce_op: str = "sum",
+                                group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
+    """Multiplies ``x1`` by ``x2`` and reduce-scatters the product along dim 0, overlapped (collective).
+
+    Returns ``reduce_scatter(x1 @ x2)``: rank r gets rows ``r * M/size : (r + 1) * M/size`` of the sum (or
+    average) over ranks of their products. Each rank computes the partial product of every target's rows into
+    its ``symm_tensor``, signalling each target as soon as its rows are ready; then it reduces its own rows
+    straight from every rank's ``symm_tensor`` (float16/bfloat16 accumulate in float32 and round once).
+
+    Args:
+        x1: (M, k), float32, float16, bfloat16 or float64, M a multiple of the group size; the same shape on
+            every rank.
+        x2: (k, N), the dtype of ``x1``.
+        symm_tensor: scratch for the partial products: M * N elements of ``x1``'s dtype (any shape), the same
+            symmetric tensor (``symm.empty``) on every rank.
+        signal: a symmetric int32 or int64 tensor of at least group-size elements, the same on every rank; its
+            first group-size entries are the op's scratch (any contents on entry).
+        reduce_op: 'sum' or 'avg'.
+        group: a ProcessGroup inside the root (None: WORLD); ranks are group ranks.
+
+    Returns:
+        A new (M / size, N) tensor of ``x1``'s dtype (in the autograd graph when ``x1`` or ``x2`` requires grad).
+
+    Raises:
+        TypeError: a non-tensor, an unsupported or differing dtype.
+        ValueError: shapes that do not fit, an unknown ``reduce_op``, a non-symmetric ``symm_tensor`` or
+            ``signal``, overlapping tensors, or (on every rank alike, before any data moves) ranks that pass
+            different allocations or shapes.
+        ShmemTimeoutError: a rank did not take part in time.
+    """
+    x1_ = _matrix(x1, "x1")
+    x2_ = _matrix(x2, "x2")
+    _args.same_dtype(x2_, "x2", x1_, "x1")
+    scratch = _args.tensor(symm_tensor, "symm_tensor")
+    _args.same_dtype(scratch, "symm_tensor", x1_, "x1")
+    if reduce_op not in FUSED_REDUCE_OPS:
+        raise ValueError(f"`reduce_op` must be one of 'sum', 'avg', but got {reduce_op!r}")
+    ch = _context.channel(group)
+    n = ch.size
+    rows, k = x1_.shape
+    if rows % n:
+        raise ValueError(f"`x1.shape[0]` must be a multiple of the group size ({n}), but got {rows}")
+    if x2_.shape[0] != k:
+        raise ValueError(f"`x2.shape[0]` must equal x1.shape[1] ({k}), but got {x2_.shape[0]}")
+    columns = x2_.shape[1]
+    if scratch.numel() != rows * columns:
+        raise ValueError(f"`symm_tensor.numel()` must be x1.shape[0] x x2.shape[1] ({rows * columns}), "
+                         f"but got {scratch.numel()}")
+    _symmetric(scratch, "symm_tensor")
+    sig = _signal(signal, n)
+    _disjoint(scratch, "symm_tensor", {"x1": x1_, "x2": x2_, "signal": sig})
+    _disjoint(sig, "signal", {"x1": x1_, "x2": x2_})
+    if _autograd.tracks(x1, x2):
+        return _autograd.FusedMatmulReduceScatter.apply(x1, x2, symm_tensor, signal, reduce_op, ch)
+    return _matmul_reduce_scatter(x1_, x2_, scratch, sig, reduce_op, ch)
+
+
+def _matmul_reduce_scatter(x1: torch.Tensor, x2: torch.Tensor, symm_tensor: torch.Tensor, signal: torch.Tensor,
+                           reduce_op: str, ch: GroupChannel) -> torch.Tensor:
+    """matmul_reduce_scatter on checked arguments; returns the new (M / size, N) result."""
+    n, me = ch.size, ch.me
+    rows, k = x1.shape
+    columns = x2.shape[1]
+    signal = signal.view(-1)
+    m = rows // n
+    result = torch.empty((m, columns), dtype=x1.dtype, device=x1.device)
+    _context.flush_for_host_read()  # the matmuls are torch ops on this thread: earlier SHMEM work must be done
+    with shmem.stream(None):
+        if n == 1:
+            torch.mm(x1, x2, out=result)  # the sum or average of one product is the product
+            return result
+        _entry(ch, signal, [heap_offset(symm_tensor), heap_offset(signal), rows, k, columns],
+               ["symm_tensor", "signal", "x1.shape[0]", "x1.shape[1]", "x2.shape[1]"])
+        partial = symm_tensor.view(rows, columns)
+        for r in range(1, n):  # rotated: no two ranks finish a block for the same target at the same step
+            target = (me + r) % n
+            block = slice(target * m, (target + 1) * m)
+            torch.mm(x1[block], x2, out=partial[block])
+            shmem.signal(signal[me:me + 1], 1, ch.pes[target])  # "your rows are ready in my memory"
+        mine = slice(me * m, (me + 1) * m)
+        torch.mm(x1[mine], x2, out=partial[mine])
+        for s in ch.peers:
+            shmem.wait_signal(signal[s:s + 1], 1, cmp="ge")
+        if result.numel():
+            shmem.reduce(result.view(-1), partial[mine].reshape(-1), ch.pes, op=reduce_op)
+        ch.sync()  # peers are done reading this rank's partial products before it returns
+    return result

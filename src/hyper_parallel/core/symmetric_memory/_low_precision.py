@@ -1,0 +1,555 @@
+"""Low-precision communication with high-precision accumulation (seed 004 §1.5.2).
+
+``shmem_allreduce`` and ``shmem_reduce_scatter`` take ``low_precision_dtype``: float16, bfloat16,
+float8_e4m3fn or float8_e5m2 (a ``torch.dtype`` or its name). Every value a rank sends is cast down to it
+before it travels, and the receiver accumulates in the tensor's own precision (float32 at least: float16 and
+bfloat16 tensors accumulate in float32).
+
+**Which calls it applies to.** ``SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE`` (a name above; empty or ``none``: off)
+sets the default of every call (read once per runtime lifecycle, when the first call after ``symm.empty`` or a
+collective acquired the runtime needs it, like the heap size; every rank must set the same); a call's argument
+overrides it, and ``low_precision_dtype="none"`` turns it off
+for one call. The default applies silently where it can: 'sum' and 'avg' of a floating-point tensor whose dtype
+is wider than the low dtype (float32 and float64 with any of them; float16 and bfloat16 with the fp8 ones).
+Everything else (max/min, integers, a float16 tensor with a bfloat16 default) runs in full precision. An
+*explicit* argument that cannot apply is an error (``ValueError``: "`low_precision_dtype` must be ..., but got
+..."), as is an unknown name or dtype (``ValueError``; ``TypeError`` for a value that is neither a dtype nor a
+string); the environment variable's value is checked the same way, when a call first needs it. All of it is
+checked before anything is written.
+
+**Algorithm.** Both collectives run through the group's staging area, in pieces: a piece uses one half of the
+area (alternating, like the one-step full-precision path, so that no closing sync is needed), cut into one
+*slot* per group rank.
+
+* all_reduce, two-shot (two syncs per piece): (1) each rank casts the parts of the piece that other ranks own
+  into its slots for them; sync; (2) the owner of each part fetches its slot from every peer, decodes and adds
+  to its own part (kept in full precision), divides by n for 'avg', casts the result *once* into its own slot
+  and decodes that slot into its tensor; sync; (3) every rank fetches each peer's reduced part and decodes it
+  with the same code, so every rank ends with bit-identical values. A float32 tensor travelling in float16 or
+  bfloat16 does step (2) with the runtime's reduction straight from the peers' slots (vectorised C++ that
+  accumulates them in float32 and rounds once, which is the cast for the way back); its own part is cast in
+  step (1) too.
+* all_reduce of a message up to 256 KiB (at most half the staging area) that fits one slot, one step: each rank
+  casts its whole tensor into its slot; sync; every rank decodes every rank's slot and adds them in group-rank
+  order (the same values in the same order everywhere: bit-identical). Every value is cast once.
+* reduce_scatter (one sync per piece): each rank casts every part but its own into its slot for that part's
+  owner; sync; the owner adds the decoded slots of every peer to its own part, in full precision, and divides
+  by n for 'avg'. The result keeps the accumulator's precision (rounded once into a float16/bfloat16 output).
+
+**Wire format of a slot** (``m`` elements of the low dtype, ``m`` at most the slot's capacity): for the fp8
+dtypes, first one float32 scale per block of :data:`BLOCK` (128) elements, padded to 64 bytes, then the ``m``
+fp8 bytes; element ``i`` is ``fp8[i] * scale[i // 128]``. The scale of a block is the power of two ``2**e``
+closest above ``absmax / fp8_max`` (fp8_max: 448 for e4m3fn, 57344 for e5m2; e clamped to at least -126), so
+that scaling is exact and nothing overflows. A block holding inf or NaN (or, for e4m3fn, a value of magnitude
+at least ``448 * 2**119``) gets a NaN scale: the whole block arrives as NaN. float16 and bfloat16 slots are the
+plain cast: float16 saturates to inf beyond 65504 like ``Tensor.half()``. Blocks are aligned 128-element windows
+of the flattened tensor (all_reduce) or of the output (reduce_scatter).
+
+**Error bound** (what the tests assert, element by element, on random data). With n the group size, ``x_i`` the
+inputs, ``S = sum(x_i)`` and ``A = sum(|x_i|)`` (both divided by n for 'avg'), ``M`` the largest ``A`` in the
+element's block, and the result ``r``::
+
+    two-shot all_reduce:                |r - S| <= (2u + u**2 + 2n * 2**-23 + 2u_t) * A + 2n * tau(M) + tau_t
+    reduce_scatter, one-step all_reduce: |r - S| <= (u + 2n * 2**-23 + 2u_t) * A + 2n * tau(M) + tau_t
+
+``u`` is the unit roundoff of the low dtype (float16 2**-11, bfloat16 2**-8, float8_e4m3fn 2**-4,
+float8_e5m2 2**-3) and ``tau`` its underflow term per cast: float16 ``2**-25``, bfloat16 ``2**-134``,
+float8_e4m3fn ``2**-9 / 448 * M + 2**-136``, float8_e5m2 ``2**-16 / 57344 * M + 2**-143`` (half the smallest
+subnormal, times the block's scale). ``u_t, tau_t`` are those of the tensor's own dtype when it is float16 or
+bfloat16 (its final rounding), 0 for float32 and float64. Where it comes from: every value is cast down once on
+its way to the owner (``|error| <= u*|x_i| + tau``), the sum runs in float32 or float64 (n - 1 additions: the
+``2**-23`` terms, which also cover a float64 value's double rounding through float32 in torch's casts), and the
+two-shot all_reduce casts the reduced value down once more for the way back (the second ``u``, and ``u**2`` for
+the first error carried into it). Non-finite inputs, float16 overflow and the NaN blocks above are outside the
+bound. :func:`error_bound` computes it.
+
+**Speed.** The casts run in torch on the calling thread, a piece at a time (it stays in cache): float16 and
+bfloat16 are one vectorised cast each way; fp8 encodes with torch's cast after a block absmax and a scaling pass,
+and decodes through integer ops that rebuild float16 bit patterns (e5m2 is float16's upper byte; e4m3fn is a
+shift and a mask, the scale's 2**8 correcting the exponent bias). On the host device this does not beat the
+full-precision path, which is one vectorised pass over memory: see ``docs/perf.md``. On a non-default SHMEM
+stream the op waits for the stream at each step, since the casts run on the host thread.
+
+The group's ranks must agree on the dtype (the argument, or the environment variable), like on ``op``.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Optional
+
+import torch
+
+from hyper_parallel.core.multicore import shmem
+from hyper_parallel.core.multicore.shmem.errors import ShmemStateError
+from hyper_parallel.core.symmetric_memory import _context
+from hyper_parallel.core.symmetric_memory._context import GroupChannel, flush_for_host_read
+
+ENV_VAR = "SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE"
+
+LOW_PRECISION_DTYPES = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+}
+# Names that turn low precision off (the environment variable's, or a call's override of it).
+_OFF = ("", "none")
+# Elements per fp8 scale.
+BLOCK = 128
+# The largest finite value of each fp8 dtype: a block's scale maps its absmax at or below it.
+_FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+# e4m3fn decodes through float16 bit patterns 2**8 too small (float16's exponent bias is 15, e4m3fn's 7): the
+# decoding scale is the block's scale times this, and it must stay finite (so the scale is at most 2**119).
+_E4M3_DECODE = 256.0
+_MAX_EXPONENT = {torch.float8_e4m3fn: 119, torch.float8_e5m2: 127}
+# The smallest block scale: its reciprocal, which the encoder multiplies by, stays finite.
+_MIN_EXPONENT = -126
+_ALIGN = 64
+_SUM_OPS = ("sum", "avg")
+
+
+def _names() -> str:
+    return ", ".join(LOW_PRECISION_DTYPES)
+
+
+def _parse(value: object, what: str) -> Optional[torch.dtype]:
+    """A low-precision dtype from a dtype or its name; None for an off name ("none", "").
+
+    Raises:
+        TypeError: neither a dtype nor a string.
+        ValueError: a dtype or name outside :data:`LOW_PRECISION_DTYPES`.
+    """
+    if isinstance(value, torch.dtype):
+        if value in LOW_PRECISION_DTYPES.values():
+            return value
+        raise ValueError(f"`{what}` must be one of {_names()}, but got {value}")
+    if isinstance(value, str):
+        name = value.strip().lower()
+        if name in _OFF:
+            return None
+        dtype = LOW_PRECISION_DTYPES.get(name.removeprefix("torch."))
+        if dtype is None:
+            raise ValueError(f"`{what}` must be one of {_names()} or 'none', but got {value!r}")
+        return dtype
+    raise TypeError(f"`{what}` must be a torch.dtype, its name or None, but got {type(value).__name__}")
+
+
+def _applies(low: torch.dtype, dtype: torch.dtype, op: str) -> Optional[str]:
+    """Why ``low`` cannot carry a reduction of ``dtype`` with ``op`` (a rule for the message), or None."""
+    if op not in _SUM_OPS:
+        return f"None for op {op!r} (low precision applies to 'sum' and 'avg')"
+    if not dtype.is_floating_point:
+        return f"None for the integer dtype {dtype} (low precision applies to floating-point tensors)"
+    if low.itemsize >= dtype.itemsize:
+        return f"narrower than the tensor's dtype {dtype} ({dtype.itemsize} bytes)"
+    return None
+
+
+# The environment's default, parsed, and the runtime lifecycle it was read in (a weak reference to the API's
+# state): reading os.environ costs about a microsecond, a third of a small all-reduce.
+_default_cache: list = [None, None]
+
+
+def _default() -> Optional[torch.dtype]:
+    """:data:`ENV_VAR`'s dtype (None: off), read once per runtime lifecycle (again before one is acquired).
+
+    Raises:
+        ValueError: an unknown name (not cached: every call that needs the default raises).
+    """
+    state = _context.active()
+    if state is not None and _default_cache[0] is not None and _default_cache[0]() is state:
+        return _default_cache[1]
+    text = os.environ.get(ENV_VAR)
+    low = _parse(text, ENV_VAR) if text else None
+    if state is not None:
+        _default_cache[:] = [weakref.ref(state), low]
+    return low
+
+
+def resolve(value: Optional[object], dtype: torch.dtype, op: str) -> Optional[torch.dtype]:
+    """The dtype a reduction of ``dtype`` with ``op`` travels in, or None for full precision.
+
+    Args:
+        value: the call's ``low_precision_dtype``: a dtype of :data:`LOW_PRECISION_DTYPES`, its name, ``"none"``
+            (full precision whatever the environment says), or None (the default of :data:`ENV_VAR`).
+        dtype: the tensor's dtype.
+        op: the checked reduction ('sum', 'avg', 'max' or 'min').
+
+    Returns:
+        The low-precision dtype, or None. The environment's default is None where it cannot apply.
+
+    Raises:
+        TypeError: ``value`` is neither a dtype nor a string.
+        ValueError: an unknown dtype or name (the call's or the environment's), or an explicit ``value`` that
+            cannot apply to ``dtype`` and ``op``.
+    """
+    if value is None:
+        low = _default()
+        return low if low is not None and _applies(low, dtype, op) is None else None
+    low = _parse(value, "low_precision_dtype")
+    if low is None:
+        return None
+    rule = _applies(low, dtype, op)
+    if rule is not None:
+        raise ValueError(f"`low_precision_dtype` must be {rule}, but got {low}")
+    return low
+
+
+# The bound's constants (module docstring): unit roundoff and the underflow term per cast, of each low dtype and
+# of the 16-bit tensor dtypes' own final rounding.
+_UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float8_e4m3fn: 2.0**-4,
+                  torch.float8_e5m2: 2.0**-3}
+_UNDERFLOW = {torch.float16: (0.0, 2.0**-25), torch.bfloat16: (0.0, 2.0**-134),  # (times M, absolute)
+              torch.float8_e4m3fn: (2.0**-9 / 448, 2.0**-136), torch.float8_e5m2: (2.0**-16 / 57344, 2.0**-143)}
+_ACCUMULATION = 2.0**-23
+
+
+def error_bound(low: torch.dtype, dtype: torch.dtype, op: str, n: int, abs_sum: torch.Tensor,
+                two_shot: bool = True) -> torch.Tensor:
+    """The documented bound on ``|result - exact|`` of each element (module docstring).
+
+    Args:
+        low: the low-precision dtype.
+        dtype: the tensor's dtype.
+        op: 'sum' or 'avg'.
+        n: the group size.
+        abs_sum: ``sum(|x_i|)`` over the ranks' inputs, element by element (flat, in the result's layout: the
+            all-reduced tensor, or this rank's reduce_scatter output); float64 is best.
+        two_shot: the two-shot all_reduce's bound (two casts), else reduce_scatter's and the one-step
+            all_reduce's (one cast).
+
+    Returns:
+        The bound of each element, in ``abs_sum``'s dtype.
+
+    Raises:
+        ValueError: ``low`` or ``op`` outside what low precision supports.
+    """
+    if low not in _UNIT_ROUNDOFF:
+        raise ValueError(f"`low` must be one of {_names()}, but got {low}")
+    if op not in _SUM_OPS:
+        raise ValueError(f"`op` must be 'sum' or 'avg', but got {op!r}")
+    a = abs_sum.reshape(-1) / n if op == "avg" else abs_sum.reshape(-1)
+    count = a.numel()
+    padded = a.new_zeros(_round_up(count, BLOCK))
+    padded[:count] = a
+    block_max = padded.view(-1, BLOCK).amax(1).repeat_interleave(BLOCK)[:count]
+    u = _UNIT_ROUNDOFF[low]
+    narrow = dtype in (torch.float16, torch.bfloat16)  # rounded once more into the tensor
+    u_t, tau_t = (_UNIT_ROUNDOFF[dtype], _UNDERFLOW[dtype][1]) if narrow else (0.0, 0.0)
+    relative, absolute = _UNDERFLOW[low]
+    coefficient = (2 * u + u * u if two_shot else u) + 2 * n * _ACCUMULATION + 2 * u_t
+    return coefficient * a + 2 * n * (relative * block_max + absolute) + tau_t
+
+
+def _round_up(value: int, unit: int) -> int:
+    return -(-value // unit) * unit
+
+
+class _Codec:
+    """Encodes values into a slot and decodes a slot, for one (group, low dtype, accumulation dtype).
+
+    A slot is a uint8 tensor: for fp8, ``scale_bytes`` of float32 block scales then the fp8 bytes; for float16
+    and bfloat16, the bytes of the cast. Scratch buffers are made once, for the slot's capacity.
+    """
+
+    def __init__(self, low: torch.dtype, acc: torch.dtype, slot_bytes: int) -> None:
+        self.low = low
+        self.acc = acc
+        self.itemsize = low.itemsize
+        self.scaled = low in _FP8_MAX
+        if self.scaled:
+            # The most elements (a whole number of blocks) whose scales and bytes fit the slot.
+            capacity = int(slot_bytes // (self.itemsize + 4 / BLOCK)) // BLOCK * BLOCK
+            while capacity and _round_up(capacity // BLOCK * 4, _ALIGN) + capacity * self.itemsize > slot_bytes:
+                capacity -= BLOCK
+            self.scale_bytes = _round_up(capacity // BLOCK * 4, _ALIGN)
+        else:
+            capacity = slot_bytes // self.itemsize // BLOCK * BLOCK
+            self.scale_bytes = 0
+        self.capacity = capacity
+        self.slot_bytes = slot_bytes
+        self.slots: list = []  # [parity][group rank]: views of the group's staging halves, set by _codec
+        n = self.capacity
+        blocks = n // BLOCK
+        self.received = torch.empty(slot_bytes, dtype=torch.uint8)  # a peer's slot, fetched
+        self.sum = torch.empty(n, dtype=acc)  # the owner's accumulator, for float16/bfloat16 tensors
+        if self.scaled:
+            self.work = torch.empty(n, dtype=torch.float32)  # |x|, then x / scale
+            self.float32 = torch.empty(n, dtype=torch.float32)  # the values of other tensor dtypes, in float32
+            self.bits = torch.empty(n, dtype=torch.int16)  # float16 bit patterns of decoded fp8
+            self.absmax = torch.empty(blocks, dtype=torch.float32)
+            self.inverse = torch.empty(blocks, dtype=torch.float32)
+            self.decode_scale = torch.empty(blocks, dtype=torch.float32)
+            self.ones = torch.ones(blocks, dtype=torch.float32)
+            self.nan = torch.full((blocks,), float("nan"), dtype=torch.float32)
+            self.fp8_max = _FP8_MAX[low]
+            self.max_exponent = _MAX_EXPONENT[low]
+
+    def used_bytes(self, count: int) -> int:
+        """The bytes of a slot that hold ``count`` elements (its scales and data)."""
+        return self.scale_bytes + count * self.itemsize
+
+    def data(self, slot: torch.Tensor, count: int) -> torch.Tensor:
+        """The first ``count`` values of a slot, as the low dtype (without their scales)."""
+        return slot[self.scale_bytes:self.scale_bytes + count * self.itemsize].view(self.low)
+
+    def _scales(self, slot: torch.Tensor, blocks: int) -> torch.Tensor:
+        return slot[:blocks * 4].view(torch.float32)
+
+    def encode(self, values: torch.Tensor, slot: torch.Tensor) -> None:
+        """Casts ``values`` (at most ``capacity``) down into ``slot``."""
+        count = values.numel()
+        data = self.data(slot, count)
+        if not self.scaled:
+            data.copy_(values)
+            return
+        full, tail = divmod(count, BLOCK)
+        blocks = full + (tail > 0)
+        if values.dtype != torch.float32:  # torch's out= ops below keep one dtype: widen or narrow it first
+            values = self.float32[:count].copy_(values)
+        work = self.work[:count]
+        absmax = self.absmax[:blocks]
+        torch.abs(values, out=work)
+        if full:
+            torch.amax(work[:full * BLOCK].view(full, BLOCK), dim=1, out=absmax[:full])
+        if tail:
+            torch.amax(work[full * BLOCK:], dim=0, keepdim=True, out=absmax[full:])
+        # scale = 2**e with absmax / fp8_max <= 2**e: frexp's exponent (its mantissa is in [0.5, 1)).
+        exponent = torch.frexp(absmax / self.fp8_max).exponent
+        finite = torch.isfinite(absmax) & (exponent <= self.max_exponent)
+        exponent.clamp_(min=_MIN_EXPONENT)
+        scales = self._scales(slot, blocks)
+        torch.where(finite, torch.ldexp(self.ones[:blocks], exponent), self.nan[:blocks], out=scales)
+        inverse = torch.reciprocal(scales, out=self.inverse[:blocks])  # exact: a power of two
+        if full:
+            torch.mul(values[:full * BLOCK].view(full, BLOCK), inverse[:full, None],
+                      out=work[:full * BLOCK].view(full, BLOCK))
+        if tail:
+            torch.mul(values[full * BLOCK:], inverse[full:], out=work[full * BLOCK:])
+        data.copy_(work)
+
+    def decode(self, slot: torch.Tensor, out: torch.Tensor, accumulate: bool) -> None:
+        """Decodes ``out.numel()`` elements of ``slot`` into ``out`` (added to it when ``accumulate``)."""
+        count = out.numel()
+        data = self.data(slot, count)
+        if not self.scaled:
+            values = data
+            if accumulate:
+                out.add_(values)
+            else:
+                out.copy_(values)
+            return
+        full, tail = divmod(count, BLOCK)
+        blocks = full + (tail > 0)
+        bits = self.bits[:count]
+        if self.low == torch.float8_e5m2:
+            bits.copy_(data.view(torch.uint8))  # e5m2 is the upper byte of the float16 of the same value
+            bits.bitwise_left_shift_(8)
+            scale = self._scales(slot, blocks)
+        else:
+            # e4m3fn s.eeee.mmm -> float16 s.0eeee.mmm0000000: sign-extend, shift by 7, clear the bit the sign
+            # smeared into the exponent. The float16 reads the value times 2**-8, subnormals included.
+            bits.copy_(data.view(torch.int8))
+            bits.bitwise_left_shift_(7)
+            bits.bitwise_and_(-16385)  # 0xBFFF
+            scale = torch.mul(self._scales(slot, blocks), _E4M3_DECODE, out=self.decode_scale[:blocks])
+        half = bits.view(torch.float16)
+        if accumulate:
+            if full:
+                out[:full * BLOCK].view(full, BLOCK).addcmul_(half[:full * BLOCK].view(full, BLOCK), scale[:full, None])
+            if tail:
+                out[full * BLOCK:].addcmul_(half[full * BLOCK:], scale[full:])
+        else:
+            if full:
+                torch.mul(half[:full * BLOCK].view(full, BLOCK), scale[:full, None],
+                          out=out[:full * BLOCK].view(full, BLOCK))
+            if tail:
+                torch.mul(half[full * BLOCK:], scale[full:], out=out[full * BLOCK:])
+
+
+# Codecs per group channel (dropped with it) and (low dtype, accumulation dtype, slot bytes).
+_codecs: "weakref.WeakKeyDictionary[GroupChannel, dict]" = weakref.WeakKeyDictionary()
+
+
+def _accumulator(dtype: torch.dtype) -> torch.dtype:
+    """float32 at least: float16 and bfloat16 tensors accumulate in float32."""
+    return dtype if dtype.itemsize >= 4 else torch.float32
+
+
+def _codec(ch: GroupChannel, low: torch.dtype, dtype: torch.dtype) -> _Codec:
+    """The channel's codec for ``low`` and tensors of ``dtype``: one slot per group rank in half the staging.
+
+    Raises:
+        ShmemStateError: a slot cannot hold one block (a staging area too small for the group).
+    """
+    slot_bytes = ch.staging.numel() // 2 // ch.size // _ALIGN * _ALIGN
+    key = (low, _accumulator(dtype), slot_bytes)
+    codecs = _codecs.setdefault(ch, {})
+    codec = codecs.get(key)
+    if codec is None:
+        codec = _Codec(low, key[1], slot_bytes)
+        if codec.capacity == 0:
+            raise ShmemStateError(f"the staging area is too small for low-precision communication: "
+                                  f"staging_bytes={ch.staging.numel()} group_size={ch.size} dtype={low}")
+        half = ch.staging.numel() // 2
+        # The slots' views, made once: slicing costs about a microsecond, as much as a small message's cast.
+        codec.slots = [[ch.staging[parity * half + index * slot_bytes:][:slot_bytes] for index in range(ch.size)]
+                       for parity in (0, 1)]
+        codecs[key] = codec
+    return codec
+
+
+def _slot(ch: GroupChannel, parity: int, index: int, codec: _Codec) -> torch.Tensor:
+    """Slot ``index`` of the staging half ``parity`` (a symmetric uint8 view)."""
+    return codec.slots[parity][index]
+
+
+def _fetch(ch: GroupChannel, codec: _Codec, parity: int, index: int, peer: int, count: int) -> torch.Tensor:
+    """Slot ``index`` of ``peer``'s staging half ``parity``, copied here (its first ``count`` elements)."""
+    nbytes = codec.used_bytes(count)
+    shmem.get(codec.received[:nbytes], _slot(ch, parity, index, codec)[:nbytes], ch.pes[peer])
+    flush_for_host_read()
+    return codec.received
+
+
+def all_reduce(t: torch.Tensor, op: str, ch: GroupChannel, precision: torch.dtype) -> None:
+    """all_reduce of ``t`` in place ('sum' or 'avg'), travelling in ``precision`` (collective over ``ch``).
+
+    One step in groups of two and for messages up to the one-step size, two-shot otherwise (module docstring).
+
+    Args:
+        t: a contiguous floating-point tensor wider than ``precision``, at least one element.
+        op: 'sum' or 'avg'.
+        ch: the group's channel (more than one rank).
+        precision: the low-precision dtype (from :func:`resolve`).
+
+    Raises:
+        ShmemStateError: the staging area is too small for the group.
+        ShmemTimeoutError: a rank did not take part in time.
+    """
+    flat = t.view(-1)
+    codec = _codec(ch, precision, t.dtype)
+    flush_for_host_read()  # the host writes the staging below: earlier work of the stream first
+    if t.nbytes <= ch.one_shot_bytes and flat.numel() <= codec.capacity:
+        _all_reduce_one_step(flat, op, ch, codec)
+    else:
+        _all_reduce_two_shot(flat, op, ch, codec)
+
+
+def _all_reduce_one_step(flat: torch.Tensor, op: str, ch: GroupChannel, codec: _Codec) -> None:
+    """Each rank casts a piece once into its own slot; after one sync every rank decodes every rank's slot and
+    sums them in group-rank order (so every rank adds the same values in the same order)."""
+    count, n, me = flat.numel(), ch.size, ch.me
+    wide = flat.dtype == codec.acc
+    for off in range(0, count, codec.capacity):
+        length = min(codec.capacity, count - off)
+        piece = flat[off:off + length]
+        parity = ch.flip()
+        mine = _slot(ch, parity, me, codec)
+        codec.encode(piece, mine)
+        ch.sync()
+        flush_for_host_read()
+        acc = piece if wide else codec.sum[:length]
+        for p in range(n):
+            slot = mine if p == me else _fetch(ch, codec, parity, p, p, length)
+            codec.decode(slot, acc, accumulate=p > 0)
+        if op == "avg":
+            acc.div_(n)
+        if not wide:
+            piece.copy_(acc)
+
+
+def _all_reduce_two_shot(flat: torch.Tensor, op: str, ch: GroupChannel, codec: _Codec) -> None:
+    """Each part of a piece is reduced by its owner from the ranks' casts of it, cast once more, and decoded from
+    those same bytes by every rank, the owner included.
+
+    A float32 tensor travelling in float16 or bfloat16 is reduced by the runtime's reduction straight from the
+    peers' slots (vectorised C++ that accumulates those dtypes in float32 and rounds once: the cast for the way
+    back); the owner's own part then travels too. Otherwise the owner decodes and sums in torch, starting from its
+    own part in full precision.
+    """
+    count, n, me = flat.numel(), ch.size, ch.me
+    wide = flat.dtype == codec.acc
+    native = not codec.scaled and flat.dtype == torch.float32
+    senders = range(n) if native else ch.peers
+    for off in range(0, count, n * codec.capacity):
+        length = min(n * codec.capacity, count - off)
+        step = _round_up(-(-length // n), BLOCK)  # parts start on block boundaries
+        bounds = [(off + min(p * step, length), off + min((p + 1) * step, length)) for p in range(n)]
+        parity = ch.flip()
+        for q in senders:
+            lo, hi = bounds[q]
+            if hi > lo:
+                codec.encode(flat[lo:hi], _slot(ch, parity, q, codec))
+        ch.sync()
+        flush_for_host_read()
+        lo, hi = bounds[me]
+        if hi > lo:
+            part = flat[lo:hi]
+            mine = _slot(ch, parity, me, codec)
+            if native:
+                data = codec.data(mine, hi - lo)
+                shmem.reduce(data, data, ch.pes, op=op)
+                flush_for_host_read()
+            else:
+                acc = part if wide else codec.sum[:hi - lo].copy_(part)
+                for p in ch.peers:
+                    codec.decode(_fetch(ch, codec, parity, me, p, hi - lo), acc, accumulate=True)
+                if op == "avg":
+                    acc.div_(n)
+                codec.encode(acc, mine)
+            codec.decode(mine, part, accumulate=False)  # the bytes every peer decodes: identical results
+        ch.sync()
+        flush_for_host_read()
+        for p in ch.peers:
+            lo, hi = bounds[p]
+            if hi > lo:
+                codec.decode(_fetch(ch, codec, parity, p, p, hi - lo), flat[lo:hi], accumulate=False)
+
+
+def reduce_scatter(out: torch.Tensor, src: torch.Tensor, op: str, ch: GroupChannel, precision: torch.dtype) -> None:
+    """reduce_scatter of ``src`` into ``out`` ('sum' or 'avg'), travelling in ``precision`` (collective).
+
+    Args:
+        out: this rank's flat output, at least one element; it may be this rank's part of ``src``.
+        src: the flat input, group-size times ``out``'s elements, of ``out``'s dtype.
+        op: 'sum' or 'avg'.
+        ch: the group's channel.
+        precision: the low-precision dtype (from :func:`resolve`).
+
+    Raises:
+        ShmemStateError: the staging area is too small for the group.
+        ShmemTimeoutError: a rank did not take part in time.
+    """
+    c, n, me = out.numel(), ch.size, ch.me
+    mine = src[me * c:(me + 1) * c]
+    if n == 1:  # nothing travels: the sum (or average) of one rank is its input
+        if out.data_ptr() != mine.data_ptr():
+            out.copy_(mine)
+        return
+    codec = _codec(ch, precision, out.dtype)
+    wide = out.dtype == codec.acc
+    in_place = out.data_ptr() == mine.data_ptr()
+    flush_for_host_read()
+    for off in range(0, c, codec.capacity):
+        length = min(codec.capacity, c - off)
+        parity = ch.flip()
+        for q in ch.peers:
+            codec.encode(src[q * c + off:q * c + off + length], _slot(ch, parity, q, codec))
+        ch.sync()
+        flush_for_host_read()
+        target = out[off:off + length]
+        if wide:
+            acc = target
+            if not in_place:
+                acc.copy_(mine[off:off + length])
+        else:
+            acc = codec.sum[:length].copy_(mine[off:off + length])
+        for p in ch.peers:
+            codec.decode(_fetch(ch, codec, parity, me, p, length), acc, accumulate=True)
+        if op == "avg":
+            acc.div_(n)
+        if not wide:
+            target.copy_(acc)
