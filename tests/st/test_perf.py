@@ -28,7 +28,10 @@ IN_PLACE_COLUMNS = ["in.time", "in.algbw", "in.busbw", "in.#wrong"]
 BASELINE_COLUMNS = ["gloo.time", "gloo.algbw", "gloo.busbw", "speedup"]
 IN_PLACE_SPEEDUP_COLUMNS = ["in.speedup"]
 MEMCPY_COLUMNS = ["memcpy.time", "memcpy.algbw", "ours/"]
+LOW_PRECISION_COLUMNS = ["lo.time", "lo.algbw", "lo.busbw", "lo.#wrong", "lo.gain"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+EVERY_OP = [name for name, spec in OPS.items() if spec.in_all]  # what `--op all` runs: all but the fused ops
+FUSED_OPS = ["fused_all_gather_matmul", "fused_matmul_reduce_scatter"]
 
 needs_symmetric_memory = pytest.mark.skipif(
     importlib.util.find_spec(SYMMETRIC_MEMORY) is None, reason=f"{SYMMETRIC_MEMORY} is not installed"
@@ -89,7 +92,7 @@ def test_every_op_reports_every_format_with_no_wrong_elements(tmp_path) -> None:
     expect_success(result)
 
     blocks = tables(result.stdout)
-    assert list(blocks) == list(OPS)
+    assert list(blocks) == EVERY_OP
     for op, (titles, rows) in blocks.items():
         spec = OPS[op]
         columns = layout(spec)
@@ -110,13 +113,13 @@ def test_every_op_reports_every_format_with_no_wrong_elements(tmp_path) -> None:
         else:
             assert [int(row[0]) for row in rows] == [spec.fixed_bytes], op
             assert rows[0][2] == spec.fixed_type
-    assert result.stdout.count("# Out of bounds values : 0 OK") == len(OPS)
+    assert result.stdout.count("# Out of bounds values : 0 OK") == len(EVERY_OP)
 
     document = json.loads(json_path.read_text())
-    assert document["tool"] == "hp-shmem-perf" and document["schema"] == 2
+    assert document["tool"] == "hp-shmem-perf" and document["schema"] == 3
     settings = document["settings"]
     assert (settings["ops"], settings["nranks"], settings["type"], settings["iterations"], settings["baseline"]) == (
-        list(OPS), 2, "float", 2, "gloo")
+        EVERY_OP, 2, "float", 2, "gloo")
     assert [entry["op"] for entry in document["rows"]] == [op for op, (_, rows) in blocks.items() for _ in rows]
     for entry in document["rows"]:
         spec = OPS[entry["op"]]
@@ -138,6 +141,69 @@ def test_every_op_reports_every_format_with_no_wrong_elements(tmp_path) -> None:
         else:
             assert entry["memcpy_time_us"] is None and entry["memcpy_fraction"] is None
     assert plot_path.read_bytes()[:8] == PNG_MAGIC
+
+
+@needs_symmetric_memory
+def test_fused_ops_report_against_the_unfused_sequence(tmp_path) -> None:
+    json_path = tmp_path / "fused.json"
+    result = perf("--op", ",".join(FUSED_OPS), "--nproc", "2", "-b", "4K", "-e", "64K", "-f", "4", "-n", "2", "-w", "1",
+                  "-r", "1", "--progress", "off", "--mm-k", "64", "--mm-n", "32", "-o", "avg", "--json", str(json_path))
+    expect_success(result)
+    blocks = tables(result.stdout)
+    assert list(blocks) == FUSED_OPS
+    for op, (titles, rows) in blocks.items():
+        assert titles == titles_of(layout(OPS[op])), op
+        assert [int(row[0]) for row in rows] == [4096, 16384, 65536], op
+        for row in rows:
+            cells = dict(zip(layout(OPS[op]), row))
+            assert cells["#wrong"] == "0", f"wrong elements in {op}: {row}"
+            assert cells["redop"] == ("avg" if op == "fused_matmul_reduce_scatter" else "none")
+            assert float(cells["time"]) > 0 and float(cells["gloo.time"]) > 0 and cells["speedup"].endswith("x")
+        # The baseline columns are the unfused sequence on this library, and say so.
+        assert f"# {op}: symm.{op}: " in result.stdout
+    assert result.stdout.count("# unfused: ") == 2 and "# gloo" not in result.stdout
+    group_lines = [line for line in result.stdout.splitlines() if "hyper_parallel.shmem" in line]
+    assert len(group_lines) == 2 and all(line.split()[-1] == "unfused" for line in group_lines)
+    document = json.loads(json_path.read_text())
+    assert (document["settings"]["mm_k"], document["settings"]["mm_n"]) == (64, 32)
+    for entry in document["rows"]:
+        assert entry["wrong"] == 0 and entry["count"] == entry["size"] // 4
+        assert entry["speedup"] == pytest.approx(entry["baseline_time_us"] / entry["time_us"])
+
+
+@needs_symmetric_memory
+def test_low_precision_group_beside_full_precision_within_the_bound(tmp_path) -> None:
+    """``--low-precision``: all_reduce and reduce_scatter get a group of columns for ours in place in that dtype,
+    checked against the documented error bound; the other ops are unchanged."""
+    json_path = tmp_path / "low.json"
+    result = perf("--op", "all_reduce,reduce_scatter,all_gather", "--nproc", "2", "-b", "1K", "-e", "1M", "-f", "32",
+                  "-n", "2", "-w", "1", "-r", "1", "--progress", "off", "--low-precision", "float8_e4m3fn",
+                  "-o", "avg", "--json", str(json_path))
+    expect_success(result)
+    blocks = tables(result.stdout)
+    assert "low precision float8_e4m3fn" in result.stdout.splitlines()[0]
+    for op in ("all_reduce", "reduce_scatter"):
+        columns = COLUMNS + IN_PLACE_COLUMNS + LOW_PRECISION_COLUMNS + BASELINE_COLUMNS + IN_PLACE_SPEEDUP_COLUMNS
+        titles, rows = blocks[op]
+        assert titles == titles_of(columns), op
+        assert [int(row[0]) for row in rows] == [1024, 32768, 1048576], op
+        for row in rows:
+            cells = dict(zip(columns, row))
+            assert cells["lo.#wrong"] == "0" and float(cells["lo.time"]) > 0 and cells["lo.gain"].endswith("x")
+        assert "# in place, float8_e4m3fn: the in-place call with low_precision_dtype=float8_e4m3fn" in result.stdout
+    assert blocks["all_gather"][0] == titles_of(layout(OPS["all_gather"]))  # no low-precision group
+    assert result.stdout.count("# Avg bus bandwidth in place, low precision : ") == 2
+    document = json.loads(json_path.read_text())
+    assert document["settings"]["low_precision"] == "float8_e4m3fn"
+    for entry in document["rows"]:
+        if entry["op"] == "all_gather":
+            assert entry["low_precision_time_us"] is None and entry["low_precision_gain"] is None
+        else:
+            assert entry["low_precision_wrong"] == 0
+            assert entry["low_precision_busbw"] == pytest.approx(entry["low_precision_algbw"]
+                                                                 * OPS[entry["op"]].bus_factor(2))
+            assert entry["low_precision_gain"] == pytest.approx(entry["in_place_time_us"]
+                                                                / entry["low_precision_time_us"])
 
 
 def test_without_baseline_or_check_the_gloo_columns_go(tmp_path) -> None:

@@ -79,6 +79,9 @@ def test_bus_factors_are_nccl_tests_definitions(nranks: int) -> None:
         "get": 1.0,
         "signal_pingpong": 1.0,
         "barrier": 1.0,
+        # the fused ops are sized like the collective they contain
+        "fused_all_gather_matmul": (nranks - 1) / nranks,
+        "fused_matmul_reduce_scatter": (nranks - 1) / nranks,
     }
     assert set(expected) == set(OPS)
     for name, factor in expected.items():
@@ -105,13 +108,41 @@ def test_element_counts_round_split_ops_down_to_whole_blocks() -> None:
     assert OPS["barrier"].element_count(1 << 20, 4, 2) == 0
 
 
+def test_fused_ops_count_whole_matrix_rows_on_every_rank() -> None:
+    # 2 ranks, k = 2048 fp32: a row of the gathered matrix is 8 KiB, so 32 MiB is 2048 rows per rank (the issue's
+    # case), and anything under one row per rank is skipped.
+    gather = OPS["fused_all_gather_matmul"]
+    assert gather.element_count(32 << 20, 4, 2, row_elements=2048) == 2 * 2048 * 2048
+    assert gather.element_count((32 << 20) + 5000, 4, 2, row_elements=2048) == 2 * 2048 * 2048
+    assert gather.element_count(8 << 10, 4, 2, row_elements=2048) == 0
+    scatter = OPS["fused_matmul_reduce_scatter"]
+    assert scatter.element_count(4 * (3 * 4 * 16 + 20), 4, 3, row_elements=16) == 3 * 4 * 16  # 4 rows per rank
+    config = parse_config(["--op", "fused_all_gather_matmul,fused_matmul_reduce_scatter,all_gather",
+                           "--mm-k", "64", "--mm-n", "32"])
+    assert [config.row_elements(op) for op in config.ops] == [64, 32, 1]
+    assert (config.mm_k, config.mm_n) == (64, 32)
+    assert (parse_config([]).mm_k, parse_config([]).mm_n) == (2048, 2048)
+
+
+def test_fused_ops_have_an_unfused_baseline_and_run_only_when_named() -> None:
+    fused = [spec for spec in OPS.values() if spec.fused]
+    assert [spec.name for spec in fused] == ["fused_all_gather_matmul", "fused_matmul_reduce_scatter"]
+    for spec in fused:
+        assert spec.baseline_label == "unfused" and not spec.in_all and spec.needs_symmetric_memory
+        assert "speedup: unfused time / fused time" in spec.baseline
+    assert not any(spec.fused or spec.baseline_label for spec in OPS.values() if spec.in_all)
+    header = Table("unfused", memcpy=False).header()[0]
+    assert header[1:].split() == ["hyper_parallel.shmem", "unfused"]
+
+
 def test_the_collectives_have_nccl_tests_in_place_group() -> None:
     in_place = {name: spec.in_place for name, spec in OPS.items()}
     assert in_place == {
         "all_gather": InPlace.SUPPORTED, "all_reduce": InPlace.SUPPORTED, "reduce_scatter": InPlace.SUPPORTED,
         "all_to_all": InPlace.SUPPORTED,
         "put": InPlace.ABSENT, "get": InPlace.ABSENT, "signal_pingpong": InPlace.ABSENT, "barrier": InPlace.ABSENT,
-        "send_recv": InPlace.ABSENT,
+        "send_recv": InPlace.ABSENT, "fused_all_gather_matmul": InPlace.ABSENT,
+        "fused_matmul_reduce_scatter": InPlace.ABSENT,
     }
     for name, spec in OPS.items():
         assert bool(spec.in_place_summary) == (spec.in_place is not InPlace.ABSENT), name
@@ -145,16 +176,19 @@ def test_defaults_match_the_readme_sweep() -> None:
 
 def test_op_lists_keep_their_order_and_all_means_the_whole_table() -> None:
     assert [op.name for op in parse_config(["--op", "barrier,put,barrier"]).ops] == ["barrier", "put"]
-    assert [op.name for op in parse_config(["--op", "all"]).ops] == list(OPS)
+    assert [op.name for op in parse_config(["--op", "all"]).ops] == [name for name in OPS if OPS[name].in_all]
+    assert "fused_all_gather_matmul" not in [op.name for op in parse_config(["--op", "all"]).ops]
     assert parse_config(["--op", "all"]).min_ranks == 2
 
 
 @pytest.mark.parametrize(
     "argv, message",
     [(["--op", "scatter"], "`--op` must be all or a comma-separated list of put, get, signal_pingpong, barrier, "
-                           "all_gather, all_reduce, reduce_scatter, all_to_all, send_recv, but got 'scatter'"),
+                           "all_gather, all_reduce, reduce_scatter, all_to_all, send_recv, fused_all_gather_matmul, "
+                           "fused_matmul_reduce_scatter, but got 'scatter'"),
      (["--op", "put,all"], "`--op` must be all or a comma-separated list of put, get, signal_pingpong, barrier, "
-                           "all_gather, all_reduce, reduce_scatter, all_to_all, send_recv, but got 'all'"),
+                           "all_gather, all_reduce, reduce_scatter, all_to_all, send_recv, fused_all_gather_matmul, "
+                           "fused_matmul_reduce_scatter, but got 'all'"),
      (["-b", "0"], "`-b` must be at least 1 byte, but got 0"),
      (["-b", "1M", "-e", "1K"], "`-e` must be at least `-b` (1048576), but got 1024"),
      (["-f", "1"], "`-f` must be at least 2, but got 1"),
@@ -168,7 +202,13 @@ def test_op_lists_keep_their_order_and_all_means_the_whole_table() -> None:
      (["-c", "2"], "`-c` must be one of 0, 1, but got '2'"),
      (["--baseline", "mpi"], "`--baseline` must be one of gloo, none, but got 'mpi'"),
      (["--progress", "yes"], "`--progress` must be one of auto, on, off, but got 'yes'"),
-     (["--op", "barrier,put", "--nproc", "1"], "`--nproc` must be at least 2, but got 1")],
+     (["--op", "barrier,put", "--nproc", "1"], "`--nproc` must be at least 2, but got 1"),
+     (["--mm-k", "0"], "`--mm-k` must be at least 1, but got 0"),
+     (["--mm-n", "-2"], "`--mm-n` must be at least 1, but got -2"),
+     (["--op", "fused_all_gather_matmul", "-d", "int32"],
+      "`-d` must be a floating-point type for fused_all_gather_matmul, but got int32"),
+     (["--op", "fused_matmul_reduce_scatter", "-o", "max"],
+      "`-o` must be sum or avg for fused_matmul_reduce_scatter, but got 'max'")],
 )
 def test_bad_flags_exit_like_argparse_with_the_rule_and_the_value(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
@@ -179,6 +219,34 @@ def test_bad_flags_exit_like_argparse_with_the_rule_and_the_value(
     err = capsys.readouterr().err
     assert err.startswith("usage: hp-shmem-perf")
     assert err.rstrip().endswith(f"hp-shmem-perf: error: {message}")
+
+
+def test_low_precision_applies_to_the_reductions_and_is_a_setting() -> None:
+    config = parse_config(["--op", "all_gather,reduce_scatter", "--low-precision", "float8_e5m2", "-o", "avg"])
+    assert config.low_precision == "float8_e5m2" and config.settings(2)["low_precision"] == "float8_e5m2"
+    assert parse_config([]).low_precision is None and parse_config([]).settings(2)["low_precision"] is None
+    assert parse_config(["-d", "double", "--low-precision", "bfloat16"]).low_precision == "bfloat16"
+    assert [name for name, op in OPS.items() if op.low_precision] == ["all_reduce", "reduce_scatter"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["--low-precision", "fp8"], "`--low-precision` must be one of float16, bfloat16, float8_e4m3fn, float8_e5m2, "
+                                  "but got 'fp8'"),
+     (["--op", "all_gather", "--low-precision", "float16"],
+      "`--low-precision` must come with `--op` all_reduce or reduce_scatter, but got all_gather"),
+     (["--low-precision", "bfloat16", "-o", "max"], "`--low-precision` must have `-o` sum or avg, but got 'max'"),
+     (["--low-precision", "float16", "-d", "half"],
+      "`--low-precision` must be narrower than a floating-point `-d` (float16), but got float16"),
+     (["--low-precision", "float8_e4m3fn", "-d", "int32"],
+      "`--low-precision` must be narrower than a floating-point `-d` (int32), but got float8_e4m3fn")],
+)
+def test_bad_low_precision_flags_exit_like_argparse(argv: list[str], message: str,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(argv)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.rstrip().endswith(f"hp-shmem-perf: error: {message}")
 
 
 def test_unparsable_values_are_argparse_errors(capsys: pytest.CaptureFixture[str]) -> None:
@@ -271,6 +339,34 @@ def test_in_place_group_sits_between_ours_and_the_baseline_with_a_speedup_each()
 
 
 
+def test_low_precision_group_follows_the_in_place_group_with_its_gain() -> None:
+    table = Table("gloo", memcpy=False, in_place=True, low_precision="bfloat16")
+    groups, titles, units = table.header()
+    assert titles[1:].split()[12:17] == ["time", "algbw", "busbw", "#wrong", "gain"]
+    assert units[1:].split()[8:12] == ["(us)", "(GB/s)", "(GB/s)", "(full/lo)"]
+    assert "shmem, in-place, bfloat16" in groups
+    row = _collective_row(low_precision_time_us=11791.8, low_precision_algbw=5.69, low_precision_busbw=2.85,
+                          low_precision_wrong=0)
+    line = table.line(row)
+    assert line.split()[12:17] == ["11792", "5.69", "2.85", "0", "0.5x"]
+    assert len(line) == len(titles) == len(units)
+    assert row.low_precision_gain == pytest.approx(5895.9 / 11791.8)
+    assert _collective_row().low_precision_gain is None
+    assert footer([row, _collective_row(low_precision_busbw=1.15, low_precision_wrong=2)])[:4] == [
+        "# Out of bounds values : 2 FAILED", "# Avg bus bandwidth    : 8.59 GB/s",
+        "# Avg bus bandwidth in place : 5.69 GB/s", "# Avg bus bandwidth in place, low precision : 2 GB/s"]
+
+
+def test_json_rows_carry_the_low_precision_fields(tmp_path) -> None:
+    path = tmp_path / "rows.json"
+    write_json(str(path), {}, [_collective_row(low_precision_time_us=2000.0, low_precision_algbw=33.5,
+                                               low_precision_busbw=16.8, low_precision_wrong=0), _row()])
+    low, plain = json.loads(path.read_text())["rows"]
+    assert (low["low_precision_time_us"], low["low_precision_busbw"], low["low_precision_wrong"]) == (2000.0, 16.8, 0)
+    assert low["low_precision_gain"] == pytest.approx(5895.9 / 2000.0)
+    assert [plain[key] for key in ("low_precision_time_us", "low_precision_wrong", "low_precision_gain")] == [None] * 3
+
+
 def test_in_place_wrong_is_n_a_in_capitals_when_the_check_is_off() -> None:
     table = Table(None, memcpy=False, in_place=True)
     assert table.header()[1][1:].split()[-4:] == ["time", "algbw", "busbw", "#wrong"]
@@ -306,7 +402,7 @@ def test_json_has_settings_and_every_row(tmp_path) -> None:
     path = tmp_path / "rows.json"
     write_json(str(path), {"op": "put", "nranks": 2}, [_row(), _row(size=8)])
     document = json.loads(path.read_text())
-    assert document["tool"] == "hp-shmem-perf" and document["schema"] == 2
+    assert document["tool"] == "hp-shmem-perf" and document["schema"] == 3
     assert document["settings"] == {"op": "put", "nranks": 2}
     first = document["rows"][0]
     assert first["size"] == 67108864 and first["wrong"] == 0

@@ -14,7 +14,7 @@ import abc
 
 import importlib
 from types import ModuleType
-from typing import Callable, ClassVar, NamedTuple
+from typing import Callable, ClassVar, NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
@@ -44,12 +44,17 @@ class RankInfo(NamedTuple):
         nranks: the world size.
         dtype: the element type (``-d``).
         redop: the reduction (``-o``), for the ops that reduce.
+        mm_k, mm_n: the fused ops' matmul dimensions (``--mm-k``, ``--mm-n``).
+        low_precision: the dtype of ``--low-precision``, or None.
     """
 
     rank: int
     nranks: int
     dtype: torch.dtype
     redop: str
+    mm_k: int = 2048
+    mm_n: int = 2048
+    low_precision: Optional[torch.dtype] = None
 
 
 def symmetric_memory_api(op_name: str) -> ModuleType:
@@ -250,6 +255,43 @@ class InPlaceCase(Case):
         return self._count_wrong(self.in_place_outputs)
 
 
+class LowPrecisionCase(InPlaceCase):
+    """A reduction that also runs in place in ``--low-precision`` (``OpSpec.low_precision``). Its check compares
+    the result with the exact reduction of the deterministic inputs (rebuilt for every rank) within the error
+    bound the library documents (``_low_precision.error_bound``), not bit for bit and not against gloo."""
+
+    @abc.abstractmethod
+    def run_ours_low_precision(self) -> None:
+        """One in-place operation through HyperParallel SHMEM, travelling in ``info.low_precision``."""
+
+    @abc.abstractmethod
+    def low_precision_result(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This rank's result of the in-place form, and the float64 exact reduction and sum of magnitudes of the
+        inputs ``fill`` wrote, in the result's layout."""
+
+    @property
+    def two_shot(self) -> bool:
+        """Whether the result was cast down twice (all_reduce's documented bound covers both of its paths)."""
+        return False
+
+    def wrong_elements_low_precision(self) -> int:
+        """Elements of the low-precision result beyond the documented bound (after ``fill``, ``prepare_in_place``
+        and one ``run_ours_low_precision``)."""
+        from hyper_parallel.core.symmetric_memory._low_precision import error_bound
+
+        ours, exact, magnitudes = self.low_precision_result()
+        if self.info.redop == "avg":
+            exact = exact / self.info.nranks
+        bound = error_bound(self.info.low_precision, ours.dtype, self.info.redop, self.info.nranks, magnitudes,
+                            two_shot=self.two_shot)
+        beyond = (ours.to(torch.float64) - exact).abs() > bound
+        return int(torch.count_nonzero(beyond | ours.isnan()).item())
+
+    def inputs_of_every_rank(self, count: int) -> list[torch.Tensor]:
+        """The float64 inputs ``fill`` gives each rank's first input (``count`` elements)."""
+        return [input_pattern(count, self.info.dtype, rank).to(torch.float64) for rank in range(self.info.nranks)]
+
+
 class _OneSidedCase(Case):
     """Rank 0 moves the row's bytes between its memory and rank 1's; every other rank idles."""
 
@@ -383,7 +425,7 @@ class AllGatherCase(InPlaceCase):
         dist.all_gather_single(self.base_output, self.base_input)
 
 
-class AllReduceCase(InPlaceCase):
+class AllReduceCase(LowPrecisionCase):
     """``all_reduce``: out of place, the input copied into the output and reduced there (``shmem_allreduce`` and
     ``dist.all_reduce`` work in place only); in place, the output reduced as it is."""
 
@@ -401,6 +443,17 @@ class AllReduceCase(InPlaceCase):
     def run_ours_in_place(self) -> None:
         self.symm.shmem_allreduce(self.output, op=self.info.redop)
 
+    def run_ours_low_precision(self) -> None:
+        self.symm.shmem_allreduce(self.output, op=self.info.redop, low_precision_dtype=self.info.low_precision)
+
+    @property
+    def two_shot(self) -> bool:
+        return True
+
+    def low_precision_result(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        inputs = torch.stack(self.inputs_of_every_rank(self.count))
+        return self.output, inputs.sum(0), inputs.abs().sum(0)
+
     def prepare_in_place(self) -> None:
         self.output.copy_(self.input)
 
@@ -409,7 +462,7 @@ class AllReduceCase(InPlaceCase):
         dist.all_reduce(self.base_output, op=DIST_REDUCE_OPS[self.info.redop])
 
 
-class ReduceScatterCase(InPlaceCase):
+class ReduceScatterCase(LowPrecisionCase):
     """``reduce_scatter``: n blocks per rank in, the reduction of block i out on rank i; in place, the output is
     this rank's block of the input."""
 
@@ -426,6 +479,14 @@ class ReduceScatterCase(InPlaceCase):
 
     def run_ours_in_place(self) -> None:
         self.symm.shmem_reduce_scatter(self.input_own_block, self.input, op=self.info.redop)
+
+    def run_ours_low_precision(self) -> None:
+        self.symm.shmem_reduce_scatter(self.input_own_block, self.input, op=self.info.redop,
+                                       low_precision_dtype=self.info.low_precision)
+
+    def low_precision_result(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        blocks = torch.stack([self.own_block(t) for t in self.inputs_of_every_rank(self.count)])
+        return self.input_own_block, blocks.sum(0), blocks.abs().sum(0)
 
     def prepare_in_place(self) -> None:
         pass  # the input is still as ``fill`` wrote it: the out-of-place form only reads it
@@ -489,6 +550,86 @@ class SendRecvCase(Case):
         self._exchange(dist.send, dist.recv, self.base_send, self.base_receive)
 
 
+class _FusedCase(Case):
+    """A fused compute-communication op beside its unfused sequence on this library (the baseline side).
+
+    Inputs are ordinary tensors on both sides (only what peers address is symmetric, so the heap holds no matrix
+    bigger than the row's size); the symmetric tensors are made here. Results are compared with tolerance: the
+    fused op multiplies block by block, which may round differently from one matmul of the whole.
+    """
+
+    def matrix_pair(self, rows: int, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two ordinary (rows, columns) matrices that ``fill`` gives the same inputs (views of flat tensors)."""
+        pair = (torch.zeros(rows * columns, dtype=self.info.dtype), torch.zeros(rows * columns, dtype=self.info.dtype))
+        self.inputs.append(pair)
+        return pair[0].view(rows, columns), pair[1].view(rows, columns)
+
+    def symmetric_matrix(self, rows: int, columns: int) -> torch.Tensor:
+        return self.buffers.empty(rows * columns, self.info.dtype).view(rows, columns)
+
+    def signal(self) -> torch.Tensor:
+        return self.buffers.empty(self.info.nranks, torch.int64)
+
+    def wrong_elements(self) -> int:
+        return sum(count_wrong(ours, baseline, exact=False) for ours, baseline in self.outputs)
+
+
+class FusedAllGatherMatmulCase(_FusedCase):
+    """``fused_all_gather_matmul``: m x k rows per rank gathered and multiplied by a k x N matrix; the baseline
+    gathers with ``shmem_allgather`` into a symmetric tensor, then multiplies."""
+
+    spec = OPS["fused_all_gather_matmul"]
+
+    def setup(self) -> None:
+        n, k, columns = self.info.nranks, self.info.mm_k, self.info.mm_n
+        rows = self.count // (n * k)
+        self.a, self.base_a = self.matrix_pair(rows, k)
+        self.b, self.base_b = self.matrix_pair(k, columns)
+        self.gather_out, self.base_gather_out = self.symmetric_matrix(n * rows, k), self.symmetric_matrix(n * rows, k)
+        self.c = torch.zeros(n * rows, columns, dtype=self.info.dtype)
+        self.base_c = torch.zeros_like(self.c)
+        self.outputs = [(self.gather_out, self.base_gather_out), (self.c, self.base_c)]
+        self.signal_tensor = self.signal()
+
+    def run_ours(self) -> None:
+        self.symm.fused_all_gather_matmul(self.a, self.b, self.c, self.gather_out, self.signal_tensor)
+
+    def run_baseline(self) -> None:
+        self.symm.shmem_allgather(self.base_gather_out, self.base_a)
+        torch.mm(self.base_gather_out, self.base_b, out=self.base_c)
+
+
+class FusedMatmulReduceScatterCase(_FusedCase):
+    """``fused_matmul_reduce_scatter``: (n·m) x k times k x N, rows reduce-scattered; the baseline multiplies into
+    a symmetric tensor, then reduce-scatters it with ``shmem_reduce_scatter`` into a new tensor, as the fused op
+    returns one (so that the speedup is the fusion's, not the first touch of a fresh output's pages)."""
+
+    spec = OPS["fused_matmul_reduce_scatter"]
+
+    def setup(self) -> None:
+        n, k, columns = self.info.nranks, self.info.mm_k, self.info.mm_n
+        rows = self.count // columns
+        self.x1, self.base_x1 = self.matrix_pair(rows, k)
+        self.x2, self.base_x2 = self.matrix_pair(k, columns)
+        self.partial, self.base_partial = self.symmetric_matrix(rows, columns), self.symmetric_matrix(rows, columns)
+        self.result = torch.zeros(rows // n, columns, dtype=self.info.dtype)
+        self.base_result = torch.zeros_like(self.result)
+        self.outputs = [(self.result, self.base_result)]
+        self.signal_tensor = self.signal()
+
+    def run_ours(self) -> None:  # the op returns a new tensor: kept, not copied
+        self.result = self.symm.fused_matmul_reduce_scatter(self.x1, self.x2, self.partial, self.signal_tensor,
+                                                            reduce_op=self.info.redop)
+
+    def wrong_elements(self) -> int:
+        return count_wrong(self.result, self.base_result, exact=False)
+
+    def run_baseline(self) -> None:
+        torch.mm(self.base_x1, self.base_x2, out=self.base_partial)
+        self.base_result = torch.empty_like(self.result)
+        self.symm.shmem_reduce_scatter(self.base_result, self.base_partial, op=self.info.redop)
+
+
 CASES: dict[str, type[Case]] = {
     case.spec.name: case
     for case in (
@@ -501,10 +642,14 @@ CASES: dict[str, type[Case]] = {
         ReduceScatterCase,
         AllToAllCase,
         SendRecvCase,
+        FusedAllGatherMatmulCase,
+        FusedMatmulReduceScatterCase,
     )
 }
 assert CASES.keys() == OPS.keys(), "every op of the table needs a case"
 assert all(issubclass(case, InPlaceCase) == (case.spec.in_place is InPlace.SUPPORTED)
            for case in CASES.values()), "exactly the ops whose in-place form is supported run in place"
+assert all(issubclass(case, LowPrecisionCase) == case.spec.low_precision
+           for case in CASES.values()), "exactly the ops that run in low precision have a low-precision form"
 assert all(hasattr(case, "run_memcpy") == case.spec.memcpy_reference
            for case in CASES.values()), "exactly the ops with a memcpy reference time one"

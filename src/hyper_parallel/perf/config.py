@@ -8,7 +8,15 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from hyper_parallel.perf.ops import OPS, OpSpec
-from hyper_parallel.perf.units import DTYPE_BYTES, DTYPE_LABELS, DTYPES, REDUCE_OPS, parse_size, size_sweep
+from hyper_parallel.perf.units import (
+    DTYPE_BYTES,
+    DTYPE_LABELS,
+    DTYPES,
+    LOW_PRECISION_BYTES,
+    REDUCE_OPS,
+    parse_size,
+    size_sweep,
+)
 
 PROG = "hp-shmem-perf"
 BASELINES = ("gloo", "none")
@@ -32,6 +40,10 @@ class Config:
         baseline: ``"gloo"`` or None.
         json_path, plot_path: where to write the rows and the plot, or None.
         progress: ``"auto"`` (a terminal), ``"on"`` or ``"off"``.
+        mm_k, mm_n: the fused ops' matmul dimensions (``--mm-k``, ``--mm-n``): all-gather + matmul multiplies
+            (n·m) x k by k x N, matmul + reduce-scatter (n·m) x k by k x N, with m from the row's size.
+        low_precision: ``--low-precision``: the dtype name all_reduce and reduce_scatter also run in (a group of
+            columns of their own), or None.
     """
 
     ops: tuple[OpSpec, ...]
@@ -49,6 +61,9 @@ class Config:
     json_path: Optional[str]
     plot_path: Optional[str]
     progress: str
+    mm_k: int = 2048
+    mm_n: int = 2048
+    low_precision: Optional[str] = None
 
     @property
     def element_bytes(self) -> int:
@@ -67,6 +82,10 @@ class Config:
     def redop_label(self, op: OpSpec) -> str:
         """The redop column of ``op``'s rows: the reduction, or ``none`` for ops that do not reduce."""
         return self.redop if op.reduces else "none"
+
+    def row_elements(self, op: OpSpec) -> int:
+        """Elements of one matrix row of a fused op's size (``--mm-k`` or ``--mm-n``); 1 for the other ops."""
+        return {"k": self.mm_k, "n": self.mm_n}.get(op.matmul_dim, 1)
 
     def sizes(self, op: OpSpec) -> list[int]:
         """The requested sizes of ``op`` in bytes; one fixed size for ops that move no payload of their own."""
@@ -90,6 +109,9 @@ class Config:
             "redop": self.redop,
             "check": self.check,
             "baseline": self.baseline,
+            "mm_k": self.mm_k,
+            "mm_n": self.mm_n,
+            "low_precision": self.low_precision,
         }
 
 
@@ -114,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="ops: " + "; ".join(f"{spec.name}: {spec.summary}" for spec in OPS.values()),
     )
     parser.add_argument("--op", default="all_reduce", metavar="OP[,OP...]",
-                        help=f"the operations, one after the other: {', '.join(OPS)}, or all (default all_reduce)")
+                        help=f"the operations, one after the other: {', '.join(OPS)}, or all: every op but the "
+                             "fused ones (default all_reduce)")
     parser.add_argument("--nproc", type=int, default=None,
                         help="local ranks to start (default 2; omit under torchrun)")
     parser.add_argument("-b", "--minbytes", type=_size, default=parse_size("8"), metavar="SIZE",
@@ -137,6 +160,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="count wrong elements against gloo once per size, outside the timing (default 1)")
     parser.add_argument("--baseline", default="gloo", metavar="NAME",
                         help="the transport timed beside ours: gloo or none (default gloo)")
+    parser.add_argument("--mm-k", dest="mm_k", type=int, default=2048, metavar="K",
+                        help="fused ops: the inner matmul dimension; a row of fused_all_gather_matmul's size "
+                             "(the gathered matrix) has K elements (default 2048)")
+    parser.add_argument("--mm-n", dest="mm_n", type=int, default=2048, metavar="N",
+                        help="fused ops: the columns of the product; a row of fused_matmul_reduce_scatter's size "
+                             "(the partial products) has N elements (default 2048)")
+    parser.add_argument("--low-precision", dest="low_precision", default=None, metavar="DTYPE",
+                        help="all_reduce and reduce_scatter: also time ours in place travelling in DTYPE "
+                             f"({', '.join(LOW_PRECISION_BYTES)}), beside full precision (default: off)")
     parser.add_argument("--json", dest="json_path", default=None, metavar="FILE", help="write every row to FILE")
     parser.add_argument("--plot", dest="plot_path", default=None, metavar="FILE.png",
                         help="draw bus bandwidth and time against size, log-log (needs matplotlib)")
@@ -158,14 +190,29 @@ def _at_least(flag: str, value: int, minimum: int) -> int:
 
 
 def _ops(text: str) -> tuple[OpSpec, ...]:
-    """The ``--op`` list: comma-separated names in the order given (duplicates dropped), or ``all``."""
+    """The ``--op`` list: comma-separated names in the order given (duplicates dropped), or ``all`` (every op but
+    the fused ones, whose rows are matmuls: they run when named)."""
     if text == "all":
-        return tuple(OPS.values())
+        return tuple(op for op in OPS.values() if op.in_all)
     names = [name.strip() for name in text.split(",")]
     for name in names:
         if name not in OPS:
             raise ValueError(f"`--op` must be all or a comma-separated list of {', '.join(OPS)}, but got {name!r}")
     return tuple(OPS[name] for name in dict.fromkeys(names))
+
+
+def _check_low_precision(name: str, ops: tuple[OpSpec, ...], dtype: str, redop: str) -> None:
+    """Raises ValueError unless ``--low-precision NAME`` can apply: an op that runs in it, ``-o`` sum or avg, and a
+    floating-point ``-d`` wider than it (what ``low_precision_dtype`` accepts)."""
+    _choice("--low-precision", name, list(LOW_PRECISION_BYTES))
+    takers = [op.name for op in OPS.values() if op.low_precision]
+    if not any(op.low_precision for op in ops):
+        raise ValueError(f"`--low-precision` must come with `--op` {' or '.join(takers)}, "
+                         f"but got {','.join(op.name for op in ops)}")
+    if redop not in ("sum", "avg"):
+        raise ValueError(f"`--low-precision` must have `-o` sum or avg, but got {redop!r}")
+    if not dtype.startswith(("float", "bfloat")) or LOW_PRECISION_BYTES[name] >= DTYPE_BYTES[dtype]:
+        raise ValueError(f"`--low-precision` must be narrower than a floating-point `-d` ({dtype}), but got {name}")
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
@@ -195,6 +242,15 @@ def config_from_args(args: argparse.Namespace) -> Config:
     _choice("-c", str(args.check), ("0", "1"))
     if any(op.reduces for op in ops) and redop == "avg" and not dtype.startswith(("float", "bfloat")):
         raise ValueError(f"`-o avg` must have a floating-point `-d`, but got {args.datatype}")
+    _at_least("--mm-k", args.mm_k, 1)
+    _at_least("--mm-n", args.mm_n, 1)
+    for op in ops:
+        if op.fused and not dtype.startswith(("float", "bfloat")):
+            raise ValueError(f"`-d` must be a floating-point type for {op.name}, but got {args.datatype}")
+        if op.fused and op.reduces and redop not in ("sum", "avg"):
+            raise ValueError(f"`-o` must be sum or avg for {op.name}, but got {redop!r}")
+    if args.low_precision is not None:
+        _check_low_precision(args.low_precision, ops, dtype, redop)
     if args.plot_path is not None and importlib.util.find_spec("matplotlib") is None:
         raise ValueError("`--plot` must have matplotlib installed (pip install 'hyper-parallel-shmem[plot]'), "
                          "but got none")
@@ -214,6 +270,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
         json_path=args.json_path,
         plot_path=args.plot_path,
         progress=progress,
+        mm_k=args.mm_k,
+        mm_n=args.mm_n,
+        low_precision=args.low_precision,
     )
 
 

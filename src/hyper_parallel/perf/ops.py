@@ -6,17 +6,27 @@ each operation lives in :mod:`hyper_parallel.perf.cases`.
 Accounting (nccl-tests' ``*GetBw`` functions): the ``size`` of a row is the bytes nccl-tests reports for it, and
 ``algbw = size / time``, ``busbw = algbw * bus_factor(nranks)``:
 
-========================  ==========================================  =================
-op                        size                                        bus factor
-========================  ==========================================  =================
-all_reduce                the buffer (input = output in size)         2 (n - 1) / n
-all_gather                the whole output (n inputs)                 (n - 1) / n
-reduce_scatter            the whole input (n outputs)                 (n - 1) / n
-all_to_all                the whole send buffer (n blocks)            (n - 1) / n
-send_recv, put, get       the message                                 1
-signal_pingpong           the 8-byte signal                           1
-barrier                   0                                           1
-========================  ==========================================  =================
+===========================  ==========================================  =================
+op                           size                                        bus factor
+===========================  ==========================================  =================
+all_reduce                   the buffer (input = output in size)         2 (n - 1) / n
+all_gather                   the whole output (n inputs)                 (n - 1) / n
+reduce_scatter               the whole input (n outputs)                 (n - 1) / n
+all_to_all                   the whole send buffer (n blocks)            (n - 1) / n
+send_recv, put, get          the message                                 1
+signal_pingpong              the 8-byte signal                           1
+barrier                      0                                           1
+fused_all_gather_matmul      the gathered matrix: (n x m) x k elements   (n - 1) / n
+fused_matmul_reduce_scatter  the partial products: (n x m) x N elements  (n - 1) / n
+===========================  ==========================================  =================
+
+The fused ops are sized like the collective they contain (all_gather's whole output, reduce_scatter's whole
+input), so their rows line up with all_gather's and reduce_scatter's: a row of ``size`` bytes has m rows per rank,
+of k elements (all-gather + matmul, ``--mm-k``) or N elements (matmul + reduce-scatter, ``--mm-n``); the other
+matmul dimension is the other flag. Their time includes the matmuls, so their bandwidths are the data moved over
+the whole time: compare their times (the speedup column), not their bandwidths with the collectives'. Their
+baseline is the unfused sequence on this library, not gloo, and ``--op all`` leaves them out (their rows are
+matmuls: seconds each at the sizes the collectives sweep to).
 
 The collectives also have nccl-tests' in-place group of columns (:class:`InPlace`): all_gather, all_reduce and
 reduce_scatter and all_to_all run in place as well.
@@ -73,6 +83,13 @@ class OpSpec:
             ping-pong: one-way latency, half a round trip).
         in_place: whether the op has an in-place group of columns, and whether it runs in place.
         in_place_summary: one line on the in-place form (or why there is none), for the table's heading.
+        matmul_dim: for a fused compute-communication op, the matmul dimension its rows span: ``"k"`` (a row of
+            all-gather + matmul's gathered matrix has ``--mm-k`` elements) or ``"n"`` (a row of matmul +
+            reduce-scatter's partial products has ``--mm-n``); None for the communication ops.
+        baseline_label: the heading of the baseline's columns when the baseline is not the ``--baseline``
+            transport: ``"unfused"`` for the fused ops, whose baseline is the unfused sequence on this library.
+        in_all: whether ``--op all`` runs it.
+        low_precision: whether ``--low-precision`` adds a group of columns: the op run in place in that dtype.
     """
 
     name: str
@@ -89,19 +106,30 @@ class OpSpec:
     time_divisor: int = 1
     in_place: InPlace = InPlace.ABSENT
     in_place_summary: str = ""
+    matmul_dim: str | None = None
+    baseline_label: str | None = None
+    in_all: bool = True
+    low_precision: bool = False
+
+    @property
+    def fused(self) -> bool:
+        """Whether it is a fused compute-communication op (sized by the matmul's shape, an unfused baseline)."""
+        return self.matmul_dim is not None
 
     @property
     def sized(self) -> bool:
         """Whether the op sweeps ``-b`` .. ``-e`` (False: one row of ``fixed_bytes``)."""
         return self.fixed_bytes is None
 
-    def element_count(self, nbytes: int, element_bytes: int, nranks: int) -> int:
+    def element_count(self, nbytes: int, element_bytes: int, nranks: int, row_elements: int = 1) -> int:
         """The elements a row of about ``nbytes`` moves, rounded down as nccl-tests rounds it.
 
         Args:
             nbytes: the requested size in bytes.
             element_bytes: bytes per element of the data type.
             nranks: the number of ranks.
+            row_elements: for the fused ops, the elements of one matrix row (``--mm-k`` or ``--mm-n``): the count
+                is rounded down to whole rows on every rank.
 
         Returns:
             The total element count of the row's ``size`` (0 when the size is too small to split).
@@ -110,7 +138,7 @@ class OpSpec:
             return 1 if self.fixed_bytes else 0  # one signal, or nothing
         count = nbytes // element_bytes
         if self.split_by_ranks:
-            count -= count % nranks
+            count -= count % (nranks * row_elements)
         return count
 
     def bandwidths(self, nbytes: int, seconds: float, nranks: int) -> tuple[float, float]:
@@ -185,6 +213,7 @@ OPS: dict[str, OpSpec] = {
             reduces=True,
             in_place=InPlace.SUPPORTED,
             in_place_summary="shmem_allreduce on the buffer itself, no copy",
+            low_precision=True,
         ),
         OpSpec(
             name="reduce_scatter",
@@ -196,6 +225,7 @@ OPS: dict[str, OpSpec] = {
             reduces=True,
             in_place=InPlace.SUPPORTED,
             in_place_summary="the output is this rank's block of the symmetric input",
+            low_precision=True,
         ),
         OpSpec(
             name="all_to_all",
@@ -214,6 +244,30 @@ OPS: dict[str, OpSpec] = {
             bus_factor=_unit_factor,
             min_ranks=2,
             needs_symmetric_memory=True,
+        ),
+        OpSpec(
+            name="fused_all_gather_matmul",
+            summary="symm.fused_all_gather_matmul: gather every rank's m x k block, multiply by a k x N matrix",
+            baseline="symm.shmem_allgather into a symmetric tensor, then torch.mm (speedup: unfused time / fused time)",
+            bus_factor=_ring_factor,
+            split_by_ranks=True,
+            needs_symmetric_memory=True,
+            matmul_dim="k",
+            baseline_label="unfused",
+            in_all=False,
+        ),
+        OpSpec(
+            name="fused_matmul_reduce_scatter",
+            summary="symm.fused_matmul_reduce_scatter: multiply (n x m) x k by k x N, reduce-scatter the rows",
+            baseline="torch.mm into a symmetric tensor, then symm.shmem_reduce_scatter into a new tensor "
+                     "(speedup: unfused time / fused time)",
+            bus_factor=_ring_factor,
+            split_by_ranks=True,
+            needs_symmetric_memory=True,
+            reduces=True,
+            matmul_dim="n",
+            baseline_label="unfused",
+            in_all=False,
         ),
     )
 }

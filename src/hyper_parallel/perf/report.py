@@ -11,7 +11,8 @@ from typing import Any, Callable, NamedTuple, Optional, TextIO
 
 from hyper_parallel.perf.ops import OPS, InPlace, OpSpec
 
-SCHEMA_VERSION = 2  # 2: the in_place_* fields; all_reduce's out-of-place row is a copy, then the reduction
+SCHEMA_VERSION = 3  # 2: the in_place_* fields; all_reduce's out-of-place row is a copy, then the reduction
+# 3: the low_precision_* fields (--low-precision)
 
 
 @dataclass(frozen=True)
@@ -20,8 +21,9 @@ class Row:
 
     The unprefixed time, bandwidths and ``wrong`` are ours out of place; ``in_place_*`` ours in place (None for
     ops with no in-place form); ``baseline_*`` gloo's, out of place (None without a baseline); ``memcpy_*`` the
-    single-core copy (None for ops without a memcpy reference). ``wrong`` and ``in_place_wrong`` are None when
-    the check was off.
+    single-core copy (None for ops without a memcpy reference); ``low_precision_*`` ours in place travelling in
+    ``--low-precision`` (None without it), whose ``low_precision_wrong`` counts elements beyond the documented
+    error bound. The ``wrong`` fields are None when the check was off.
     """
 
     op: str
@@ -42,6 +44,10 @@ class Row:
     in_place_algbw: Optional[float] = None
     in_place_busbw: Optional[float] = None
     in_place_wrong: Optional[int] = None
+    low_precision_time_us: Optional[float] = None
+    low_precision_algbw: Optional[float] = None
+    low_precision_busbw: Optional[float] = None
+    low_precision_wrong: Optional[int] = None
 
     @property
     def speedup(self) -> Optional[float]:
@@ -54,14 +60,19 @@ class Row:
         return _time_ratio(self.baseline_time_us, self.in_place_time_us)
 
     @property
+    def low_precision_gain(self) -> Optional[float]:
+        """Ours in place at full precision over ours in place in low precision (above 1: low precision is faster)."""
+        return _time_ratio(self.in_place_time_us, self.low_precision_time_us)
+
+    @property
     def memcpy_fraction(self) -> Optional[float]:
         """Our bandwidth as a fraction of the single-core memcpy's (the memcpy's time over ours)."""
         return _time_ratio(self.memcpy_time_us, self.time_us)
 
     def to_json(self) -> dict[str, Any]:
-        """Every field, plus ``speedup``, ``in_place_speedup`` and ``memcpy_fraction``."""
+        """Every field, plus ``speedup``, ``in_place_speedup``, ``low_precision_gain`` and ``memcpy_fraction``."""
         return {**asdict(self), "speedup": self.speedup, "in_place_speedup": self.in_place_speedup,
-                "memcpy_fraction": self.memcpy_fraction}
+                "low_precision_gain": self.low_precision_gain, "memcpy_fraction": self.memcpy_fraction}
 
 
 def _time_ratio(numerator_us: Optional[float], denominator_us: Optional[float]) -> Optional[float]:
@@ -128,6 +139,14 @@ _IN_PLACE = [
     Column("busbw", "(GB/s)", 7, _in_place(_fixed2, "in_place_busbw")),
     Column("#wrong", "", 9, _in_place(_wrong, "in_place_wrong")),
 ]
+# Ours in place in --low-precision, and full precision's in-place time over it.
+_LOW_PRECISION = [
+    Column("time", "(us)", 9, _in_place(format_time_us, "low_precision_time_us")),
+    Column("algbw", "(GB/s)", 7, _in_place(_fixed2, "low_precision_algbw")),
+    Column("busbw", "(GB/s)", 7, _in_place(_fixed2, "low_precision_busbw")),
+    Column("#wrong", "", 9, _in_place(_wrong, "low_precision_wrong")),
+    Column("gain", "(full/lo)", 10, _in_place(_ratio, "low_precision_gain")),
+]
 _BASELINE = [
     Column("time", "(us)", 9, lambda row: format_time_us(row.baseline_time_us)),
     Column("algbw", "(GB/s)", 7, lambda row: _fixed2(row.baseline_algbw)),
@@ -154,14 +173,19 @@ class Table:
         memcpy: whether rows carry the memcpy reference.
         in_place: whether the op has nccl-tests' in-place group; the baseline then gets a speedup for each of
             our two groups.
+        low_precision: the ``--low-precision`` dtype of an op that runs in it: a group after the in-place one
+            (ours in place in that dtype, and full precision's in-place time over it), or None.
     """
 
-    def __init__(self, baseline: Optional[str], memcpy: bool, in_place: bool = False) -> None:
+    def __init__(self, baseline: Optional[str], memcpy: bool, in_place: bool = False,
+                 low_precision: Optional[str] = None) -> None:
         self.groups: list[tuple[str, list[Column]]] = [("", _LEADING)]
         if in_place:
             self.groups += [("shmem, out-of-place", _OURS), ("shmem, in-place", _IN_PLACE)]
         else:
             self.groups.append(("hyper_parallel.shmem", _OURS))
+        if low_precision is not None:
+            self.groups.append((f"shmem, in-place, {low_precision}", _LOW_PRECISION))
         if baseline is not None:
             if in_place:
                 self.groups.append((f"{baseline}, out-of-place", _BASELINE + _SPEEDUPS))
@@ -194,7 +218,7 @@ class Table:
 def footer(rows: list[Row]) -> list[str]:
     """nccl-tests' closing lines: wrong values (out of place and in place) and the average bus bandwidth (ours out
     of place, ours in place where the op has that form, and the baseline's)."""
-    wrong = sum((row.wrong or 0) + (row.in_place_wrong or 0) for row in rows)
+    wrong = sum((row.wrong or 0) + (row.in_place_wrong or 0) + (row.low_precision_wrong or 0) for row in rows)
     checked = any(row.wrong is not None for row in rows)
     lines = [f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}" if checked
              else "# Out of bounds values : N/A (check off)"]
@@ -203,6 +227,9 @@ def footer(rows: list[Row]) -> list[str]:
         if rows[0].in_place_busbw is not None:
             in_place_avg = sum(row.in_place_busbw for row in rows) / len(rows)
             lines.append(f"# Avg bus bandwidth in place : {in_place_avg:.4g} GB/s")
+        if rows[0].low_precision_busbw is not None:
+            low_avg = sum(row.low_precision_busbw for row in rows) / len(rows)
+            lines.append(f"# Avg bus bandwidth in place, low precision : {low_avg:.4g} GB/s")
         if rows[0].baseline_busbw is not None:
             baseline_avg = sum(row.baseline_busbw for row in rows) / len(rows)
             lines.append(f"# Avg bus bandwidth of the baseline : {baseline_avg:.4g} GB/s")
@@ -212,7 +239,7 @@ def footer(rows: list[Row]) -> list[str]:
 def write_json(path: str, settings: dict[str, Any], rows: list[Row]) -> None:
     """Writes the run's settings and every row to ``path``.
 
-    Schema: ``{"tool": "hp-shmem-perf", "schema": 2, "settings": {...}, "rows": [Row.to_json(), ...]}``.
+    Schema: ``{"tool": "hp-shmem-perf", "schema": 3, "settings": {...}, "rows": [Row.to_json(), ...]}``.
 
     Args:
         path: the file to (over)write.
@@ -249,6 +276,9 @@ def _series(rows: list[Row], baseline: Optional[str]) -> list[_Series]:
         ]
     else:
         series = [_Series("hyper_parallel.shmem", "C0", lambda row: row.busbw, lambda row: row.time_us)]
+    if rows and rows[0].low_precision_time_us is not None:
+        series.append(_Series("shmem, in-place, low precision", "C4", lambda row: row.low_precision_busbw,
+                              lambda row: row.low_precision_time_us))
     if baseline is not None:
         series.append(_Series(baseline, "C1", lambda row: row.baseline_busbw, lambda row: row.baseline_time_us))
     if rows and rows[0].memcpy_time_us is not None:
@@ -256,9 +286,14 @@ def _series(rows: list[Row], baseline: Optional[str]) -> list[_Series]:
     return series
 
 
+def _baseline_name(baseline: Optional[str], op: OpSpec) -> Optional[str]:
+    """What an op's baseline columns are called: the ``--baseline`` transport, or the op's own (``unfused``)."""
+    return None if baseline is None else op.baseline_label or baseline
+
+
 def _draw_sweep(name: str, rows: list[Row], baseline: Optional[str], bandwidth_axes: Any, time_axes: Any) -> None:
     sizes = [row.size for row in rows]
-    for line in _series(rows, baseline):
+    for line in _series(rows, _baseline_name(baseline, OPS[name])):
         for axes, value in ((bandwidth_axes, line.bandwidth), (time_axes, line.time_us)):
             axes.plot(sizes, [value(row) for row in rows], marker="o", markersize=3, label=line.label,
                       color=line.color)
@@ -376,20 +411,26 @@ class Reporter:
         self._print([
             f"# hp-shmem-perf: nranks {settings['nranks']}  type {settings['type']}"
             f"  iterations {settings['iterations']}  warmup {settings['warmup']}  repeat {settings['repeat']}"
-            f"  baseline {settings['baseline'] or 'none'}",
+            f"  baseline {settings['baseline'] or 'none'}"
+            + (f"  low precision {settings['low_precision']}" if settings.get("low_precision") else ""),
             "# time: the median over repeats of the slowest rank's time per operation",
         ])
 
     def start_op(self, op: OpSpec) -> None:
         """Prints an op's heading and column header."""
         has_in_place = op.in_place is not InPlace.ABSENT
-        self._table = Table(self.baseline, op.memcpy_reference, in_place=has_in_place)
+        baseline = _baseline_name(self.baseline, op)
+        low_precision = self.settings.get("low_precision") if op.low_precision else None
+        self._table = Table(baseline, op.memcpy_reference, in_place=has_in_place, low_precision=low_precision)
         self._op_rows = []
         lines = ["#", f"# {op.name}: {op.summary}"]
         if has_in_place:
             lines.append(f"# in place: {op.in_place_summary}")
-        if self.baseline is not None:
-            lines.append(f"# {self.baseline}{', out of place' if has_in_place else ''}: {op.baseline}")
+        if low_precision is not None:
+            lines.append(f"# in place, {low_precision}: the in-place call with low_precision_dtype={low_precision}; "
+                         "#wrong: elements beyond its documented error bound")
+        if baseline is not None:
+            lines.append(f"# {baseline}{', out of place' if has_in_place else ''}: {op.baseline}")
         self._print(lines + self._table.header())
 
     def add(self, row: Row) -> None:

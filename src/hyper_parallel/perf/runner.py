@@ -21,6 +21,7 @@ from hyper_parallel.perf.cases import (
     SYMMETRIC_MEMORY_MODULE,
     Case,
     InPlaceCase,
+    LowPrecisionCase,
     PerfSetupError,
     RankInfo,
     symmetric_memory_api,
@@ -35,6 +36,7 @@ from hyper_parallel.perf.units import format_size
 
 HEAP_SIZE_ENV = "HYPER_PARALLEL_SHMEM_HEAP_SIZE"
 OURS, IN_PLACE, MEMCPY = "ours", "in_place", "memcpy"  # the sides' names (the baseline's is its own)
+LOW_PRECISION = "low_precision"
 TIMEOUT_ENV = "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC"
 _DEFAULT_TIMEOUT_SEC = 120.0
 _MIB = 1 << 20
@@ -79,12 +81,13 @@ def init_process_group() -> None:
         dist.init_process_group("gloo", timeout=timeout)
 
 
-def _check(case: Case) -> list[int]:
+def _check(case: Case, low_precision: bool = False) -> list[int]:
     """This rank's wrong elements (collective): ours out of place against gloo on the same inputs, then, where the
-    op runs in place, ours in place against the same gloo output.
+    op runs in place, ours in place against the same gloo output, then (``low_precision``) ours in place in low
+    precision against the exact result within the documented bound.
 
     Returns:
-        ``[out-of-place wrong]``, or ``[out-of-place wrong, in-place wrong]``.
+        ``[out-of-place wrong]``, ``[out-of-place wrong, in-place wrong]``, or those and the low-precision wrong.
     """
     case.fill()
     shmem.barrier()  # no rank writes into a peer's buffers before that peer has filled them
@@ -98,6 +101,13 @@ def _check(case: Case) -> list[int]:
         case.run_ours_in_place()
         shmem.barrier()
         wrong.append(case.wrong_elements_in_place())
+    if low_precision:
+        case.fill()  # the in-place form consumed the inputs
+        case.prepare_in_place()
+        shmem.barrier()
+        case.run_ours_low_precision()
+        shmem.barrier()
+        wrong.append(case.wrong_elements_low_precision())
     return wrong
 
 
@@ -123,19 +133,23 @@ def measure_row(config: Config, spec: OpSpec, info: RankInfo, nbytes: int, progr
     Raises:
         PerfSetupError: the op needs an API that is missing.
     """
-    count = spec.element_count(nbytes, config.element_bytes, info.nranks)
+    count = spec.element_count(nbytes, config.element_bytes, info.nranks, config.row_elements(spec))
     if spec.sized and count == 0:
         progress.advance(config.repeat)
         return None
     row_bytes = count * config.element_bytes if spec.sized else spec.fixed_bytes
     case = CASES[spec.name](info, count)
+    low_precision = info.low_precision is not None and isinstance(case, LowPrecisionCase)
     try:
-        wrong = _check(case) if config.check else []
+        wrong = _check(case, low_precision) if config.check else []
         sides = [Side(OURS, case.run_ours, shmem.barrier)]
         if isinstance(case, InPlaceCase):
             sides.append(Side(IN_PLACE, case.run_ours_in_place, shmem.barrier))
+        if low_precision:
+            sides.append(Side(LOW_PRECISION, case.run_ours_low_precision, shmem.barrier))
         if config.baseline is not None:
-            sides.append(Side(config.baseline, case.run_baseline, dist.barrier))
+            # The fused ops' baseline is the unfused sequence on this library: lined up by its own barrier too.
+            sides.append(Side(config.baseline, case.run_baseline, shmem.barrier if spec.fused else dist.barrier))
         if spec.memcpy_reference:
             sides.append(Side(MEMCPY, case.run_memcpy, shmem.barrier))
         slowest = slowest_rank(measure(sides, config.iterations, config.warmup, config.repeat, progress.advance))
@@ -157,6 +171,10 @@ def measure_row(config: Config, spec: OpSpec, info: RankInfo, nbytes: int, progr
     if IN_PLACE in times:
         fields.update(zip(("in_place_time_us", "in_place_algbw", "in_place_busbw"), timed(IN_PLACE)))
         fields.update(in_place_wrong=wrong[1] if wrong else None)
+    if LOW_PRECISION in times:
+        fields.update(zip(("low_precision_time_us", "low_precision_algbw", "low_precision_busbw"),
+                          timed(LOW_PRECISION)))
+        fields.update(low_precision_wrong=wrong[2] if wrong else None)
     if config.baseline is not None:
         fields.update(zip(("baseline_time_us", "baseline_algbw", "baseline_busbw"), timed(config.baseline)))
     if MEMCPY in times:
@@ -188,7 +206,9 @@ def run_rank(config: Config) -> list[Row]:
             symmetric_memory_api(spec.name)  # fail before any allocation, on every rank alike
     torch.set_num_threads(1)  # one core per rank: the memcpy reference is single-core, and gloo gets no extra
     os.environ.setdefault(HEAP_SIZE_ENV, str(heap_bytes(config)))
-    info = RankInfo(rank=rank, nranks=nranks, dtype=getattr(torch, config.dtype), redop=config.redop)
+    info = RankInfo(rank=rank, nranks=nranks, dtype=getattr(torch, config.dtype), redop=config.redop,
+                    mm_k=config.mm_k, mm_n=config.mm_n,
+                    low_precision=None if config.low_precision is None else getattr(torch, config.low_precision))
 
     steps = sum(len(config.sizes(spec)) for spec in config.ops) * config.repeat
     progress_on = rank == 0 and (config.progress == "on" or (config.progress == "auto" and sys.stderr.isatty()))

@@ -51,6 +51,10 @@ DTYPE_BYTES: dict[str, int] = {
 # What shmem_allreduce and shmem_reduce_scatter support (no product, unlike nccl-tests).
 REDUCE_OPS: tuple[str, ...] = ("sum", "min", "max", "avg")
 
+# ``--low-precision``: the dtypes all_reduce and reduce_scatter can travel in (``low_precision_dtype``), and their
+# element sizes (a low dtype must be narrower than ``-d``).
+LOW_PRECISION_BYTES: dict[str, int] = {"float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
 
 def parse_size(text: str) -> int:
     """Parses a byte count the way nccl-tests' ``-b``/``-e`` do: ``8``, ``1K``, ``64M``, ``1G`` (powers of 1024).
