@@ -264,6 +264,9 @@ def _case_errors() -> None:
                      "`op` must be 'sum' or 'avg' when `tensor` requires grad, but got 'max'")
         expect_error(ValueError, lambda: symm.shmem_allreduce(y, backward="sum"),
                      "`backward` must be one of 'identity', 'allreduce', but got 'sum'")
+        # checked without grad too: a typo never waits for the first backward to surface
+        expect_error(ValueError, lambda: symm.shmem_allreduce(before, backward="all_reduce"),
+                     "`backward` must be one of 'identity', 'allreduce', but got 'all_reduce'")
         assert torch.equal(y.detach(), before)
         expect_error(ValueError,
                      lambda: symm.shmem_reduce_scatter(torch.zeros(1), torch.ones(n, requires_grad=True) * 1, op="min"),

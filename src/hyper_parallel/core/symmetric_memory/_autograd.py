@@ -41,7 +41,7 @@ def tracks(*tensors: object) -> bool:
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
-def backward_mode(value: object, op: str) -> str:
+def backward_mode(value: object) -> str:
     """``shmem_allreduce``'s ``backward`` argument, checked.
 
     Raises:

@@ -183,9 +183,10 @@ def shmem_allreduce(tensor: torch.Tensor, op: str = "sum", group: Optional[dist.
     t = _args.tensor(tensor, "tensor")
     op = _args.reduce_op(op, t.dtype)
     precision = _low_precision.resolve(low_precision_dtype, t.dtype, op)
+    mode = _autograd.backward_mode(backward)
     ch = _context.channel(group)
     if _autograd.tracks(tensor):
-        return _autograd.AllReduce.apply(tensor, op, ch, precision, _autograd.backward_mode(backward, op))
+        return _autograd.AllReduce.apply(tensor, op, ch, precision, mode)
     _all_reduce(t, op, ch, precision)
     return tensor
 
