@@ -91,6 +91,10 @@ class Device {
   // range of `dst` must not overlap a source. The caller orders it after the peers' writes (signals).
   virtual Status Reduce(void* dst, const void* symmetric_src, std::size_t count, DataType dtype, ReduceOp op,
                         const std::vector<int>& pes, StreamHandle stream, KeepAlive keep) = 0;
+  // The address of `symmetric`'s heap offset on `pe` (a local heap address in, an address on `pe` out), for
+  // kernels and tensors that read or write a peer's memory directly. Not ordered with any stream: the caller
+  // orders the accesses (signals, barriers).
+  virtual Result<void*> PeerAddress(const void* symmetric, int pe) const = 0;
   // Every rank reaches the barrier and everything enqueued before it (on every rank) is complete and visible.
   virtual Status Barrier(StreamHandle stream) = 0;
 

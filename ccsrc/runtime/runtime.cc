@@ -417,6 +417,15 @@ Status Runtime::Reduce(void* dst, std::size_t dst_bytes, const void* symmetric_s
                                 std::move(keep)));
 }
 
+Result<void*> Runtime::PeerAddress(const void* symmetric, std::size_t bytes, int pe, const char* what) const {
+  HP_RETURN_IF_ERROR(Record(RequireInitialized("peer_tensor")));
+  HP_RETURN_IF_ERROR(Record(CheckPe(pe, "pe")));
+  HP_RETURN_IF_ERROR(Record(ResolveSymmetric(symmetric, bytes, what).status()));
+  Result<void*> peer = device_->PeerAddress(symmetric, pe);
+  if (!peer.ok()) return Record(peer.status());
+  return peer;
+}
+
 Status Runtime::Barrier(StreamHandle stream) {
   HP_RETURN_IF_ERROR(Record(RequireInitialized("barrier")));
   return Record(device_->Barrier(stream));

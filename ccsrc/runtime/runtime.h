@@ -98,6 +98,9 @@ class Runtime {
   // it after the peers' writes; an in-place reduction overwrites what peers may still read.
   Status Reduce(void* dst, std::size_t dst_bytes, const void* symmetric_src, std::size_t src_bytes, DataType dtype,
                 ReduceOp op, const std::vector<int>& pes, StreamHandle stream, KeepAlive keep);
+  // Where [symmetric, symmetric + bytes), a range of one active allocation, lies on `pe` (rank inside the root),
+  // for reading and writing a peer's copy directly; `what` names the argument in errors. Nothing is ordered.
+  Result<void*> PeerAddress(const void* symmetric, std::size_t bytes, int pe, const char* what) const;
   // output (symmetric) receives world_size * input_bytes: rank r's input at r * input_bytes, on every rank.
   Status AllGather(const void* symmetric_output, std::size_t output_bytes, const void* input, std::size_t input_bytes,
                    StreamHandle stream, KeepAlive keep);

@@ -15,8 +15,12 @@
 #include <string>
 #include <vector>
 
+#include "host_kernel_support.h"
+
 namespace hp::shmem::ops {
 namespace {
+
+using namespace testutil;  // NOLINT(build/namespaces): the shared test helpers
 
 // The kernels process blocks of this many elements (reduce_kernels.inc); counts around it cross a block edge.
 constexpr std::size_t kBlock = 1024;
@@ -26,61 +30,7 @@ const DataType kDataTypes[] = {DataType::kFloat32, DataType::kFloat64, DataType:
                                DataType::kInt8,    DataType::kUInt8,   DataType::kInt32,   DataType::kInt64};
 const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin};
 
-std::vector<HostIsa> AvailableIsas() {
-  std::vector<HostIsa> isas;
-  for (HostIsa isa : {HostIsa::kPortable, HostIsa::kAvx2F16c}) {
-    if (HostIsaAvailable(isa)) isas.push_back(isa);
-  }
-  return isas;
-}
 
-// ---------------------------------------------------------------------------------------------------------------
-// Reference half-precision conversions.
-
-double HalfValue(std::uint16_t bits) {
-  const int exponent = (bits >> 10) & 0x1F;
-  const int mantissa = bits & 0x3FF;
-  double magnitude;
-  if (exponent == 0x1F) {
-    magnitude = mantissa != 0 ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
-  } else if (exponent == 0) {
-    magnitude = std::ldexp(mantissa, -24);
-  } else {
-    magnitude = std::ldexp(1024 + mantissa, exponent - 25);
-  }
-  return (bits & 0x8000) ? -magnitude : magnitude;
-}
-
-double BFloat16Value(std::uint16_t bits) {
-  const std::uint32_t wide = static_cast<std::uint32_t>(bits) << 16;
-  float value;
-  std::memcpy(&value, &wide, sizeof(value));
-  return value;
-}
-
-// The nearest value of a 16-bit format to `value`, ties to the even bit pattern. Positive finite patterns
-// 0..infinity_bits-1 grow with their value; `overflow` is where the next (unrepresentable) step would be, so that
-// values from halfway to it round to infinity like IEEE does.
-std::uint16_t RoundTo16(double value, double (*to_value)(std::uint16_t), std::uint16_t infinity_bits,
-                        double overflow) {
-  if (std::isnan(value)) return static_cast<std::uint16_t>(infinity_bits | 0x1);   // some NaN
-  const std::uint16_t sign = std::signbit(value) ? 0x8000 : 0;
-  const double magnitude = std::fabs(value);
-  auto step_value = [&](std::uint32_t bits) { return bits == infinity_bits ? overflow : to_value(static_cast<std::uint16_t>(bits)); };
-  if (magnitude >= overflow) return sign | infinity_bits;
-  std::uint32_t low = 0, high = infinity_bits;   // step_value(low) <= magnitude < step_value(high)
-  while (high - low > 1) {
-    const std::uint32_t mid = (low + high) / 2;
-    (step_value(mid) <= magnitude ? low : high) = mid;
-  }
-  const double below = magnitude - step_value(low);
-  const double above = step_value(high) - magnitude;
-  const std::uint32_t nearest = below < above ? low : above < below ? high : (low % 2 == 0 ? low : high);
-  return static_cast<std::uint16_t>(sign | nearest);
-}
-
-std::uint16_t RoundToHalf(float value) { return RoundTo16(value, HalfValue, 0x7C00, 65536.0); }
-std::uint16_t RoundToBFloat16(float value) { return RoundTo16(value, BFloat16Value, 0x7F80, std::ldexp(1.0, 128)); }
 
 // ---------------------------------------------------------------------------------------------------------------
 // The scalar reference, on raw element bytes.
@@ -156,9 +106,12 @@ std::vector<unsigned char> Reference(DataType dtype, ReduceOp op, const std::vec
   switch (dtype) {
     case DataType::kFloat32: return Bytes(ReferenceFloating<float, float>(op, srcs, count, LoadFloat, KeepFloat));
     case DataType::kFloat64: return Bytes(ReferenceFloating<double, double>(op, srcs, count, LoadDouble, KeepDouble));
-    case DataType::kFloat16: return Bytes(ReferenceFloating<float, std::uint16_t>(op, srcs, count, LoadHalf, RoundToHalf));
+    case DataType::kFloat16:
+      return Bytes(ReferenceFloating<float, std::uint16_t>(op, srcs, count, LoadHalf,
+                                                           +[](float v) { return RoundToHalf(v); }));
     case DataType::kBFloat16:
-      return Bytes(ReferenceFloating<float, std::uint16_t>(op, srcs, count, LoadBFloat16, RoundToBFloat16));
+      return Bytes(ReferenceFloating<float, std::uint16_t>(op, srcs, count, LoadBFloat16,
+                                                           +[](float v) { return RoundToBFloat16(v); }));
     case DataType::kInt8: return Bytes(ReferenceInteger<std::int8_t>(op, srcs, count));
     case DataType::kUInt8: return Bytes(ReferenceInteger<std::uint8_t>(op, srcs, count));
     case DataType::kInt32: return Bytes(ReferenceInteger<std::int32_t>(op, srcs, count));

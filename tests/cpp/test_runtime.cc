@@ -172,6 +172,7 @@ class FaultyDevice final : public Device {
                 StreamHandle stream, KeepAlive keep) override {
     return inner_.Reduce(dst, src, count, dtype, op, pes, stream, std::move(keep));
   }
+  Result<void*> PeerAddress(const void* symmetric, int pe) const override { return inner_.PeerAddress(symmetric, pe); }
   Status Barrier(StreamHandle stream) override { return inner_.Barrier(stream); }
   Result<StreamHandle> CreateStream() override { return inner_.CreateStream(); }
   Status DestroyStream(StreamHandle stream) override { return inner_.DestroyStream(stream); }

@@ -8,24 +8,13 @@
 #include <string>
 #include <vector>
 
-#include "runtime/host/host_device.h"
-#include "runtime/logging.h"
-#include "runtime/runtime.h"
-#include "test_support.h"
+#include "runtime_support.h"
 #include "thread_bootstrap.h"
 
 namespace hp::shmem {
 namespace {
 
 using namespace testutil;  // NOLINT(build/namespaces): the shared test helpers
-
-Status InitHost(Runtime& runtime, Bootstrap& bootstrap) {
-  Config config;
-  config.heap_size = kMiB;
-  config.timeout_sec = 10.0;
-  config.log_level = LogLevel::kError;
-  return runtime.Init(config, std::make_unique<host::HostDevice>(), bootstrap);
-}
 
 AllocationInfo MustAllocate(Runtime& runtime, std::size_t bytes) {
   Result<AllocationInfo> info = runtime.Allocate(bytes, 0, "test");
@@ -34,19 +23,6 @@ AllocationInfo MustAllocate(Runtime& runtime, std::size_t bytes) {
 }
 
 void* Address(const AllocationInfo& info, std::size_t offset = 0) { return reinterpret_cast<char*>(info.base) + offset; }
-
-// `status` has `code` and exactly `message`, and the runtime recorded it as its latest failure.
-::testing::AssertionResult Rejected(const Runtime& runtime, const Status& status, StatusCode code,
-                                    const std::string& message) {
-  if (status.code() != code || status.message() != message) {
-    return ::testing::AssertionFailure() << "got " << status.ToString() << "; expected " << StatusCodeName(code)
-                                         << ": " << message;
-  }
-  if (runtime.Snapshot().latest_failure != status.ToString()) {
-    return ::testing::AssertionFailure() << "not recorded: " << runtime.Snapshot().latest_failure;
-  }
-  return ::testing::AssertionSuccess();
-}
 
 std::int64_t Value(int pe, std::size_t i) { return static_cast<std::int64_t>(i) * 3 - 50 + pe * 7; }
 

@@ -113,6 +113,56 @@ def _case_put_get_views_at_offsets() -> None:
         assert torch.equal(own, torch.arange(world * 10, dtype=torch.float32).view(world, 10) + 100 * rank)
 
 
+def _case_peer_tensor() -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    pattern = torch.arange(3 * 8, dtype=torch.float32).view(3, 8)
+    with session() as empty:
+        buf = empty(world, 3, 8, dtype=torch.float32)
+        buf.copy_(pattern + 100 * rank)
+        inbox = empty(world, 5, dtype=torch.int64)
+        inbox.fill_(-1)
+        dist.barrier()
+        for pe in range(world):
+            theirs = shmem.peer_tensor(buf, pe)
+            assert theirs.shape == buf.shape and theirs.dtype == buf.dtype
+            assert torch.equal(theirs, (pattern + 100 * pe).expand(world, 3, 8))
+            # Views keep their offset and strides: a strided slice and a transposed row.
+            part = shmem.peer_tensor(buf[1, :, 2:7:2], pe)
+            assert part.stride() == buf[1, :, 2:7:2].stride()
+            assert torch.equal(part, pattern[:, 2:7:2] + 100 * pe)
+            assert torch.equal(shmem.peer_tensor(buf[2].t(), pe), (pattern + 100 * pe).t())
+            # torch ops read it in place, and write into it.
+            assert torch.equal(torch.mm(shmem.peer_tensor(buf[0], pe), torch.eye(8)), pattern + 100 * pe)
+            shmem.peer_tensor(inbox[rank], pe).copy_(torch.arange(5) + 10 * rank + pe)
+        assert shmem.peer_tensor(buf, rank).data_ptr() == buf.data_ptr()
+        shmem.barrier()
+        for writer in range(world):
+            assert torch.equal(inbox[writer], torch.arange(5) + 10 * writer + rank), inbox
+
+        expect_error(ValueError, lambda: shmem.peer_tensor(torch.zeros(4), 0),
+                     "`tensor` must be a symmetric tensor (from shmem.empty, or a view of one), but got a tensor "
+                     "whose storage is not a symmetric allocation")
+        expect_error(ValueError, lambda: shmem.peer_tensor(buf, world), f"`pe` must be in [0, {world}), but got {world}")
+        expect_error(ValueError, lambda: shmem.peer_tensor(buf, -1), f"`pe` must be in [0, {world}), but got -1")
+        expect_error(TypeError, lambda: shmem.peer_tensor(buf, 1.0), "`pe` must be an int, but got float")
+        expect_error(TypeError, lambda: shmem.peer_tensor([1.0], 0), "`tensor` must be a torch.Tensor")
+
+        # A peer tensor dies with its allocation, and with the runtime.
+        gone = shmem.empty(4, dtype=torch.float32)
+        dead = shmem.peer_tensor(gone, (rank + 1) % world)
+        shmem.free(gone)
+        expect_error(RuntimeError, lambda: dead.sum(), "symmetric allocation was freed: allocation_id=")
+        expect_error(shmem.ShmemStateError, lambda: shmem.peer_tensor(gone, 0), "freed symmetric allocation")
+        survivor = shmem.peer_tensor(buf[0], (rank + 1) % world)
+        # An allocation leaked (its tensor died unfreed) stays mapped until shutdown; its peer tensor dies there.
+        leaked = shmem.empty(4, dtype=torch.float32)
+        ghost = shmem.peer_tensor(leaked, (rank + 1) % world)
+        del leaked
+        assert ghost.numel() == 4
+    expect_error(RuntimeError, lambda: survivor.sum(), "symmetric allocation was freed: allocation_id=")
+    expect_error(RuntimeError, lambda: ghost.sum(), "the shmem runtime shut down: allocation_id=")
+
+
 def _case_all_pairs(n: int) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     with session() as empty:
@@ -471,6 +521,10 @@ def _case_zero_bytes_are_still_validated() -> None:
 def test_put_and_get_address_views_at_offsets(world_factory) -> None:
     run_case(world_factory(4, _ENV), _case_put_get_views_at_offsets)
 
+
+
+def test_peer_tensor_reads_and_writes_every_peers_copy(world_factory) -> None:
+    run_case(world_factory(4, _ENV), _case_peer_tensor)
 
 @pytest.mark.parametrize("nranks", [4, 8])
 def test_put_get_between_every_pair(world_factory, nranks: int) -> None:

@@ -4,9 +4,11 @@
 #include <c10/core/StorageImpl.h>
 #include <c10/util/intrusive_ptr.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <vector>
 
 #include "bindings/torch/status_error.h"
 #include "bindings/torch/tensor_device.h"
@@ -28,6 +30,30 @@ struct Tracked {
 
 std::mutex g_mu;
 std::map<const c10::StorageImpl*, Tracked> g_by_storage;
+// The storages of PeerTensor's tensors, by allocation id: they own no memory, and die with the allocation.
+std::map<std::uint64_t, std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>>> g_peer_storages;
+
+// Makes every later access to `storage`'s data raise `message` (views of the dead storage can still be formed by
+// indexing; touching their data raises). nbytes stays.
+void Invalidate(c10::StorageImpl& storage, const std::string& message) {
+  storage.set_data_ptr_noswap(at::DataPtr(nullptr, storage.device()));
+  storage.release_data_and_set_meta_custom_data_ptr_error_msg_(message);
+}
+
+// Invalidates the peer tensors of allocation `id` (g_mu held).
+void InvalidatePeers(std::uint64_t id, const std::string& message) {
+  auto it = g_peer_storages.find(id);
+  if (it == g_peer_storages.end()) return;
+  for (auto& weak : it->second) {
+    if (auto storage = weak.lock()) Invalidate(*storage, message);
+  }
+  g_peer_storages.erase(it);
+}
+
+std::string FreedMessage(std::uint64_t id, std::uint64_t lifecycle) {
+  return "symmetric allocation was freed: allocation_id=" + std::to_string(id) + " lifecycle=" +
+         std::to_string(lifecycle) + " (this tensor and every view of it are invalid after shmem.free)";
+}
 
 // Forgets the allocation's entry; returns whether its storage is still alive (it was given other memory).
 bool Untrack(const c10::StorageImpl* storage, std::uint64_t id) {
@@ -130,19 +156,57 @@ void Free(const at::Tensor& tensor, const std::string& call_site) {
   // Invalidate the storage that the tensor and all its views share: any later access raises this message.
   c10::intrusive_ptr<c10::StorageImpl> storage = tracked->storage.lock();
   (void)Untrack(storage_impl, tracked->id);
-  if (storage) {
-    const std::string message = "symmetric allocation was freed: allocation_id=" + std::to_string(tracked->id) +
-                                " lifecycle=" + std::to_string(tracked->lifecycle) +
-                                " (this tensor and every view of it are invalid after shmem.free)";
-    // nbytes stays: views of the dead storage can still be formed (indexing), and touching their data raises.
-    storage->set_data_ptr_noswap(at::DataPtr(nullptr, storage->device()));
-    storage->release_data_and_set_meta_custom_data_ptr_error_msg_(message);
+  const std::string message = FreedMessage(tracked->id, tracked->lifecycle);
+  if (storage) Invalidate(*storage, message);
+  std::lock_guard<std::mutex> lock(g_mu);
+  InvalidatePeers(tracked->id, message);
+}
+
+at::Tensor PeerTensor(const at::Tensor& tensor, int pe) {
+  (void)DataPointer(tensor, "tensor");   // a freed tensor: "freed" with the allocation named
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  std::uint64_t id = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = g_by_storage.find(storage);
+    if (it == g_by_storage.end()) {
+      throw StatusError(InvalidArgument(
+          "`tensor` must be a symmetric tensor (from shmem.empty, or a view of one), but got a tensor whose storage "
+          "is not a symmetric allocation (data_ptr=" + Hex(reinterpret_cast<std::uintptr_t>(tensor.data_ptr())) +
+          ")"));
+    }
+    id = it->second.id;
   }
+  // The whole allocation, so that the view keeps its storage offset and strides; the runtime checks the pe.
+  void* base = storage->mutable_data();
+  const std::size_t nbytes = storage->nbytes();
+  void* peer_base = ValueOrThrow(Runtime::Instance().PeerAddress(base, nbytes, pe, "tensor"));
+  const TensorDevice& device = ActiveTensorDevice();
+  const std::int64_t elements = static_cast<std::int64_t>(nbytes / tensor.element_size());
+  at::Tensor whole = device.wrap(peer_base, {elements}, tensor.options(), [](void*) {});   // owns nothing
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto& storages = g_peer_storages[id];
+  // Peer tensors made per call (say, one per fused op) must not pile up until free: drop the dead ones first.
+  storages.erase(std::remove_if(storages.begin(), storages.end(), [](const auto& weak) { return weak.expired(); }),
+                 storages.end());
+  storages.push_back(
+      c10::weak_intrusive_ptr<c10::StorageImpl>(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(
+          whole.storage().unsafeGetStorageImpl())));
+  return whole.as_strided(tensor.sizes(), tensor.strides(), tensor.storage_offset());
 }
 
 void ForgetAll() {
   std::lock_guard<std::mutex> lock(g_mu);
   g_by_storage.clear();
+  for (auto& [id, storages] : g_peer_storages) {
+    for (auto& weak : storages) {
+      if (auto storage = weak.lock()) {
+        Invalidate(*storage, "the shmem runtime shut down: allocation_id=" + std::to_string(id) +
+                                 " (a peer tensor is invalid once its allocation is freed or the runtime shuts down)");
+      }
+    }
+  }
+  g_peer_storages.clear();
 }
 
 }  // namespace hp::shmem::torch_binding

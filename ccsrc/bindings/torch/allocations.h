@@ -22,13 +22,20 @@ at::Tensor Empty(const std::vector<std::int64_t>& sizes, c10::ScalarType dtype, 
 // Collective: frees the allocation of `tensor` (the very tensor Empty returned) and invalidates its storage.
 void Free(const at::Tensor& tensor, const std::string& call_site);
 
+// A tensor over `tensor`'s copy on `pe` (a rank of the root): the same sizes, strides, storage offset and dtype, on
+// the whole allocation as `pe` holds it, so torch ops read and write the peer's memory directly. `tensor` is a
+// symmetric tensor or a view of one. Free invalidates it together with the allocation's own storage, and so does
+// shutdown (the peer's mapping goes away).
+at::Tensor PeerTensor(const at::Tensor& tensor, int pe);
+
 // The data pointer of `tensor`, or a StatusError naming `what` when its allocation was freed.
 void* DataPointer(const at::Tensor& tensor, const char* what);
 
 // Bytes the tensor's elements span (numel * itemsize); tensors reaching here are contiguous.
 std::size_t ByteSize(const at::Tensor& tensor);
 
-// Forgets every tracked allocation (the runtime shut down; all were freed or leaked).
+// Forgets every tracked allocation and invalidates the peer tensors still alive (the runtime shut down; every
+// allocation was freed or leaked).
 void ForgetAll();
 
 }  // namespace hp::shmem::torch_binding

@@ -32,28 +32,60 @@ inline std::string IntList(c10::IntArrayRef values) {
   return text + "]";
 }
 
-// A contiguous tensor on the active tensor device: any CPU tensor on the host device, a tensor on the SHMEM NPU
-// (npu:N) on the ascend device.
-inline const at::Tensor& TensorArg(pybind11::handle value, const char* name) {
+// `value` as a tensor, or a TypeError naming the argument.
+inline const at::Tensor& UnpackTensor(pybind11::handle value, const char* name) {
   if (!THPVariable_Check(value.ptr())) {
     throw StatusError(TypeError(std::string("`") + name + "` must be a torch.Tensor, but got " + PyTypeName(value)));
   }
-  const at::Tensor& tensor = THPVariable_Unpack(value.ptr());
-  const TensorDevice& active = ActiveTensorDevice();
-  const c10::Device device = tensor.device();
-  if (device.type() != active.device.type() || (active.device.has_index() && device.index() != active.device.index())) {
-    throw StatusError(InvalidArgument(std::string("`") + name + "` must be " + active.mismatch + device.str()));
-  }
+  return THPVariable_Unpack(value.ptr());
+}
+
+// No lazy conjugation or negation: the tensor's bytes are its values.
+inline void CheckResolved(const at::Tensor& tensor, const char* name) {
   if (tensor.is_conj() || tensor.is_neg()) {   // lazy views: their bytes are not their values
     throw StatusError(InvalidArgument(std::string("`") + name +
                                       "` must have its lazy conjugation or negation resolved (call .resolve_conj() "
                                       "or .resolve_neg()), but got a " + (tensor.is_conj() ? "conjugate" : "negative") +
                                       " view"));
   }
+}
+
+inline void CheckContiguous(const at::Tensor& tensor, const char* name) {
   if (!tensor.is_contiguous()) {
     throw StatusError(InvalidArgument(std::string("`") + name + "` must be contiguous, but got a tensor of shape " +
                                       IntList(tensor.sizes()) + " and strides " + IntList(tensor.strides())));
   }
+}
+
+// A tensor of any layout on the active tensor device: any CPU tensor on the host device, a tensor on the SHMEM
+// NPU (npu:N) on the ascend device.
+inline const at::Tensor& StridedTensorArg(pybind11::handle value, const char* name) {
+  const at::Tensor& tensor = UnpackTensor(value, name);
+  const TensorDevice& active = ActiveTensorDevice();
+  const c10::Device device = tensor.device();
+  if (device.type() != active.device.type() || (active.device.has_index() && device.index() != active.device.index())) {
+    throw StatusError(InvalidArgument(std::string("`") + name + "` must be " + active.mismatch + device.str()));
+  }
+  CheckResolved(tensor, name);
+  return tensor;
+}
+
+// A contiguous tensor on the active tensor device (the data plane moves plain byte ranges).
+inline const at::Tensor& TensorArg(pybind11::handle value, const char* name) {
+  const at::Tensor& tensor = StridedTensorArg(value, name);
+  CheckContiguous(tensor, name);
+  return tensor;
+}
+
+// A contiguous CPU tensor, whatever the active tensor device: an operand of the host kernels.
+inline const at::Tensor& CpuTensorArg(pybind11::handle value, const char* name) {
+  const at::Tensor& tensor = UnpackTensor(value, name);
+  if (!tensor.device().is_cpu()) {
+    throw StatusError(InvalidArgument(std::string("`") + name + "` must be a CPU tensor, but got a tensor on " +
+                                      tensor.device().str()));
+  }
+  CheckResolved(tensor, name);
+  CheckContiguous(tensor, name);
   return tensor;
 }
 

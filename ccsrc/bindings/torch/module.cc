@@ -16,6 +16,7 @@
 #include "bindings/torch/py_bootstrap.h"
 #include "bindings/torch/status_error.h"
 #include "bindings/torch/tensor_device.h"
+#include "ops/host/codec.h"
 #include "runtime/config.h"
 #include "runtime/interrupt.h"
 #include "runtime/host/host_device.h"
@@ -136,6 +137,12 @@ void FreeTensor(py::handle tensor_arg, const std::string& call_site) {
   Free(tensor, call_site);
 }
 
+at::Tensor PeerTensorOf(py::handle tensor_arg, py::handle pe_arg) {
+  const at::Tensor& tensor = StridedTensorArg(tensor_arg, "tensor");
+  const int pe = PeArg(pe_arg);
+  return PeerTensor(tensor, pe);
+}
+
 void Put(py::handle dst_arg, py::handle src_arg, py::handle pe_arg, StreamHandle stream) {
   const at::Tensor& dst = TensorArg(dst_arg, "dst");
   const at::Tensor& src = TensorArg(src_arg, "src");
@@ -231,6 +238,103 @@ void Reduce(py::handle dst_arg, py::handle src_arg, int op, py::handle pes_arg, 
   py::gil_scoped_release nogil;
   ThrowIfError(R().Reduce(dst_ptr, ByteSize(dst), src_ptr, ByteSize(src), dtype, static_cast<ReduceOp>(op), pes,
                           OnStream(stream), std::move(keep)));
+}
+
+// The fp8 format of a block-scaled codec's bytes: the tensor's dtype names it.
+ops::LowFormat Fp8FormatArg(const at::Tensor& tensor, const char* name) {
+  switch (tensor.scalar_type()) {
+    case at::kFloat8_e4m3fn: return ops::LowFormat::kFloat8E4M3Fn;
+    case at::kFloat8_e5m2: return ops::LowFormat::kFloat8E5M2;
+    default:
+      throw StatusError(TypeError(std::string("`") + name + "` must have dtype torch.float8_e4m3fn or "
+                                  "torch.float8_e5m2, but got " + DtypeName(tensor.scalar_type())));
+  }
+}
+
+// The dtype of the codec's wide side: what it encodes from, or decodes into.
+DataType CodecFloatArg(const at::Tensor& tensor, const char* name) {
+  switch (tensor.scalar_type()) {
+    case at::kFloat: return DataType::kFloat32;
+    case at::kDouble: return DataType::kFloat64;
+    case at::kHalf: return DataType::kFloat16;
+    case at::kBFloat16: return DataType::kBFloat16;
+    default:
+      throw StatusError(TypeError(std::string("`") + name + "` must have one of dtypes torch.float32, torch.float64, "
+                                  "torch.float16, torch.bfloat16, but got " + DtypeName(tensor.scalar_type())));
+  }
+}
+
+void CheckCodecSizes(const at::Tensor& wide, const char* wide_name, const at::Tensor& fp8, const char* fp8_name,
+                     const at::Tensor& scales) {
+  if (wide.numel() != fp8.numel()) {
+    throw StatusError(InvalidArgument(std::string("`") + wide_name + "` must have as many elements as `" + fp8_name +
+                                      "` (" + std::to_string(fp8.numel()) + "), but got " +
+                                      std::to_string(wide.numel())));
+  }
+  if (scales.scalar_type() != at::kFloat) {
+    throw StatusError(TypeError("`scales` must have dtype torch.float32, but got " + DtypeName(scales.scalar_type())));
+  }
+  const auto expected = static_cast<std::int64_t>(ops::ScaleCount(static_cast<std::size_t>(fp8.numel())));
+  if (scales.numel() != expected) {
+    throw StatusError(InvalidArgument("`scales` must have " + std::to_string(expected) + " elements (one per " +
+                                      std::to_string(ops::kScaleBlock) + " values), but got " +
+                                      std::to_string(scales.numel())));
+  }
+}
+
+// The kernels' operands must not overlap (a slot's scales and bytes are disjoint slices of it).
+void CheckDisjoint(const at::Tensor& a, const char* a_name, const at::Tensor& b, const char* b_name) {
+  const auto* a_begin = static_cast<const char*>(a.data_ptr());
+  const auto* b_begin = static_cast<const char*>(b.data_ptr());
+  if (a.numel() > 0 && b.numel() > 0 && a_begin < b_begin + ByteSize(b) && b_begin < a_begin + ByteSize(a)) {
+    throw StatusError(InvalidArgument(std::string("`") + a_name + "` must not overlap `" + b_name +
+                                      "`, but got overlapping memory"));
+  }
+}
+
+// Block-scaled fp8 encoding of `src` into `scales` and `dst` (ops/host/codec.h), on the calling thread.
+void EncodeBlockScaled(py::handle src_arg, py::handle scales_arg, py::handle dst_arg) {
+  const at::Tensor& src = CpuTensorArg(src_arg, "src");
+  const at::Tensor& scales = CpuTensorArg(scales_arg, "scales");
+  const at::Tensor& dst = CpuTensorArg(dst_arg, "dst");
+  const DataType src_dtype = CodecFloatArg(src, "src");
+  const ops::LowFormat format = Fp8FormatArg(dst, "dst");
+  CheckCodecSizes(src, "src", dst, "dst", scales);
+  CheckDisjoint(dst, "dst", src, "src");
+  CheckDisjoint(scales, "scales", src, "src");
+  CheckDisjoint(scales, "scales", dst, "dst");
+  const void* src_ptr = DataPointer(src, "src");
+  auto* scales_ptr = static_cast<float*>(DataPointer(scales, "scales"));
+  void* dst_ptr = DataPointer(dst, "dst");
+  const auto count = static_cast<std::size_t>(src.numel());
+  bool done;
+  {
+    py::gil_scoped_release nogil;
+    done = ops::HostEncodeBlockScaled(format, src_dtype, src_ptr, count, scales_ptr, dst_ptr);
+  }
+  if (!done) throw StatusError(Internal("the host codec refused checked arguments: encode"));
+}
+
+// Block-scaled fp8 decoding of `src` and `scales` into `out`, added to it when `accumulate`.
+void DecodeBlockScaled(py::handle scales_arg, py::handle src_arg, py::handle out_arg, bool accumulate) {
+  const at::Tensor& scales = CpuTensorArg(scales_arg, "scales");
+  const at::Tensor& src = CpuTensorArg(src_arg, "src");
+  const at::Tensor& out = CpuTensorArg(out_arg, "out");
+  const ops::LowFormat format = Fp8FormatArg(src, "src");
+  const DataType out_dtype = CodecFloatArg(out, "out");
+  CheckCodecSizes(out, "out", src, "src", scales);
+  CheckDisjoint(out, "out", src, "src");
+  CheckDisjoint(out, "out", scales, "scales");
+  const auto* scales_ptr = static_cast<const float*>(DataPointer(scales, "scales"));
+  const void* src_ptr = DataPointer(src, "src");
+  void* out_ptr = DataPointer(out, "out");
+  const auto count = static_cast<std::size_t>(src.numel());
+  bool done;
+  {
+    py::gil_scoped_release nogil;
+    done = ops::HostDecodeBlockScaled(format, scales_ptr, src_ptr, count, out_dtype, out_ptr, accumulate);
+  }
+  if (!done) throw StatusError(Internal("the host codec refused checked arguments: decode"));
 }
 
 void Barrier(StreamHandle stream) {
@@ -340,12 +444,17 @@ PYBIND11_MODULE(_shmem_torch, m) {
   m.def("lifecycle", [] { return Runtime::Instance().lifecycle(); });
   m.def("empty", &EmptyTensor, py::arg("sizes"), py::arg("dtype"), py::arg("alignment"), py::arg("call_site"));
   m.def("free", &FreeTensor, py::arg("tensor"), py::arg("call_site"));
+  m.def("peer_tensor", &PeerTensorOf, py::arg("tensor"), py::arg("pe"));
   m.def("put", &Put, py::arg("dst"), py::arg("src"), py::arg("pe"), py::arg("stream"));
   m.def("get", &Get, py::arg("dst"), py::arg("src"), py::arg("pe"), py::arg("stream"));
   m.def("signal", &Signal, py::arg("signal"), py::arg("value"), py::arg("pe"), py::arg("op"), py::arg("stream"));
   m.def("wait_signal", &WaitSignal, py::arg("signal"), py::arg("value"), py::arg("cmp"), py::arg("stream"));
   m.def("reduce", &Reduce, py::arg("dst"), py::arg("src"), py::arg("op"), py::arg("pes"), py::arg("stream"));
   m.def("barrier", &Barrier, py::arg("stream"));
+  m.def("encode_block_scaled", &EncodeBlockScaled, py::arg("src"), py::arg("scales"), py::arg("dst"));
+  m.def("decode_block_scaled", &DecodeBlockScaled, py::arg("scales"), py::arg("src"), py::arg("out"),
+        py::arg("accumulate"));
+  m.attr("scale_block") = ops::kScaleBlock;
   m.def("all_gather", &AllGather, py::arg("output"), py::arg("input"), py::arg("stream"));
   m.def("create_stream", [] { return ValueOrThrow(Runtime::Instance().CreateStream()); });
   m.def("destroy_stream", [](StreamHandle s) {

@@ -1,22 +1,15 @@
 // Element-wise reductions of host memory: dst[i] = op over k of srcs[k][i].
 //
 // The kernels are compiled once portably and, on x86-64, once more for AVX2 + F16C; HostReduce picks the best
-// variant the CPU supports (checked once). No variant assumes AVX-512.
+// variant the CPU supports (isa.h).
 #pragma once
 
 #include <cstddef>
 
+#include "ops/host/isa.h"
 #include "ops/reduce_op.h"
 
 namespace hp::shmem::ops {
-
-// Instruction sets a host kernel is compiled for.
-enum class HostIsa : int { kPortable = 0, kAvx2F16c = 1 };
-const char* HostIsaName(HostIsa isa);
-// Whether this build has the variant and this CPU can run it.
-bool HostIsaAvailable(HostIsa isa);
-// The variant HostReduce uses: the widest available one.
-HostIsa BestHostIsa();
 
 // Reduces `count` elements of `dtype` from each of `nsrc` sources into `dst`, combining the sources in their
 // order (which matters for floating-point sums). Float16 and bfloat16 accumulate in float32 and are rounded once

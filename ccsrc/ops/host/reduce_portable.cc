@@ -9,16 +9,8 @@
 namespace hp::shmem::ops {
 namespace {
 
+#include "ops/host/float_formats.inc"
 #include "ops/host/reduce_kernels.inc"
-
-struct PortableHalf {
-  static void ToFloat(float* __restrict out, const std::uint16_t* __restrict in, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) out[i] = HalfToFloatScalar(in[i]);
-  }
-  static void FromFloat(std::uint16_t* __restrict out, const float* __restrict in, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) out[i] = FloatToHalfScalar(in[i]);
-  }
-};
 
 }  // namespace
 

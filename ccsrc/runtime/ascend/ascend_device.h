@@ -81,8 +81,8 @@ class AscendDevice final : public Device {
   Status StreamWaitStream(StreamHandle waiter, StreamHandle waited) override;
   Status Quiesce() override;
 
-  // The address of `symmetric`'s heap offset on `pe` (aclshmem_ptr), for kernels that touch peers directly.
-  Result<void*> PeerAddress(const void* symmetric, int pe) const;
+  // aclshmem_ptr: the address of `symmetric`'s heap offset on `pe`, which the NPU reaches directly.
+  Result<void*> PeerAddress(const void* symmetric, int pe) const override;
 
   int device_id() const { return device_id_; }            // frozen at Init (-1 before)
   const std::string& soc_name() const { return soc_name_; }

@@ -69,7 +69,7 @@ HostDevice::ControlBlock* HostDevice::control(int pe) const {
   return reinterpret_cast<ControlBlock*>(bases_[static_cast<std::size_t>(pe)] + heap_size_);
 }
 
-char* HostDevice::PeerAddress(const void* local, int pe) const {
+char* HostDevice::Remote(const void* local, int pe) const {
   const std::size_t offset = static_cast<const char*>(local) - bases_[static_cast<std::size_t>(rank_)];
   return bases_[static_cast<std::size_t>(pe)] + offset;
 }
@@ -207,7 +207,7 @@ Status HostDevice::Submit(StreamHandle stream, std::function<Status()> op) {
 
 Status HostDevice::Put(void* symmetric_dst, const void* src, std::size_t bytes, int pe, StreamHandle stream,
                        KeepAlive keep) {
-  char* remote = PeerAddress(symmetric_dst, pe);
+  char* remote = Remote(symmetric_dst, pe);
   return Submit(stream, [remote, src, bytes, keep = std::move(keep)] {
     std::memcpy(remote, src, bytes);
     return Status::Ok();
@@ -216,7 +216,7 @@ Status HostDevice::Put(void* symmetric_dst, const void* src, std::size_t bytes, 
 
 Status HostDevice::Get(void* dst, const void* symmetric_src, std::size_t bytes, int pe, StreamHandle stream,
                        KeepAlive keep) {
-  const char* remote = PeerAddress(symmetric_src, pe);
+  const char* remote = Remote(symmetric_src, pe);
   return Submit(stream, [dst, remote, bytes, keep = std::move(keep)] {
     std::memcpy(dst, remote, bytes);
     return Status::Ok();
@@ -227,7 +227,7 @@ Status HostDevice::Reduce(void* dst, const void* symmetric_src, std::size_t coun
                           const std::vector<int>& pes, StreamHandle stream, KeepAlive keep) {
   std::vector<const void*> sources;
   sources.reserve(pes.size());
-  for (int pe : pes) sources.push_back(PeerAddress(symmetric_src, pe));
+  for (int pe : pes) sources.push_back(Remote(symmetric_src, pe));
   // Straight from the peers' mappings into dst: the kernel is memory bound, a staging copy would only cost.
   return Submit(stream, [dst, sources = std::move(sources), count, dtype, op, keep = std::move(keep)] {
     if (!ops::HostReduce(dtype, op, dst, sources.data(), static_cast<int>(sources.size()), count)) {
@@ -239,7 +239,7 @@ Status HostDevice::Reduce(void* dst, const void* symmetric_src, std::size_t coun
 }
 
 Status HostDevice::DoSignal(void* symmetric_signal, SignalWidth width, std::int64_t value, SignalOp op, int pe) {
-  char* remote = PeerAddress(symmetric_signal, pe);
+  char* remote = Remote(symmetric_signal, pe);
   // Publish every earlier write (memcpy may use non-temporal stores) before the signal can be seen.
   FullFence();
   if (width == SignalWidth::k32) {
@@ -300,6 +300,15 @@ Status HostDevice::DoBarrier() {
            " timeout_sec=" + Decimal(std::chrono::duration<double>(timeout_).count());
   };
   return WaitUntil(&root->barrier_arrivals, &root->barrier_sleepers, done, spin_, Deadline(), describe);
+}
+
+Result<void*> HostDevice::PeerAddress(const void* symmetric, int pe) const {
+  if (!heap_) return StateError("host device is not initialised: op=PeerAddress");
+  HP_RETURN_IF_ERROR(CheckInOwnHeap(*this, symmetric, 0, "symmetric"));
+  if (pe < 0 || static_cast<std::size_t>(pe) >= bases_.size()) {
+    return InvalidArgument("`pe` must be in [0, " + std::to_string(bases_.size()) + "), but got " + std::to_string(pe));
+  }
+  return static_cast<void*>(Remote(symmetric, pe));   // every rank's segment is mapped in this process
 }
 
 Status HostDevice::Barrier(StreamHandle stream) {

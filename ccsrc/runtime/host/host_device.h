@@ -48,6 +48,7 @@ class HostDevice final : public Device {
                     StreamHandle stream) override;
   Status Reduce(void* dst, const void* symmetric_src, std::size_t count, DataType dtype, ReduceOp op,
                 const std::vector<int>& pes, StreamHandle stream, KeepAlive keep) override;
+  Result<void*> PeerAddress(const void* symmetric, int pe) const override;
   Status Barrier(StreamHandle stream) override;
 
   Result<StreamHandle> CreateStream() override;
@@ -63,7 +64,7 @@ class HostDevice final : public Device {
  private:
 
   ControlBlock* control(int pe) const;
-  char* PeerAddress(const void* local, int pe) const;
+  char* Remote(const void* local, int pe) const;
   // Runs `op` now on the default stream, or queues it on a host stream (keeping `keep` alive until it ran).
   Status Submit(StreamHandle stream, std::function<Status()> op);
   Result<std::shared_ptr<HostStream>> FindStream(StreamHandle stream) const;

@@ -12,12 +12,15 @@ puts itself, right before multiplying that block (still cached from the put), an
 as soon as it lands, without a barrier behind the whole gather.
 
 **matmul_reduce_scatter** (``reduce_scatter(x1 @ x2)`` over dim 0). Every rank computes the partial product
-of each target rank's rows into its own symmetric scratch, in rotated order (step r works for rank me + r,
-so no two ranks finish a block for the same target at the same step) and signals the target as soon as its
-block is ready. Each rank then waits for its peers' signals and reduces its own rows straight from every
-rank's scratch (no copy; float16/bfloat16 accumulate in float32 and round once), so the reduction of a block
-starts as soon as the last partial product of that block is ready, not after a barrier behind everyone's
-whole matmul.
+of each peer's rows into its own symmetric scratch, in rotated order (step r works for rank me + r, so no two
+ranks finish a block for the same target at the same step), and signals that peer as soon as its block is
+ready. Its own rows come last. In a group of two, they are one ``addmm`` whose addend is the peer's partial
+product of them, read in place from the peer's memory (:func:`shmem.peer_tensor`): this rank's own partial
+product never goes through memory and the sum needs no pass of its own, which is where the fusion saves time
+on the host device. In larger groups, each rank computes its own partial product too and reduces its rows
+straight from every rank's scratch with the runtime's reduction. Either way float16/bfloat16 accumulate in
+float32 and round once, and a rank starts on its rows as soon as its peers' signals say they are ready, not
+after a barrier behind everyone's whole matmul.
 
 Signals need no resetting: each rank zeroes its own entries of ``signal`` on entry, before the op's first sync
 (nobody writes into a peer before that sync, and every write of the previous call into this rank landed
@@ -317,8 +320,9 @@ def fused_matmul_reduce_scatter(x1: torch.Tensor, x2: torch.Tensor, symm_tensor:
 
     Returns ``reduce_scatter(x1 @ x2)``: rank r gets rows ``r * M/size : (r + 1) * M/size`` of the sum (or
     average) over ranks of their products. Each rank computes the partial product of every target's rows into
-    its ``symm_tensor``, signalling each target as soon as its rows are ready; then it reduces its own rows
-    straight from every rank's ``symm_tensor`` (float16/bfloat16 accumulate in float32 and round once).
+    its ``symm_tensor``, signalling each target as soon as its rows are ready; then it adds up its own rows
+    straight from its peers' ``symm_tensor`` (in a group of two, as the addend of its own rows' matmul;
+    float16/bfloat16 accumulate in float32 and round once).
 
     Args:
         x1: (M, k), float32, float16, bfloat16 or float64, M a multiple of the group size; the same shape on
@@ -391,10 +395,20 @@ def _matmul_reduce_scatter(x1: torch.Tensor, x2: torch.Tensor, symm_tensor: torc
             torch.mm(x1[block], x2, out=partial[block])
             shmem.signal(signal[me:me + 1], 1, ch.pes[target])  # "your rows are ready in my memory"
         mine = slice(me * m, (me + 1) * m)
-        torch.mm(x1[mine], x2, out=partial[mine])
-        for s in ch.peers:
-            shmem.wait_signal(signal[s:s + 1], 1, cmp="ge")
-        if result.numel():
-            shmem.reduce(result.view(-1), partial[mine].reshape(-1), ch.pes, op=reduce_op)
+        if n == 2:
+            # The peer's partial product of these rows is the matmul's addend, read in place from its memory: this
+            # rank's own product never goes through memory, and the sum costs no pass of its own.
+            peer = 1 - me
+            shmem.wait_signal(signal[peer:peer + 1], 1, cmp="ge")
+            if result.numel():
+                scale = 0.5 if reduce_op == "avg" else 1.0
+                torch.addmm(shmem.peer_tensor(partial[mine], ch.pes[peer]), x1[mine], x2, beta=scale, alpha=scale,
+                            out=result)
+        else:
+            torch.mm(x1[mine], x2, out=partial[mine])
+            for s in ch.peers:
+                shmem.wait_signal(signal[s:s + 1], 1, cmp="ge")
+            if result.numel():
+                shmem.reduce(result.view(-1), partial[mine].reshape(-1), ch.pes, op=reduce_op)
         ch.sync()  # peers are done reading this rank's partial products before it returns
     return result

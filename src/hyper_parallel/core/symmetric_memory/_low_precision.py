@@ -22,10 +22,11 @@ area (alternating, like the one-step full-precision path, so that no closing syn
 *slot* per group rank.
 
 * all_reduce, two-shot (two syncs per piece): (1) each rank casts the parts of the piece that other ranks own
-  into its slots for them; sync; (2) the owner of each part fetches its slot from every peer, decodes and adds
-  to its own part (kept in full precision), divides by n for 'avg', casts the result *once* into its own slot
-  and decodes that slot into its tensor; sync; (3) every rank fetches each peer's reduced part and decodes it
-  with the same code, so every rank ends with bit-identical values. A float32 tensor travelling in float16 or
+  into its slots for them; sync; (2) the owner of each part decodes its slot of every
+  peer and adds it to its own part (kept in full precision), divides by n for 'avg', casts the result *once*
+  into its own slot and decodes that slot into its tensor; sync; (3) every rank decodes each peer's reduced part
+  with the same code, so every rank ends with bit-identical values. Decoders read peers' slots in place, straight
+  from their memory (:func:`shmem.peer_tensor`), never through a copy. A float32 tensor travelling in float16 or
   bfloat16 does step (2) with the runtime's reduction straight from the peers' slots (vectorised C++ that
   accumulates them in float32 and rounds once, which is the cast for the way back); its own part is cast in
   step (1) too.
@@ -63,11 +64,14 @@ two-shot all_reduce casts the reduced value down once more for the way back (the
 the first error carried into it). Non-finite inputs, float16 overflow and the NaN blocks above are outside the
 bound. :func:`error_bound` computes it.
 
-**Speed.** The casts run in torch on the calling thread, a piece at a time (it stays in cache): float16 and
-bfloat16 are one vectorised cast each way; fp8 encodes with torch's cast after a block absmax and a scaling pass,
-and decodes through integer ops that rebuild float16 bit patterns (e5m2 is float16's upper byte; e4m3fn is a
-shift and a mask, the scale's 2**8 correcting the exponent bias). On the host device this does not beat the
-full-precision path, which is one vectorised pass over memory: see ``docs/perf.md``. On a non-default SHMEM
+**Speed.** The casts run on the calling thread, a piece at a time (it stays in cache). float16 and bfloat16 are
+torch's vectorised cast each way. fp8 is one call each way into the host codec
+(:mod:`hyper_parallel.core.multicore.shmem._codec`: vectorised C++, a pass over each 128-element block for its absmax
+and one to scale and round; decoding multiplies by the scale and adds in one pass), bit-identical to torch's casts
+on the same definition. On the host device this does not beat the full-precision path, which is one vectorised pass
+over memory (64 MiB float32 all_reduce on 2 ranks of a shared 2-core machine: 15 ms with float8_e4m3fn, 20 ms
+with float8_e5m2, 10 to 12 ms with float16 or bfloat16, 6 to 9 ms in full precision in place; see
+``docs/perf.md``). On a non-default SHMEM
 stream the op waits for the stream at each step, since the casts run on the host thread.
 
 The group's ranks must agree on the dtype (the argument, or the environment variable), like on ``op``.
@@ -82,6 +86,7 @@ from typing import Optional
 import torch
 
 from hyper_parallel.core.multicore import shmem
+from hyper_parallel.core.multicore.shmem import _codec as codec
 from hyper_parallel.core.multicore.shmem.errors import ShmemStateError
 from hyper_parallel.core.symmetric_memory import _context
 from hyper_parallel.core.symmetric_memory._context import GroupChannel, flush_for_host_read
@@ -96,16 +101,10 @@ LOW_PRECISION_DTYPES = {
 }
 # Names that turn low precision off (the environment variable's, or a call's override of it).
 _OFF = ("", "none")
-# Elements per fp8 scale.
-BLOCK = 128
-# The largest finite value of each fp8 dtype: a block's scale maps its absmax at or below it.
-_FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
-# e4m3fn decodes through float16 bit patterns 2**8 too small (float16's exponent bias is 15, e4m3fn's 7): the
-# decoding scale is the block's scale times this, and it must stay finite (so the scale is at most 2**119).
-_E4M3_DECODE = 256.0
-_MAX_EXPONENT = {torch.float8_e4m3fn: 119, torch.float8_e5m2: 127}
-# The smallest block scale: its reciprocal, which the encoder multiplies by, stays finite.
-_MIN_EXPONENT = -126
+# Elements per fp8 scale (the host codec's block).
+BLOCK = codec.BLOCK
+# The dtypes that travel with block scales (the others are a plain cast).
+_SCALED = (torch.float8_e4m3fn, torch.float8_e5m2)
 _ALIGN = 64
 _SUM_OPS = ("sum", "avg")
 
@@ -250,15 +249,16 @@ def _round_up(value: int, unit: int) -> int:
 class _Codec:
     """Encodes values into a slot and decodes a slot, for one (group, low dtype, accumulation dtype).
 
-    A slot is a uint8 tensor: for fp8, ``scale_bytes`` of float32 block scales then the fp8 bytes; for float16
-    and bfloat16, the bytes of the cast. Scratch buffers are made once, for the slot's capacity.
+    A slot is a uint8 tensor: for fp8, ``scale_bytes`` of float32 block scales then the fp8 bytes (encoded and
+    decoded by the host codec, :mod:`hyper_parallel.core.multicore.shmem._codec`); for float16 and bfloat16, the
+    bytes of torch's cast. Scratch buffers are made once, for the slot's capacity.
     """
 
     def __init__(self, low: torch.dtype, acc: torch.dtype, slot_bytes: int) -> None:
         self.low = low
         self.acc = acc
         self.itemsize = low.itemsize
-        self.scaled = low in _FP8_MAX
+        self.scaled = low in _SCALED
         if self.scaled:
             # The most elements (a whole number of blocks) whose scales and bytes fit the slot.
             capacity = int(slot_bytes // (self.itemsize + 4 / BLOCK)) // BLOCK * BLOCK
@@ -271,21 +271,8 @@ class _Codec:
         self.capacity = capacity
         self.slot_bytes = slot_bytes
         self.slots: list = []  # [parity][group rank]: views of the group's staging halves, set by _codec
-        n = self.capacity
-        blocks = n // BLOCK
-        self.received = torch.empty(slot_bytes, dtype=torch.uint8)  # a peer's slot, fetched
-        self.sum = torch.empty(n, dtype=acc)  # the owner's accumulator, for float16/bfloat16 tensors
-        if self.scaled:
-            self.work = torch.empty(n, dtype=torch.float32)  # |x|, then x / scale
-            self.float32 = torch.empty(n, dtype=torch.float32)  # the values of other tensor dtypes, in float32
-            self.bits = torch.empty(n, dtype=torch.int16)  # float16 bit patterns of decoded fp8
-            self.absmax = torch.empty(blocks, dtype=torch.float32)
-            self.inverse = torch.empty(blocks, dtype=torch.float32)
-            self.decode_scale = torch.empty(blocks, dtype=torch.float32)
-            self.ones = torch.ones(blocks, dtype=torch.float32)
-            self.nan = torch.full((blocks,), float("nan"), dtype=torch.float32)
-            self.fp8_max = _FP8_MAX[low]
-            self.max_exponent = _MAX_EXPONENT[low]
+        self.peer_slots: list = []  # [parity][group rank][peer]: every peer's copy of them, set by _codec
+        self.sum = torch.empty(capacity, dtype=acc)  # the owner's accumulator, for float16/bfloat16 tensors
 
     def used_bytes(self, count: int) -> int:
         """The bytes of a slot that hold ``count`` elements (its scales and data)."""
@@ -302,71 +289,21 @@ class _Codec:
         """Casts ``values`` (at most ``capacity``) down into ``slot``."""
         count = values.numel()
         data = self.data(slot, count)
-        if not self.scaled:
+        if self.scaled:
+            codec.encode_block_scaled(values, self._scales(slot, codec.scale_count(count)), data)
+        else:
             data.copy_(values)
-            return
-        full, tail = divmod(count, BLOCK)
-        blocks = full + (tail > 0)
-        if values.dtype != torch.float32:  # torch's out= ops below keep one dtype: widen or narrow it first
-            values = self.float32[:count].copy_(values)
-        work = self.work[:count]
-        absmax = self.absmax[:blocks]
-        torch.abs(values, out=work)
-        if full:
-            torch.amax(work[:full * BLOCK].view(full, BLOCK), dim=1, out=absmax[:full])
-        if tail:
-            torch.amax(work[full * BLOCK:], dim=0, keepdim=True, out=absmax[full:])
-        # scale = 2**e with absmax / fp8_max <= 2**e: frexp's exponent (its mantissa is in [0.5, 1)).
-        exponent = torch.frexp(absmax / self.fp8_max).exponent
-        finite = torch.isfinite(absmax) & (exponent <= self.max_exponent)
-        exponent.clamp_(min=_MIN_EXPONENT)
-        scales = self._scales(slot, blocks)
-        torch.where(finite, torch.ldexp(self.ones[:blocks], exponent), self.nan[:blocks], out=scales)
-        inverse = torch.reciprocal(scales, out=self.inverse[:blocks])  # exact: a power of two
-        if full:
-            torch.mul(values[:full * BLOCK].view(full, BLOCK), inverse[:full, None],
-                      out=work[:full * BLOCK].view(full, BLOCK))
-        if tail:
-            torch.mul(values[full * BLOCK:], inverse[full:], out=work[full * BLOCK:])
-        data.copy_(work)
 
     def decode(self, slot: torch.Tensor, out: torch.Tensor, accumulate: bool) -> None:
         """Decodes ``out.numel()`` elements of ``slot`` into ``out`` (added to it when ``accumulate``)."""
         count = out.numel()
         data = self.data(slot, count)
-        if not self.scaled:
-            values = data
-            if accumulate:
-                out.add_(values)
-            else:
-                out.copy_(values)
-            return
-        full, tail = divmod(count, BLOCK)
-        blocks = full + (tail > 0)
-        bits = self.bits[:count]
-        if self.low == torch.float8_e5m2:
-            bits.copy_(data.view(torch.uint8))  # e5m2 is the upper byte of the float16 of the same value
-            bits.bitwise_left_shift_(8)
-            scale = self._scales(slot, blocks)
+        if self.scaled:
+            codec.decode_block_scaled(self._scales(slot, codec.scale_count(count)), data, out, accumulate=accumulate)
+        elif accumulate:
+            out.add_(data)
         else:
-            # e4m3fn s.eeee.mmm -> float16 s.0eeee.mmm0000000: sign-extend, shift by 7, clear the bit the sign
-            # smeared into the exponent. The float16 reads the value times 2**-8, subnormals included.
-            bits.copy_(data.view(torch.int8))
-            bits.bitwise_left_shift_(7)
-            bits.bitwise_and_(-16385)  # 0xBFFF
-            scale = torch.mul(self._scales(slot, blocks), _E4M3_DECODE, out=self.decode_scale[:blocks])
-        half = bits.view(torch.float16)
-        if accumulate:
-            if full:
-                out[:full * BLOCK].view(full, BLOCK).addcmul_(half[:full * BLOCK].view(full, BLOCK), scale[:full, None])
-            if tail:
-                out[full * BLOCK:].addcmul_(half[full * BLOCK:], scale[full:])
-        else:
-            if full:
-                torch.mul(half[:full * BLOCK].view(full, BLOCK), scale[:full, None],
-                          out=out[:full * BLOCK].view(full, BLOCK))
-            if tail:
-                torch.mul(half[full * BLOCK:], scale[full:], out=out[full * BLOCK:])
+            out.copy_(data)
 
 
 # Codecs per group channel (dropped with it) and (low dtype, accumulation dtype, slot bytes).
@@ -397,6 +334,9 @@ def _codec(ch: GroupChannel, low: torch.dtype, dtype: torch.dtype) -> _Codec:
         # The slots' views, made once: slicing costs about a microsecond, as much as a small message's cast.
         codec.slots = [[ch.staging[parity * half + index * slot_bytes:][:slot_bytes] for index in range(ch.size)]
                        for parity in (0, 1)]
+        # And every peer's copy of them, which the decoders read in place (no copy into this rank first).
+        codec.peer_slots = [[[shmem.peer_tensor(slot, ch.pes[peer]) for peer in range(ch.size)] for slot in slots]
+                            for slots in codec.slots]
         codecs[key] = codec
     return codec
 
@@ -406,12 +346,10 @@ def _slot(ch: GroupChannel, parity: int, index: int, codec: _Codec) -> torch.Ten
     return codec.slots[parity][index]
 
 
-def _fetch(ch: GroupChannel, codec: _Codec, parity: int, index: int, peer: int, count: int) -> torch.Tensor:
-    """Slot ``index`` of ``peer``'s staging half ``parity``, copied here (its first ``count`` elements)."""
-    nbytes = codec.used_bytes(count)
-    shmem.get(codec.received[:nbytes], _slot(ch, parity, index, codec)[:nbytes], ch.pes[peer])
-    flush_for_host_read()
-    return codec.received
+def _peer_slot(codec: _Codec, parity: int, index: int, peer: int) -> torch.Tensor:
+    """Slot ``index`` of ``peer``'s staging half ``parity``, read in place from the peer's memory (a sync after
+    the peer wrote it orders the reads)."""
+    return codec.peer_slots[parity][index][peer]
 
 
 def all_reduce(t: torch.Tensor, op: str, ch: GroupChannel, precision: torch.dtype) -> None:
@@ -453,7 +391,7 @@ def _all_reduce_one_step(flat: torch.Tensor, op: str, ch: GroupChannel, codec: _
         flush_for_host_read()
         acc = piece if wide else codec.sum[:length]
         for p in range(n):
-            slot = mine if p == me else _fetch(ch, codec, parity, p, p, length)
+            slot = mine if p == me else _peer_slot(codec, parity, p, p)
             codec.decode(slot, acc, accumulate=p > 0)
         if op == "avg":
             acc.div_(n)
@@ -496,7 +434,7 @@ def _all_reduce_two_shot(flat: torch.Tensor, op: str, ch: GroupChannel, codec: _
             else:
                 acc = part if wide else codec.sum[:hi - lo].copy_(part)
                 for p in ch.peers:
-                    codec.decode(_fetch(ch, codec, parity, me, p, hi - lo), acc, accumulate=True)
+                    codec.decode(_peer_slot(codec, parity, me, p), acc, accumulate=True)
                 if op == "avg":
                     acc.div_(n)
                 codec.encode(acc, mine)
@@ -506,7 +444,7 @@ def _all_reduce_two_shot(flat: torch.Tensor, op: str, ch: GroupChannel, codec: _
         for p in ch.peers:
             lo, hi = bounds[p]
             if hi > lo:
-                codec.decode(_fetch(ch, codec, parity, p, p, hi - lo), flat[lo:hi], accumulate=False)
+                codec.decode(_peer_slot(codec, parity, p, p), flat[lo:hi], accumulate=False)
 
 
 def reduce_scatter(out: torch.Tensor, src: torch.Tensor, op: str, ch: GroupChannel, precision: torch.dtype) -> None:
@@ -548,7 +486,7 @@ def reduce_scatter(out: torch.Tensor, src: torch.Tensor, op: str, ch: GroupChann
         else:
             acc = codec.sum[:length].copy_(mine[off:off + length])
         for p in ch.peers:
-            codec.decode(_fetch(ch, codec, parity, me, p, length), acc, accumulate=True)
+            codec.decode(_peer_slot(codec, parity, me, p), acc, accumulate=True)
         if op == "avg":
             acc.div_(n)
         if not wide:

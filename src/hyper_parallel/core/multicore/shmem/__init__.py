@@ -15,7 +15,7 @@ The runtime runs on the ``host`` device: POSIX shared memory between the process
 
 from hyper_parallel.core.multicore.shmem._debug import DebugState, debug_state
 from hyper_parallel.core.multicore.shmem._lifecycle import Handle, acquire_shmem
-from hyper_parallel.core.multicore.shmem._memory import empty, free
+from hyper_parallel.core.multicore.shmem._memory import empty, free, peer_tensor
 from hyper_parallel.core.multicore.shmem._rma import all_gather, barrier, get, put, reduce, signal, wait_signal
 from hyper_parallel.core.multicore.shmem._streams import Stream, current_stream, default_stream, stream
 from hyper_parallel.core.multicore.shmem.errors import (
@@ -46,6 +46,7 @@ __all__ = [
     "empty",
     "free",
     "get",
+    "peer_tensor",
     "put",
     "reduce",
     "signal",

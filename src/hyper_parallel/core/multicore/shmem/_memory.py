@@ -90,3 +90,30 @@ def free(tensor: torch.Tensor) -> None:
         ShmemMismatchError: ranks disagree on the free.
     """
     C.free(tensor, user_call_site())
+
+
+def peer_tensor(tensor: torch.Tensor, pe: int) -> torch.Tensor:
+    """The copy of a symmetric tensor that rank ``pe`` holds, as a tensor of this process (``aclshmem_ptr``).
+
+    The result has ``tensor``'s shape, strides and dtype, and lies at the same offset of ``pe``'s heap: torch ops
+    on it read and write ``pe``'s memory directly, without a copy (a matmul can read a peer's partial product in
+    place, for instance). Nothing orders those accesses with ``pe``'s own: order them with signals or barriers,
+    as for :func:`put` and :func:`get`. ``peer_tensor(t, my_pe)`` views ``t``'s own memory.
+
+    The result is not itself a symmetric tensor (it cannot be the symmetric side of ``put``, ``get`` or
+    ``signal``), and it dies with the allocation: after :func:`free` of the allocation, or after the runtime
+    shuts down, it raises a RuntimeError on any use.
+
+    Args:
+        tensor: a symmetric tensor from :func:`empty`, or any view of one.
+        pe: a rank inside the root.
+
+    Returns:
+        The tensor over ``pe``'s copy.
+
+    Raises:
+        TypeError: ``tensor`` is not a tensor, or ``pe`` is not an int.
+        ValueError: ``tensor`` does not live in the symmetric heap, or ``pe`` is out of range.
+        ShmemStateError: a freed tensor, or no runtime.
+    """
+    return C.peer_tensor(tensor, pe)

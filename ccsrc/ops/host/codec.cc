@@ -1,0 +1,45 @@
+#include "ops/host/codec.h"
+
+#include "ops/host/codec_variants.h"
+
+namespace hp::shmem::ops {
+
+const char* LowFormatName(LowFormat format) {
+  switch (format) {
+    case LowFormat::kFloat8E4M3Fn: return "float8_e4m3fn";
+    case LowFormat::kFloat8E5M2: return "float8_e5m2";
+  }
+  return "?";
+}
+
+bool HostEncodeBlockScaled(HostIsa isa, LowFormat format, DataType src_dtype, const void* src, std::size_t count,
+                           float* scales, void* dst) {
+  if (!HostIsaAvailable(isa)) return false;
+#if defined(HP_OPS_HAVE_AVX2_F16C)
+  if (isa == HostIsa::kAvx2F16c) return EncodeBlockScaledAvx2F16c(format, src_dtype, src, count, scales, dst);
+#endif
+  return EncodeBlockScaledPortable(format, src_dtype, src, count, scales, dst);
+}
+
+bool HostEncodeBlockScaled(LowFormat format, DataType src_dtype, const void* src, std::size_t count, float* scales,
+                           void* dst) {
+  return HostEncodeBlockScaled(BestHostIsa(), format, src_dtype, src, count, scales, dst);
+}
+
+bool HostDecodeBlockScaled(HostIsa isa, LowFormat format, const float* scales, const void* src, std::size_t count,
+                           DataType out_dtype, void* out, bool accumulate) {
+  if (!HostIsaAvailable(isa)) return false;
+#if defined(HP_OPS_HAVE_AVX2_F16C)
+  if (isa == HostIsa::kAvx2F16c) {
+    return DecodeBlockScaledAvx2F16c(format, scales, src, count, out_dtype, out, accumulate);
+  }
+#endif
+  return DecodeBlockScaledPortable(format, scales, src, count, out_dtype, out, accumulate);
+}
+
+bool HostDecodeBlockScaled(LowFormat format, const float* scales, const void* src, std::size_t count,
+                           DataType out_dtype, void* out, bool accumulate) {
+  return HostDecodeBlockScaled(BestHostIsa(), format, scales, src, count, out_dtype, out, accumulate);
+}
+
+}  // namespace hp::shmem::ops

@@ -1,0 +1,31 @@
+// The AVX2 + F16C variant of the block-scaled codec kernels. This file alone is compiled with -mavx2 -mf16c;
+// codec.cc calls it only on a CPU that has both.
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "ops/host/codec_variants.h"
+
+namespace hp::shmem::ops {
+namespace {
+
+#include "ops/host/float_formats.inc"
+#include "ops/host/half_f16c.inc"
+#include "ops/host/codec_kernels.inc"
+
+}  // namespace
+
+bool EncodeBlockScaledAvx2F16c(LowFormat format, DataType src_dtype, const void* src, std::size_t count, float* scales,
+                               void* dst) {
+  return Encode<F16cHalf>(format, src_dtype, src, count, scales, dst);
+}
+
+bool DecodeBlockScaledAvx2F16c(LowFormat format, const float* scales, const void* src, std::size_t count,
+                               DataType out_dtype, void* out, bool accumulate) {
+  return Decode<F16cHalf>(format, scales, src, count, out_dtype, out, accumulate);
+}
+
+}  // namespace hp::shmem::ops

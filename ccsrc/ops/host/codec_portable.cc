@@ -1,0 +1,27 @@
+// The portable variant of the block-scaled codec kernels: plain C++, vectorised for the baseline instruction set.
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "ops/host/codec_variants.h"
+
+namespace hp::shmem::ops {
+namespace {
+
+#include "ops/host/float_formats.inc"
+#include "ops/host/codec_kernels.inc"
+
+}  // namespace
+
+bool EncodeBlockScaledPortable(LowFormat format, DataType src_dtype, const void* src, std::size_t count, float* scales,
+                               void* dst) {
+  return Encode<PortableHalf>(format, src_dtype, src, count, scales, dst);
+}
+
+bool DecodeBlockScaledPortable(LowFormat format, const float* scales, const void* src, std::size_t count,
+                               DataType out_dtype, void* out, bool accumulate) {
+  return Decode<PortableHalf>(format, scales, src, count, out_dtype, out, accumulate);
+}
+
+}  // namespace hp::shmem::ops

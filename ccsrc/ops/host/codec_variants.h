@@ -1,0 +1,21 @@
+// The entries of each compiled variant of the block-scaled codec kernels (see codec_kernels.inc). Internal to ops/.
+#pragma once
+
+#include <cstddef>
+
+#include "ops/host/codec.h"
+
+namespace hp::shmem::ops {
+
+bool EncodeBlockScaledPortable(LowFormat format, DataType src_dtype, const void* src, std::size_t count, float* scales,
+                               void* dst);
+bool DecodeBlockScaledPortable(LowFormat format, const float* scales, const void* src, std::size_t count,
+                               DataType out_dtype, void* out, bool accumulate);
+#if defined(HP_OPS_HAVE_AVX2_F16C)
+bool EncodeBlockScaledAvx2F16c(LowFormat format, DataType src_dtype, const void* src, std::size_t count, float* scales,
+                               void* dst);
+bool DecodeBlockScaledAvx2F16c(LowFormat format, const float* scales, const void* src, std::size_t count,
+                               DataType out_dtype, void* out, bool accumulate);
+#endif
+
+}  // namespace hp::shmem::ops

@@ -1,0 +1,433 @@
+// The block-scaled fp8 codec (ops/host/codec.h) against a scalar reference written from the formats' definitions:
+// both formats, every source and output dtype, both instruction-set variants, tails, all-zero blocks, subnormal
+// results, ties, blocks with inf/NaN, the e4m3fn exponent limit, the exponent clamp at -126.
+//
+// The reference rounds by searching the format's codes for the nearest value (ties to the even code) and takes
+// frexp from the C library: it shares none of the kernels' bit tricks.
+#include "ops/host/codec.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "host_kernel_support.h"
+
+namespace hp::shmem::ops {
+namespace {
+
+using namespace testutil;  // NOLINT(build/namespaces): the shared test helpers
+
+const LowFormat kFormats[] = {LowFormat::kFloat8E4M3Fn, LowFormat::kFloat8E5M2};
+const DataType kDtypes[] = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16};
+const std::size_t kCounts[] = {0, 1, 127, kScaleBlock, kScaleBlock + 1, 5 * kScaleBlock + 3, 4096};
+const double kNan = std::numeric_limits<double>::quiet_NaN();
+const double kInf = std::numeric_limits<double>::infinity();
+
+
+std::uint32_t Bits(float value) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
+}
+
+float FromBits(std::uint32_t bits) {
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+std::uint64_t Bits(double value) {
+  std::uint64_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The formats, from their definitions.
+
+
+// e4m3fn: bias 7, no infinity, s.1111.111 is NaN. e5m2: bias 15, IEEE-like (infinities, NaN).
+double Fp8Value(LowFormat format, std::uint8_t byte) {
+  double magnitude;
+  if (format == LowFormat::kFloat8E4M3Fn) {
+    const int exponent = (byte >> 3) & 0xF;
+    const int mantissa = byte & 0x7;
+    if (exponent == 0xF && mantissa == 0x7) return kNan;
+    magnitude = exponent == 0 ? std::ldexp(mantissa, -9) : std::ldexp(8 + mantissa, exponent - 10);
+  } else {
+    const int exponent = (byte >> 2) & 0x1F;
+    const int mantissa = byte & 0x3;
+    if (exponent == 0x1F) return mantissa != 0 ? kNan : ((byte & 0x80) ? -kInf : kInf);
+    magnitude = exponent == 0 ? std::ldexp(mantissa, -16) : std::ldexp(4 + mantissa, exponent - 17);
+  }
+  return (byte & 0x80) ? -magnitude : magnitude;
+}
+
+double Fp8Max(LowFormat format) { return format == LowFormat::kFloat8E4M3Fn ? 448.0 : 57344.0; }
+int Fp8MaxExponent(LowFormat format) { return format == LowFormat::kFloat8E4M3Fn ? 119 : 127; }
+
+// The nearest fp8 code to a finite `value`, ties to the even code; like torch's cast, what rounds past the largest
+// finite value becomes NaN (e4m3fn, code 0x7F) or infinity (e5m2, 0x7C). The ladder of positive codes ends with the
+// first code past the largest finite value, read as the next step of the ladder (480 and 65536).
+std::uint8_t RoundToFp8(LowFormat format, double value) {
+  const bool e4m3 = format == LowFormat::kFloat8E4M3Fn;
+  const std::uint32_t top = e4m3 ? 0x7F : 0x7C;
+  auto step = [&](std::uint32_t code) {
+    if (code == top) return e4m3 ? 480.0 : 65536.0;
+    return Fp8Value(format, static_cast<std::uint8_t>(code));
+  };
+  const std::uint8_t sign = std::signbit(value) ? 0x80 : 0;
+  const double magnitude = std::fabs(value);
+  if (magnitude >= step(top)) return static_cast<std::uint8_t>(sign | top);
+  std::uint32_t low = 0, high = top;   // step(low) <= magnitude < step(high)
+  while (high - low > 1) {
+    const std::uint32_t mid = (low + high) / 2;
+    (step(mid) <= magnitude ? low : high) = mid;
+  }
+  const double below = magnitude - step(low);
+  const double above = step(high) - magnitude;
+  const std::uint32_t nearest = below < above ? low : above < below ? high : (low % 2 == 0 ? low : high);
+  return static_cast<std::uint8_t>(sign | nearest);
+}
+
+
+std::size_t DtypeSize(DataType dtype) {
+  return dtype == DataType::kFloat64 ? 8 : dtype == DataType::kFloat32 ? 4 : 2;
+}
+
+// Element i of a raw buffer of `dtype`, as a double (exact: every dtype here widens exactly).
+double ValueAt(DataType dtype, const std::vector<unsigned char>& bytes, std::size_t i) {
+  const unsigned char* at = bytes.data() + i * DtypeSize(dtype);
+  switch (dtype) {
+    case DataType::kFloat32: {
+      float value;
+      std::memcpy(&value, at, sizeof(value));
+      return value;
+    }
+    case DataType::kFloat64: {
+      double value;
+      std::memcpy(&value, at, sizeof(value));
+      return value;
+    }
+    default: {
+      std::uint16_t bits;
+      std::memcpy(&bits, at, sizeof(bits));
+      return dtype == DataType::kFloat16 ? HalfValue(bits) : BFloat16Value(bits);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The reference codec.
+
+struct Encoded {
+  std::vector<float> scales;
+  std::vector<std::uint8_t> bytes;
+};
+
+// Every value is rounded to float32 first; the scale comes from a float32 division and frexp.
+Encoded ReferenceEncode(LowFormat format, DataType dtype, const std::vector<unsigned char>& src, std::size_t count) {
+  Encoded encoded{std::vector<float>(ScaleCount(count)), std::vector<std::uint8_t>(count)};
+  for (std::size_t block = 0; block * kScaleBlock < count; ++block) {
+    const std::size_t start = block * kScaleBlock;
+    const std::size_t end = std::min(count, start + kScaleBlock);
+    float absmax = 0.0f;
+    bool finite = true;
+    for (std::size_t i = start; i < end; ++i) {
+      const float value = static_cast<float>(ValueAt(dtype, src, i));
+      finite = finite && std::isfinite(value);
+      absmax = std::max(absmax, std::fabs(value));
+    }
+    int exponent = 0;
+    std::frexp(absmax / static_cast<float>(Fp8Max(format)), &exponent);
+    float scale = std::numeric_limits<float>::quiet_NaN();
+    if (finite && exponent <= Fp8MaxExponent(format)) scale = std::ldexp(1.0f, std::max(exponent, -126));
+    encoded.scales[block] = scale;
+    for (std::size_t i = start; i < end; ++i) {
+      const double value = static_cast<float>(ValueAt(dtype, src, i));
+      encoded.bytes[i] = std::isnan(scale) ? 0x7F : RoundToFp8(format, value / scale);
+    }
+  }
+  return encoded;
+}
+
+// One decoded element as `dtype` would store it (a double holding the stored value), NaN for NaN.
+double ReferenceDecodeOne(LowFormat format, std::uint8_t byte, float scale, DataType dtype, double old,
+                          bool accumulate) {
+  // The documented reading of the e4m3fn NaN byte: 480, like the first decoder.
+  const bool e4m3_nan = format == LowFormat::kFloat8E4M3Fn && (byte & 0x7F) == 0x7F;
+  const double value = e4m3_nan ? ((byte & 0x80) ? -480.0 : 480.0) : Fp8Value(format, byte);
+  const double product = value * scale;   // exact
+  // Overwriting takes the product in float32: past float32's range it is infinite, even for a float64 out.
+  if (dtype == DataType::kFloat64) return accumulate ? old + product : static_cast<float>(product);
+  const float sum = accumulate ? static_cast<float>(old) + static_cast<float>(product) : static_cast<float>(product);
+  if (dtype == DataType::kFloat32) return sum;
+  if (dtype == DataType::kFloat16) return HalfValue(RoundToHalf(sum));
+  return BFloat16Value(RoundToBFloat16(sum));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Test data.
+
+void Store(DataType dtype, std::vector<unsigned char>& bytes, std::size_t i, double value) {
+  unsigned char* at = bytes.data() + i * DtypeSize(dtype);
+  switch (dtype) {
+    case DataType::kFloat32: {
+      const auto narrow = static_cast<float>(value);
+      std::memcpy(at, &narrow, sizeof(narrow));
+      return;
+    }
+    case DataType::kFloat64:
+      std::memcpy(at, &value, sizeof(value));
+      return;
+    default: {
+      const std::uint16_t bits = dtype == DataType::kFloat16 ? RoundToHalf(value) : RoundToBFloat16(value);
+      std::memcpy(at, &bits, sizeof(bits));
+      return;
+    }
+  }
+}
+
+// Random values: each block has its own magnitude (across the dtype's whole range, subnormals included) and its
+// values spread over 40 binades below it, so that many land on fp8 subnormals or round to zero. Some blocks hold
+// zeros only, inf or NaN, or values on the e4m3fn exponent limit; float64 blocks may overflow float32.
+std::vector<unsigned char> RandomValues(DataType dtype, std::size_t count, std::mt19937_64& rng) {
+  std::vector<unsigned char> bytes(count * DtypeSize(dtype));
+  std::uniform_real_distribution<double> mantissa(0.5, 1.0);
+  std::uniform_int_distribution<int> spread(0, 40);
+  std::uniform_int_distribution<int> kind(0, 15);
+  const int low = dtype == DataType::kFloat16 ? -24 : -149;
+  const int high = dtype == DataType::kFloat16 ? 16 : dtype == DataType::kFloat64 ? 130 : 128;
+  std::uniform_int_distribution<int> top(low, high);
+  for (std::size_t start = 0; start < count; start += kScaleBlock) {
+    const std::size_t end = std::min(count, start + kScaleBlock);
+    const int block_kind = kind(rng);
+    const int block_top = top(rng);
+    for (std::size_t i = start; i < end; ++i) {
+      double value = std::ldexp(mantissa(rng), block_top - spread(rng));
+      if (rng() & 1) value = -value;
+      if (block_kind == 0) value = (rng() & 1) ? 0.0 : -0.0;
+      Store(dtype, bytes, i, value);
+    }
+    const std::size_t pick = start + rng() % (end - start);
+    if (block_kind == 1) Store(dtype, bytes, pick, kInf);
+    if (block_kind == 2) Store(dtype, bytes, pick, -kInf);
+    if (block_kind == 3) Store(dtype, bytes, pick, kNan);
+    if (block_kind == 4 && dtype != DataType::kFloat16) Store(dtype, bytes, pick, 448.0 * std::ldexp(1.0, 119));
+    if (block_kind == 5 && dtype != DataType::kFloat16) Store(dtype, bytes, pick, 448.0 * std::ldexp(1.5, 118));
+  }
+  return bytes;
+}
+
+std::string Describe(HostIsa isa, LowFormat format, DataType dtype, std::size_t count) {
+  return std::string(HostIsaName(isa)) + " " + LowFormatName(format) + " " + DataTypeName(dtype) +
+         " count=" + std::to_string(count);
+}
+
+// Bits equal, or both NaN (NaN payloads are not part of the format).
+bool SameFloat(double expected, double actual) {
+  return (std::isnan(expected) && std::isnan(actual)) || Bits(expected) == Bits(actual);
+}
+
+void ExpectEncodes(HostIsa isa, LowFormat format, DataType dtype, const std::vector<unsigned char>& src,
+                   std::size_t count) {
+  const Encoded expected = ReferenceEncode(format, dtype, src, count);
+  std::vector<float> scales(ScaleCount(count) + 1, 12345.0f);   // one more: the kernel writes no further
+  std::vector<std::uint8_t> bytes(count + 1, 0xA5);
+  ASSERT_TRUE(HostEncodeBlockScaled(isa, format, dtype, src.data(), count, scales.data(), bytes.data()));
+  const std::string what = Describe(isa, format, dtype, count);
+  for (std::size_t block = 0; block < ScaleCount(count); ++block) {
+    ASSERT_TRUE(SameFloat(expected.scales[block], scales[block]))
+        << what << " block " << block << ": expected scale " << expected.scales[block] << ", got " << scales[block];
+  }
+  for (std::size_t i = 0; i < count; ++i) {
+    ASSERT_EQ(expected.bytes[i], bytes[i]) << what << " element " << i << " value " << ValueAt(dtype, src, i)
+                                           << " scale " << scales[i / kScaleBlock];
+  }
+  EXPECT_EQ(scales.back(), 12345.0f) << what;
+  EXPECT_EQ(bytes.back(), 0xA5) << what;
+}
+
+// Decodes `encoded` into `out` (of `dtype`) with and without accumulation and checks both against the reference.
+void ExpectDecodes(HostIsa isa, LowFormat format, DataType dtype, const Encoded& encoded,
+                   const std::vector<unsigned char>& out, std::size_t count) {
+  const std::string what = Describe(isa, format, dtype, count);
+  for (bool accumulate : {false, true}) {
+    std::vector<unsigned char> actual = out;
+    actual.resize(out.size() + 8, 0x5A);
+    ASSERT_TRUE(HostDecodeBlockScaled(isa, format, encoded.scales.data(), encoded.bytes.data(), count, dtype,
+                                      actual.data(), accumulate));
+    for (std::size_t i = 0; i < count; ++i) {
+      const double expected = ReferenceDecodeOne(format, encoded.bytes[i], encoded.scales[i / kScaleBlock], dtype,
+                                                 ValueAt(dtype, out, i), accumulate);
+      ASSERT_TRUE(SameFloat(expected, ValueAt(dtype, actual, i)))
+          << what << (accumulate ? " accumulate" : " overwrite") << " element " << i << ": expected " << expected
+          << ", got " << ValueAt(dtype, actual, i);
+    }
+    for (std::size_t b = out.size(); b < actual.size(); ++b) ASSERT_EQ(actual[b], 0x5A) << what;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+
+TEST(HostCodecTest, EveryFormatAndSourceDtypeEncodesLikeTheReference) {
+  std::mt19937_64 rng(20240611);
+  for (HostIsa isa : AvailableIsas()) {
+    for (LowFormat format : kFormats) {
+      for (DataType dtype : kDtypes) {
+        for (std::size_t count : kCounts) {
+          ExpectEncodes(isa, format, dtype, RandomValues(dtype, count, rng), count);
+        }
+      }
+    }
+  }
+}
+
+TEST(HostCodecTest, EveryFormatAndOutputDtypeDecodesLikeTheReference) {
+  std::mt19937_64 rng(7);
+  for (HostIsa isa : AvailableIsas()) {
+    for (LowFormat format : kFormats) {
+      for (DataType dtype : kDtypes) {
+        for (std::size_t count : kCounts) {
+          const Encoded encoded = ReferenceEncode(format, DataType::kFloat32,
+                                                  RandomValues(DataType::kFloat32, count, rng), count);
+          ExpectDecodes(isa, format, dtype, encoded, RandomValues(dtype, count, rng), count);
+        }
+      }
+    }
+  }
+}
+
+// Every byte with every kind of scale: the largest, the smallest (products down to float32 subnormals), one, NaN.
+TEST(HostCodecTest, EveryByteDecodesWithExtremeScales) {
+  std::vector<std::uint8_t> all(256);
+  for (int b = 0; b < 256; ++b) all[static_cast<std::size_t>(b)] = static_cast<std::uint8_t>(b);
+  for (HostIsa isa : AvailableIsas()) {
+    for (LowFormat format : kFormats) {
+      for (float scale : {std::ldexp(1.0f, 119), std::ldexp(1.0f, -126), 1.0f, std::nanf("")}) {
+        Encoded encoded{{scale, scale}, all};
+        for (DataType dtype : kDtypes) {
+          std::vector<unsigned char> out(256 * DtypeSize(dtype));
+          for (std::size_t i = 0; i < 256; ++i) Store(dtype, out, i, static_cast<double>(i) - 100.0);
+          // The e4m3fn NaN byte with a finite scale reads as 480 (the reference's documented reading).
+          ExpectDecodes(isa, format, dtype, encoded, out, 256);
+        }
+      }
+    }
+  }
+}
+
+// Hand-picked blocks, one per case, in float32.
+TEST(HostCodecTest, EdgeBlocks) {
+  const double tiny = std::ldexp(1.0, -149);   // the smallest float32 subnormal
+  std::vector<std::vector<double>> blocks = {
+      {0.0, -0.0},                                         // all zero: scale 1
+      {tiny, -tiny},                                       // absmax / fp8_max subnormal: exponent clamped at -126
+      {std::ldexp(1.0, -126), 3 * tiny},                   // the clamp again, with a nonzero remainder
+      {448.0, 1.0625, -1.1875, 0.0029296875, 0.0009765625},   // e4m3fn ties (scale 2): to the even code
+      {57344.0, 1.125, 0.0000228881835937, 2.5, 3.5},      // e5m2 ties
+      {448.0 * std::ldexp(1.0, 119)},                      // e4m3fn: exponent 120, NaN scale; e5m2: finite
+      {448.0 * std::ldexp(1.0, 118), -1.0},                // e4m3fn: exponent 119, the largest finite scale
+      {std::numeric_limits<float>::max(), 1.0},            // e5m2's largest exponent
+      {1.0, kInf, 2.0},                                    // inf: NaN scale, every byte 0x7F
+      {-kInf},
+      {kNan, 1.0},
+      {-kNan},
+      {1.0, 2.0, 3.0},                                     // a short block (tail)
+  };
+  for (int k = -20; k <= 20; ++k) blocks.push_back({448.0 * std::ldexp(1.0, k), 57344.0 * std::ldexp(1.0, k), 1.0});
+  for (HostIsa isa : AvailableIsas()) {
+    for (LowFormat format : kFormats) {
+      for (const std::vector<double>& values : blocks) {
+        const std::size_t count = values.size();
+        std::vector<unsigned char> src(count * sizeof(float));
+        for (std::size_t i = 0; i < count; ++i) Store(DataType::kFloat32, src, i, values[i]);
+        ExpectEncodes(isa, format, DataType::kFloat32, src, count);
+      }
+    }
+  }
+}
+
+TEST(HostCodecTest, ScalesOfEdgeBlocks) {
+  float scale = 0.0f;
+  std::uint8_t byte = 0;
+  const float zero = 0.0f;
+  ASSERT_TRUE(HostEncodeBlockScaled(LowFormat::kFloat8E4M3Fn, DataType::kFloat32, &zero, 1, &scale, &byte));
+  EXPECT_EQ(scale, 1.0f);
+  EXPECT_EQ(byte, 0);
+  const float limit = 448.0f * std::ldexp(1.0f, 119);   // absmax / 448 = 2**119: frexp's exponent 120
+  ASSERT_TRUE(HostEncodeBlockScaled(LowFormat::kFloat8E4M3Fn, DataType::kFloat32, &limit, 1, &scale, &byte));
+  EXPECT_TRUE(std::isnan(scale));
+  EXPECT_EQ(byte, 0x7F);
+  ASSERT_TRUE(HostEncodeBlockScaled(LowFormat::kFloat8E5M2, DataType::kFloat32, &limit, 1, &scale, &byte));
+  EXPECT_EQ(scale, std::ldexp(1.0f, 113));   // absmax / 57344 = 2**112
+  EXPECT_EQ(byte, 0x77);                     // 2**119 * 448 / 2**113 = 28672 = 1.75 * 2**14
+  const float small = std::ldexp(1.0f, -130);   // absmax / 57344 is a float32 subnormal: exponent clamped at -126
+  ASSERT_TRUE(HostEncodeBlockScaled(LowFormat::kFloat8E5M2, DataType::kFloat32, &small, 1, &scale, &byte));
+  EXPECT_EQ(scale, std::ldexp(1.0f, -126));
+  EXPECT_EQ(byte, 0x2C);   // 2**-4
+  const float tiny = FromBits(1);   // absmax / 57344 underflows to zero: frexp's exponent 0, scale 1
+  ASSERT_TRUE(HostEncodeBlockScaled(LowFormat::kFloat8E5M2, DataType::kFloat32, &tiny, 1, &scale, &byte));
+  EXPECT_EQ(scale, 1.0f);
+  EXPECT_EQ(byte, 0);
+}
+
+TEST(HostCodecTest, RoundTripsEveryCodeBelowTheLargestExactly) {
+  for (HostIsa isa : AvailableIsas()) {
+    for (LowFormat format : kFormats) {
+      std::vector<float> src(2 * kScaleBlock, 0.0f);
+      std::size_t positive = 0, negative = kScaleBlock;
+      for (int b = 0; b < 256; ++b) {
+        const double value = Fp8Value(format, static_cast<std::uint8_t>(b));
+        if (!(std::fabs(value) < Fp8Max(format))) continue;   // the largest, infinities, NaN
+        src[(b & 0x80) ? negative++ : positive++] = static_cast<float>(value);
+      }
+      ASSERT_LE(positive, kScaleBlock);
+      ASSERT_LE(negative, 2 * kScaleBlock);
+      std::vector<float> scales(2);
+      std::vector<std::uint8_t> bytes(src.size());
+      ASSERT_TRUE(HostEncodeBlockScaled(isa, format, DataType::kFloat32, src.data(), src.size(), scales.data(),
+                                        bytes.data()));
+      EXPECT_EQ(scales[0], 1.0f);
+      EXPECT_EQ(scales[1], 1.0f);
+      std::vector<float> back(src.size());
+      ASSERT_TRUE(HostDecodeBlockScaled(isa, format, scales.data(), bytes.data(), src.size(), DataType::kFloat32,
+                                        back.data(), false));
+      for (std::size_t i = 0; i < src.size(); ++i) {
+        EXPECT_EQ(Bits(src[i]), Bits(back[i])) << HostIsaName(isa) << " " << LowFormatName(format) << " " << src[i];
+      }
+    }
+  }
+}
+
+TEST(HostCodecTest, RefusesWhatItDoesNotComputeAndWritesNothing) {
+  const std::int32_t ints[4] = {1, 2, 3, 4};
+  float scale = 7.0f;
+  std::uint8_t bytes[4] = {9, 9, 9, 9};
+  EXPECT_FALSE(HostEncodeBlockScaled(LowFormat::kFloat8E4M3Fn, DataType::kInt32, ints, 4, &scale, bytes));
+  EXPECT_FALSE(HostEncodeBlockScaled(static_cast<LowFormat>(9), DataType::kFloat32, ints, 4, &scale, bytes));
+  std::int32_t out[4] = {5, 5, 5, 5};
+  EXPECT_FALSE(HostDecodeBlockScaled(LowFormat::kFloat8E5M2, &scale, bytes, 4, DataType::kInt32, out, true));
+  EXPECT_FALSE(HostDecodeBlockScaled(static_cast<LowFormat>(9), &scale, bytes, 4, DataType::kFloat32, out, false));
+  EXPECT_EQ(scale, 7.0f);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(bytes[i], 9);
+    EXPECT_EQ(out[i], 5);
+  }
+  EXPECT_STREQ(LowFormatName(LowFormat::kFloat8E4M3Fn), "float8_e4m3fn");
+  EXPECT_STREQ(LowFormatName(LowFormat::kFloat8E5M2), "float8_e5m2");
+  EXPECT_EQ(ScaleCount(0), 0u);
+  EXPECT_EQ(ScaleCount(1), 1u);
+  EXPECT_EQ(ScaleCount(kScaleBlock), 1u);
+  EXPECT_EQ(ScaleCount(kScaleBlock + 1), 2u);
+}
+
+}  // namespace
+}  // namespace hp::shmem::ops

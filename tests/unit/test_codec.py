@@ -1,0 +1,275 @@
+"""Unit tests of the host codec (``shmem._codec``): bit identity with torch's casts, and its argument checks.
+
+The reference is the codec low precision used before the C++ kernels, in torch ops: a block absmax, ``frexp`` of
+``absmax / fp8_max`` for the scale, torch's cast of ``x * (1 / scale)`` to fp8; decoding through float16 bit
+patterns times the scale, with torch's ``mul``/``addcmul_``. Scales and bytes must be bit-identical, and so must
+the decoded and accumulated values (NaN compares equal to NaN: its payload is no part of the format).
+
+Single process, no runtime: the codec needs none.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hyper_parallel.core.multicore.shmem import _codec as codec
+from hyper_parallel.core.symmetric_memory import _low_precision
+
+BLOCK = 128
+LOWS = [torch.float8_e4m3fn, torch.float8_e5m2]
+SOURCES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+OUTS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+COUNTS = [1, 7, 127, 128, 129, 5 * BLOCK + 3, 65536 + 5]
+_FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+_MAX_EXPONENT = {torch.float8_e4m3fn: 119, torch.float8_e5m2: 127}
+
+
+# --------------------------------------------------------------------------
+# The torch reference.
+# --------------------------------------------------------------------------
+
+
+def _blocks(count: int) -> int:
+    return -(-count // BLOCK)
+
+
+def _padded(values: torch.Tensor, fill: float) -> torch.Tensor:
+    padded = values.new_full((_blocks(values.numel()) * BLOCK,), fill)
+    padded[:values.numel()] = values
+    return padded.view(-1, BLOCK)
+
+
+def reference_encode(values: torch.Tensor, low: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scales, fp8 values) as torch's casts give them."""
+    count = values.numel()
+    x = values.to(torch.float32)
+    absmax = _padded(x.abs(), 0.0).amax(dim=1)
+    exponent = torch.frexp(absmax / _FP8_MAX[low]).exponent
+    finite = torch.isfinite(absmax) & (exponent <= _MAX_EXPONENT[low])
+    exponent = exponent.clamp(min=-126)
+    scales = torch.where(finite, torch.ldexp(torch.ones_like(absmax), exponent), torch.full_like(absmax, float("nan")))
+    inverse = torch.reciprocal(scales)
+    scaled = (_padded(x, 0.0) * inverse[:, None]).reshape(-1)[:count]
+    return scales, scaled.to(low)
+
+
+def reference_decode(scales: torch.Tensor, data: torch.Tensor, out: torch.Tensor, accumulate: bool) -> torch.Tensor:
+    """What decoding ``data`` into a copy of ``out`` gave: fp8 read through float16 bit patterns (e5m2 is float16's
+    upper byte; e4m3fn a shift and a mask, off by 2**-8, which the scale corrects), times the scale, with torch's
+    ``mul``/``addcmul_`` into ``out``'s dtype."""
+    out = out.clone()
+    count = data.numel()
+    full, tail = divmod(count, BLOCK)
+    if data.dtype == torch.float8_e5m2:
+        bits = data.view(torch.uint8).to(torch.int16).bitwise_left_shift(8)
+        scale = scales
+    else:
+        bits = data.view(torch.int8).to(torch.int16).bitwise_left_shift(7).bitwise_and(-16385)  # 0xBFFF
+        scale = scales * 256.0
+    half = bits.view(torch.float16)
+    if accumulate:
+        if full:
+            out[:full * BLOCK].view(full, BLOCK).addcmul_(half[:full * BLOCK].view(full, BLOCK), scale[:full, None])
+        if tail:
+            out[full * BLOCK:].addcmul_(half[full * BLOCK:], scale[full:])
+    else:
+        if full:
+            torch.mul(half[:full * BLOCK].view(full, BLOCK), scale[:full, None],
+                      out=out[:full * BLOCK].view(full, BLOCK))
+        if tail:
+            torch.mul(half[full * BLOCK:], scale[full:], out=out[full * BLOCK:])
+    return out
+
+
+# --------------------------------------------------------------------------
+# Test data.
+# --------------------------------------------------------------------------
+
+_RANGE = {torch.float32: (-149, 128), torch.float64: (-160, 131), torch.float16: (-24, 16),
+          torch.bfloat16: (-133, 128)}
+
+
+def random_values(count: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Each 128-element block has its own magnitude (across the dtype's range, subnormals included; float64 past
+    float32's) and its values spread over 40 binades below it, so that many become fp8 subnormals or zero. Some
+    blocks hold only zeros, inf, NaN (of either sign), or values at the e4m3fn exponent limit."""
+    g = torch.Generator().manual_seed(seed)
+    blocks = _blocks(count)
+    low, high = _RANGE[dtype]
+    top = torch.randint(low, high, (blocks,), generator=g).repeat_interleave(BLOCK)[:count]
+    spread = torch.randint(0, 41, (count,), generator=g)
+    mantissa = torch.rand(count, generator=g, dtype=torch.float64) * 0.5 + 0.5
+    sign = torch.where(torch.rand(count, generator=g) < 0.5, -1.0, 1.0).to(torch.float64)
+    x = sign * torch.ldexp(mantissa, (top - spread).to(torch.float64))
+    kind = torch.randint(0, 16, (blocks,), generator=g)
+    specials = {1: float("inf"), 2: float("-inf"), 3: float("nan"), 4: -float("nan")}
+    if dtype != torch.float16:
+        specials.update({5: 448.0 * 2.0**119, 6: 1.5 * 448.0 * 2.0**118})
+    for b in range(blocks):
+        lo, hi = b * BLOCK, min(count, (b + 1) * BLOCK)
+        k = int(kind[b])
+        if k == 0:
+            x[lo:hi] = 0.0
+        elif k in specials:
+            x[lo + int(torch.randint(0, hi - lo, (1,), generator=g))] = specials[k]
+    return x.to(dtype)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return t.view(view)
+
+
+def assert_same(expected: torch.Tensor, actual: torch.Tensor, what: str) -> None:
+    """Bit for bit, NaN equal to NaN."""
+    assert expected.dtype == actual.dtype and expected.shape == actual.shape, what
+    nan = torch.isnan(expected.float())
+    assert torch.equal(nan, torch.isnan(actual.float())), what
+    keep = ~nan
+    differ = (_bits(expected)[keep] != _bits(actual)[keep]).nonzero()
+    assert differ.numel() == 0, f"{what}: {differ.numel()} elements differ, first at {int(differ[0])}"
+
+
+def encode(values: torch.Tensor, low: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    scales = torch.full((codec.scale_count(values.numel()),), 12345.0)
+    data = torch.empty(values.numel(), dtype=low)
+    codec.encode_block_scaled(values, scales, data)
+    return scales, data
+
+
+# --------------------------------------------------------------------------
+# Bit identity.
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("low", LOWS, ids=str)
+@pytest.mark.parametrize("dtype", SOURCES, ids=str)
+def test_encode_matches_torch_bit_for_bit(low: torch.dtype, dtype: torch.dtype) -> None:
+    for i, count in enumerate(COUNTS):
+        values = random_values(count, dtype, seed=100 * i + SOURCES.index(dtype))
+        expected_scales, expected_data = reference_encode(values, low)
+        scales, data = encode(values, low)
+        what = f"{low} from {dtype} count={count}"
+        # A NaN scale is torch's float("nan") in both, and every byte of its block the format's NaN 0x7F.
+        assert torch.equal(_bits(expected_scales), _bits(scales)), what
+        assert torch.equal(_bits(expected_data), _bits(data)), what
+
+
+@pytest.mark.parametrize("low", LOWS, ids=str)
+@pytest.mark.parametrize("dtype", OUTS, ids=str)
+@pytest.mark.parametrize("accumulate", [False, True], ids=["overwrite", "accumulate"])
+def test_decode_matches_torch(low: torch.dtype, dtype: torch.dtype, accumulate: bool) -> None:
+    for i, count in enumerate(COUNTS):
+        scales, data = reference_encode(random_values(count, torch.float32, seed=7 + i), low)
+        out = random_values(count, dtype, seed=1000 + i)
+        expected = reference_decode(scales, data, out, accumulate)
+        codec.decode_block_scaled(scales, data, out, accumulate=accumulate)
+        assert_same(expected, out, f"{low} into {dtype} count={count} accumulate={accumulate}")
+
+
+@pytest.mark.parametrize("low", LOWS, ids=str)
+def test_every_byte_decodes_like_torch_with_extreme_scales(low: torch.dtype) -> None:
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    if low == torch.float8_e4m3fn:  # the NaN byte with a finite scale: never written by the encoder (reads 480)
+        codes = codes[(codes & 0x7F) != 0x7F]
+    data = codes.view(low)
+    for scale in (2.0**119, 2.0**-126, 1.0, float("nan")):
+        scales = torch.full((codec.scale_count(data.numel()),), scale)
+        for dtype in OUTS:
+            out = torch.linspace(-3, 3, data.numel(), dtype=torch.float64).to(dtype)
+            for accumulate in (False, True):
+                expected = reference_decode(scales, data, out, accumulate)
+                actual = out.clone()
+                codec.decode_block_scaled(scales, data, actual, accumulate=accumulate)
+                assert_same(expected, actual, f"{low} scale={scale} into {dtype} accumulate={accumulate}")
+
+
+def test_edge_blocks_match_torch() -> None:
+    """One block per case: zeros (scale 1), absmax / fp8_max subnormal or underflowing (exponent clamp), the
+    e4m3fn exponent limit on both sides, fp8 ties and subnormals, inf/NaN, and a short tail."""
+    tiny = 2.0**-149
+    blocks = [[0.0, -0.0], [tiny, -tiny], [2.0**-126, 3 * tiny], [2.0**-130], [448.0, 1.0625, -1.1875, 0.0029296875],
+              [57344.0, 1.125, 2.5, 3.5], [448.0 * 2.0**119], [448.0 * 2.0**118, -1.0], [3.4028234e38, 1.0],
+              [1.0, float("inf")], [-float("inf")], [float("nan"), 1.0], [-float("nan")], [1.0, 2.0, 3.0]]
+    blocks += [[448.0 * 2.0**k, 57344.0 * 2.0**k, 1.0] for k in range(-20, 21)]
+    for low in LOWS:
+        for values in blocks:
+            x = torch.tensor(values, dtype=torch.float32)
+            expected_scales, expected_data = reference_encode(x, low)
+            scales, data = encode(x, low)
+            assert torch.equal(_bits(expected_scales), _bits(scales)), (low, values)
+            assert torch.equal(_bits(expected_data), _bits(data)), (low, values)
+
+
+@pytest.mark.parametrize("low", LOWS, ids=str)
+@pytest.mark.parametrize("acc", [torch.float32, torch.float64], ids=str)
+def test_low_precision_codec_round_trips_through_a_slot(low: torch.dtype, acc: torch.dtype) -> None:
+    """``_low_precision._Codec`` lays scales and bytes out in its slot and decodes them like the reference."""
+    c = _low_precision._Codec(low, acc, 64 * 1024)
+    values = random_values(c.capacity - 5, acc, seed=3)
+    slot = torch.zeros(c.slot_bytes, dtype=torch.uint8)
+    c.encode(values, slot)
+    expected_scales, expected_data = reference_encode(values, low)
+    blocks = expected_scales.numel()
+    assert torch.equal(_bits(slot[:blocks * 4].view(torch.float32)), _bits(expected_scales))
+    assert torch.equal(_bits(c.data(slot, values.numel())), _bits(expected_data))
+    out = random_values(values.numel(), acc, seed=4)
+    expected = reference_decode(expected_scales, expected_data, out, True)
+    c.decode(slot, out, accumulate=True)
+    assert_same(expected, out, f"{low} {acc}")
+
+
+# --------------------------------------------------------------------------
+# Argument checks (in the binding), in the contract form.
+# --------------------------------------------------------------------------
+
+
+def test_zero_elements_write_nothing() -> None:
+    codec.encode_block_scaled(torch.empty(0), torch.empty(0), torch.empty(0, dtype=torch.float8_e5m2))
+    codec.decode_block_scaled(torch.empty(0), torch.empty(0, dtype=torch.float8_e5m2), torch.empty(0), accumulate=True)
+
+
+def test_encode_checks_its_arguments() -> None:
+    src, scales, dst = torch.zeros(130), torch.zeros(2), torch.zeros(130, dtype=torch.float8_e4m3fn)
+    with pytest.raises(TypeError, match=r"^`src` must be a torch.Tensor, but got list$"):
+        codec.encode_block_scaled([1.0], scales, dst)
+    with pytest.raises(TypeError, match=r"^`src` must have one of dtypes torch.float32, torch.float64, torch.float16, "
+                                        r"torch.bfloat16, but got torch.int32$"):
+        codec.encode_block_scaled(src.int(), scales, dst)
+    with pytest.raises(TypeError, match=r"^`dst` must have dtype torch.float8_e4m3fn or torch.float8_e5m2, but got "
+                                        r"torch.uint8$"):
+        codec.encode_block_scaled(src, scales, dst.view(torch.uint8))
+    with pytest.raises(TypeError, match=r"^`scales` must have dtype torch.float32, but got torch.float64$"):
+        codec.encode_block_scaled(src, scales.double(), dst)
+    with pytest.raises(ValueError, match=r"^`scales` must have 2 elements \(one per 128 values\), but got 3$"):
+        codec.encode_block_scaled(src, torch.zeros(3), dst)
+    with pytest.raises(ValueError, match=r"^`src` must have as many elements as `dst` \(130\), but got 129$"):
+        codec.encode_block_scaled(src[:129], scales, dst)
+    with pytest.raises(ValueError, match=r"^`src` must be contiguous, but got a tensor of shape \[130\] and strides "
+                                         r"\[2\]$"):
+        codec.encode_block_scaled(torch.zeros(260)[::2], scales, dst)
+    with pytest.raises(ValueError, match=r"^`dst` must be a CPU tensor, but got a tensor on meta$"):
+        codec.encode_block_scaled(src, scales, torch.empty(130, dtype=torch.float8_e4m3fn, device="meta"))
+    whole = torch.zeros(1024, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"^`scales` must not overlap `dst`, but got overlapping memory$"):
+        codec.encode_block_scaled(src, whole[:8].view(torch.float32), whole[4:134].view(torch.float8_e4m3fn))
+    assert torch.equal(scales, torch.zeros(2))
+    assert torch.equal(dst.view(torch.uint8), torch.zeros(130, dtype=torch.uint8))
+
+
+def test_decode_checks_its_arguments() -> None:
+    scales, src, out = torch.ones(2), torch.zeros(130, dtype=torch.float8_e5m2), torch.full((130,), 5.0)
+    with pytest.raises(TypeError, match=r"^`accumulate` must be a bool, but got int$"):
+        codec.decode_block_scaled(scales, src, out, accumulate=1)
+    with pytest.raises(TypeError, match=r"^`src` must have dtype torch.float8_e4m3fn or torch.float8_e5m2, but got "
+                                        r"torch.float32$"):
+        codec.decode_block_scaled(scales, out, out.clone(), accumulate=False)
+    with pytest.raises(TypeError, match=r"^`out` must have one of dtypes torch.float32, torch.float64, torch.float16, "
+                                        r"torch.bfloat16, but got torch.int64$"):
+        codec.decode_block_scaled(scales, src, out.long(), accumulate=False)
+    with pytest.raises(ValueError, match=r"^`out` must have as many elements as `src` \(130\), but got 128$"):
+        codec.decode_block_scaled(scales, src, out[:128], accumulate=False)
+    with pytest.raises(ValueError, match=r"^`out` must not overlap `scales`, but got overlapping memory$"):
+        codec.decode_block_scaled(out[:2], src, out, accumulate=False)
+    assert torch.equal(out, torch.full((130,), 5.0))
