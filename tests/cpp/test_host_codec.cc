@@ -1,6 +1,6 @@
 // The block-scaled fp8 codec (ops/host/codec.h) against a scalar reference written from the formats' definitions:
 // both formats, every source and output dtype, both instruction-set variants, tails, all-zero blocks, subnormal
-// results, ties, blocks with inf/NaN, the e4m3fn exponent limit, the exponent clamp at -126.
+// results, ties and values just off them, blocks with inf/NaN, the e4m3fn exponent limit, the exponent clamp at -126.
 //
 // The reference rounds by searching the format's codes for the nearest value (ties to the even code) and takes
 // frexp from the C library: it shares none of the kernels' bit tricks.
@@ -306,18 +306,69 @@ TEST(HostCodecTest, EveryFormatAndOutputDtypeDecodesLikeTheReference) {
 }
 
 // Every byte with every kind of scale: the largest, the smallest (products down to float32 subnormals), one, NaN.
+// Each byte is decoded once in a full block and once among the last 15 values of a short block (the kernels may
+// take a block's last values one at a time).
 TEST(HostCodecTest, EveryByteDecodesWithExtremeScales) {
-  std::vector<std::uint8_t> all(256);
-  for (int b = 0; b < 256; ++b) all[static_cast<std::size_t>(b)] = static_cast<std::uint8_t>(b);
   for (HostIsa isa : AvailableIsas()) {
     for (LowFormat format : kFormats) {
       for (float scale : {std::ldexp(1.0f, 119), std::ldexp(1.0f, -126), 1.0f, std::nanf("")}) {
-        Encoded encoded{{scale, scale}, all};
-        for (DataType dtype : kDtypes) {
-          std::vector<unsigned char> out(256 * DtypeSize(dtype));
-          for (std::size_t i = 0; i < 256; ++i) Store(dtype, out, i, static_cast<double>(i) - 100.0);
-          // The e4m3fn NaN byte with a finite scale reads as 480 (the reference's documented reading).
-          ExpectDecodes(isa, format, dtype, encoded, out, 256);
+        for (std::size_t rotation = 0; rotation < 256 + 15; rotation += 15) {
+          std::vector<std::uint8_t> bytes(256);
+          for (std::size_t i = 0; i < 256; ++i) bytes[i] = static_cast<std::uint8_t>(i + rotation);
+          const std::size_t count = rotation == 0 ? 256 : kScaleBlock + 15;
+          bytes.resize(count);
+          Encoded encoded{{scale, scale}, bytes};
+          for (DataType dtype : kDtypes) {
+            std::vector<unsigned char> out(count * DtypeSize(dtype));
+            for (std::size_t i = 0; i < count; ++i) Store(dtype, out, i, static_cast<double>(i) - 100.0);
+            // The e4m3fn NaN byte with a finite scale reads as 480 (the reference's documented reading).
+            ExpectDecodes(isa, format, dtype, encoded, out, count);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Values at, next to and near every tie between two neighbouring fp8 codes (subnormals included), of both signs,
+// at several scales: just off a tie must round to the nearer code, however close (a kernel rounding through a
+// wider format first, float16 for e5m2, could land on the tie and round to even the wrong way). Encoded in full
+// blocks and, for the kernels' one-at-a-time path, in short runs.
+TEST(HostCodecTest, ValuesNearTiesRoundOnce) {
+  for (LowFormat format : kFormats) {
+    const double largest = Fp8Max(format);
+    std::vector<double> near_ties;
+    for (int code = 0; Fp8Value(format, static_cast<std::uint8_t>(code + 1)) <= largest; ++code) {
+      const double low = Fp8Value(format, static_cast<std::uint8_t>(code));
+      const double high = Fp8Value(format, static_cast<std::uint8_t>(code + 1));
+      const double tie = (low + high) / 2;   // exact in float32
+      const auto tie32 = static_cast<float>(tie);
+      const double step = high - low;
+      for (double value : {tie, static_cast<double>(std::nextafter(tie32, 0.0f)),
+                           static_cast<double>(std::nextafter(tie32, 1e9f)), tie + step * 0x1.0p-20,
+                           tie - step * 0x1.0p-20, tie + step * 0x1.0p-10, tie - step * 0x1.0p-10,
+                           tie + step * 0x1.0p-9, tie - step * 0x1.0p-9, tie + step * 0x1.8p-9,
+                           tie - step * 0x1.8p-9, tie + step / 4, low + step * 0x1.0p-12}) {
+        near_ties.push_back(value);
+        near_ties.push_back(-value);
+      }
+    }
+    for (int shift : {-100, -20, 0, 20, 60}) {
+      // Every block starts with 0.75 * the largest value (scale 2**shift), then up to 127 values near ties.
+      for (std::size_t per_block : {kScaleBlock - 1, std::size_t{12}}) {
+        std::vector<double> run;
+        for (std::size_t i = 0; i < near_ties.size(); ++i) {
+          if (i % per_block == 0) run.push_back(0.75 * largest);
+          run.push_back(near_ties[i]);
+        }
+        const std::size_t chunk = per_block == kScaleBlock - 1 ? run.size() : per_block + 1;   // short runs
+        for (std::size_t start = 0; start < run.size(); start += chunk) {
+          const std::size_t count = std::min(chunk, run.size() - start);
+          std::vector<unsigned char> src(count * sizeof(float));
+          for (std::size_t i = 0; i < count; ++i) {
+            Store(DataType::kFloat32, src, i, std::ldexp(run[start + i], shift));
+          }
+          for (HostIsa isa : AvailableIsas()) ExpectEncodes(isa, format, DataType::kFloat32, src, count);
         }
       }
     }

@@ -6,7 +6,8 @@
 // torch's casts produce for the same definition (hyper_parallel/core/symmetric_memory/_low_precision.py), so that
 // every rank decodes the same bytes to the same values.
 //
-// The kernels are compiled once portably and, on x86-64, once more for AVX2 + F16C; the entries without an
+// The kernels are compiled once portably and, on x86-64, once more for AVX2 + F16C (which converts e5m2 through
+// float16, rounding to odd first so that it rounds once: the same bytes and values); the entries without an
 // explicit HostIsa use the best variant the CPU supports (isa.h).
 #pragma once
 

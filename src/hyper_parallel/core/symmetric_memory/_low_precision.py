@@ -69,10 +69,9 @@ torch's vectorised cast each way. fp8 is one call each way into the host codec
 (:mod:`hyper_parallel.core.multicore.shmem._codec`: vectorised C++, a pass over each 128-element block for its absmax
 and one to scale and round; decoding multiplies by the scale and adds in one pass), bit-identical to torch's casts
 on the same definition. On the host device this does not beat the full-precision path, which is one vectorised pass
-over memory (64 MiB float32 all_reduce on 2 ranks of a shared 2-core machine: 15 ms with float8_e4m3fn, 20 ms
-with float8_e5m2, 10 to 12 ms with float16 or bfloat16, 6 to 9 ms in full precision in place; see
-``docs/perf.md``). On a non-default SHMEM
-stream the op waits for the stream at each step, since the casts run on the host thread.
+over memory (64 MiB float32 all_reduce on 2 ranks of a shared 2-core machine: 13 to 15 ms with either fp8
+dtype, 10 to 13 ms with float16 or bfloat16, 6 to 9 ms in full precision in place; see ``docs/perf.md``). On a
+non-default SHMEM stream the op waits for the stream at each step, since the casts run on the host thread.
 
 The group's ranks must agree on the dtype (the argument, or the environment variable), like on ``op``.
 """
