@@ -43,6 +43,20 @@ inline double BFloat16Value(std::uint16_t bits) {
   return value;
 }
 
+// The code in [0, top] nearest to `magnitude` (non-negative, below step(top)), ties to the even code. step(code)
+// is the value of each positive code, growing with it; step(top) is the first step past the largest finite value.
+template <class Step>
+std::uint32_t NearestCode(double magnitude, std::uint32_t top, Step step) {
+  std::uint32_t low = 0, high = top;   // step(low) <= magnitude < step(high)
+  while (high - low > 1) {
+    const std::uint32_t mid = (low + high) / 2;
+    (step(mid) <= magnitude ? low : high) = mid;
+  }
+  const double below = magnitude - step(low);
+  const double above = step(high) - magnitude;
+  return below < above ? low : above < below ? high : (low % 2 == 0 ? low : high);
+}
+
 // The nearest value of a 16-bit format to `value`, ties to the even bit pattern. Positive finite patterns
 // 0..infinity_bits-1 grow with their value; `overflow` is where the next (unrepresentable) step would be, so that
 // values from halfway to it round to infinity like IEEE does.
@@ -55,15 +69,7 @@ inline std::uint16_t RoundTo16(double value, double (*to_value)(std::uint16_t), 
     return bits == infinity_bits ? overflow : to_value(static_cast<std::uint16_t>(bits));
   };
   if (magnitude >= overflow) return sign | infinity_bits;
-  std::uint32_t low = 0, high = infinity_bits;   // step_value(low) <= magnitude < step_value(high)
-  while (high - low > 1) {
-    const std::uint32_t mid = (low + high) / 2;
-    (step_value(mid) <= magnitude ? low : high) = mid;
-  }
-  const double below = magnitude - step_value(low);
-  const double above = step_value(high) - magnitude;
-  const std::uint32_t nearest = below < above ? low : above < below ? high : (low % 2 == 0 ? low : high);
-  return static_cast<std::uint16_t>(sign | nearest);
+  return static_cast<std::uint16_t>(sign | NearestCode(magnitude, infinity_bits, step_value));
 }
 
 inline std::uint16_t RoundToHalf(double value) { return RoundTo16(value, HalfValue, 0x7C00, 65536.0); }

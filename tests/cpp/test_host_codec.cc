@@ -86,15 +86,7 @@ std::uint8_t RoundToFp8(LowFormat format, double value) {
   const std::uint8_t sign = std::signbit(value) ? 0x80 : 0;
   const double magnitude = std::fabs(value);
   if (magnitude >= step(top)) return static_cast<std::uint8_t>(sign | top);
-  std::uint32_t low = 0, high = top;   // step(low) <= magnitude < step(high)
-  while (high - low > 1) {
-    const std::uint32_t mid = (low + high) / 2;
-    (step(mid) <= magnitude ? low : high) = mid;
-  }
-  const double below = magnitude - step(low);
-  const double above = step(high) - magnitude;
-  const std::uint32_t nearest = below < above ? low : above < below ? high : (low % 2 == 0 ? low : high);
-  return static_cast<std::uint8_t>(sign | nearest);
+  return static_cast<std::uint8_t>(sign | NearestCode(magnitude, top, step));
 }
 
 
