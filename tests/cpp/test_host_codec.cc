@@ -1,9 +1,7 @@
-// The block-scaled fp8 codec (ops/host/codec.h) against a scalar reference written from the formats' definitions:
-// both formats, every source and output dtype, both instruction-set variants, tails, all-zero blocks, subnormal
-// results, ties and values just off them, blocks with inf/NaN, the e4m3fn exponent limit, the exponent clamp at -126.
-//
-// The reference rounds by searching the format's codes for the nearest value (ties to the even code) and takes
-// frexp from the C library: it shares none of the kernels' bit tricks.
+// The block-scaled fp8 codec (ops/host/codec.h) against a scalar reference written from the formats' definitions
+// (codec_reference.h): both formats, every source and output dtype, both instruction-set variants, tails, all-zero
+// blocks, subnormal results, ties and values just off them, blocks with inf/NaN, the e4m3fn exponent limit, the
+// exponent clamp at -126.
 #include "ops/host/codec.h"
 
 #include <gtest/gtest.h>
@@ -17,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "codec_reference.h"
 #include "host_kernel_support.h"
 
 namespace hp::shmem::ops {
@@ -27,15 +26,6 @@ using namespace testutil;  // NOLINT(build/namespaces): the shared test helpers
 const LowFormat kFormats[] = {LowFormat::kFloat8E4M3Fn, LowFormat::kFloat8E5M2};
 const DataType kDtypes[] = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16};
 const std::size_t kCounts[] = {0, 1, 127, kScaleBlock, kScaleBlock + 1, 5 * kScaleBlock + 3, 4096};
-const double kNan = std::numeric_limits<double>::quiet_NaN();
-const double kInf = std::numeric_limits<double>::infinity();
-
-
-std::uint32_t Bits(float value) {
-  std::uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  return bits;
-}
 
 float FromBits(std::uint32_t bits) {
   float value;
@@ -43,189 +33,9 @@ float FromBits(std::uint32_t bits) {
   return value;
 }
 
-std::uint64_t Bits(double value) {
-  std::uint64_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  return bits;
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// The formats, from their definitions.
-
-
-// e4m3fn: bias 7, no infinity, s.1111.111 is NaN. e5m2: bias 15, IEEE-like (infinities, NaN).
-double Fp8Value(LowFormat format, std::uint8_t byte) {
-  double magnitude;
-  if (format == LowFormat::kFloat8E4M3Fn) {
-    const int exponent = (byte >> 3) & 0xF;
-    const int mantissa = byte & 0x7;
-    if (exponent == 0xF && mantissa == 0x7) return kNan;
-    magnitude = exponent == 0 ? std::ldexp(mantissa, -9) : std::ldexp(8 + mantissa, exponent - 10);
-  } else {
-    const int exponent = (byte >> 2) & 0x1F;
-    const int mantissa = byte & 0x3;
-    if (exponent == 0x1F) return mantissa != 0 ? kNan : ((byte & 0x80) ? -kInf : kInf);
-    magnitude = exponent == 0 ? std::ldexp(mantissa, -16) : std::ldexp(4 + mantissa, exponent - 17);
-  }
-  return (byte & 0x80) ? -magnitude : magnitude;
-}
-
-double Fp8Max(LowFormat format) { return format == LowFormat::kFloat8E4M3Fn ? 448.0 : 57344.0; }
-int Fp8MaxExponent(LowFormat format) { return format == LowFormat::kFloat8E4M3Fn ? 119 : 127; }
-
-// The nearest fp8 code to a finite `value`, ties to the even code; like torch's cast, what rounds past the largest
-// finite value becomes NaN (e4m3fn, code 0x7F) or infinity (e5m2, 0x7C). The ladder of positive codes ends with the
-// first code past the largest finite value, read as the next step of the ladder (480 and 65536).
-std::uint8_t RoundToFp8(LowFormat format, double value) {
-  const bool e4m3 = format == LowFormat::kFloat8E4M3Fn;
-  const std::uint32_t top = e4m3 ? 0x7F : 0x7C;
-  auto step = [&](std::uint32_t code) {
-    if (code == top) return e4m3 ? 480.0 : 65536.0;
-    return Fp8Value(format, static_cast<std::uint8_t>(code));
-  };
-  const std::uint8_t sign = std::signbit(value) ? 0x80 : 0;
-  const double magnitude = std::fabs(value);
-  if (magnitude >= step(top)) return static_cast<std::uint8_t>(sign | top);
-  return static_cast<std::uint8_t>(sign | NearestCode(magnitude, top, step));
-}
-
-
-std::size_t DtypeSize(DataType dtype) {
-  return dtype == DataType::kFloat64 ? 8 : dtype == DataType::kFloat32 ? 4 : 2;
-}
-
-// Element i of a raw buffer of `dtype`, as a double (exact: every dtype here widens exactly).
-double ValueAt(DataType dtype, const std::vector<unsigned char>& bytes, std::size_t i) {
-  const unsigned char* at = bytes.data() + i * DtypeSize(dtype);
-  switch (dtype) {
-    case DataType::kFloat32: {
-      float value;
-      std::memcpy(&value, at, sizeof(value));
-      return value;
-    }
-    case DataType::kFloat64: {
-      double value;
-      std::memcpy(&value, at, sizeof(value));
-      return value;
-    }
-    default: {
-      std::uint16_t bits;
-      std::memcpy(&bits, at, sizeof(bits));
-      return dtype == DataType::kFloat16 ? HalfValue(bits) : BFloat16Value(bits);
-    }
-  }
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// The reference codec.
-
-struct Encoded {
-  std::vector<float> scales;
-  std::vector<std::uint8_t> bytes;
-};
-
-// Every value is rounded to float32 first; the scale comes from a float32 division and frexp.
-Encoded ReferenceEncode(LowFormat format, DataType dtype, const std::vector<unsigned char>& src, std::size_t count) {
-  Encoded encoded{std::vector<float>(ScaleCount(count)), std::vector<std::uint8_t>(count)};
-  for (std::size_t block = 0; block * kScaleBlock < count; ++block) {
-    const std::size_t start = block * kScaleBlock;
-    const std::size_t end = std::min(count, start + kScaleBlock);
-    float absmax = 0.0f;
-    bool finite = true;
-    for (std::size_t i = start; i < end; ++i) {
-      const float value = static_cast<float>(ValueAt(dtype, src, i));
-      finite = finite && std::isfinite(value);
-      absmax = std::max(absmax, std::fabs(value));
-    }
-    int exponent = 0;
-    std::frexp(absmax / static_cast<float>(Fp8Max(format)), &exponent);
-    float scale = std::numeric_limits<float>::quiet_NaN();
-    if (finite && exponent <= Fp8MaxExponent(format)) scale = std::ldexp(1.0f, std::max(exponent, -126));
-    encoded.scales[block] = scale;
-    for (std::size_t i = start; i < end; ++i) {
-      const double value = static_cast<float>(ValueAt(dtype, src, i));
-      encoded.bytes[i] = std::isnan(scale) ? 0x7F : RoundToFp8(format, value / scale);
-    }
-  }
-  return encoded;
-}
-
-// One decoded element as `dtype` would store it (a double holding the stored value), NaN for NaN.
-double ReferenceDecodeOne(LowFormat format, std::uint8_t byte, float scale, DataType dtype, double old,
-                          bool accumulate) {
-  // The documented reading of the e4m3fn NaN byte: 480, like the first decoder.
-  const bool e4m3_nan = format == LowFormat::kFloat8E4M3Fn && (byte & 0x7F) == 0x7F;
-  const double value = e4m3_nan ? ((byte & 0x80) ? -480.0 : 480.0) : Fp8Value(format, byte);
-  const double product = value * scale;   // exact
-  // Overwriting takes the product in float32: past float32's range it is infinite, even for a float64 out.
-  if (dtype == DataType::kFloat64) return accumulate ? old + product : static_cast<float>(product);
-  const float sum = accumulate ? static_cast<float>(old) + static_cast<float>(product) : static_cast<float>(product);
-  if (dtype == DataType::kFloat32) return sum;
-  if (dtype == DataType::kFloat16) return HalfValue(RoundToHalf(sum));
-  return BFloat16Value(RoundToBFloat16(sum));
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// Test data.
-
-void Store(DataType dtype, std::vector<unsigned char>& bytes, std::size_t i, double value) {
-  unsigned char* at = bytes.data() + i * DtypeSize(dtype);
-  switch (dtype) {
-    case DataType::kFloat32: {
-      const auto narrow = static_cast<float>(value);
-      std::memcpy(at, &narrow, sizeof(narrow));
-      return;
-    }
-    case DataType::kFloat64:
-      std::memcpy(at, &value, sizeof(value));
-      return;
-    default: {
-      const std::uint16_t bits = dtype == DataType::kFloat16 ? RoundToHalf(value) : RoundToBFloat16(value);
-      std::memcpy(at, &bits, sizeof(bits));
-      return;
-    }
-  }
-}
-
-// Random values: each block has its own magnitude (across the dtype's whole range, subnormals included) and its
-// values spread over 40 binades below it, so that many land on fp8 subnormals or round to zero. Some blocks hold
-// zeros only, inf or NaN, or values on the e4m3fn exponent limit; float64 blocks may overflow float32.
-std::vector<unsigned char> RandomValues(DataType dtype, std::size_t count, std::mt19937_64& rng) {
-  std::vector<unsigned char> bytes(count * DtypeSize(dtype));
-  std::uniform_real_distribution<double> mantissa(0.5, 1.0);
-  std::uniform_int_distribution<int> spread(0, 40);
-  std::uniform_int_distribution<int> kind(0, 15);
-  const int low = dtype == DataType::kFloat16 ? -24 : -149;
-  const int high = dtype == DataType::kFloat16 ? 16 : dtype == DataType::kFloat64 ? 130 : 128;
-  std::uniform_int_distribution<int> top(low, high);
-  for (std::size_t start = 0; start < count; start += kScaleBlock) {
-    const std::size_t end = std::min(count, start + kScaleBlock);
-    const int block_kind = kind(rng);
-    const int block_top = top(rng);
-    for (std::size_t i = start; i < end; ++i) {
-      double value = std::ldexp(mantissa(rng), block_top - spread(rng));
-      if (rng() & 1) value = -value;
-      if (block_kind == 0) value = (rng() & 1) ? 0.0 : -0.0;
-      Store(dtype, bytes, i, value);
-    }
-    const std::size_t pick = start + rng() % (end - start);
-    if (block_kind == 1) Store(dtype, bytes, pick, kInf);
-    if (block_kind == 2) Store(dtype, bytes, pick, -kInf);
-    if (block_kind == 3) Store(dtype, bytes, pick, kNan);
-    if (block_kind == 4 && dtype != DataType::kFloat16) Store(dtype, bytes, pick, 448.0 * std::ldexp(1.0, 119));
-    if (block_kind == 5 && dtype != DataType::kFloat16) Store(dtype, bytes, pick, 448.0 * std::ldexp(1.5, 118));
-  }
-  return bytes;
-}
-
 std::string Describe(HostIsa isa, LowFormat format, DataType dtype, std::size_t count) {
   return std::string(HostIsaName(isa)) + " " + LowFormatName(format) + " " + DataTypeName(dtype) +
          " count=" + std::to_string(count);
-}
-
-// Bits equal, or both NaN (NaN payloads are not part of the format).
-bool SameFloat(double expected, double actual) {
-  return (std::isnan(expected) && std::isnan(actual)) || Bits(expected) == Bits(actual);
 }
 
 void ExpectEncodes(HostIsa isa, LowFormat format, DataType dtype, const std::vector<unsigned char>& src,

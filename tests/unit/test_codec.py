@@ -206,18 +206,97 @@ def test_edge_blocks_match_torch() -> None:
 @pytest.mark.parametrize("acc", [torch.float32, torch.float64], ids=str)
 def test_low_precision_codec_round_trips_through_a_slot(low: torch.dtype, acc: torch.dtype) -> None:
     """``_low_precision._Codec`` lays scales and bytes out in its slot and decodes them like the reference."""
-    c = _low_precision._Codec(low, acc, 64 * 1024)
+    c = _low_precision._Codec(low, 64 * 1024)
     values = random_values(c.capacity - 5, acc, seed=3)
     slot = torch.zeros(c.slot_bytes, dtype=torch.uint8)
     c.encode(values, slot)
     expected_scales, expected_data = reference_encode(values, low)
-    blocks = expected_scales.numel()
-    assert torch.equal(_bits(slot[:blocks * 4].view(torch.float32)), _bits(expected_scales))
-    assert torch.equal(_bits(c.data(slot, values.numel())), _bits(expected_data))
+    scales, codes = c.run(slot, values.numel())
+    assert torch.equal(_bits(scales), _bits(expected_scales))
+    assert torch.equal(_bits(slot[:expected_scales.numel() * 4].view(torch.float32)), _bits(expected_scales))
+    assert torch.equal(_bits(codes), _bits(expected_data))
     out = random_values(values.numel(), acc, seed=4)
-    expected = reference_decode(expected_scales, expected_data, out, True)
-    c.decode(slot, out, accumulate=True)
+    expected = reference_decode(expected_scales, expected_data, out, False)
+    c.decode(slot, out)
     assert_same(expected, out, f"{low} {acc}")
+
+
+# --------------------------------------------------------------------------
+# reduce_encoded: one pass of decoding, summing and re-encoding, against the references composed step by step.
+# --------------------------------------------------------------------------
+
+WIRES = LOWS + [torch.float16, torch.bfloat16]
+
+
+def encoded_run(values: torch.Tensor, low: torch.dtype) -> codec.EncodedRun:
+    """``values`` encoded by the reference: fp8 with its scales, 16-bit as torch's cast (no scales)."""
+    if low in LOWS:
+        return reference_encode(values, low)
+    return None, values.to(torch.float32).to(low)
+
+
+def reference_reduce(out_dtype: torch.dtype, own, runs, op: str, reencode_low):
+    """(out, reencoded run or None) as the reference steps give them: the decoded terms added in order in the
+    accumulator (float64 for float64, float32 otherwise), divided for 'avg', then stored, or encoded and decoded."""
+    acc_dtype = torch.float64 if out_dtype == torch.float64 else torch.float32
+    count = runs[0][1].numel() if runs else own.numel()
+    if own is not None:
+        acc = own.to(acc_dtype)
+    else:
+        scales, codes = runs[0]
+        zeros = torch.zeros(count, dtype=acc_dtype)
+        acc = reference_decode(scales, codes, zeros, False) if scales is not None else codes.to(acc_dtype)
+        runs = runs[1:]
+    for scales, codes in runs:
+        acc = reference_decode(scales, codes, acc, True) if scales is not None else acc + codes.to(acc_dtype)
+    if op == "avg":
+        acc = acc / (len(runs) + 1)
+    if reencode_low is None:
+        return acc.to(out_dtype), None
+    scales, codes = encoded_run(acc, reencode_low)
+    empty = torch.zeros(count, dtype=out_dtype)
+    decoded = reference_decode(scales, codes, empty, False) if scales is not None else codes.to(out_dtype)
+    return decoded, (scales, codes)
+
+
+def _empty_run(low: torch.dtype, count: int) -> codec.EncodedRun:
+    scales = torch.full((codec.scale_count(count),), 12345.0) if low in LOWS else None
+    return scales, torch.zeros(count, dtype=low)
+
+
+# The pairs low precision uses: a wire format narrower than the tensor.
+_PAIRS = [(low, dtype) for low in WIRES for dtype in OUTS if low.itemsize < dtype.itemsize]
+
+
+@pytest.mark.parametrize("low,dtype", _PAIRS, ids=str)
+@pytest.mark.parametrize("own", ["none", "apart", "in_place"])
+def test_reduce_encoded_matches_the_reference_steps(low: torch.dtype, dtype: torch.dtype, own: str) -> None:
+    """Every wire format into every wider dtype, 'sum' and 'avg', 1 to 3 sources, with and without re-encoding:
+    the result, and the re-encoded scales and codes, bit for bit (NaN equal to NaN)."""
+    seed = 10
+    for count in (1, 129, 5 * BLOCK + 3, 4096 + 7):
+        for nsources in (1, 2, 3):
+            for op in ("sum", "avg"):
+                for reencode in (False, True):
+                    seed += 1
+                    runs = [encoded_run(random_values(count, dtype, seed + 100 * k), low) for k in range(nsources)]
+                    mine = random_values(count, dtype, seed + 7) if own != "none" else None
+                    expected, expected_run = reference_reduce(dtype, mine, runs, op, low if reencode else None)
+                    out = mine if own == "in_place" else torch.full((count,), 3.0, dtype=dtype)
+                    own_arg = None if mine is None else mine if own == "in_place" else mine.clone()
+                    target = _empty_run(low, count) if reencode else None
+                    codec.reduce_encoded(out, own_arg, runs, op=op, reencode=target)
+                    what = f"{low} into {dtype} own={own} count={count} sources={nsources} {op} reencode={reencode}"
+                    assert_same(expected, out, what)
+                    if reencode:
+                        if low in LOWS:
+                            assert_same(expected_run[0], target[0], what + " scales")
+                        assert_same(expected_run[1], target[1], what + " codes")
+
+
+def test_reduce_encoded_of_zero_elements_writes_nothing() -> None:
+    codec.reduce_encoded(torch.empty(0), None, [(torch.empty(0), torch.empty(0, dtype=torch.float8_e4m3fn))],
+                         op="sum", reencode=(torch.empty(0), torch.empty(0, dtype=torch.float8_e4m3fn)))
 
 
 # --------------------------------------------------------------------------
@@ -273,3 +352,58 @@ def test_decode_checks_its_arguments() -> None:
     with pytest.raises(ValueError, match=r"^`out` must not overlap `scales`, but got overlapping memory$"):
         codec.decode_block_scaled(out[:2], src, out, accumulate=False)
     assert torch.equal(out, torch.full((130,), 5.0))
+
+
+def test_reduce_encoded_checks_its_arguments() -> None:
+    out = torch.full((130,), 5.0)
+    half = torch.zeros(130, dtype=torch.float16)
+    fp8 = (torch.ones(2), torch.zeros(130, dtype=torch.float8_e4m3fn))
+    target = (torch.full((2,), 7.0), torch.zeros(130, dtype=torch.float8_e4m3fn))
+    with pytest.raises(ValueError, match=r"^`op` must be one of 'sum', 'avg', but got 'max'$"):
+        codec.reduce_encoded(out, None, [fp8], op="max")
+    with pytest.raises(ValueError, match=r"^`sources` must hold a run when `own` is None, but got an empty "
+                                         r"sequence$"):
+        codec.reduce_encoded(out, None, [], op="sum")
+    with pytest.raises(ValueError, match=r"^`sources` or `reencode` must hold a run \(their codes name the format\), "
+                                         r"but got neither$"):
+        codec.reduce_encoded(out, out.clone(), [], op="sum")
+    with pytest.raises(TypeError, match=r"^`sources` must be a list or tuple of \(scales, codes\) tuples, but got "
+                                        r"dict$"):
+        codec.reduce_encoded(out, None, {}, op="sum")
+    with pytest.raises(TypeError, match=r"^`sources\[0\]` must be a \(scales, codes\) tuple, but got list$"):
+        codec.reduce_encoded(out, None, [list(fp8)], op="sum")
+    with pytest.raises(TypeError, match=r"^`sources\[1\]\[1\]` must have the dtype of the first run's codes "
+                                        r"\(torch.float8_e4m3fn\), but got torch.float16$"):
+        codec.reduce_encoded(out, None, [fp8, (None, half)], op="sum")
+    with pytest.raises(TypeError, match=r"^`sources\[0\]\[1\]` must have dtype torch.float8_e4m3fn, "
+                                        r"torch.float8_e5m2, torch.float16 or torch.bfloat16, but got torch.int8$"):
+        codec.reduce_encoded(out, None, [(None, half.to(torch.int8))], op="sum")
+    with pytest.raises(TypeError, match=r"^`sources\[0\]\[0\]` must be None for float16 codes \(they have no "
+                                        r"scales\), but got Tensor$"):
+        codec.reduce_encoded(out, None, [(torch.ones(2), half)], op="sum")
+    with pytest.raises(ValueError, match=r"^`sources\[0\]\[1\]` must have as many elements as `out` \(130\), "
+                                         r"but got 129$"):
+        codec.reduce_encoded(out, None, [(None, half[:129])], op="sum")
+    with pytest.raises(ValueError, match=r"^`sources\[0\]\[0\]` must have 2 elements \(one per 128 values\), but "
+                                         r"got 3$"):
+        codec.reduce_encoded(out, None, [(torch.ones(3), fp8[1])], op="sum")
+    with pytest.raises(TypeError, match=r"^`out` must have one of dtypes torch.float32, torch.float64, "
+                                        r"torch.float16, torch.bfloat16, but got torch.int64$"):
+        codec.reduce_encoded(out.long(), None, [fp8], op="sum")
+    with pytest.raises(ValueError, match=r"^`own` must have the dtype and element count of `out` \(torch.float32, "
+                                         r"130\), but got torch.float64, 130$"):
+        codec.reduce_encoded(out, out.double(), [fp8], op="sum")
+    whole = torch.zeros(1024)
+    with pytest.raises(ValueError, match=r"^`own` must not overlap `out`, but got overlapping memory$"):
+        codec.reduce_encoded(whole[:130], whole[1:131], [fp8], op="sum")
+    with pytest.raises(ValueError, match=r"^`sources\[0\]\[1\]` must not overlap `out`, but got overlapping "
+                                         r"memory$"):
+        codec.reduce_encoded(out, None, [(None, out.view(torch.float16)[:130])], op="sum")
+    with pytest.raises(ValueError, match=r"^`reencode\[1\]` must not overlap `sources\[0\]\[1\]`, but got "
+                                         r"overlapping memory$"):
+        codec.reduce_encoded(out, None, [fp8], op="sum", reencode=(target[0], fp8[1]))
+    with pytest.raises(ValueError, match=r"^`reencode\[0\]` must not overlap `own`, but got overlapping memory$"):
+        own = torch.zeros(130)
+        codec.reduce_encoded(out, own, [fp8], op="sum", reencode=(own[:2], target[1]))
+    assert torch.equal(out, torch.full((130,), 5.0))
+    assert torch.equal(target[0], torch.full((2,), 7.0))

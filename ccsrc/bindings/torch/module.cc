@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -240,15 +241,24 @@ void Reduce(py::handle dst_arg, py::handle src_arg, int op, py::handle pes_arg, 
                           OnStream(stream), std::move(keep)));
 }
 
-// The fp8 format of a block-scaled codec's bytes: the tensor's dtype names it.
-ops::LowFormat Fp8FormatArg(const at::Tensor& tensor, const char* name) {
+// The wire format of a codec's codes: the tensor's dtype names it. The block-scaled kernels take the fp8 formats
+// only; the reduction also float16 and bfloat16 (`plain`).
+ops::LowFormat LowFormatArg(const at::Tensor& tensor, const char* name, bool plain = false) {
   switch (tensor.scalar_type()) {
     case at::kFloat8_e4m3fn: return ops::LowFormat::kFloat8E4M3Fn;
     case at::kFloat8_e5m2: return ops::LowFormat::kFloat8E5M2;
-    default:
-      throw StatusError(TypeError(std::string("`") + name + "` must have dtype torch.float8_e4m3fn or "
-                                  "torch.float8_e5m2, but got " + DtypeName(tensor.scalar_type())));
+    case at::kHalf:
+      if (plain) return ops::LowFormat::kFloat16;
+      break;
+    case at::kBFloat16:
+      if (plain) return ops::LowFormat::kBFloat16;
+      break;
+    default: break;
   }
+  const char* dtypes = plain ? "torch.float8_e4m3fn, torch.float8_e5m2, torch.float16 or torch.bfloat16"
+                             : "torch.float8_e4m3fn or torch.float8_e5m2";
+  throw StatusError(TypeError(std::string("`") + name + "` must have dtype " + dtypes + ", but got " +
+                              DtypeName(tensor.scalar_type())));
 }
 
 // The dtype of the codec's wide side: what it encodes from, or decodes into.
@@ -264,20 +274,21 @@ DataType CodecFloatArg(const at::Tensor& tensor, const char* name) {
   }
 }
 
-void CheckCodecSizes(const at::Tensor& wide, const char* wide_name, const at::Tensor& fp8, const char* fp8_name,
-                     const at::Tensor& scales) {
-  if (wide.numel() != fp8.numel()) {
-    throw StatusError(InvalidArgument(std::string("`") + wide_name + "` must have as many elements as `" + fp8_name +
-                                      "` (" + std::to_string(fp8.numel()) + "), but got " +
+void CheckCodecSizes(const at::Tensor& wide, const char* wide_name, const at::Tensor& codes, const char* codes_name,
+                     const at::Tensor& scales, const char* scales_name = "scales") {
+  if (wide.numel() != codes.numel()) {
+    throw StatusError(InvalidArgument(std::string("`") + wide_name + "` must have as many elements as `" + codes_name +
+                                      "` (" + std::to_string(codes.numel()) + "), but got " +
                                       std::to_string(wide.numel())));
   }
   if (scales.scalar_type() != at::kFloat) {
-    throw StatusError(TypeError("`scales` must have dtype torch.float32, but got " + DtypeName(scales.scalar_type())));
+    throw StatusError(TypeError(std::string("`") + scales_name + "` must have dtype torch.float32, but got " +
+                                DtypeName(scales.scalar_type())));
   }
-  const auto expected = static_cast<std::int64_t>(ops::ScaleCount(static_cast<std::size_t>(fp8.numel())));
+  const auto expected = static_cast<std::int64_t>(ops::ScaleCount(static_cast<std::size_t>(codes.numel())));
   if (scales.numel() != expected) {
-    throw StatusError(InvalidArgument("`scales` must have " + std::to_string(expected) + " elements (one per " +
-                                      std::to_string(ops::kScaleBlock) + " values), but got " +
+    throw StatusError(InvalidArgument(std::string("`") + scales_name + "` must have " + std::to_string(expected) +
+                                      " elements (one per " + std::to_string(ops::kScaleBlock) + " values), but got " +
                                       std::to_string(scales.numel())));
   }
 }
@@ -298,7 +309,7 @@ void EncodeBlockScaled(py::handle src_arg, py::handle scales_arg, py::handle dst
   const at::Tensor& scales = CpuTensorArg(scales_arg, "scales");
   const at::Tensor& dst = CpuTensorArg(dst_arg, "dst");
   const DataType src_dtype = CodecFloatArg(src, "src");
-  const ops::LowFormat format = Fp8FormatArg(dst, "dst");
+  const ops::LowFormat format = LowFormatArg(dst, "dst");
   CheckCodecSizes(src, "src", dst, "dst", scales);
   CheckDisjoint(dst, "dst", src, "src");
   CheckDisjoint(scales, "scales", src, "src");
@@ -320,7 +331,7 @@ void DecodeBlockScaled(py::handle scales_arg, py::handle src_arg, py::handle out
   const at::Tensor& scales = CpuTensorArg(scales_arg, "scales");
   const at::Tensor& src = CpuTensorArg(src_arg, "src");
   const at::Tensor& out = CpuTensorArg(out_arg, "out");
-  const ops::LowFormat format = Fp8FormatArg(src, "src");
+  const ops::LowFormat format = LowFormatArg(src, "src");
   const DataType out_dtype = CodecFloatArg(out, "out");
   CheckCodecSizes(out, "out", src, "src", scales);
   CheckDisjoint(out, "out", src, "src");
@@ -335,6 +346,132 @@ void DecodeBlockScaled(py::handle scales_arg, py::handle src_arg, py::handle out
     done = ops::HostDecodeBlockScaled(format, scales_ptr, src_ptr, count, out_dtype, out_ptr, accumulate);
   }
   if (!done) throw StatusError(Internal("the host codec refused checked arguments: decode"));
+}
+
+// An encoded run as Python passes it: a (scales, codes) tuple, scales None for float16/bfloat16 codes; `count`
+// values of `format`. The tensors stay owned by the tuple, which the caller holds through the call.
+struct RunArg {
+  std::string name;
+  const at::Tensor* scales;   // null for the plain formats
+  const at::Tensor* codes;
+};
+
+// The first run's codes set `format`; every other run must share it.
+RunArg EncodedRunArg(py::handle value, std::string name, const at::Tensor& out, std::optional<ops::LowFormat>* format) {
+  if (!PyTuple_Check(value.ptr()) || PyTuple_GET_SIZE(value.ptr()) != 2) {
+    throw StatusError(TypeError("`" + name + "` must be a (scales, codes) tuple, but got " + PyTypeName(value)));
+  }
+  const std::string scales_name = name + "[0]", codes_name = name + "[1]";
+  const at::Tensor& codes = CpuTensorArg(PyTuple_GET_ITEM(value.ptr(), 1), codes_name.c_str());
+  const ops::LowFormat run_format = LowFormatArg(codes, codes_name.c_str(), /*plain=*/true);
+  if (!format->has_value()) *format = run_format;
+  if (**format != run_format) {
+    throw StatusError(TypeError("`" + codes_name + "` must have the dtype of the first run's codes (torch." +
+                                std::string(ops::LowFormatName(**format)) + "), but got " +
+                                DtypeName(codes.scalar_type())));
+  }
+  py::handle scales_value = PyTuple_GET_ITEM(value.ptr(), 0);
+  if (!ops::LowFormatScaled(run_format)) {
+    if (!scales_value.is_none()) {
+      throw StatusError(TypeError("`" + scales_name + "` must be None for " + ops::LowFormatName(run_format) +
+                                  " codes (they have no scales), but got " + PyTypeName(scales_value)));
+    }
+    if (codes.numel() != out.numel()) {
+      throw StatusError(InvalidArgument("`" + codes_name + "` must have as many elements as `out` (" +
+                                        std::to_string(out.numel()) + "), but got " + std::to_string(codes.numel())));
+    }
+    return {std::move(name), nullptr, &codes};
+  }
+  const at::Tensor& scales = CpuTensorArg(scales_value, scales_name.c_str());
+  CheckCodecSizes(codes, codes_name.c_str(), out, "out", scales, scales_name.c_str());
+  CheckDisjoint(scales, scales_name.c_str(), codes, codes_name.c_str());
+  return {std::move(name), &scales, &codes};
+}
+
+// The reduction step of low-precision communication (ops/host/codec.h, HostReduceEncoded), on the calling thread:
+// `out` = `own` (or nothing) + every decoded source, 'sum' (0) or 'avg' (1); with `reencode`, the result travels
+// on in its codes and `out` receives their decoding.
+void ReduceEncoded(py::handle out_arg, py::handle own_arg, py::handle sources_arg, int op, py::handle reencode_arg) {
+  const at::Tensor& out = CpuTensorArg(out_arg, "out");
+  const DataType out_dtype = CodecFloatArg(out, "out");
+  const at::Tensor* own = nullptr;
+  if (!own_arg.is_none()) {
+    own = &CpuTensorArg(own_arg, "own");
+    if (own->scalar_type() != out.scalar_type() || own->numel() != out.numel()) {
+      throw StatusError(InvalidArgument("`own` must have the dtype and element count of `out` (" +
+                                        DtypeName(out.scalar_type()) + ", " + std::to_string(out.numel()) +
+                                        "), but got " + DtypeName(own->scalar_type()) + ", " +
+                                        std::to_string(own->numel())));
+    }
+    if (own->data_ptr() != out.data_ptr()) CheckDisjoint(*own, "own", out, "out");
+  }
+  if (!PyList_Check(sources_arg.ptr()) && !PyTuple_Check(sources_arg.ptr())) {
+    throw StatusError(TypeError("`sources` must be a list or tuple of (scales, codes) tuples, but got " +
+                                PyTypeName(sources_arg)));
+  }
+  const Py_ssize_t nsources = PySequence_Fast_GET_SIZE(sources_arg.ptr());
+  if (nsources == 0 && own == nullptr) {
+    throw StatusError(InvalidArgument("`sources` must hold a run when `own` is None, but got an empty sequence"));
+  }
+  if (op != static_cast<int>(ReduceOp::kSum) && op != static_cast<int>(ReduceOp::kAvg)) {
+    throw StatusError(InvalidArgument("`op` must be 0 (sum) or 1 (avg), but got " + std::to_string(op)));
+  }
+  PyObject** items = PySequence_Fast_ITEMS(sources_arg.ptr());
+  std::optional<ops::LowFormat> format;
+  std::vector<RunArg> runs;
+  runs.reserve(static_cast<std::size_t>(nsources) + 1);
+  for (Py_ssize_t k = 0; k < nsources; ++k) {
+    runs.push_back(EncodedRunArg(items[k], "sources[" + std::to_string(k) + "]", out, &format));
+  }
+  const bool reencoding = !reencode_arg.is_none();
+  if (reencoding) runs.push_back(EncodedRunArg(reencode_arg, "reencode", out, &format));
+  if (!format.has_value()) {
+    throw StatusError(InvalidArgument("`sources` or `reencode` must hold a run (their codes name the format), but "
+                                      "got neither"));
+  }
+  // Only `own` may alias `out` (exactly); the codes and scales are read or written apart from every tensor.
+  for (std::size_t k = 0; k < runs.size(); ++k) {
+    const bool written = reencoding && k + 1 == runs.size();
+    for (const at::Tensor* part : {runs[k].scales, runs[k].codes}) {
+      if (part == nullptr) continue;
+      const std::string part_name = runs[k].name + (part == runs[k].codes ? "[1]" : "[0]");
+      CheckDisjoint(*part, part_name.c_str(), out, "out");
+      if (written && own != nullptr) CheckDisjoint(*part, part_name.c_str(), *own, "own");
+      for (std::size_t j = 0; written && j + 1 < runs.size(); ++j) {
+        for (const at::Tensor* read : {runs[j].scales, runs[j].codes}) {
+          if (read == nullptr) continue;
+          const std::string read_name = runs[j].name + (read == runs[j].codes ? "[1]" : "[0]");
+          CheckDisjoint(*part, part_name.c_str(), *read, read_name.c_str());
+        }
+      }
+    }
+  }
+  if (reencoding && runs.back().scales != nullptr) {
+    CheckDisjoint(*runs.back().scales, "reencode[0]", *runs.back().codes, "reencode[1]");
+  }
+  std::vector<ops::EncodedRun> sources;
+  sources.reserve(static_cast<std::size_t>(nsources));
+  for (Py_ssize_t k = 0; k < nsources; ++k) {
+    const RunArg& run = runs[static_cast<std::size_t>(k)];
+    sources.push_back({run.scales != nullptr ? static_cast<const float*>(run.scales->data_ptr()) : nullptr,
+                       run.codes->data_ptr()});
+  }
+  ops::MutableEncodedRun reencode{nullptr, nullptr};
+  if (reencoding) {
+    const RunArg& run = runs.back();
+    reencode = {run.scales != nullptr ? static_cast<float*>(DataPointer(*run.scales, "reencode[0]")) : nullptr,
+                DataPointer(*run.codes, "reencode[1]")};
+  }
+  const void* own_ptr = own != nullptr ? own->data_ptr() : nullptr;
+  void* out_ptr = DataPointer(out, "out");
+  const auto count = static_cast<std::size_t>(out.numel());
+  bool done;
+  {
+    py::gil_scoped_release nogil;
+    done = ops::HostReduceEncoded(*format, out_dtype, static_cast<ReduceOp>(op), own_ptr, sources.data(),
+                                  static_cast<int>(nsources), count, out_ptr, reencode);
+  }
+  if (!done) throw StatusError(Internal("the host codec refused checked arguments: reduce_encoded"));
 }
 
 void Barrier(StreamHandle stream) {
@@ -454,6 +591,8 @@ PYBIND11_MODULE(_shmem_torch, m) {
   m.def("encode_block_scaled", &EncodeBlockScaled, py::arg("src"), py::arg("scales"), py::arg("dst"));
   m.def("decode_block_scaled", &DecodeBlockScaled, py::arg("scales"), py::arg("src"), py::arg("out"),
         py::arg("accumulate"));
+  m.def("reduce_encoded", &ReduceEncoded, py::arg("out"), py::arg("own"), py::arg("sources"), py::arg("op"),
+        py::arg("reencode"));
   m.attr("scale_block") = ops::kScaleBlock;
   m.def("all_gather", &AllGather, py::arg("output"), py::arg("input"), py::arg("stream"));
   m.def("create_stream", [] { return ValueOrThrow(Runtime::Instance().CreateStream()); });

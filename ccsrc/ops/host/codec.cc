@@ -8,6 +8,8 @@ const char* LowFormatName(LowFormat format) {
   switch (format) {
     case LowFormat::kFloat8E4M3Fn: return "float8_e4m3fn";
     case LowFormat::kFloat8E5M2: return "float8_e5m2";
+    case LowFormat::kFloat16: return "float16";
+    case LowFormat::kBFloat16: return "bfloat16";
   }
   return "?";
 }
@@ -40,6 +42,23 @@ bool HostDecodeBlockScaled(HostIsa isa, LowFormat format, const float* scales, c
 bool HostDecodeBlockScaled(LowFormat format, const float* scales, const void* src, std::size_t count,
                            DataType out_dtype, void* out, bool accumulate) {
   return HostDecodeBlockScaled(BestHostIsa(), format, scales, src, count, out_dtype, out, accumulate);
+}
+
+bool HostReduceEncoded(HostIsa isa, LowFormat format, DataType out_dtype, ReduceOp op, const void* own,
+                       const EncodedRun* sources, int nsources, std::size_t count, void* out,
+                       MutableEncodedRun reencode) {
+  if (!HostIsaAvailable(isa)) return false;
+#if defined(HP_OPS_HAVE_AVX2_F16C)
+  if (isa == HostIsa::kAvx2F16c) {
+    return ReduceEncodedAvx2F16c(format, out_dtype, op, own, sources, nsources, count, out, reencode);
+  }
+#endif
+  return ReduceEncodedPortable(format, out_dtype, op, own, sources, nsources, count, out, reencode);
+}
+
+bool HostReduceEncoded(LowFormat format, DataType out_dtype, ReduceOp op, const void* own, const EncodedRun* sources,
+                       int nsources, std::size_t count, void* out, MutableEncodedRun reencode) {
+  return HostReduceEncoded(BestHostIsa(), format, out_dtype, op, own, sources, nsources, count, out, reencode);
 }
 
 }  // namespace hp::shmem::ops

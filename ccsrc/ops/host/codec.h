@@ -1,4 +1,5 @@
-// Block-scaled fp8 encoding and decoding of host memory: the wire format of low-precision communication.
+// The wire formats of low-precision communication on host memory: block-scaled fp8 encoding and decoding, and the
+// reduction of encoded runs into full precision (HostReduceEncoded), in any of the four formats.
 //
 // A run of `count` values travels as fp8 bytes plus one float32 scale per kScaleBlock values (the last block may
 // be short): value i is fp8[i] * scales[i / kScaleBlock]. A block's scale is the power of two 2**e closest above
@@ -18,10 +19,15 @@
 
 namespace hp::shmem::ops {
 
-// The fp8 formats (with torch's names): e4m3fn has no infinity and one NaN per sign (largest finite 448); e5m2
-// is float16's upper byte (largest finite 57344, with infinities and NaN).
-enum class LowFormat : int { kFloat8E4M3Fn = 0, kFloat8E5M2 = 1 };
+// The wire formats (with torch's names). The fp8 ones are block-scaled (below): e4m3fn has no infinity and one NaN
+// per sign (largest finite 448); e5m2 is float16's upper byte (largest finite 57344, with infinities and NaN).
+// float16 and bfloat16 travel as the plain cast (round to nearest even, like torch's), without scales.
+enum class LowFormat : int { kFloat8E4M3Fn = 0, kFloat8E5M2 = 1, kFloat16 = 2, kBFloat16 = 3 };
 const char* LowFormatName(LowFormat format);
+// Whether the format carries a scale per kScaleBlock values (the fp8 ones).
+constexpr bool LowFormatScaled(LowFormat format) {
+  return format == LowFormat::kFloat8E4M3Fn || format == LowFormat::kFloat8E5M2;
+}
 
 // Values per scale.
 constexpr std::size_t kScaleBlock = 128;
@@ -37,8 +43,8 @@ constexpr std::size_t ScaleCount(std::size_t count) { return (count + kScaleBloc
 //   * otherwise byte i is value i times 1/scale (a power of two) in float32, rounded to the fp8 format to nearest even
 //     like torch's cast (subnormals kept; out of range, never reached after scaling: e4m3fn NaN above 464, e5m2
 //     infinity from 61440).
-// `src`, `scales` and `dst` must not overlap. Returns false, writing nothing, for another dtype, an unknown format
-// or a variant the CPU lacks.
+// `src`, `scales` and `dst` must not overlap. Returns false, writing nothing, for another dtype, a format that is
+// not block-scaled or a variant the CPU lacks.
 bool HostEncodeBlockScaled(LowFormat format, DataType src_dtype, const void* src, std::size_t count, float* scales,
                            void* dst);
 bool HostEncodeBlockScaled(HostIsa isa, LowFormat format, DataType src_dtype, const void* src, std::size_t count,
@@ -51,11 +57,44 @@ bool HostEncodeBlockScaled(HostIsa isa, LowFormat format, DataType src_dtype, co
 // `out`, the product is taken in float32 when overwriting (inf past float32's range, then widened) and the sum in
 // float64 for a float64 `out` (float32 otherwise); a float16/bfloat16 `out` is rounded once, to nearest even.
 // A NaN scale makes its whole block NaN. The e4m3fn NaN byte reads as 480 (times a NaN scale wherever the encoder
-// writes it). `src`, `scales` and `out` must not overlap. Returns false, writing nothing, for another dtype, an
-// unknown format or a variant the CPU lacks.
+// writes it). `src`, `scales` and `out` must not overlap. Returns false, writing nothing, for another dtype, a
+// format that is not block-scaled or a variant the CPU lacks.
 bool HostDecodeBlockScaled(LowFormat format, const float* scales, const void* src, std::size_t count,
                            DataType out_dtype, void* out, bool accumulate);
 bool HostDecodeBlockScaled(HostIsa isa, LowFormat format, const float* scales, const void* src, std::size_t count,
                            DataType out_dtype, void* out, bool accumulate);
+
+// A run of `count` encoded values: ScaleCount(count) scales for the block-scaled formats (unused, and may be null,
+// for float16 and bfloat16), then the values.
+struct EncodedRun {
+  const float* scales;
+  const void* values;
+};
+struct MutableEncodedRun {
+  float* scales;
+  void* values;
+};
+
+// The reduction step of low-precision communication, in one pass over memory: sums `own` (the rank's values in full
+// precision, or null) and the decoded `sources` (in `format`), element by element, and writes the result.
+//   * Terms are added in order, `own` first, in the accumulator: float64 for a float64 `out_dtype`, float32
+//     otherwise (float32, float16, bfloat16). Each decoded term is the exact product of its code and its scale, as
+//     HostDecodeBlockScaled computes it; without `own`, the first source is taken as HostDecodeBlockScaled
+//     overwriting would (so that the sum equals decoding the first source, then accumulating the others).
+//   * kAvg divides the sum by the number of terms (sources, plus one with `own`), in the accumulator.
+//   * Without `reencode` (null values): `out` receives the result, rounded once (to nearest even) to a float16 or
+//     bfloat16 `out_dtype`.
+//   * With `reencode`: the result is encoded into it, as HostEncodeBlockScaled encodes float32 values (for float16
+//     and bfloat16: rounded to nearest even, like torch's cast; a float64 result is rounded to float32 first, like
+//     torch's casts from float64), and `out` receives the decoding of those very codes: the values every rank that
+//     decodes them gets.
+// `own` has `out_dtype` and may be `out` exactly; nothing else may overlap. Returns false, writing nothing, for
+// what it does not compute: no term, an `out_dtype` other than float32, float64, float16 or bfloat16, an op other
+// than kSum and kAvg, an unknown format or a variant the CPU lacks.
+bool HostReduceEncoded(LowFormat format, DataType out_dtype, ReduceOp op, const void* own, const EncodedRun* sources,
+                       int nsources, std::size_t count, void* out, MutableEncodedRun reencode);
+bool HostReduceEncoded(HostIsa isa, LowFormat format, DataType out_dtype, ReduceOp op, const void* own,
+                       const EncodedRun* sources, int nsources, std::size_t count, void* out,
+                       MutableEncodedRun reencode);
 
 }  // namespace hp::shmem::ops

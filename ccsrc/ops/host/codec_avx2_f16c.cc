@@ -28,4 +28,9 @@ bool DecodeBlockScaledAvx2F16c(LowFormat format, const float* scales, const void
   return Decode<F16cHalf>(format, scales, src, count, out_dtype, out, accumulate);
 }
 
+bool ReduceEncodedAvx2F16c(LowFormat format, DataType out_dtype, ReduceOp op, const void* own, const EncodedRun* sources,
+                           int nsources, std::size_t count, void* out, MutableEncodedRun reencode) {
+  return ReduceEncoded<F16cHalf>(format, out_dtype, op, own, sources, nsources, count, out, reencode);
+}
+
 }  // namespace hp::shmem::ops

@@ -24,4 +24,9 @@ bool DecodeBlockScaledPortable(LowFormat format, const float* scales, const void
   return Decode<PortableHalf>(format, scales, src, count, out_dtype, out, accumulate);
 }
 
+bool ReduceEncodedPortable(LowFormat format, DataType out_dtype, ReduceOp op, const void* own, const EncodedRun* sources,
+                           int nsources, std::size_t count, void* out, MutableEncodedRun reencode) {
+  return ReduceEncoded<PortableHalf>(format, out_dtype, op, own, sources, nsources, count, out, reencode);
+}
+
 }  // namespace hp::shmem::ops

@@ -1,4 +1,4 @@
-// The entries of each compiled variant of the block-scaled codec kernels (see codec_kernels.inc). Internal to ops/.
+// The entries of each compiled variant of the codec kernels (see codec_kernels.inc). Internal to ops/.
 #pragma once
 
 #include <cstddef>
@@ -11,11 +11,15 @@ bool EncodeBlockScaledPortable(LowFormat format, DataType src_dtype, const void*
                                void* dst);
 bool DecodeBlockScaledPortable(LowFormat format, const float* scales, const void* src, std::size_t count,
                                DataType out_dtype, void* out, bool accumulate);
+bool ReduceEncodedPortable(LowFormat format, DataType out_dtype, ReduceOp op, const void* own, const EncodedRun* sources,
+                           int nsources, std::size_t count, void* out, MutableEncodedRun reencode);
 #if defined(HP_OPS_HAVE_AVX2_F16C)
 bool EncodeBlockScaledAvx2F16c(LowFormat format, DataType src_dtype, const void* src, std::size_t count, float* scales,
                                void* dst);
 bool DecodeBlockScaledAvx2F16c(LowFormat format, const float* scales, const void* src, std::size_t count,
                                DataType out_dtype, void* out, bool accumulate);
+bool ReduceEncodedAvx2F16c(LowFormat format, DataType out_dtype, ReduceOp op, const void* own, const EncodedRun* sources,
+                           int nsources, std::size_t count, void* out, MutableEncodedRun reencode);
 #endif
 
 }  // namespace hp::shmem::ops

@@ -22,20 +22,20 @@ area (alternating, like the one-step full-precision path, so that no closing syn
 *slot* per group rank.
 
 * all_reduce, two-shot (two syncs per piece): (1) each rank casts the parts of the piece that other ranks own
-  into its slots for them; sync; (2) the owner of each part decodes its slot of every
-  peer and adds it to its own part (kept in full precision), divides by n for 'avg', casts the result *once*
-  into its own slot and decodes that slot into its tensor; sync; (3) every rank decodes each peer's reduced part
-  with the same code, so every rank ends with bit-identical values. Decoders read peers' slots in place, straight
-  from their memory (:func:`shmem.peer_tensor`), never through a copy. A float32 tensor travelling in float16 or
-  bfloat16 does step (2) with the runtime's reduction straight from the peers' slots (vectorised C++ that
-  accumulates them in float32 and rounds once, which is the cast for the way back); its own part is cast in
-  step (1) too.
+  into its slots for them; sync; (2) the owner of each part adds every peer's decoded slot of it to its own part
+  (kept in full precision), divides by n for 'avg', casts the result *once* into its own slot and decodes that
+  slot into its tensor; sync; (3) every rank decodes each peer's reduced part with the same code, so every rank
+  ends with bit-identical values.
 * all_reduce of a message up to 256 KiB (at most half the staging area) that fits one slot, one step: each rank
   casts its whole tensor into its slot; sync; every rank decodes every rank's slot and adds them in group-rank
   order (the same values in the same order everywhere: bit-identical). Every value is cast once.
 * reduce_scatter (one sync per piece): each rank casts every part but its own into its slot for that part's
   owner; sync; the owner adds the decoded slots of every peer to its own part, in full precision, and divides
   by n for 'avg'. The result keeps the accumulator's precision (rounded once into a float16/bfloat16 output).
+
+Each owner's step is one call of the host codec's ``reduce_encoded``, which decodes, sums, divides and re-encodes a
+128-element block at a time in L1, reading the peers' slots in place, straight from their memory
+(:func:`shmem.peer_tensor`), never through a copy.
 
 **Wire format of a slot** (``m`` elements of the low dtype, ``m`` at most the slot's capacity): for the fp8
 dtypes, first one float32 scale per block of :data:`BLOCK` (128) elements, padded to 64 bytes, then the ``m``
@@ -64,14 +64,15 @@ two-shot all_reduce casts the reduced value down once more for the way back (the
 the first error carried into it). Non-finite inputs, float16 overflow and the NaN blocks above are outside the
 bound. :func:`error_bound` computes it.
 
-**Speed.** The casts run on the calling thread, a piece at a time (it stays in cache). float16 and bfloat16 are
-torch's vectorised cast each way. fp8 is one call each way into the host codec
-(:mod:`hyper_parallel.core.multicore.shmem._codec`: vectorised C++, a pass over each 128-element block for its absmax
-and one to scale and round; decoding multiplies by the scale and adds in one pass), bit-identical to torch's casts
-on the same definition. On the host device this does not beat the full-precision path, which is one vectorised pass
-over memory (64 MiB float32 all_reduce on 2 ranks of a shared 2-core machine: 13 to 15 ms with either fp8
-dtype, 10 to 13 ms with float16 or bfloat16, 6 to 9 ms in full precision in place; see ``docs/perf.md``). On a
-non-default SHMEM stream the op waits for the stream at each step, since the casts run on the host thread.
+**Speed.** Everything runs on the calling thread, a piece at a time (it stays in cache). Encoding is torch's
+vectorised cast for float16 and bfloat16 and the host codec for fp8
+(:mod:`hyper_parallel.core.multicore.shmem._codec`: vectorised C++, bit-identical to torch's casts on the same
+definition); the owner's decode-sum-re-encode step and the final decodes are single passes of the codec. On the
+host device this does not beat the copy-free full-precision path, whose "link" is the same memory the casts read
+and write (64 MiB float32 all_reduce on 2 ranks of a shared 2-core machine, medians of one run side by side: 9 to 10
+ms in float16 or bfloat16, 11 ms in float8_e5m2, 14 ms in float8_e4m3fn, against 8 to 9 ms in full precision in
+place and 16 to 18 ms out of place; see ``docs/perf.md``). On a non-default SHMEM stream the op waits for the
+stream at each step, since the casts run on the host thread.
 
 The group's ranks must agree on the dtype (the argument, or the environment variable), like on ``op``.
 """
@@ -85,7 +86,7 @@ from typing import Optional
 import torch
 
 from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.multicore.shmem import _codec as codec
+from hyper_parallel.core.multicore.shmem import _codec as wire
 from hyper_parallel.core.multicore.shmem.errors import ShmemStateError
 from hyper_parallel.core.symmetric_memory import _context
 from hyper_parallel.core.symmetric_memory._context import GroupChannel, flush_for_host_read
@@ -101,7 +102,7 @@ LOW_PRECISION_DTYPES = {
 # Names that turn low precision off (the environment variable's, or a call's override of it).
 _OFF = ("", "none")
 # Elements per fp8 scale (the host codec's block).
-BLOCK = codec.BLOCK
+BLOCK = wire.BLOCK
 # The dtypes that travel with block scales (the others are a plain cast).
 _SCALED = (torch.float8_e4m3fn, torch.float8_e5m2)
 _ALIGN = 64
@@ -246,16 +247,15 @@ def _round_up(value: int, unit: int) -> int:
 
 
 class _Codec:
-    """Encodes values into a slot and decodes a slot, for one (group, low dtype, accumulation dtype).
+    """Encodes values into a slot and names a slot's encoded run, for one (group, low dtype).
 
-    A slot is a uint8 tensor: for fp8, ``scale_bytes`` of float32 block scales then the fp8 bytes (encoded and
-    decoded by the host codec, :mod:`hyper_parallel.core.multicore.shmem._codec`); for float16 and bfloat16, the
-    bytes of torch's cast. Scratch buffers are made once, for the slot's capacity.
+    A slot is a uint8 tensor: for fp8, ``scale_bytes`` of float32 block scales then the fp8 bytes (encoded by the
+    host codec, :mod:`hyper_parallel.core.multicore.shmem._codec`); for float16 and bfloat16, the bytes of torch's
+    cast. Decoding and summing are the codec's :func:`~hyper_parallel.core.multicore.shmem._codec.reduce_encoded`.
     """
 
-    def __init__(self, low: torch.dtype, acc: torch.dtype, slot_bytes: int) -> None:
+    def __init__(self, low: torch.dtype, slot_bytes: int) -> None:
         self.low = low
-        self.acc = acc
         self.itemsize = low.itemsize
         self.scaled = low in _SCALED
         if self.scaled:
@@ -271,61 +271,45 @@ class _Codec:
         self.slot_bytes = slot_bytes
         self.slots: list = []  # [parity][group rank]: views of the group's staging halves, set by _codec
         self.peer_slots: list = []  # [parity][group rank][peer]: every peer's copy of them, set by _codec
-        self.sum = torch.empty(capacity, dtype=acc)  # the owner's accumulator, for float16/bfloat16 tensors
 
-    def used_bytes(self, count: int) -> int:
-        """The bytes of a slot that hold ``count`` elements (its scales and data)."""
-        return self.scale_bytes + count * self.itemsize
-
-    def data(self, slot: torch.Tensor, count: int) -> torch.Tensor:
-        """The first ``count`` values of a slot, as the low dtype (without their scales)."""
-        return slot[self.scale_bytes:self.scale_bytes + count * self.itemsize].view(self.low)
-
-    def _scales(self, slot: torch.Tensor, blocks: int) -> torch.Tensor:
-        return slot[:blocks * 4].view(torch.float32)
+    def run(self, slot: torch.Tensor, count: int) -> wire.EncodedRun:
+        """The first ``count`` values of a slot as an encoded run: (its scales, or None for 16-bit; its codes)."""
+        codes = slot[self.scale_bytes:self.scale_bytes + count * self.itemsize].view(self.low)
+        return (slot[:wire.scale_count(count) * 4].view(torch.float32) if self.scaled else None), codes
 
     def encode(self, values: torch.Tensor, slot: torch.Tensor) -> None:
         """Casts ``values`` (at most ``capacity``) down into ``slot``."""
-        count = values.numel()
-        data = self.data(slot, count)
+        scales, codes = self.run(slot, values.numel())
         if self.scaled:
-            codec.encode_block_scaled(values, self._scales(slot, codec.scale_count(count)), data)
+            wire.encode_block_scaled(values, scales, codes)
         else:
-            data.copy_(values)
+            codes.copy_(values)
 
-    def decode(self, slot: torch.Tensor, out: torch.Tensor, accumulate: bool) -> None:
-        """Decodes ``out.numel()`` elements of ``slot`` into ``out`` (added to it when ``accumulate``)."""
-        count = out.numel()
-        data = self.data(slot, count)
+    def decode(self, slot: torch.Tensor, out: torch.Tensor) -> None:
+        """Decodes ``out.numel()`` elements of ``slot`` into ``out``."""
+        scales, codes = self.run(slot, out.numel())
         if self.scaled:
-            codec.decode_block_scaled(self._scales(slot, codec.scale_count(count)), data, out, accumulate=accumulate)
-        elif accumulate:
-            out.add_(data)
+            wire.decode_block_scaled(scales, codes, out, accumulate=False)
         else:
-            out.copy_(data)
+            out.copy_(codes)
 
 
-# Codecs per group channel (dropped with it) and (low dtype, accumulation dtype, slot bytes).
+# Codecs per group channel (dropped with it) and (low dtype, slot bytes).
 _codecs: "weakref.WeakKeyDictionary[GroupChannel, dict]" = weakref.WeakKeyDictionary()
 
 
-def _accumulator(dtype: torch.dtype) -> torch.dtype:
-    """float32 at least: float16 and bfloat16 tensors accumulate in float32."""
-    return dtype if dtype.itemsize >= 4 else torch.float32
-
-
-def _codec(ch: GroupChannel, low: torch.dtype, dtype: torch.dtype) -> _Codec:
-    """The channel's codec for ``low`` and tensors of ``dtype``: one slot per group rank in half the staging.
+def _codec(ch: GroupChannel, low: torch.dtype) -> _Codec:
+    """The channel's codec for ``low``: one slot per group rank in half the staging.
 
     Raises:
         ShmemStateError: a slot cannot hold one block (a staging area too small for the group).
     """
     slot_bytes = ch.staging.numel() // 2 // ch.size // _ALIGN * _ALIGN
-    key = (low, _accumulator(dtype), slot_bytes)
+    key = (low, slot_bytes)
     codecs = _codecs.setdefault(ch, {})
     codec = codecs.get(key)
     if codec is None:
-        codec = _Codec(low, key[1], slot_bytes)
+        codec = _Codec(low, slot_bytes)
         if codec.capacity == 0:
             raise ShmemStateError(f"the staging area is too small for low-precision communication: "
                                   f"staging_bytes={ch.staging.numel()} group_size={ch.size} dtype={low}")
@@ -367,7 +351,7 @@ def all_reduce(t: torch.Tensor, op: str, ch: GroupChannel, precision: torch.dtyp
         ShmemTimeoutError: a rank did not take part in time.
     """
     flat = t.view(-1)
-    codec = _codec(ch, precision, t.dtype)
+    codec = _codec(ch, precision)
     flush_for_host_read()  # the host writes the staging below: earlier work of the stream first
     if t.nbytes <= ch.one_shot_bytes and flat.numel() <= codec.capacity:
         _all_reduce_one_step(flat, op, ch, codec)
@@ -379,7 +363,6 @@ def _all_reduce_one_step(flat: torch.Tensor, op: str, ch: GroupChannel, codec: _
     """Each rank casts a piece once into its own slot; after one sync every rank decodes every rank's slot and
     sums them in group-rank order (so every rank adds the same values in the same order)."""
     count, n, me = flat.numel(), ch.size, ch.me
-    wide = flat.dtype == codec.acc
     for off in range(0, count, codec.capacity):
         length = min(codec.capacity, count - off)
         piece = flat[off:off + length]
@@ -388,35 +371,20 @@ def _all_reduce_one_step(flat: torch.Tensor, op: str, ch: GroupChannel, codec: _
         codec.encode(piece, mine)
         ch.sync()
         flush_for_host_read()
-        acc = piece if wide else codec.sum[:length]
-        for p in range(n):
-            slot = mine if p == me else _peer_slot(codec, parity, p, p)
-            codec.decode(slot, acc, accumulate=p > 0)
-        if op == "avg":
-            acc.div_(n)
-        if not wide:
-            piece.copy_(acc)
+        runs = [codec.run(mine if p == me else _peer_slot(codec, parity, p, p), length) for p in range(n)]
+        wire.reduce_encoded(piece, None, runs, op=op)
 
 
 def _all_reduce_two_shot(flat: torch.Tensor, op: str, ch: GroupChannel, codec: _Codec) -> None:
-    """Each part of a piece is reduced by its owner from the ranks' casts of it, cast once more, and decoded from
-    those same bytes by every rank, the owner included.
-
-    A float32 tensor travelling in float16 or bfloat16 is reduced by the runtime's reduction straight from the
-    peers' slots (vectorised C++ that accumulates those dtypes in float32 and rounds once: the cast for the way
-    back); the owner's own part then travels too. Otherwise the owner decodes and sums in torch, starting from its
-    own part in full precision.
-    """
+    """Each part of a piece is reduced by its owner from its own values and the peers' casts of it, cast once more,
+    and decoded from those same bytes by every rank, the owner included (one pass of the host codec)."""
     count, n, me = flat.numel(), ch.size, ch.me
-    wide = flat.dtype == codec.acc
-    native = not codec.scaled and flat.dtype == torch.float32
-    senders = range(n) if native else ch.peers
     for off in range(0, count, n * codec.capacity):
         length = min(n * codec.capacity, count - off)
         step = _round_up(-(-length // n), BLOCK)  # parts start on block boundaries
         bounds = [(off + min(p * step, length), off + min((p + 1) * step, length)) for p in range(n)]
         parity = ch.flip()
-        for q in senders:
+        for q in ch.peers:
             lo, hi = bounds[q]
             if hi > lo:
                 codec.encode(flat[lo:hi], _slot(ch, parity, q, codec))
@@ -425,25 +393,15 @@ def _all_reduce_two_shot(flat: torch.Tensor, op: str, ch: GroupChannel, codec: _
         lo, hi = bounds[me]
         if hi > lo:
             part = flat[lo:hi]
-            mine = _slot(ch, parity, me, codec)
-            if native:
-                data = codec.data(mine, hi - lo)
-                shmem.reduce(data, data, ch.pes, op=op)
-                flush_for_host_read()
-            else:
-                acc = part if wide else codec.sum[:hi - lo].copy_(part)
-                for p in ch.peers:
-                    codec.decode(_peer_slot(codec, parity, me, p), acc, accumulate=True)
-                if op == "avg":
-                    acc.div_(n)
-                codec.encode(acc, mine)
-            codec.decode(mine, part, accumulate=False)  # the bytes every peer decodes: identical results
+            sources = [codec.run(_peer_slot(codec, parity, me, p), hi - lo) for p in ch.peers]
+            # The bytes every peer decodes, and their decoding in this rank's part: identical results everywhere.
+            wire.reduce_encoded(part, part, sources, op=op, reencode=codec.run(_slot(ch, parity, me, codec), hi - lo))
         ch.sync()
         flush_for_host_read()
         for p in ch.peers:
             lo, hi = bounds[p]
             if hi > lo:
-                codec.decode(_peer_slot(codec, parity, p, p), flat[lo:hi], accumulate=False)
+                codec.decode(_peer_slot(codec, parity, p, p), flat[lo:hi])
 
 
 def reduce_scatter(out: torch.Tensor, src: torch.Tensor, op: str, ch: GroupChannel, precision: torch.dtype) -> None:
@@ -466,9 +424,7 @@ def reduce_scatter(out: torch.Tensor, src: torch.Tensor, op: str, ch: GroupChann
         if out.data_ptr() != mine.data_ptr():
             out.copy_(mine)
         return
-    codec = _codec(ch, precision, out.dtype)
-    wide = out.dtype == codec.acc
-    in_place = out.data_ptr() == mine.data_ptr()
+    codec = _codec(ch, precision)
     flush_for_host_read()
     for off in range(0, c, codec.capacity):
         length = min(codec.capacity, c - off)
@@ -477,16 +433,5 @@ def reduce_scatter(out: torch.Tensor, src: torch.Tensor, op: str, ch: GroupChann
             codec.encode(src[q * c + off:q * c + off + length], _slot(ch, parity, q, codec))
         ch.sync()
         flush_for_host_read()
-        target = out[off:off + length]
-        if wide:
-            acc = target
-            if not in_place:
-                acc.copy_(mine[off:off + length])
-        else:
-            acc = codec.sum[:length].copy_(mine[off:off + length])
-        for p in ch.peers:
-            codec.decode(_peer_slot(codec, parity, me, p), acc, accumulate=True)
-        if op == "avg":
-            acc.div_(n)
-        if not wide:
-            target.copy_(acc)
+        sources = [codec.run(_peer_slot(codec, parity, me, p), length) for p in ch.peers]
+        wire.reduce_encoded(out[off:off + length], mine[off:off + length], sources, op=op)
