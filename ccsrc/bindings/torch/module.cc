@@ -348,8 +348,8 @@ void DecodeBlockScaled(py::handle scales_arg, py::handle src_arg, py::handle out
   if (!done) throw StatusError(Internal("the host codec refused checked arguments: decode"));
 }
 
-// An encoded run as Python passes it: a (scales, codes) tuple, scales None for float16/bfloat16 codes; `count`
-// values of `format`. The tensors stay owned by the tuple, which the caller holds through the call.
+// An encoded run as Python passes it: a (scales, codes) tuple, scales None for float16/bfloat16 codes, as many
+// codes as `out` has values. The tensors stay owned by the tuple, which the caller holds through the call.
 struct RunArg {
   std::string name;
   const at::Tensor* scales;   // null for the plain formats
