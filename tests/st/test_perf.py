@@ -206,6 +206,32 @@ def test_low_precision_group_beside_full_precision_within_the_bound(tmp_path) ->
                                                                 / entry["low_precision_time_us"])
 
 
+@needs_symmetric_memory
+def test_ordinary_tensors_run_the_in_place_and_low_precision_forms_off_the_heap(tmp_path) -> None:
+    """``--ordinary-tensors``: the in-place and low-precision groups of all_reduce and reduce_scatter run on ordinary
+    torch tensors (the staged paths), say so, and are checked like the symmetric ones."""
+    json_path = tmp_path / "ordinary.json"
+    result = perf("--op", "all_reduce,reduce_scatter", "--nproc", "2", "-b", "1K", "-e", "1M", "-f", "32",
+                  "-n", "2", "-w", "1", "-r", "1", "--progress", "off", "--low-precision", "bfloat16",
+                  "--ordinary-tensors", "--json", str(json_path))
+    expect_success(result)
+    assert result.stdout.splitlines()[0].endswith("low precision bfloat16  ordinary tensors")
+    blocks = tables(result.stdout)
+    columns = COLUMNS + IN_PLACE_COLUMNS + LOW_PRECISION_COLUMNS + BASELINE_COLUMNS + IN_PLACE_SPEEDUP_COLUMNS
+    for op in ("all_reduce", "reduce_scatter"):
+        titles, rows = blocks[op]
+        assert titles == titles_of(columns), op
+        for row in rows:
+            cells = dict(zip(columns, row))
+            assert cells["#wrong"] == cells["in.#wrong"] == cells["lo.#wrong"] == "0", (op, row)
+    assert result.stdout.count("# in place, ordinary: the in-place call on ordinary torch tensors") == 2
+    assert result.stdout.count("# in place, ordinary, bfloat16: the in-place call with low_precision_dtype") == 2
+    assert "shmem, in-place, ordinary, bfloat16" in result.stdout
+    document = json.loads(json_path.read_text())
+    assert document["settings"]["ordinary_tensors"] is True
+    assert all(entry["in_place_wrong"] == 0 and entry["low_precision_wrong"] == 0 for entry in document["rows"])
+
+
 def test_without_baseline_or_check_the_gloo_columns_go(tmp_path) -> None:
     plot_path = tmp_path / "barrier.png"
     result = perf("--op", "barrier,get,reduce_scatter", "--nproc", "2", *QUICK, "--baseline", "none", "-c", "0",

@@ -229,9 +229,17 @@ def test_low_precision_applies_to_the_reductions_and_is_a_setting() -> None:
     assert [name for name, op in OPS.items() if op.low_precision] == ["all_reduce", "reduce_scatter"]
 
 
+def test_ordinary_tensors_apply_to_the_reductions_and_are_a_setting() -> None:
+    config = parse_config(["--op", "all_gather,all_reduce", "--ordinary-tensors"])
+    assert config.ordinary_tensors and config.settings(2)["ordinary_tensors"] is True
+    assert not parse_config([]).ordinary_tensors and parse_config([]).settings(2)["ordinary_tensors"] is False
+
+
 @pytest.mark.parametrize(
     "argv, message",
-    [(["--low-precision", "fp8"], "`--low-precision` must be one of float16, bfloat16, float8_e4m3fn, float8_e5m2, "
+    [(["--op", "all_gather,barrier", "--ordinary-tensors"],
+      "`--ordinary-tensors` must come with `--op` all_reduce or reduce_scatter, but got all_gather,barrier"),
+     (["--low-precision", "fp8"], "`--low-precision` must be one of float16, bfloat16, float8_e4m3fn, float8_e5m2, "
                                   "but got 'fp8'"),
      (["--op", "all_gather", "--low-precision", "float16"],
       "`--low-precision` must come with `--op` all_reduce or reduce_scatter, but got all_gather"),
@@ -355,6 +363,12 @@ def test_low_precision_group_follows_the_in_place_group_with_its_gain() -> None:
     assert footer([row, _collective_row(low_precision_busbw=1.15, low_precision_wrong=2)])[:4] == [
         "# Out of bounds values : 2 FAILED", "# Avg bus bandwidth    : 8.59 GB/s",
         "# Avg bus bandwidth in place : 5.69 GB/s", "# Avg bus bandwidth in place, low precision : 2 GB/s"]
+
+
+def test_ordinary_tensors_name_the_in_place_and_low_precision_groups() -> None:
+    groups = Table("gloo", memcpy=False, in_place=True, low_precision="float16", ordinary_tensors=True).header()[0]
+    assert "shmem, in-place, ordinary" in groups and "shmem, in-place, ordinary, float16" in groups
+    assert "shmem, out-of-place" in groups
 
 
 def test_json_rows_carry_the_low_precision_fields(tmp_path) -> None:

@@ -46,6 +46,8 @@ class RankInfo(NamedTuple):
         redop: the reduction (``-o``), for the ops that reduce.
         mm_k, mm_n: the fused ops' matmul dimensions (``--mm-k``, ``--mm-n``).
         low_precision: the dtype of ``--low-precision``, or None.
+        ordinary_tensors: ``--ordinary-tensors``: the reductions' in-place and low-precision forms run on ordinary
+            torch tensors.
     """
 
     rank: int
@@ -55,6 +57,7 @@ class RankInfo(NamedTuple):
     mm_k: int = 2048
     mm_n: int = 2048
     low_precision: Optional[torch.dtype] = None
+    ordinary_tensors: bool = False
 
 
 def symmetric_memory_api(op_name: str) -> ModuleType:
@@ -258,7 +261,15 @@ class InPlaceCase(Case):
 class LowPrecisionCase(InPlaceCase):
     """A reduction that also runs in place in ``--low-precision`` (``OpSpec.low_precision``). Its check compares
     the result with the exact reduction of the deterministic inputs (rebuilt for every rank) within the error
-    bound the library documents (``_low_precision.error_bound``), not bit for bit and not against gloo."""
+    bound the library documents (``_low_precision.error_bound``), not bit for bit and not against gloo.
+
+    With ``--ordinary-tensors`` its in-place and low-precision forms run on an ordinary torch tensor instead of the
+    symmetric one (:meth:`in_place_tensor`): the call a user makes on, say, gradients that torch allocated.
+    """
+
+    def in_place_tensor(self, symmetric: torch.Tensor) -> torch.Tensor:
+        """The tensor of the in-place and low-precision forms: ``symmetric``, or an ordinary one like it."""
+        return torch.zeros_like(symmetric) if self.info.ordinary_tensors else symmetric
 
     @abc.abstractmethod
     def run_ours_low_precision(self) -> None:
@@ -427,24 +438,26 @@ class AllGatherCase(InPlaceCase):
 
 class AllReduceCase(LowPrecisionCase):
     """``all_reduce``: out of place, the input copied into the output and reduced there (``shmem_allreduce`` and
-    ``dist.all_reduce`` work in place only); in place, the output reduced as it is."""
+    ``dist.all_reduce`` work in place only); in place, the output reduced as it is (or an ordinary tensor holding
+    the input, with ``--ordinary-tensors``)."""
 
     spec = OPS["all_reduce"]
 
     def setup(self) -> None:
         self.input, self.base_input = self.input_pair(self.count)
         self.output, self.base_output = self.output_pair(self.count)
-        self.in_place_outputs = [(self.output, self.base_output)]
+        self.reduced = self.in_place_tensor(self.output)
+        self.in_place_outputs = [(self.reduced, self.base_output)]
 
     def run_ours(self) -> None:
         self.output.copy_(self.input)
-        self.run_ours_in_place()
-
-    def run_ours_in_place(self) -> None:
         self.symm.shmem_allreduce(self.output, op=self.info.redop)
 
+    def run_ours_in_place(self) -> None:
+        self.symm.shmem_allreduce(self.reduced, op=self.info.redop)
+
     def run_ours_low_precision(self) -> None:
-        self.symm.shmem_allreduce(self.output, op=self.info.redop, low_precision_dtype=self.info.low_precision)
+        self.symm.shmem_allreduce(self.reduced, op=self.info.redop, low_precision_dtype=self.info.low_precision)
 
     @property
     def two_shot(self) -> bool:
@@ -452,10 +465,10 @@ class AllReduceCase(LowPrecisionCase):
 
     def low_precision_result(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         inputs = torch.stack(self.inputs_of_every_rank(self.count))
-        return self.output, inputs.sum(0), inputs.abs().sum(0)
+        return self.reduced, inputs.sum(0), inputs.abs().sum(0)
 
     def prepare_in_place(self) -> None:
-        self.output.copy_(self.input)
+        self.reduced.copy_(self.input)
 
     def run_baseline(self) -> None:
         self.base_output.copy_(self.base_input)
@@ -464,32 +477,36 @@ class AllReduceCase(LowPrecisionCase):
 
 class ReduceScatterCase(LowPrecisionCase):
     """``reduce_scatter``: n blocks per rank in, the reduction of block i out on rank i; in place, the output is
-    this rank's block of the input."""
+    this rank's block of the input (an ordinary tensor holding the input, with ``--ordinary-tensors``)."""
 
     spec = OPS["reduce_scatter"]
 
     def setup(self) -> None:
         self.input, self.base_input = self.input_pair(self.count)
         self.output, self.base_output = self.output_pair(self.block)
-        self.input_own_block = self.own_block(self.input)
-        self.in_place_outputs = [(self.input_own_block, self.base_output)]
+        self.in_place_input = self.in_place_tensor(self.input)
+        self.in_place_own_block = self.own_block(self.in_place_input)
+        self.in_place_outputs = [(self.in_place_own_block, self.base_output)]
 
     def run_ours(self) -> None:
         self.symm.shmem_reduce_scatter(self.output, self.input, op=self.info.redop)
 
     def run_ours_in_place(self) -> None:
-        self.symm.shmem_reduce_scatter(self.input_own_block, self.input, op=self.info.redop)
+        self.symm.shmem_reduce_scatter(self.in_place_own_block, self.in_place_input, op=self.info.redop)
 
     def run_ours_low_precision(self) -> None:
-        self.symm.shmem_reduce_scatter(self.input_own_block, self.input, op=self.info.redop,
+        self.symm.shmem_reduce_scatter(self.in_place_own_block, self.in_place_input, op=self.info.redop,
                                        low_precision_dtype=self.info.low_precision)
 
     def low_precision_result(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         blocks = torch.stack([self.own_block(t) for t in self.inputs_of_every_rank(self.count)])
-        return self.input_own_block, blocks.sum(0), blocks.abs().sum(0)
+        return self.in_place_own_block, blocks.sum(0), blocks.abs().sum(0)
 
     def prepare_in_place(self) -> None:
-        pass  # the input is still as ``fill`` wrote it: the out-of-place form only reads it
+        # The symmetric input is still as ``fill`` wrote it (the out-of-place form only reads it); an ordinary one
+        # gets a copy of it.
+        if self.in_place_input is not self.input:
+            self.in_place_input.copy_(self.input)
 
     def run_baseline(self) -> None:
         dist.reduce_scatter_single(self.base_output, self.base_input, op=DIST_REDUCE_OPS[self.info.redop])

@@ -44,6 +44,9 @@ class Config:
             (n·m) x k by k x N, matmul + reduce-scatter (n·m) x k by k x N, with m from the row's size.
         low_precision: ``--low-precision``: the dtype name all_reduce and reduce_scatter also run in (a group of
             columns of their own), or None.
+        ordinary_tensors: ``--ordinary-tensors``: all_reduce and reduce_scatter run their in-place and
+            low-precision forms on ordinary torch tensors, which the library takes through its staging area, instead
+            of symmetric ones.
     """
 
     ops: tuple[OpSpec, ...]
@@ -64,6 +67,7 @@ class Config:
     mm_k: int = 2048
     mm_n: int = 2048
     low_precision: Optional[str] = None
+    ordinary_tensors: bool = False
 
     @property
     def element_bytes(self) -> int:
@@ -112,6 +116,7 @@ class Config:
             "mm_k": self.mm_k,
             "mm_n": self.mm_n,
             "low_precision": self.low_precision,
+            "ordinary_tensors": self.ordinary_tensors,
         }
 
 
@@ -169,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--low-precision", dest="low_precision", default=None, metavar="DTYPE",
                         help="all_reduce and reduce_scatter: also time ours in place travelling in DTYPE "
                              f"({', '.join(LOW_PRECISION_BYTES)}), beside full precision (default: off)")
+    parser.add_argument("--ordinary-tensors", dest="ordinary_tensors", action="store_true",
+                        help="all_reduce and reduce_scatter: run the in-place and low-precision forms on ordinary "
+                             "torch tensors (taken through the staging area) instead of symmetric ones")
     parser.add_argument("--json", dest="json_path", default=None, metavar="FILE", help="write every row to FILE")
     parser.add_argument("--plot", dest="plot_path", default=None, metavar="FILE.png",
                         help="draw bus bandwidth and time against size, log-log (needs matplotlib)")
@@ -251,6 +259,10 @@ def config_from_args(args: argparse.Namespace) -> Config:
             raise ValueError(f"`-o` must be sum or avg for {op.name}, but got {redop!r}")
     if args.low_precision is not None:
         _check_low_precision(args.low_precision, ops, dtype, redop)
+    if args.ordinary_tensors and not any(op.low_precision for op in ops):
+        takers = [op.name for op in OPS.values() if op.low_precision]
+        raise ValueError(f"`--ordinary-tensors` must come with `--op` {' or '.join(takers)}, "
+                         f"but got {','.join(op.name for op in ops)}")
     if args.plot_path is not None and importlib.util.find_spec("matplotlib") is None:
         raise ValueError("`--plot` must have matplotlib installed (pip install 'hyper-parallel-shmem[plot]'), "
                          "but got none")
@@ -273,6 +285,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         mm_k=args.mm_k,
         mm_n=args.mm_n,
         low_precision=args.low_precision,
+        ordinary_tensors=args.ordinary_tensors,
     )
 
 

@@ -175,17 +175,20 @@ class Table:
             our two groups.
         low_precision: the ``--low-precision`` dtype of an op that runs in it: a group after the in-place one
             (ours in place in that dtype, and full precision's in-place time over it), or None.
+        ordinary_tensors: whether the in-place and low-precision groups ran on ordinary tensors
+            (``--ordinary-tensors``); their names say so.
     """
 
     def __init__(self, baseline: Optional[str], memcpy: bool, in_place: bool = False,
-                 low_precision: Optional[str] = None) -> None:
+                 low_precision: Optional[str] = None, ordinary_tensors: bool = False) -> None:
         self.groups: list[tuple[str, list[Column]]] = [("", _LEADING)]
+        in_place_name = "shmem, in-place, ordinary" if ordinary_tensors else "shmem, in-place"
         if in_place:
-            self.groups += [("shmem, out-of-place", _OURS), ("shmem, in-place", _IN_PLACE)]
+            self.groups += [("shmem, out-of-place", _OURS), (in_place_name, _IN_PLACE)]
         else:
             self.groups.append(("hyper_parallel.shmem", _OURS))
         if low_precision is not None:
-            self.groups.append((f"shmem, in-place, {low_precision}", _LOW_PRECISION))
+            self.groups.append((f"{in_place_name}, {low_precision}", _LOW_PRECISION))
         if baseline is not None:
             if in_place:
                 self.groups.append((f"{baseline}, out-of-place", _BASELINE + _SPEEDUPS))
@@ -412,7 +415,8 @@ class Reporter:
             f"# hp-shmem-perf: nranks {settings['nranks']}  type {settings['type']}"
             f"  iterations {settings['iterations']}  warmup {settings['warmup']}  repeat {settings['repeat']}"
             f"  baseline {settings['baseline'] or 'none'}"
-            + (f"  low precision {settings['low_precision']}" if settings.get("low_precision") else ""),
+            + (f"  low precision {settings['low_precision']}" if settings.get("low_precision") else "")
+            + ("  ordinary tensors" if settings.get("ordinary_tensors") else ""),
             "# time: the median over repeats of the slowest rank's time per operation",
         ])
 
@@ -421,14 +425,19 @@ class Reporter:
         has_in_place = op.in_place is not InPlace.ABSENT
         baseline = _baseline_name(self.baseline, op)
         low_precision = self.settings.get("low_precision") if op.low_precision else None
-        self._table = Table(baseline, op.memcpy_reference, in_place=has_in_place, low_precision=low_precision)
+        ordinary = bool(self.settings.get("ordinary_tensors")) and op.low_precision
+        self._table = Table(baseline, op.memcpy_reference, in_place=has_in_place, low_precision=low_precision,
+                            ordinary_tensors=ordinary)
         self._op_rows = []
         lines = ["#", f"# {op.name}: {op.summary}"]
-        if has_in_place:
+        if ordinary:
+            lines.append("# in place, ordinary: the in-place call on ordinary torch tensors (not symmetric: taken "
+                         "through the staging area)")
+        elif has_in_place:
             lines.append(f"# in place: {op.in_place_summary}")
         if low_precision is not None:
-            lines.append(f"# in place, {low_precision}: the in-place call with low_precision_dtype={low_precision}; "
-                         "#wrong: elements beyond its documented error bound")
+            lines.append(f"# in place{', ordinary' if ordinary else ''}, {low_precision}: the in-place call with "
+                         f"low_precision_dtype={low_precision}; #wrong: elements beyond its documented error bound")
         if baseline is not None:
             lines.append(f"# {baseline}{', out of place' if has_in_place else ''}: {op.baseline}")
         self._print(lines + self._table.header())

@@ -208,7 +208,8 @@ def run_rank(config: Config) -> list[Row]:
     os.environ.setdefault(HEAP_SIZE_ENV, str(heap_bytes(config)))
     info = RankInfo(rank=rank, nranks=nranks, dtype=getattr(torch, config.dtype), redop=config.redop,
                     mm_k=config.mm_k, mm_n=config.mm_n,
-                    low_precision=None if config.low_precision is None else getattr(torch, config.low_precision))
+                    low_precision=None if config.low_precision is None else getattr(torch, config.low_precision),
+                    ordinary_tensors=config.ordinary_tensors)
 
     steps = sum(len(config.sizes(spec)) for spec in config.ops) * config.repeat
     progress_on = rank == 0 and (config.progress == "on" or (config.progress == "auto" and sys.stderr.isatty()))

@@ -68,10 +68,11 @@ bound. :func:`error_bound` computes it.
 vectorised cast for float16 and bfloat16 and the host codec for fp8
 (:mod:`hyper_parallel.core.multicore.shmem._codec`: vectorised C++, bit-identical to torch's casts on the same
 definition); the owner's decode-sum-re-encode step and the final decodes are single passes of the codec. On the
-host device this does not beat the copy-free full-precision path, whose "link" is the same memory the casts read
-and write (64 MiB float32 all_reduce on 2 ranks of a shared 2-core machine, medians of one run side by side: 9 to 10
-ms in float16 or bfloat16, 11 ms in float8_e5m2, 14 ms in float8_e4m3fn, against 8 to 9 ms in full precision in
-place and 16 to 18 ms out of place; see ``docs/perf.md``). On a non-default SHMEM stream the op waits for the
+host device, whose "link" is the same memory the casts read and write, it pays for tensors outside symmetric
+memory, whose full-precision call copies them through the staging area anyway: 64 MiB float32 on 2 ranks of a
+shared 2-core machine, reduce_scatter 1.2-1.4x faster in every dtype, all_reduce about even (1.0-1.2x in float16
+and float8_e5m2). It does not beat the copy-free full-precision path of a symmetric tensor (0.6-0.9x for
+all_reduce). ``docs/perf.md`` has the measurements (``hp-shmem-perf --low-precision DTYPE [--ordinary-tensors]``). On a non-default SHMEM stream the op waits for the
 stream at each step, since the casts run on the host thread.
 
 The group's ranks must agree on the dtype (the argument, or the environment variable), like on ``op``.
