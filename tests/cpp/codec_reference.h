@@ -1,6 +1,7 @@
 // Shared by the googletest units of the low-precision codec (ops/host/codec.h): the fp8 formats from their
-// definitions, a scalar reference of the block-scaled encoder and of one decoded element, raw buffers of any float
-// dtype (read, store, random test data) and float comparison. Independent of the kernels under test.
+// definitions, a scalar reference of the block-scaled encoder and of one decoded element, the same for the plain
+// float16/bfloat16 formats, raw buffers of any float dtype (read, store, random test data) and float comparison.
+// Independent of the kernels under test.
 //
 // The reference rounds by searching the format's codes for the nearest value (ties to the even code) and takes
 // frexp from the C library: it shares none of the kernels' bit tricks.
@@ -202,16 +203,49 @@ inline Encoded ReferenceEncode(ops::LowFormat format, DataType dtype, const std:
   return encoded;
 }
 
-// One decoded element as `dtype` would store it (a double holding the stored value), NaN for NaN.
-inline double ReferenceDecodeOne(ops::LowFormat format, std::uint8_t byte, float scale, DataType dtype, double old,
-                                 bool accumulate) {
-  const double product = Fp8DecodedValue(format, byte) * scale;   // exact
-  // Overwriting takes the product in float32: past float32's range it is infinite, even for a float64 out.
-  if (dtype == DataType::kFloat64) return accumulate ? old + product : static_cast<float>(product);
-  const float sum = accumulate ? static_cast<float>(old) + static_cast<float>(product) : static_cast<float>(product);
+// A decoded value `value` (exact) as a `dtype` out stores it, over `old` or added to it: the sum in float64 for a
+// float64 out, in float32 otherwise, rounded once to a float16 or bfloat16 out. Overwriting takes the value in
+// float32: past float32's range it is infinite, even for a float64 out (only an fp8 product can be).
+inline double DecodedAs(DataType dtype, double value, double old, bool accumulate) {
+  if (dtype == DataType::kFloat64) return accumulate ? old + value : static_cast<float>(value);
+  const float sum = accumulate ? static_cast<float>(old) + static_cast<float>(value) : static_cast<float>(value);
   if (dtype == DataType::kFloat32) return sum;
   if (dtype == DataType::kFloat16) return HalfValue(RoundToHalf(sum));
   return BFloat16Value(RoundToBFloat16(sum));
+}
+
+// One decoded element as `dtype` would store it (a double holding the stored value), NaN for NaN.
+inline double ReferenceDecodeOne(ops::LowFormat format, std::uint8_t byte, float scale, DataType dtype, double old,
+                                 bool accumulate) {
+  return DecodedAs(dtype, Fp8DecodedValue(format, byte) * scale, old, accumulate);   // the product is exact
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The plain formats (float16, bfloat16): the cast, without scales; the codes are the 16-bit patterns.
+
+// The dtype whose bit patterns a plain format's codes are.
+inline DataType PlainCodeDtype(ops::LowFormat format) {
+  return format == ops::LowFormat::kFloat16 ? DataType::kFloat16 : DataType::kBFloat16;
+}
+
+// The exact value of a code (NaN for the NaN patterns).
+inline double PlainValue(ops::LowFormat format, std::uint16_t code) {
+  return format == ops::LowFormat::kFloat16 ? HalfValue(code) : BFloat16Value(code);
+}
+
+inline bool PlainCodeIsNan(ops::LowFormat format, std::uint16_t code) { return std::isnan(PlainValue(format, code)); }
+
+// The code of a value of any source dtype (a double holding it exactly): rounded to float32 first (exact but for
+// float64), then to the format's nearest value, ties to even (float16 overflows to infinity from 65520).
+inline std::uint16_t ReferenceEncodePlainOne(ops::LowFormat format, double value) {
+  const float narrow = static_cast<float>(value);
+  return format == ops::LowFormat::kFloat16 ? RoundToHalf(narrow) : RoundToBFloat16(narrow);
+}
+
+// One decoded element as `dtype` would store it: the code's exact value, over `old` or added to it.
+inline double ReferenceDecodePlainOne(ops::LowFormat format, std::uint16_t code, DataType dtype, double old,
+                                      bool accumulate) {
+  return DecodedAs(dtype, PlainValue(format, code), old, accumulate);
 }
 
 }  // namespace hp::shmem::testutil

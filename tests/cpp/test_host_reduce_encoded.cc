@@ -2,7 +2,7 @@
 // definitions (codec_reference.h), bit for bit: every instruction-set variant, wire format and output dtype, with
 // and without `own` (in place over `out` too), 0 to 3 sources, kSum and kAvg, with and without reencoding, counts
 // with tails and many blocks; values across each dtype's whole range, blocks with inf/NaN, sums past float32's
-// range; and what it refuses.
+// range; reencoding at every alignment; and what it refuses.
 //
 // The reference sums in the C++ type of the accumulator (double for a float64 out, float otherwise), so that it
 // rounds where the contract says the kernel rounds, and reuses the reference encoder of the fp8 codec's tests.
@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -564,7 +565,7 @@ TEST(HostReduceEncodedTest, AverageDividesTheSumByTheNumberOfTerms) {
 }
 
 // Reencoding a float64 result into float16/bfloat16 rounds it to float32 first, then casts (torch's double-to-half
-// cast, and what HostEncodeBlockScaled does with float64): 1 + half a 16-bit ulp + 2**-40 becomes the tie 1 + half
+// cast, and what HostEncode does with float64): 1 + half a 16-bit ulp + 2**-40 becomes the tie 1 + half
 // an ulp in float32, which rounds to even (1), where rounding the double directly would give 1 + an ulp.
 TEST(HostReduceEncodedTest, Float64ResultRoundsToFloat32BeforeTheSixteenBitCast) {
   for (LowFormat format : {LowFormat::kFloat16, LowFormat::kBFloat16}) {
@@ -580,6 +581,66 @@ TEST(HostReduceEncodedTest, Float64ResultRoundsToFloat32BeforeTheSixteenBitCast)
       EXPECT_EQ(code, format == LowFormat::kFloat16 ? 0x3C00 : 0x3F80) << HostIsaName(isa) << " "
                                                                         << LowFormatName(format);
       EXPECT_EQ(out, 1.0) << HostIsaName(isa) << " " << LowFormatName(format);
+    }
+  }
+}
+
+// The reencoded codes are written with non-temporal stores like HostEncode's, which need aligned addresses: at every
+// offset within 64 bytes (bytes for fp8, elements for float16/bfloat16; the scales at float offsets), the codes and
+// scales are the reference's, `out` holds their decoding, and nothing around them is written.
+TEST(HostReduceEncodedTest, ReencodingAtEveryOffsetWritesTheCodesWholeAndAlone) {
+  std::mt19937_64 rng(53);
+  for (LowFormat format : kFormats) {
+    const bool scaled = LowFormatScaled(format);
+    const std::size_t code_size = CodeSize(format);
+    for (std::size_t count : {std::size_t{1}, std::size_t{17}, kScaleBlock + 1, std::size_t{1000}}) {
+      const std::vector<Encoded> sources = RandomRuns(Spread::kModerate, format, 2, count, rng);
+      std::vector<EncodedRun> runs;
+      for (const Encoded& source : sources) runs.push_back(View(source));
+      const Expected expected =
+          ReferenceReduce(format, DataType::kFloat32, ReduceOp::kSum, nullptr, sources, count, true);
+      for (std::size_t offset = 0; offset * code_size <= 65; ++offset) {
+        const std::size_t scale_offset = offset % 3;
+        for (HostIsa isa : AvailableIsas()) {
+          const std::string what = std::string(HostIsaName(isa)) + " " + LowFormatName(format) +
+                                   " count=" + std::to_string(count) + " offset=" + std::to_string(offset);
+          std::vector<unsigned char> codes((offset + count) * code_size + kGuardBytes, kCodeGuard);
+          std::vector<float> scales(scale_offset + ScaleCount(count) + 1, kScaleGuard);
+          std::vector<float> out(count, 0.0f);
+          const MutableEncodedRun target{scaled ? scales.data() + scale_offset : nullptr,
+                                         codes.data() + offset * code_size};
+          ASSERT_TRUE(HostReduceEncoded(isa, format, DataType::kFloat32, ReduceOp::kSum, nullptr, runs.data(), 2,
+                                        count, out.data(), target))
+              << what;
+          for (std::size_t i = 0; i < count; ++i) {
+            ASSERT_TRUE(SameFloat(expected.out[i], out[i])) << what << " element " << i;
+          }
+          const std::vector<unsigned char> written(codes.begin() + static_cast<std::ptrdiff_t>(offset * code_size),
+                                                   codes.begin() +
+                                                       static_cast<std::ptrdiff_t>((offset + count) * code_size));
+          for (std::size_t i = 0; i < count; ++i) {
+            if (scaled) {
+              ASSERT_EQ(int{expected.reencoded.bytes[i]}, int{written[i]}) << what << " code " << i;
+            } else {
+              ASSERT_TRUE(SameFloat(ValueAt(Dtype16(format), expected.reencoded.bytes, i),
+                                    ValueAt(Dtype16(format), written, i)))
+                  << what << " code " << i;
+            }
+          }
+          for (std::size_t b = 0; b < offset * code_size; ++b) ASSERT_EQ(codes[b], kCodeGuard) << what << " before";
+          for (std::size_t b = (offset + count) * code_size; b < codes.size(); ++b) {
+            ASSERT_EQ(codes[b], kCodeGuard) << what << " past the codes";
+          }
+          for (std::size_t k = 0; k < scales.size(); ++k) {
+            const bool inside = scaled && k >= scale_offset && k < scale_offset + ScaleCount(count);
+            if (inside) {
+              ASSERT_TRUE(SameFloat(expected.reencoded.scales[k - scale_offset], scales[k])) << what << " scale " << k;
+            } else {
+              ASSERT_EQ(scales[k], kScaleGuard) << what << " scale " << k;
+            }
+          }
+        }
+      }
     }
   }
 }

@@ -241,24 +241,18 @@ void Reduce(py::handle dst_arg, py::handle src_arg, int op, py::handle pes_arg, 
                           OnStream(stream), std::move(keep)));
 }
 
-// The wire format of a codec's codes: the tensor's dtype names it. The block-scaled kernels take the fp8 formats
-// only; the reduction also float16 and bfloat16 (`plain`).
-ops::LowFormat LowFormatArg(const at::Tensor& tensor, const char* name, bool plain = false) {
+// The wire format of a codec's codes: the tensor's dtype names it.
+ops::LowFormat LowFormatArg(const at::Tensor& tensor, const char* name) {
   switch (tensor.scalar_type()) {
     case at::kFloat8_e4m3fn: return ops::LowFormat::kFloat8E4M3Fn;
     case at::kFloat8_e5m2: return ops::LowFormat::kFloat8E5M2;
-    case at::kHalf:
-      if (plain) return ops::LowFormat::kFloat16;
-      break;
-    case at::kBFloat16:
-      if (plain) return ops::LowFormat::kBFloat16;
-      break;
-    default: break;
+    case at::kHalf: return ops::LowFormat::kFloat16;
+    case at::kBFloat16: return ops::LowFormat::kBFloat16;
+    default:
+      throw StatusError(TypeError(std::string("`") + name + "` must have dtype torch.float8_e4m3fn, "
+                                  "torch.float8_e5m2, torch.float16 or torch.bfloat16, but got " +
+                                  DtypeName(tensor.scalar_type())));
   }
-  const char* dtypes = plain ? "torch.float8_e4m3fn, torch.float8_e5m2, torch.float16 or torch.bfloat16"
-                             : "torch.float8_e4m3fn or torch.float8_e5m2";
-  throw StatusError(TypeError(std::string("`") + name + "` must have dtype " + dtypes + ", but got " +
-                              DtypeName(tensor.scalar_type())));
 }
 
 // The dtype of the codec's wide side: what it encodes from, or decodes into.
@@ -303,51 +297,6 @@ void CheckDisjoint(const at::Tensor& a, const char* a_name, const at::Tensor& b,
   }
 }
 
-// Block-scaled fp8 encoding of `src` into `scales` and `dst` (ops/host/codec.h), on the calling thread.
-void EncodeBlockScaled(py::handle src_arg, py::handle scales_arg, py::handle dst_arg) {
-  const at::Tensor& src = CpuTensorArg(src_arg, "src");
-  const at::Tensor& scales = CpuTensorArg(scales_arg, "scales");
-  const at::Tensor& dst = CpuTensorArg(dst_arg, "dst");
-  const DataType src_dtype = CodecFloatArg(src, "src");
-  const ops::LowFormat format = LowFormatArg(dst, "dst");
-  CheckCodecSizes(src, "src", dst, "dst", scales);
-  CheckDisjoint(dst, "dst", src, "src");
-  CheckDisjoint(scales, "scales", src, "src");
-  CheckDisjoint(scales, "scales", dst, "dst");
-  const void* src_ptr = DataPointer(src, "src");
-  auto* scales_ptr = static_cast<float*>(DataPointer(scales, "scales"));
-  void* dst_ptr = DataPointer(dst, "dst");
-  const auto count = static_cast<std::size_t>(src.numel());
-  bool done;
-  {
-    py::gil_scoped_release nogil;
-    done = ops::HostEncodeBlockScaled(format, src_dtype, src_ptr, count, scales_ptr, dst_ptr);
-  }
-  if (!done) throw StatusError(Internal("the host codec refused checked arguments: encode"));
-}
-
-// Block-scaled fp8 decoding of `src` and `scales` into `out`, added to it when `accumulate`.
-void DecodeBlockScaled(py::handle scales_arg, py::handle src_arg, py::handle out_arg, bool accumulate) {
-  const at::Tensor& scales = CpuTensorArg(scales_arg, "scales");
-  const at::Tensor& src = CpuTensorArg(src_arg, "src");
-  const at::Tensor& out = CpuTensorArg(out_arg, "out");
-  const ops::LowFormat format = LowFormatArg(src, "src");
-  const DataType out_dtype = CodecFloatArg(out, "out");
-  CheckCodecSizes(out, "out", src, "src", scales);
-  CheckDisjoint(out, "out", src, "src");
-  CheckDisjoint(out, "out", scales, "scales");
-  const auto* scales_ptr = static_cast<const float*>(DataPointer(scales, "scales"));
-  const void* src_ptr = DataPointer(src, "src");
-  void* out_ptr = DataPointer(out, "out");
-  const auto count = static_cast<std::size_t>(src.numel());
-  bool done;
-  {
-    py::gil_scoped_release nogil;
-    done = ops::HostDecodeBlockScaled(format, scales_ptr, src_ptr, count, out_dtype, out_ptr, accumulate);
-  }
-  if (!done) throw StatusError(Internal("the host codec refused checked arguments: decode"));
-}
-
 // An encoded run as Python passes it: a (scales, codes) tuple, scales None for float16/bfloat16 codes, as many
 // codes as `out` has values. The tensors stay owned by the tuple, which the caller holds through the call.
 struct RunArg {
@@ -356,14 +305,20 @@ struct RunArg {
   const at::Tensor* codes;
 };
 
-// The first run's codes set `format`; every other run must share it.
-RunArg EncodedRunArg(py::handle value, std::string name, const at::Tensor& out, std::optional<ops::LowFormat>* format) {
-  if (!PyTuple_Check(value.ptr()) || PyTuple_GET_SIZE(value.ptr()) != 2) {
+// `wide` (named `wide_name`) is the full-precision tensor whose element count the codes must have. The first run's
+// codes set `format`; every other run must share it.
+RunArg EncodedRunArg(py::handle value, std::string name, const at::Tensor& wide, const char* wide_name,
+                     std::optional<ops::LowFormat>* format) {
+  if (!PyTuple_Check(value.ptr())) {
     throw StatusError(TypeError("`" + name + "` must be a (scales, codes) tuple, but got " + PyTypeName(value)));
+  }
+  if (PyTuple_GET_SIZE(value.ptr()) != 2) {
+    throw StatusError(TypeError("`" + name + "` must be a (scales, codes) tuple, but got a tuple of " +
+                                std::to_string(PyTuple_GET_SIZE(value.ptr())) + " items"));
   }
   const std::string scales_name = name + "[0]", codes_name = name + "[1]";
   const at::Tensor& codes = CpuTensorArg(PyTuple_GET_ITEM(value.ptr(), 1), codes_name.c_str());
-  const ops::LowFormat run_format = LowFormatArg(codes, codes_name.c_str(), /*plain=*/true);
+  const ops::LowFormat run_format = LowFormatArg(codes, codes_name.c_str());
   if (!format->has_value()) *format = run_format;
   if (**format != run_format) {
     throw StatusError(TypeError("`" + codes_name + "` must have the dtype of the first run's codes (torch." +
@@ -376,16 +331,22 @@ RunArg EncodedRunArg(py::handle value, std::string name, const at::Tensor& out, 
       throw StatusError(TypeError("`" + scales_name + "` must be None for " + ops::LowFormatName(run_format) +
                                   " codes (they have no scales), but got " + PyTypeName(scales_value)));
     }
-    if (codes.numel() != out.numel()) {
-      throw StatusError(InvalidArgument("`" + codes_name + "` must have as many elements as `out` (" +
-                                        std::to_string(out.numel()) + "), but got " + std::to_string(codes.numel())));
+    if (codes.numel() != wide.numel()) {
+      throw StatusError(InvalidArgument("`" + codes_name + "` must have as many elements as `" + wide_name + "` (" +
+                                        std::to_string(wide.numel()) + "), but got " +
+                                        std::to_string(codes.numel())));
     }
     return {std::move(name), nullptr, &codes};
   }
   const at::Tensor& scales = CpuTensorArg(scales_value, scales_name.c_str());
-  CheckCodecSizes(codes, codes_name.c_str(), out, "out", scales, scales_name.c_str());
+  CheckCodecSizes(codes, codes_name.c_str(), wide, wide_name, scales, scales_name.c_str());
   CheckDisjoint(scales, scales_name.c_str(), codes, codes_name.c_str());
   return {std::move(name), &scales, &codes};
+}
+
+// A run's scales (null for the plain formats) and codes.
+ops::EncodedRun RunPointers(const RunArg& run) {
+  return {run.scales != nullptr ? static_cast<const float*>(run.scales->data_ptr()) : nullptr, run.codes->data_ptr()};
 }
 
 // The reduction step of low-precision communication (ops/host/codec.h, HostReduceEncoded), on the calling thread:
@@ -421,10 +382,10 @@ void ReduceEncoded(py::handle out_arg, py::handle own_arg, py::handle sources_ar
   std::vector<RunArg> runs;
   runs.reserve(static_cast<std::size_t>(nsources) + 1);
   for (Py_ssize_t k = 0; k < nsources; ++k) {
-    runs.push_back(EncodedRunArg(items[k], "sources[" + std::to_string(k) + "]", out, &format));
+    runs.push_back(EncodedRunArg(items[k], "sources[" + std::to_string(k) + "]", out, "out", &format));
   }
   const bool reencoding = !reencode_arg.is_none();
-  if (reencoding) runs.push_back(EncodedRunArg(reencode_arg, "reencode", out, &format));
+  if (reencoding) runs.push_back(EncodedRunArg(reencode_arg, "reencode", out, "out", &format));
   if (!format.has_value()) {
     throw StatusError(InvalidArgument("`sources` or `reencode` must hold a run (their codes name the format), but "
                                       "got neither"));
@@ -451,11 +412,7 @@ void ReduceEncoded(py::handle out_arg, py::handle own_arg, py::handle sources_ar
   }
   std::vector<ops::EncodedRun> sources;
   sources.reserve(static_cast<std::size_t>(nsources));
-  for (Py_ssize_t k = 0; k < nsources; ++k) {
-    const RunArg& run = runs[static_cast<std::size_t>(k)];
-    sources.push_back({run.scales != nullptr ? static_cast<const float*>(run.scales->data_ptr()) : nullptr,
-                       run.codes->data_ptr()});
-  }
+  for (Py_ssize_t k = 0; k < nsources; ++k) sources.push_back(RunPointers(runs[static_cast<std::size_t>(k)]));
   ops::MutableEncodedRun reencode{nullptr, nullptr};
   if (reencoding) {
     const RunArg& run = runs.back();
@@ -472,6 +429,48 @@ void ReduceEncoded(py::handle out_arg, py::handle own_arg, py::handle sources_ar
                                   static_cast<int>(nsources), count, out_ptr, reencode);
   }
   if (!done) throw StatusError(Internal("the host codec refused checked arguments: reduce_encoded"));
+}
+
+// Encoding of `src` into the run `dst` (ops/host/codec.h), on the calling thread.
+void Encode(py::handle src_arg, py::handle dst_arg) {
+  const at::Tensor& src = CpuTensorArg(src_arg, "src");
+  const DataType src_dtype = CodecFloatArg(src, "src");
+  std::optional<ops::LowFormat> format;
+  const RunArg dst = EncodedRunArg(dst_arg, "dst", src, "src", &format);
+  for (const at::Tensor* part : {dst.scales, dst.codes}) {
+    if (part != nullptr) CheckDisjoint(*part, part == dst.codes ? "dst[1]" : "dst[0]", src, "src");
+  }
+  ops::MutableEncodedRun run{
+      dst.scales != nullptr ? static_cast<float*>(DataPointer(*dst.scales, "dst[0]")) : nullptr,
+      DataPointer(*dst.codes, "dst[1]")};
+  const void* src_ptr = DataPointer(src, "src");
+  const auto count = static_cast<std::size_t>(src.numel());
+  bool done;
+  {
+    py::gil_scoped_release nogil;
+    done = ops::HostEncode(*format, src_dtype, src_ptr, count, run);
+  }
+  if (!done) throw StatusError(Internal("the host codec refused checked arguments: encode"));
+}
+
+// Decoding of the run `src` into `out`, added to it when `accumulate`.
+void Decode(py::handle src_arg, py::handle out_arg, bool accumulate) {
+  const at::Tensor& out = CpuTensorArg(out_arg, "out");
+  const DataType out_dtype = CodecFloatArg(out, "out");
+  std::optional<ops::LowFormat> format;
+  const RunArg src = EncodedRunArg(src_arg, "src", out, "out", &format);
+  for (const at::Tensor* part : {src.scales, src.codes}) {
+    if (part != nullptr) CheckDisjoint(out, "out", *part, part == src.codes ? "src[1]" : "src[0]");
+  }
+  const ops::EncodedRun run = RunPointers(src);
+  void* out_ptr = DataPointer(out, "out");
+  const auto count = static_cast<std::size_t>(out.numel());
+  bool done;
+  {
+    py::gil_scoped_release nogil;
+    done = ops::HostDecode(*format, run, count, out_dtype, out_ptr, accumulate);
+  }
+  if (!done) throw StatusError(Internal("the host codec refused checked arguments: decode"));
 }
 
 void Barrier(StreamHandle stream) {
@@ -588,9 +587,8 @@ PYBIND11_MODULE(_shmem_torch, m) {
   m.def("wait_signal", &WaitSignal, py::arg("signal"), py::arg("value"), py::arg("cmp"), py::arg("stream"));
   m.def("reduce", &Reduce, py::arg("dst"), py::arg("src"), py::arg("op"), py::arg("pes"), py::arg("stream"));
   m.def("barrier", &Barrier, py::arg("stream"));
-  m.def("encode_block_scaled", &EncodeBlockScaled, py::arg("src"), py::arg("scales"), py::arg("dst"));
-  m.def("decode_block_scaled", &DecodeBlockScaled, py::arg("scales"), py::arg("src"), py::arg("out"),
-        py::arg("accumulate"));
+  m.def("encode", &Encode, py::arg("src"), py::arg("dst"));
+  m.def("decode", &Decode, py::arg("src"), py::arg("out"), py::arg("accumulate"));
   m.def("reduce_encoded", &ReduceEncoded, py::arg("out"), py::arg("own"), py::arg("sources"), py::arg("op"),
         py::arg("reencode"));
   m.attr("scale_block") = ops::kScaleBlock;

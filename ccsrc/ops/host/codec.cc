@@ -14,34 +14,30 @@ const char* LowFormatName(LowFormat format) {
   return "?";
 }
 
-bool HostEncodeBlockScaled(HostIsa isa, LowFormat format, DataType src_dtype, const void* src, std::size_t count,
-                           float* scales, void* dst) {
+bool HostEncode(HostIsa isa, LowFormat format, DataType src_dtype, const void* src, std::size_t count,
+                MutableEncodedRun dst) {
   if (!HostIsaAvailable(isa)) return false;
 #if defined(HP_OPS_HAVE_AVX2_F16C)
-  if (isa == HostIsa::kAvx2F16c) return EncodeBlockScaledAvx2F16c(format, src_dtype, src, count, scales, dst);
+  if (isa == HostIsa::kAvx2F16c) return EncodeAvx2F16c(format, src_dtype, src, count, dst);
 #endif
-  return EncodeBlockScaledPortable(format, src_dtype, src, count, scales, dst);
+  return EncodePortable(format, src_dtype, src, count, dst);
 }
 
-bool HostEncodeBlockScaled(LowFormat format, DataType src_dtype, const void* src, std::size_t count, float* scales,
-                           void* dst) {
-  return HostEncodeBlockScaled(BestHostIsa(), format, src_dtype, src, count, scales, dst);
+bool HostEncode(LowFormat format, DataType src_dtype, const void* src, std::size_t count, MutableEncodedRun dst) {
+  return HostEncode(BestHostIsa(), format, src_dtype, src, count, dst);
 }
 
-bool HostDecodeBlockScaled(HostIsa isa, LowFormat format, const float* scales, const void* src, std::size_t count,
-                           DataType out_dtype, void* out, bool accumulate) {
+bool HostDecode(HostIsa isa, LowFormat format, EncodedRun src, std::size_t count, DataType out_dtype, void* out,
+                bool accumulate) {
   if (!HostIsaAvailable(isa)) return false;
 #if defined(HP_OPS_HAVE_AVX2_F16C)
-  if (isa == HostIsa::kAvx2F16c) {
-    return DecodeBlockScaledAvx2F16c(format, scales, src, count, out_dtype, out, accumulate);
-  }
+  if (isa == HostIsa::kAvx2F16c) return DecodeAvx2F16c(format, src, count, out_dtype, out, accumulate);
 #endif
-  return DecodeBlockScaledPortable(format, scales, src, count, out_dtype, out, accumulate);
+  return DecodePortable(format, src, count, out_dtype, out, accumulate);
 }
 
-bool HostDecodeBlockScaled(LowFormat format, const float* scales, const void* src, std::size_t count,
-                           DataType out_dtype, void* out, bool accumulate) {
-  return HostDecodeBlockScaled(BestHostIsa(), format, scales, src, count, out_dtype, out, accumulate);
+bool HostDecode(LowFormat format, EncodedRun src, std::size_t count, DataType out_dtype, void* out, bool accumulate) {
+  return HostDecode(BestHostIsa(), format, src, count, out_dtype, out, accumulate);
 }
 
 bool HostReduceEncoded(HostIsa isa, LowFormat format, DataType out_dtype, ReduceOp op, const void* own,

@@ -1,8 +1,9 @@
-// The wire formats of low-precision communication on host memory: block-scaled fp8 encoding and decoding, and the
-// reduction of encoded runs into full precision (HostReduceEncoded), in any of the four formats.
+// The wire formats of low-precision communication on host memory: encoding, decoding, and the reduction of encoded
+// runs into full precision (HostReduceEncoded).
 //
-// A run of `count` values travels as fp8 bytes plus one float32 scale per kScaleBlock values (the last block may
-// be short): value i is fp8[i] * scales[i / kScaleBlock]. A block's scale is the power of two 2**e closest above
+// float16 and bfloat16 travel as the plain cast. fp8 is block-scaled: a run of `count` values travels as fp8
+// bytes plus one float32 scale per kScaleBlock values (the last block may be short): value i is
+// fp8[i] * scales[i / kScaleBlock]. A block's scale is the power of two 2**e closest above
 // absmax / fp8_max, so that scaling is exact and no value overflows. The kernels reproduce, bit for bit, what
 // torch's casts produce for the same definition (hyper_parallel/core/symmetric_memory/_low_precision.py), so that
 // every rank decodes the same bytes to the same values.
@@ -34,36 +35,6 @@ constexpr std::size_t kScaleBlock = 128;
 // The scales a run of `count` values has.
 constexpr std::size_t ScaleCount(std::size_t count) { return (count + kScaleBlock - 1) / kScaleBlock; }
 
-// Encodes `count` values of `src_dtype` (float32, float64, float16 or bfloat16) into ScaleCount(count) scales and
-// `count` fp8 bytes at `dst`. Values are first rounded to float32 (float64; the others widen exactly), then:
-//   * scale = 2**e with e the exponent of frexp(absmax / fp8_max) (a float32 division), at least -126 (an
-//     all-zero block: e = 0, frexp's exponent of zero);
-//   * a block holding inf or NaN, or with e above 119 for e4m3fn (127 for e5m2, never reached), gets a NaN scale
-//     and every byte of it is 0x7F (a NaN in both formats);
-//   * otherwise byte i is value i times 1/scale (a power of two) in float32, rounded to the fp8 format to nearest even
-//     like torch's cast (subnormals kept; out of range, never reached after scaling: e4m3fn NaN above 464, e5m2
-//     infinity from 61440).
-// `src`, `scales` and `dst` must not overlap. Returns false, writing nothing, for another dtype, a format that is
-// not block-scaled or a variant the CPU lacks.
-bool HostEncodeBlockScaled(LowFormat format, DataType src_dtype, const void* src, std::size_t count, float* scales,
-                           void* dst);
-bool HostEncodeBlockScaled(HostIsa isa, LowFormat format, DataType src_dtype, const void* src, std::size_t count,
-                           float* scales, void* dst);
-
-// Decodes `count` fp8 bytes at `src` with their ScaleCount(count) `scales` into `out` of `out_dtype` (float32,
-// float64, float16 or bfloat16): out[i] = fp8[i] * scale, or out[i] + fp8[i] * scale when `accumulate`. The
-// product is exact in float32 (an fp8 value times a power of two at least 2**-126) unless it overflows, which only a
-// value rounded up next to float32's largest can. Like torch's mul and addcmul_ of float16 by float32 values into
-// `out`, the product is taken in float32 when overwriting (inf past float32's range, then widened) and the sum in
-// float64 for a float64 `out` (float32 otherwise); a float16/bfloat16 `out` is rounded once, to nearest even.
-// A NaN scale makes its whole block NaN. The e4m3fn NaN byte reads as 480 (times a NaN scale wherever the encoder
-// writes it). `src`, `scales` and `out` must not overlap. Returns false, writing nothing, for another dtype, a
-// format that is not block-scaled or a variant the CPU lacks.
-bool HostDecodeBlockScaled(LowFormat format, const float* scales, const void* src, std::size_t count,
-                           DataType out_dtype, void* out, bool accumulate);
-bool HostDecodeBlockScaled(HostIsa isa, LowFormat format, const float* scales, const void* src, std::size_t count,
-                           DataType out_dtype, void* out, bool accumulate);
-
 // A run of `count` encoded values: ScaleCount(count) scales for the block-scaled formats (unused, and may be null,
 // for float16 and bfloat16), then the values.
 struct EncodedRun {
@@ -75,19 +46,49 @@ struct MutableEncodedRun {
   void* values;
 };
 
+// Encodes `count` values of `src_dtype` (float32, float64, float16 or bfloat16) into `dst`. Values are first
+// rounded to float32 (float64; the others widen exactly), then, for float16 and bfloat16, rounded to nearest even
+// like torch's cast (float16 saturates to infinity past 65504); for the fp8 formats, per block:
+//   * scale = 2**e with e the exponent of frexp(absmax / fp8_max) (a float32 division), at least -126 (an
+//     all-zero block: e = 0, frexp's exponent of zero);
+//   * a block holding inf or NaN, or with e above 119 for e4m3fn (127 for e5m2, never reached), gets a NaN scale
+//     and every byte of it is 0x7F (a NaN in both formats);
+//   * otherwise byte i is value i times 1/scale (a power of two) in float32, rounded to the fp8 format to nearest even
+//     like torch's cast (subnormals kept; out of range, never reached after scaling: e4m3fn NaN above 464, e5m2
+//     infinity from 61440).
+// The codes are for another rank to read: they are written with non-temporal stores where the CPU has them (past
+// the cache, see "Hand-offs" in docs/perf.md), and fenced before the call returns. `src` and `dst`'s scales and
+// codes must not overlap. Returns false, writing nothing, for another dtype, an unknown format or a variant the CPU
+// lacks.
+bool HostEncode(LowFormat format, DataType src_dtype, const void* src, std::size_t count, MutableEncodedRun dst);
+bool HostEncode(HostIsa isa, LowFormat format, DataType src_dtype, const void* src, std::size_t count,
+                MutableEncodedRun dst);
+
+// Decodes `count` codes of `src` into `out` of `out_dtype` (float32, float64, float16 or bfloat16): out[i] = v[i],
+// or out[i] + v[i] when `accumulate`, v[i] being the code's exact value (float16, bfloat16: widened; fp8: the code
+// times its block's scale, exact in float32 unless it overflows, which only a value rounded up next to float32's
+// largest can). Like torch's mul and addcmul_ of float16 by float32 values into `out`, an fp8 product is taken in
+// float32 when overwriting (inf past float32's range, then widened); sums are taken in float64 for a float64 `out`
+// (float32 otherwise), and a float16/bfloat16 `out` is rounded once, to nearest even. A NaN scale makes its whole
+// block NaN. The e4m3fn NaN byte reads as 480 (times a NaN scale wherever the encoder writes it). `src`'s scales
+// and codes and `out` must not overlap. Returns false, writing nothing, for another dtype, an unknown format or a
+// variant the CPU lacks.
+bool HostDecode(LowFormat format, EncodedRun src, std::size_t count, DataType out_dtype, void* out, bool accumulate);
+bool HostDecode(HostIsa isa, LowFormat format, EncodedRun src, std::size_t count, DataType out_dtype, void* out,
+                bool accumulate);
+
 // The reduction step of low-precision communication, in one pass over memory: sums `own` (the rank's values in full
 // precision, or null) and the decoded `sources` (in `format`), element by element, and writes the result.
 //   * Terms are added in order, `own` first, in the accumulator: float64 for a float64 `out_dtype`, float32
 //     otherwise (float32, float16, bfloat16). Each decoded term is the exact product of its code and its scale, as
-//     HostDecodeBlockScaled computes it; without `own`, the first source is taken as HostDecodeBlockScaled
-//     overwriting would (so that the sum equals decoding the first source, then accumulating the others).
+//     HostDecode computes it; without `own`, the first source is taken as HostDecode overwriting
+//     would (so that the sum equals decoding the first source, then accumulating the others).
 //   * kAvg divides the sum by the number of terms (sources, plus one with `own`), in the accumulator.
 //   * Without `reencode` (null values): `out` receives the result, rounded once (to nearest even) to a float16 or
 //     bfloat16 `out_dtype`.
-//   * With `reencode`: the result is encoded into it, as HostEncodeBlockScaled encodes float32 values (for float16
-//     and bfloat16: rounded to nearest even, like torch's cast; a float64 result is rounded to float32 first, like
-//     torch's casts from float64), and `out` receives the decoding of those very codes: the values every rank that
-//     decodes them gets.
+//   * With `reencode`: the result is encoded into it as HostEncode encodes values of the accumulator's type (a
+//     float64 result is rounded to float32 first), with non-temporal stores like HostEncode's, and `out` receives
+//     the decoding of those very codes: the values every rank that decodes them gets.
 // `own` has `out_dtype` and may be `out` exactly; nothing else may overlap. Returns false, writing nothing, for
 // what it does not compute: no term, an `out_dtype` other than float32, float64, float16 or bfloat16, an op other
 // than kSum and kAvg, an unknown format or a variant the CPU lacks.

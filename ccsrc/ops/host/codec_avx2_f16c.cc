@@ -1,4 +1,4 @@
-// The AVX2 + F16C variant of the block-scaled codec kernels. This file alone is compiled with -mavx2 -mf16c;
+// The AVX2 + F16C variant of the codec kernels. This file alone is compiled with -mavx2 -mf16c;
 // codec.cc calls it only on a CPU that has both.
 #include <immintrin.h>
 
@@ -6,6 +6,10 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>   // the codes' non-temporal stores
+#endif
 
 #include "ops/host/codec_variants.h"
 
@@ -18,18 +22,18 @@ namespace {
 
 }  // namespace
 
-bool EncodeBlockScaledAvx2F16c(LowFormat format, DataType src_dtype, const void* src, std::size_t count, float* scales,
-                               void* dst) {
-  return Encode<F16cHalf>(format, src_dtype, src, count, scales, dst);
+bool EncodeAvx2F16c(LowFormat format, DataType src_dtype, const void* src, std::size_t count, MutableEncodedRun dst) {
+  return Encode<F16cHalf>(format, src_dtype, src, count, dst);
 }
 
-bool DecodeBlockScaledAvx2F16c(LowFormat format, const float* scales, const void* src, std::size_t count,
-                               DataType out_dtype, void* out, bool accumulate) {
-  return Decode<F16cHalf>(format, scales, src, count, out_dtype, out, accumulate);
+bool DecodeAvx2F16c(LowFormat format, EncodedRun src, std::size_t count, DataType out_dtype, void* out,
+                    bool accumulate) {
+  return Decode<F16cHalf>(format, src, count, out_dtype, out, accumulate);
 }
 
-bool ReduceEncodedAvx2F16c(LowFormat format, DataType out_dtype, ReduceOp op, const void* own, const EncodedRun* sources,
-                           int nsources, std::size_t count, void* out, MutableEncodedRun reencode) {
+bool ReduceEncodedAvx2F16c(LowFormat format, DataType out_dtype, ReduceOp op, const void* own,
+                           const EncodedRun* sources, int nsources, std::size_t count, void* out,
+                           MutableEncodedRun reencode) {
   return ReduceEncoded<F16cHalf>(format, out_dtype, op, own, sources, nsources, count, out, reencode);
 }
 

@@ -1,8 +1,12 @@
-// The portable variant of the block-scaled codec kernels: plain C++, vectorised for the baseline instruction set.
+// The portable variant of the codec kernels: plain C++, vectorised for the baseline instruction set.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>   // the codes' non-temporal stores
+#endif
 
 #include "ops/host/codec_variants.h"
 
@@ -14,18 +18,18 @@ namespace {
 
 }  // namespace
 
-bool EncodeBlockScaledPortable(LowFormat format, DataType src_dtype, const void* src, std::size_t count, float* scales,
-                               void* dst) {
-  return Encode<PortableHalf>(format, src_dtype, src, count, scales, dst);
+bool EncodePortable(LowFormat format, DataType src_dtype, const void* src, std::size_t count, MutableEncodedRun dst) {
+  return Encode<PortableHalf>(format, src_dtype, src, count, dst);
 }
 
-bool DecodeBlockScaledPortable(LowFormat format, const float* scales, const void* src, std::size_t count,
-                               DataType out_dtype, void* out, bool accumulate) {
-  return Decode<PortableHalf>(format, scales, src, count, out_dtype, out, accumulate);
+bool DecodePortable(LowFormat format, EncodedRun src, std::size_t count, DataType out_dtype, void* out,
+                    bool accumulate) {
+  return Decode<PortableHalf>(format, src, count, out_dtype, out, accumulate);
 }
 
-bool ReduceEncodedPortable(LowFormat format, DataType out_dtype, ReduceOp op, const void* own, const EncodedRun* sources,
-                           int nsources, std::size_t count, void* out, MutableEncodedRun reencode) {
+bool ReduceEncodedPortable(LowFormat format, DataType out_dtype, ReduceOp op, const void* own,
+                           const EncodedRun* sources, int nsources, std::size_t count, void* out,
+                           MutableEncodedRun reencode) {
   return ReduceEncoded<PortableHalf>(format, out_dtype, op, own, sources, nsources, count, out, reencode);
 }
 

@@ -7,19 +7,19 @@
 
 namespace hp::shmem::ops {
 
-bool EncodeBlockScaledPortable(LowFormat format, DataType src_dtype, const void* src, std::size_t count, float* scales,
-                               void* dst);
-bool DecodeBlockScaledPortable(LowFormat format, const float* scales, const void* src, std::size_t count,
-                               DataType out_dtype, void* out, bool accumulate);
-bool ReduceEncodedPortable(LowFormat format, DataType out_dtype, ReduceOp op, const void* own, const EncodedRun* sources,
-                           int nsources, std::size_t count, void* out, MutableEncodedRun reencode);
+bool EncodePortable(LowFormat format, DataType src_dtype, const void* src, std::size_t count, MutableEncodedRun dst);
+bool DecodePortable(LowFormat format, EncodedRun src, std::size_t count, DataType out_dtype, void* out,
+                    bool accumulate);
+bool ReduceEncodedPortable(LowFormat format, DataType out_dtype, ReduceOp op, const void* own,
+                           const EncodedRun* sources, int nsources, std::size_t count, void* out,
+                           MutableEncodedRun reencode);
 #if defined(HP_OPS_HAVE_AVX2_F16C)
-bool EncodeBlockScaledAvx2F16c(LowFormat format, DataType src_dtype, const void* src, std::size_t count, float* scales,
-                               void* dst);
-bool DecodeBlockScaledAvx2F16c(LowFormat format, const float* scales, const void* src, std::size_t count,
-                               DataType out_dtype, void* out, bool accumulate);
-bool ReduceEncodedAvx2F16c(LowFormat format, DataType out_dtype, ReduceOp op, const void* own, const EncodedRun* sources,
-                           int nsources, std::size_t count, void* out, MutableEncodedRun reencode);
+bool EncodeAvx2F16c(LowFormat format, DataType src_dtype, const void* src, std::size_t count, MutableEncodedRun dst);
+bool DecodeAvx2F16c(LowFormat format, EncodedRun src, std::size_t count, DataType out_dtype, void* out,
+                    bool accumulate);
+bool ReduceEncodedAvx2F16c(LowFormat format, DataType out_dtype, ReduceOp op, const void* own,
+                           const EncodedRun* sources, int nsources, std::size_t count, void* out,
+                           MutableEncodedRun reencode);
 #endif
 
 }  // namespace hp::shmem::ops

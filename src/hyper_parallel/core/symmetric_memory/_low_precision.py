@@ -64,16 +64,17 @@ two-shot all_reduce casts the reduced value down once more for the way back (the
 the first error carried into it). Non-finite inputs, float16 overflow and the NaN blocks above are outside the
 bound. :func:`error_bound` computes it.
 
-**Speed.** Everything runs on the calling thread, a piece at a time (it stays in cache). Encoding is torch's
-vectorised cast for float16 and bfloat16 and the host codec for fp8
+**Speed.** Everything runs on the calling thread, a piece at a time (it stays in cache), in the host codec
 (:mod:`hyper_parallel.core.multicore.shmem._codec`: vectorised C++, bit-identical to torch's casts on the same
-definition); the owner's decode-sum-re-encode step and the final decodes are single passes of the codec. On the
-host device, whose "link" is the same memory the casts read and write, it pays for tensors outside symmetric
-memory, whose full-precision call copies them through the staging area anyway: 64 MiB float32 on 2 ranks of a
-shared 2-core machine, reduce_scatter 1.2-1.4x faster in every dtype, all_reduce about even (1.0-1.2x in float16
-and float8_e5m2). It does not beat the copy-free full-precision path of a symmetric tensor (0.6-0.9x for
-all_reduce). ``docs/perf.md`` has the measurements (``hp-shmem-perf --low-precision DTYPE [--ordinary-tensors]``). On a non-default SHMEM stream the op waits for the
-stream at each step, since the casts run on the host thread.
+definition): one pass to encode, one for the owner's decode-sum-re-encode step, one per peer to decode. The codec
+writes the slots with non-temporal stores, so that a peer on another die reads them from memory instead of pulling
+each line out of this core's cache. On the host device, whose "link" is the same memory the casts read and write,
+it pays for tensors outside symmetric memory, whose full-precision call copies them through the staging area
+anyway: 64 MiB float32 on 2 ranks of a 2-core VM, reduce_scatter 1.2-1.3x faster, all_reduce 1.0-1.2x, about 3x
+when the two cores sit on different dies. It does not beat the copy-free full-precision path of a symmetric tensor
+(0.4-0.9x for all_reduce). ``docs/perf.md`` has the measurements (``hp-shmem-perf --low-precision DTYPE
+[--ordinary-tensors]``). On a non-default SHMEM stream the op waits for the stream at each step, since the casts run
+on the host thread.
 
 The group's ranks must agree on the dtype (the argument, or the environment variable), like on ``op``.
 """
@@ -250,9 +251,9 @@ def _round_up(value: int, unit: int) -> int:
 class _Codec:
     """Encodes values into a slot and names a slot's encoded run, for one (group, low dtype).
 
-    A slot is a uint8 tensor: for fp8, ``scale_bytes`` of float32 block scales then the fp8 bytes (encoded by the
-    host codec, :mod:`hyper_parallel.core.multicore.shmem._codec`); for float16 and bfloat16, the bytes of torch's
-    cast. Decoding and summing are the codec's :func:`~hyper_parallel.core.multicore.shmem._codec.reduce_encoded`.
+    A slot is a uint8 tensor: for fp8, ``scale_bytes`` of float32 block scales then the fp8 bytes; for float16 and
+    bfloat16, the 16-bit codes. The host codec (:mod:`hyper_parallel.core.multicore.shmem._codec`) encodes,
+    decodes, and sums (``reduce_encoded``).
     """
 
     def __init__(self, low: torch.dtype, slot_bytes: int) -> None:
@@ -279,20 +280,12 @@ class _Codec:
         return (slot[:wire.scale_count(count) * 4].view(torch.float32) if self.scaled else None), codes
 
     def encode(self, values: torch.Tensor, slot: torch.Tensor) -> None:
-        """Casts ``values`` (at most ``capacity``) down into ``slot``."""
-        scales, codes = self.run(slot, values.numel())
-        if self.scaled:
-            wire.encode_block_scaled(values, scales, codes)
-        else:
-            codes.copy_(values)
+        """Casts ``values`` (at most ``capacity``) down into ``slot``, for the peers to read."""
+        wire.encode(values, self.run(slot, values.numel()))
 
     def decode(self, slot: torch.Tensor, out: torch.Tensor) -> None:
         """Decodes ``out.numel()`` elements of ``slot`` into ``out``."""
-        scales, codes = self.run(slot, out.numel())
-        if self.scaled:
-            wire.decode_block_scaled(scales, codes, out, accumulate=False)
-        else:
-            out.copy_(codes)
+        wire.decode(self.run(slot, out.numel()), out, accumulate=False)
 
 
 # Codecs per group channel (dropped with it) and (low dtype, slot bytes).
