@@ -268,18 +268,13 @@ DataType CodecFloatArg(const at::Tensor& tensor, const char* name) {
   }
 }
 
-void CheckCodecSizes(const at::Tensor& wide, const char* wide_name, const at::Tensor& codes, const char* codes_name,
-                     const at::Tensor& scales, const char* scales_name = "scales") {
-  if (wide.numel() != codes.numel()) {
-    throw StatusError(InvalidArgument(std::string("`") + wide_name + "` must have as many elements as `" + codes_name +
-                                      "` (" + std::to_string(codes.numel()) + "), but got " +
-                                      std::to_string(wide.numel())));
-  }
+// A fp8 run's scales: float32, one per started block of `count` values.
+void CheckScales(const at::Tensor& scales, const char* scales_name, std::int64_t count) {
   if (scales.scalar_type() != at::kFloat) {
     throw StatusError(TypeError(std::string("`") + scales_name + "` must have dtype torch.float32, but got " +
                                 DtypeName(scales.scalar_type())));
   }
-  const auto expected = static_cast<std::int64_t>(ops::ScaleCount(static_cast<std::size_t>(codes.numel())));
+  const auto expected = static_cast<std::int64_t>(ops::ScaleCount(static_cast<std::size_t>(count)));
   if (scales.numel() != expected) {
     throw StatusError(InvalidArgument(std::string("`") + scales_name + "` must have " + std::to_string(expected) +
                                       " elements (one per " + std::to_string(ops::kScaleBlock) + " values), but got " +
@@ -325,21 +320,20 @@ RunArg EncodedRunArg(py::handle value, std::string name, const at::Tensor& wide,
                                 std::string(ops::LowFormatName(**format)) + "), but got " +
                                 DtypeName(codes.scalar_type())));
   }
+  if (codes.numel() != wide.numel()) {
+    throw StatusError(InvalidArgument("`" + codes_name + "` must have as many elements as `" + wide_name + "` (" +
+                                      std::to_string(wide.numel()) + "), but got " + std::to_string(codes.numel())));
+  }
   py::handle scales_value = PyTuple_GET_ITEM(value.ptr(), 0);
   if (!ops::LowFormatScaled(run_format)) {
     if (!scales_value.is_none()) {
       throw StatusError(TypeError("`" + scales_name + "` must be None for " + ops::LowFormatName(run_format) +
                                   " codes (they have no scales), but got " + PyTypeName(scales_value)));
     }
-    if (codes.numel() != wide.numel()) {
-      throw StatusError(InvalidArgument("`" + codes_name + "` must have as many elements as `" + wide_name + "` (" +
-                                        std::to_string(wide.numel()) + "), but got " +
-                                        std::to_string(codes.numel())));
-    }
     return {std::move(name), nullptr, &codes};
   }
   const at::Tensor& scales = CpuTensorArg(scales_value, scales_name.c_str());
-  CheckCodecSizes(codes, codes_name.c_str(), wide, wide_name, scales, scales_name.c_str());
+  CheckScales(scales, scales_name.c_str(), codes.numel());
   CheckDisjoint(scales, scales_name.c_str(), codes, codes_name.c_str());
   return {std::move(name), &scales, &codes};
 }
