@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from hyper_parallel.core.multicore import shmem
 from st_cases import run_case, session
+from tolerances import assert_matmul_close
 
 _TIMEOUT_S = 3.0
 _ENV = {"HYPER_PARALLEL_SHMEM_HEAP_SIZE": "16M", "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC": str(_TIMEOUT_S)}
@@ -191,7 +192,7 @@ def _case_stream_overlaps_the_caller() -> float:
         # had the enqueue waited for completion we could not be here: the wait would have timed out instead.
         x = torch.randn(128, 128, generator=torch.Generator().manual_seed(rank))
         y = x @ x.T
-        assert torch.allclose(y, y.T, atol=1e-4)
+        assert_matmul_close(y.T, x, x.T, "x @ x.T, transposed")
         assert gate.item() == 0
         shmem.signal(gate, 1, rank)
         shmem.wait_signal(flag, 1)
