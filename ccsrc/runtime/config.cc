@@ -18,6 +18,8 @@ constexpr const char* kTlsInfoVar = "HYPER_PARALLEL_SHMEM_TLS_INFO";
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 constexpr std::size_t kTiB = std::size_t{1} << 40;
 constexpr double kMaxTimeoutSec = 86400.0;
+constexpr double kMinTimeoutSec = 0.001;
+constexpr const char* kMinTimeoutText = "at least 0.001 (one millisecond)";
 
 bool IsSpace(char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; }
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
@@ -51,31 +53,38 @@ std::string FormatDouble(double value) {
 }
 
 Result<double> ParseTimeout(const std::string& text) {
-  const std::string what = "a positive number of seconds such as 120 or 0.5";
+  const std::string what = "a positive number of seconds such as 120, 0.5 or 1e-3";
   const std::string value = Trim(text);
-  // Plain decimal only: digits with at most one '.', at least one digit; no sign, exponent, inf or nan.
-  std::size_t digits = 0;
-  std::size_t dots = 0;
-  for (char c : value) {
-    if (IsDigit(c)) {
-      ++digits;
-    } else if (c == '.') {
-      ++dots;
-    } else {
-      digits = 0;
-      break;
-    }
+  // Decimal, optionally with an exponent: digits with at most one '.', then e/E, an optional sign and digits.
+  // No leading sign, inf, nan or hex: from_chars alone would take some of those.
+  std::size_t pos = 0;
+  std::size_t mantissa_digits = 0;
+  while (pos < value.size() && IsDigit(value[pos])) ++pos, ++mantissa_digits;
+  if (pos < value.size() && value[pos] == '.') {
+    ++pos;
+    while (pos < value.size() && IsDigit(value[pos])) ++pos, ++mantissa_digits;
   }
-  if (digits == 0 || dots > 1) return InvalidArgument(Broken(kTimeoutVar, what, Quoted(text)));
+  if (mantissa_digits > 0 && pos < value.size() && (value[pos] == 'e' || value[pos] == 'E')) {
+    ++pos;
+    if (pos < value.size() && (value[pos] == '+' || value[pos] == '-')) ++pos;
+    const std::size_t exponent_start = pos;
+    while (pos < value.size() && IsDigit(value[pos])) ++pos;
+    if (pos == exponent_start) mantissa_digits = 0;   // "1e" or "1e+": not a number
+  }
+  if (mantissa_digits == 0 || pos != value.size()) return InvalidArgument(Broken(kTimeoutVar, what, Quoted(text)));
   double seconds = 0.0;
-  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), seconds, std::chars_format::fixed);
+  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), seconds, std::chars_format::general);
   if (ec == std::errc::result_out_of_range) {
-    return InvalidArgument(Broken(kTimeoutVar, "at most 86400", value));
+    // Too large for a double, or a nonzero value too small for one.
+    const bool tiny = value.find_first_of("-") != std::string::npos;
+    return InvalidArgument(Broken(kTimeoutVar, tiny ? kMinTimeoutText : "at most 86400", value));
   }
   if (ec != std::errc() || end != value.data() + value.size()) {
     return InvalidArgument(Broken(kTimeoutVar, what, Quoted(text)));
   }
   if (!(seconds > 0.0)) return InvalidArgument(Broken(kTimeoutVar, what, Quoted(text)));
+  // Below a millisecond every wait would time out before a peer could answer: a typo, not a setting.
+  if (seconds < kMinTimeoutSec) return InvalidArgument(Broken(kTimeoutVar, kMinTimeoutText, value));
   if (seconds > kMaxTimeoutSec) return InvalidArgument(Broken(kTimeoutVar, "at most 86400", value));
   return seconds;
 }

@@ -131,7 +131,7 @@ TEST(ConfigTest, ParseByteSizeNamesTheVariable) {
 TEST(ConfigTest, TimeoutGoodValues) {
   const std::pair<const char*, double> cases[] = {
       {"120", 120.0}, {"0.5", 0.5}, {".25", 0.25}, {"86400", 86400.0}, {"86400.0", 86400.0}, {"1", 1.0},
-      {" 7.5 ", 7.5}, {"0.001", 0.001},
+      {" 7.5 ", 7.5}, {"0.001", 0.001}, {"1e-3", 0.001}, {"1E3", 1000.0}, {"2.5e+1", 25.0}, {"5.e0", 5.0},
   };
   for (const auto& [text, seconds] : cases) {
     Result<Config> result = ParseOne(kTimeout, text);
@@ -141,11 +141,12 @@ TEST(ConfigTest, TimeoutGoodValues) {
 }
 
 TEST(ConfigTest, TimeoutBadValues) {
-  const char* bad[] = {"abc", "", "-1", "-0.5", "0", "0.0", ".", "1.2.3", "1e3", "inf", "nan", "10s", "+5", "0x10"};
+  const char* bad[] = {"abc", "", "-1", "-0.5", "0", "0.0", ".", "1.2.3", "inf", "nan", "10s", "+5", "0x10",
+                       "e3", "1e", "1e+", ".e1", "1e3.5", "1e-3s", "0e5"};
   for (const char* text : bad) {
     ExpectError(ParseOne(kTimeout, text),
-                std::string("`HYPER_PARALLEL_SHMEM_TIMEOUT_SEC` must be a positive number of seconds such as 120 or "
-                            "0.5, but got '") +
+                std::string("`HYPER_PARALLEL_SHMEM_TIMEOUT_SEC` must be a positive number of seconds such as 120, "
+                            "0.5 or 1e-3, but got '") +
                     text + "'");
   }
 }
@@ -153,6 +154,15 @@ TEST(ConfigTest, TimeoutBadValues) {
 TEST(ConfigTest, TimeoutRange) {
   ExpectError(ParseOne(kTimeout, "86400.5"), "`HYPER_PARALLEL_SHMEM_TIMEOUT_SEC` must be at most 86400, but got 86400.5");
   ExpectError(ParseOne(kTimeout, "100000"), "`HYPER_PARALLEL_SHMEM_TIMEOUT_SEC` must be at most 86400, but got 100000");
+  // Below a millisecond, in any notation: 0.0000001 was once accepted while 1e-3 was refused.
+  ExpectError(ParseOne(kTimeout, "0.0000001"),
+              "`HYPER_PARALLEL_SHMEM_TIMEOUT_SEC` must be at least 0.001 (one millisecond), but got 0.0000001");
+  ExpectError(ParseOne(kTimeout, "9e-4"),
+              "`HYPER_PARALLEL_SHMEM_TIMEOUT_SEC` must be at least 0.001 (one millisecond), but got 9e-4");
+  ExpectError(ParseOne(kTimeout, "1e-400"),
+              "`HYPER_PARALLEL_SHMEM_TIMEOUT_SEC` must be at least 0.001 (one millisecond), but got 1e-400");
+  ExpectError(ParseOne(kTimeout, "1e400"), "`HYPER_PARALLEL_SHMEM_TIMEOUT_SEC` must be at most 86400, but got 1e400");
+  ExpectError(ParseOne(kTimeout, "8.7e4"), "`HYPER_PARALLEL_SHMEM_TIMEOUT_SEC` must be at most 86400, but got 8.7e4");
   const std::string huge(400, '9');
   ExpectError(ParseOne(kTimeout, huge), "`HYPER_PARALLEL_SHMEM_TIMEOUT_SEC` must be at most 86400, but got " + huge);
 }
