@@ -235,6 +235,30 @@ TEST(HostDeviceTest, BarrierTimeoutNamesEveryMissingRank) {
   });
 }
 
+TEST(HostDeviceTest, RetriedBarrierTimeoutsCountArrivalsWithoutWrapping) {
+  RunRanks(2, [](int rank, Bootstrap& bootstrap) {
+    HostDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(bootstrap, kMiB, 0.05), bootstrap)));
+    if (rank == 0) {
+      // Rank 1 never comes: each retry runs one epoch further ahead of the arrivals counted.
+      for (int attempt = 1; attempt <= 3; ++attempt) {
+        const Status status = device.Barrier(kDefaultStream);
+        EXPECT_EQ(status.code(), StatusCode::kTimeout);
+        EXPECT_EQ(status.message(), "barrier timed out: epoch=" + std::to_string(attempt) +
+                                        " expected_arrivals=2 observed_arrivals=" + (attempt == 1 ? "1" : "0") +
+                                        " missing_ranks=[1] timeout_sec=" + Decimal(0.05));
+      }
+    }
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+    if (rank == 1) {
+      // Rank 1 catches up with rank 0's three arrivals.
+      for (int i = 0; i < 3; ++i) EXPECT_TRUE(IsOk(device.Barrier(kDefaultStream)));
+    }
+    EXPECT_TRUE(IsOk(device.Barrier(kDefaultStream)));
+    EXPECT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
 TEST(HostDeviceTest, StreamsOrderWorkAndReportErrors) {
   RunRanks(2, [](int rank, Bootstrap& bootstrap) {
     HostDevice device;

@@ -294,7 +294,11 @@ Status HostDevice::DoBarrier() {
     for (int r = 0; r < world_size_; ++r) {
       if (LoadAcquire(&control(r)->barrier_epoch) < epoch) missing += (missing.empty() ? "" : ",") + std::to_string(r);
     }
-    const std::uint64_t arrived = LoadAcquire(&root->barrier_arrivals) - (epoch - 1) * world_size_;
+    // After an earlier timeout this rank may be epochs ahead of the count: then none of its peers has arrived
+    // at this barrier yet (the difference would wrap around).
+    const std::uint64_t counted = LoadAcquire(&root->barrier_arrivals);
+    const std::uint64_t before = (epoch - 1) * static_cast<std::uint64_t>(world_size_);
+    const std::uint64_t arrived = counted > before ? counted - before : 0;
     return "barrier timed out: epoch=" + std::to_string(epoch) + " expected_arrivals=" + std::to_string(world_size_) +
            " observed_arrivals=" + std::to_string(arrived) + " missing_ranks=[" + missing + "]" +
            " timeout_sec=" + Decimal(std::chrono::duration<double>(timeout_).count());
