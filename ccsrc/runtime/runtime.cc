@@ -71,6 +71,10 @@ Status Runtime::Record(Status status) const {
 
 Status Runtime::RequireInitialized(const char* op) const {
   const LifecycleState state = state_.load();
+  if (state == LifecycleState::kInitialized && closing_.load()) {
+    return StateError(std::string("shmem runtime is shutting down: op=") + op +
+                      " (another thread of this rank is closing it)");
+  }
   if (state == LifecycleState::kInitialized) return Status::Ok();
   return StateError(std::string("shmem runtime is not initialised: op=") + op + " state=" + LifecycleStateName(state) +
                     " (call acquire_shmem() first)");
@@ -198,7 +202,7 @@ std::string Runtime::Describe(const CheckRecord& record) {
                                                                               : "Shutdown";
   std::string text = std::string("op=") + op + " sequence=" + std::to_string(record.sequence);
   if (record.op == static_cast<std::uint32_t>(CheckOp::kShutdown)) {
-    return text + " live_allocations=" + std::to_string(record.count);
+    return text + " live_allocations=" + std::to_string(record.count) + " in_flight=" + std::to_string(record.in_flight);
   }
   text += " bytes=" + std::to_string(record.bytes);
   if (record.op == static_cast<std::uint32_t>(CheckOp::kEmpty)) text += " alignment=" + std::to_string(record.alignment);
@@ -342,6 +346,7 @@ Status Runtime::CheckSignal(const void* symmetric_signal, SignalWidth width) con
 
 Status Runtime::Put(const void* symmetric_dst, const void* src, std::size_t dst_bytes, std::size_t src_bytes, int pe,
                     StreamHandle stream, KeepAlive keep) {
+  OperationScope scope(*this);
   HP_RETURN_IF_ERROR(Record(CheckTransfer("put", pe, dst_bytes, src_bytes, symmetric_dst, "dst")));
   auto* to = static_cast<char*>(const_cast<void*>(symmetric_dst));
   const auto* from = static_cast<const char*>(src);
@@ -352,6 +357,7 @@ Status Runtime::Put(const void* symmetric_dst, const void* src, std::size_t dst_
 
 Status Runtime::Get(void* dst, const void* symmetric_src, std::size_t dst_bytes, std::size_t src_bytes, int pe,
                     StreamHandle stream, KeepAlive keep) {
+  OperationScope scope(*this);
   HP_RETURN_IF_ERROR(Record(CheckTransfer("get", pe, dst_bytes, src_bytes, symmetric_src, "src")));
   auto* to = static_cast<char*>(dst);
   const auto* from = static_cast<const char*>(symmetric_src);
@@ -362,6 +368,7 @@ Status Runtime::Get(void* dst, const void* symmetric_src, std::size_t dst_bytes,
 
 Status Runtime::Signal(const void* symmetric_signal, SignalWidth width, std::int64_t value, SignalOp op, int pe,
                        StreamHandle stream) {
+  OperationScope scope(*this);
   HP_RETURN_IF_ERROR(Record(RequireInitialized("signal")));
   HP_RETURN_IF_ERROR(Record(CheckPe(pe, "pe")));
   HP_RETURN_IF_ERROR(Record(CheckSignal(symmetric_signal, width)));
@@ -370,6 +377,7 @@ Status Runtime::Signal(const void* symmetric_signal, SignalWidth width, std::int
 
 Status Runtime::WaitSignal(const void* symmetric_signal, SignalWidth width, CompareOp cmp, std::int64_t value,
                            StreamHandle stream) {
+  OperationScope scope(*this);
   HP_RETURN_IF_ERROR(Record(RequireInitialized("wait_signal")));
   HP_RETURN_IF_ERROR(Record(CheckSignal(symmetric_signal, width)));
   return Record(device_->WaitSignal(const_cast<void*>(symmetric_signal), width, cmp, value, stream));
@@ -411,6 +419,7 @@ Status Runtime::CheckReduce(const void* dst, std::size_t dst_bytes, const void* 
 
 Status Runtime::Reduce(void* dst, std::size_t dst_bytes, const void* symmetric_src, std::size_t src_bytes,
                        DataType dtype, ReduceOp op, const std::vector<int>& pes, StreamHandle stream, KeepAlive keep) {
+  OperationScope scope(*this);
   HP_RETURN_IF_ERROR(Record(CheckReduce(dst, dst_bytes, symmetric_src, src_bytes, dtype, op, pes)));
   if (dst_bytes == 0) return Status::Ok();
   return Record(device_->Reduce(dst, symmetric_src, dst_bytes / DataTypeSize(dtype), dtype, op, pes, stream,
@@ -418,6 +427,7 @@ Status Runtime::Reduce(void* dst, std::size_t dst_bytes, const void* symmetric_s
 }
 
 Result<void*> Runtime::PeerAddress(const void* symmetric, std::size_t bytes, int pe, const char* what) const {
+  OperationScope scope(*this);
   HP_RETURN_IF_ERROR(Record(RequireInitialized("peer_tensor")));
   HP_RETURN_IF_ERROR(Record(CheckPe(pe, "pe")));
   HP_RETURN_IF_ERROR(Record(ResolveSymmetric(symmetric, bytes, what).status()));
@@ -427,12 +437,14 @@ Result<void*> Runtime::PeerAddress(const void* symmetric, std::size_t bytes, int
 }
 
 Status Runtime::Barrier(StreamHandle stream) {
+  OperationScope scope(*this);
   HP_RETURN_IF_ERROR(Record(RequireInitialized("barrier")));
   return Record(device_->Barrier(stream));
 }
 
 Status Runtime::AllGather(const void* symmetric_output, std::size_t output_bytes, const void* input,
                           std::size_t input_bytes, StreamHandle stream, KeepAlive keep) {
+  OperationScope scope(*this);
   HP_RETURN_IF_ERROR(Record(RequireInitialized("all_gather")));
   const std::size_t expected = input_bytes * static_cast<std::size_t>(world_size_);
   if (expected / static_cast<std::size_t>(world_size_) != input_bytes || output_bytes != expected) {
@@ -465,6 +477,7 @@ Status Runtime::AllGather(const void* symmetric_output, std::size_t output_bytes
 }
 
 Result<StreamHandle> Runtime::CreateStream() {
+  OperationScope scope(*this);
   HP_RETURN_IF_ERROR(Record(RequireInitialized("Stream")));
   auto stream = device_->CreateStream();
   if (!stream.ok()) return Record(stream.status());
@@ -472,16 +485,19 @@ Result<StreamHandle> Runtime::CreateStream() {
 }
 
 Status Runtime::DestroyStream(StreamHandle stream) {
+  OperationScope scope(*this);
   HP_RETURN_IF_ERROR(RequireInitialized("Stream.destroy"));
   return Record(device_->DestroyStream(stream));
 }
 
 Status Runtime::SynchronizeStream(StreamHandle stream) {
+  OperationScope scope(*this);
   HP_RETURN_IF_ERROR(Record(RequireInitialized("synchronize")));
   return Record(device_->SynchronizeStream(stream));
 }
 
 Status Runtime::StreamWaitStream(StreamHandle waiter, StreamHandle waited) {
+  OperationScope scope(*this);
   HP_RETURN_IF_ERROR(Record(RequireInitialized("wait_stream")));
   return Record(device_->StreamWaitStream(waiter, waited));
 }
@@ -490,16 +506,28 @@ Status Runtime::Shutdown(Bootstrap& bootstrap) {
   HP_RETURN_IF_ERROR(Record(RequireInitialized("shutdown")));
   std::lock_guard<std::mutex> lock(mu_);
   InterruptsBlocked no_interrupts;   // see interrupt.h
+  // 1. From here on, calls of other threads are refused; those already inside are counted below.
+  closing_.store(true);
+  struct ReopenUnlessDone {
+    std::atomic<bool>& closing;
+    bool done = false;
+    ~ReopenUnlessDone() {
+      if (!done) closing.store(false);
+    }
+  } reopen{closing_};
   QuiesceBeforeCollective();
+  // 2. Every rank learns every rank's live allocations and calls in flight, and all refuse alike.
   const std::vector<AllocationInfo> live = registry_.Active();
   CheckRecord mine{};
   mine.op = static_cast<std::uint32_t>(CheckOp::kShutdown);
   mine.count = live.size();
+  mine.in_flight = in_flight_.load();
   auto exchanged = Exchange(mine);
   if (!exchanged.ok()) return Record(exchanged.status());
   const std::vector<CheckRecord>& all = exchanged.value();
   mine.sequence = check_sequence_;   // Exchange numbered its copy; error messages describe ours
   std::string holders;
+  std::string busy;
   for (int r = 0; r < world_size_; ++r) {
     const CheckRecord& theirs = all[static_cast<std::size_t>(r)];
     if (theirs.op != mine.op) {
@@ -507,6 +535,12 @@ Status Runtime::Shutdown(Bootstrap& bootstrap) {
                              ", rank=" + std::to_string(r) + " " + Describe(theirs)));
     }
     if (theirs.count != 0) holders += " rank" + std::to_string(r) + "=" + std::to_string(theirs.count);
+    if (theirs.in_flight != 0) busy += " rank" + std::to_string(r) + "=" + std::to_string(theirs.in_flight);
+  }
+  if (!busy.empty()) {
+    // Unmapping the heap under a wait or a copy of another thread would crash it.
+    return Record(StateError("shutdown refused: calls of other threads are still running (wait for them, then "
+                             "close again): in_flight:" + busy));
   }
   if (!holders.empty()) {
     std::string list;
@@ -517,10 +551,13 @@ Status Runtime::Shutdown(Bootstrap& bootstrap) {
   for (const AllocationInfo& info : registry_.Leaked()) {
     HP_LOG(kWarning, "shutting down with a leaked allocation: " + DescribeAllocation(info));
   }
+  // 3. Release the device on every rank together.
   HP_RETURN_IF_ERROR(Record(bootstrap.Barrier()));
+  reopen.done = true;   // past this point the lifecycle ends either way
   Status finalized = device_->Finalize();
   if (!finalized.ok()) {
     state_.store(LifecycleState::kFailed);
+    closing_.store(false);
     return Record(Status(finalized.code(), "device finalize failed, the runtime cannot be used again: " +
                                                finalized.message()));
   }
@@ -528,6 +565,7 @@ Status Runtime::Shutdown(Bootstrap& bootstrap) {
   control_ = nullptr;
   registry_.Reset();
   state_.store(LifecycleState::kUninitialized);
+  closing_.store(false);
   {
     std::lock_guard<std::mutex> identity_lock(identity_mu_);
     identity_ = Identity{};
@@ -559,6 +597,7 @@ DebugSnapshot Runtime::Snapshot() const {
   snapshot.max_allocated = registry_.max_allocated_bytes();
   snapshot.active = registry_.Active();
   snapshot.leaked = registry_.Leaked();
+  snapshot.in_flight = in_flight_.load();
   std::lock_guard<std::mutex> failure_lock(failure_mu_);
   snapshot.latest_failure = latest_failure_;
   return snapshot;

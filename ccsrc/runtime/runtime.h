@@ -50,6 +50,7 @@ struct DebugSnapshot {
   std::vector<AllocationInfo> active;
   std::vector<AllocationInfo> leaked;
   std::string latest_failure;   // "" when nothing failed
+  std::uint64_t in_flight = 0;  // data-plane calls running inside the runtime right now (any thread)
 };
 
 class Runtime {
@@ -64,7 +65,8 @@ class Runtime {
   // Collective over `bootstrap`: starts a lifecycle on `device`. On failure the runtime is left uninitialised.
   Status Init(const Config& config, std::unique_ptr<Device> device, Bootstrap& bootstrap);
   // Collective: waits for the device, refuses (on every rank alike, kStateError listing them) while any rank
-  // holds live allocations, then passes `bootstrap`'s barrier and releases the device.
+  // holds live allocations or runs a data-plane call on another thread (it may be touching the heap), then passes
+  // `bootstrap`'s barrier and releases the device. Calls that start once a shutdown has begun are refused.
   Status Shutdown(Bootstrap& bootstrap);
 
   LifecycleState state() const;
@@ -125,10 +127,24 @@ class Runtime {
     std::uint64_t alignment;
     std::uint64_t offset;
     std::uint64_t count;     // op-specific (live allocations at shutdown)
-    std::uint64_t reserved[2];
+    std::uint64_t in_flight;   // shutdown: data-plane calls running on other threads
+    std::uint64_t reserved;
   };
   static_assert(sizeof(CheckRecord) == 64, "a check record fills one cache line");
   enum class CheckOp : std::uint32_t { kEmpty = 1, kFree = 2, kShutdown = 3 };
+
+  // Counts a data-plane call while it runs, for Shutdown: the heap must not be unmapped under it. Taken before
+  // RequireInitialized, which Shutdown's `closing_` fails from then on, so no call slips past the count.
+  class OperationScope {
+   public:
+    explicit OperationScope(const Runtime& runtime) : in_flight_(runtime.in_flight_) { in_flight_.fetch_add(1); }
+    ~OperationScope() { in_flight_.fetch_sub(1); }
+    OperationScope(const OperationScope&) = delete;
+    OperationScope& operator=(const OperationScope&) = delete;
+
+   private:
+    std::atomic<std::uint64_t>& in_flight_;
+  };
 
   Status RequireInitialized(const char* op) const;
   Status CheckPe(int pe, const char* what) const;
@@ -150,6 +166,8 @@ class Runtime {
   mutable std::mutex mu_;   // lifecycle, allocation and the check exchange
   std::atomic<LifecycleState> state_{LifecycleState::kUninitialized};
   std::atomic<std::uint64_t> lifecycle_{0};   // read without mu_: callers may hold a framework lock
+  mutable std::atomic<std::uint64_t> in_flight_{0};   // data-plane calls inside the runtime (OperationScope)
+  std::atomic<bool> closing_{false};                  // a Shutdown is under way: new calls are refused
   int rank_ = -1;
   int world_size_ = 0;
   Config config_;

@@ -6,12 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <future>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/host/host_device.h"
@@ -398,6 +400,73 @@ TEST(RuntimeTest, ShutdownRefusedOnEveryRankWhenOnlyOneRankStillHolds) {
   });
 }
 
+// Waits (bounded) until `runtime` counts `calls` data-plane calls in flight.
+void AwaitInFlight(const Runtime& runtime, std::uint64_t calls) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (runtime.Snapshot().in_flight != calls && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(runtime.Snapshot().in_flight, calls);
+}
+
+TEST(RuntimeTest, ShutdownRefusedOnEveryRankWhileAnotherThreadWaits) {
+  RunRanks(2, [](int rank, Bootstrap& bootstrap) {
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(InitHost(runtime, bootstrap)));
+    const AllocationInfo signal = MustAllocate(runtime, 8, 8);
+    auto* word = reinterpret_cast<std::int64_t*>(signal.base);
+    *word = 0;
+    ASSERT_TRUE(IsOk(runtime.Barrier(kDefaultStream)));
+    // Only rank 0's thread waits; both ranks must refuse, or rank 1 would unmap the heap rank 0 still reads.
+    std::future<Status> waiter;
+    if (rank == 0) {
+      waiter = std::async(std::launch::async, [&] {
+        return runtime.WaitSignal(word, SignalWidth::k64, CompareOp::kGe, 1, kDefaultStream);
+      });
+      AwaitInFlight(runtime, 1);
+    }
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+    // The calls in flight are named before the live allocation: they are what shutdown would crash.
+    EXPECT_TRUE(IsError(runtime.Shutdown(bootstrap), StatusCode::kStateError,
+                        "shutdown refused: calls of other threads are still running (wait for them, then close "
+                        "again): in_flight: rank0=1"));
+    EXPECT_EQ(runtime.state(), LifecycleState::kInitialized);
+    if (rank == 0) {
+      // The refusal reopened the runtime: this thread's own signal releases the waiter.
+      EXPECT_TRUE(IsOk(runtime.Signal(word, SignalWidth::k64, 1, SignalOp::kSet, 0, kDefaultStream)));
+      EXPECT_TRUE(IsOk(waiter.get()));
+    }
+    EXPECT_TRUE(IsOk(runtime.Free(signal.id, "test")));
+    EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+    EXPECT_EQ(runtime.state(), LifecycleState::kUninitialized);
+  });
+}
+
+TEST(RuntimeTest, CallsThatStartDuringAShutdownAreRefused) {
+  RunRanks(2, [](int rank, Bootstrap& bootstrap) {
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(InitHost(runtime, bootstrap)));
+    if (rank == 0) {
+      // Rank 0's shutdown waits in its check for rank 1, which comes only once this thread saw a refusal.
+      auto closing = std::async(std::launch::async, [&] { return runtime.Shutdown(bootstrap); });
+      Status refused = Status::Ok();
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (refused.ok() && std::chrono::steady_clock::now() < deadline) {
+        refused = runtime.SynchronizeStream(kDefaultStream);   // returns at once while the runtime is open
+        if (refused.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      EXPECT_TRUE(IsError(refused, StatusCode::kStateError,
+                          "shmem runtime is shutting down: op=synchronize (another thread of this rank is closing it)"));
+      ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+      EXPECT_TRUE(IsOk(closing.get()));
+    } else {
+      ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+      EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+    }
+    EXPECT_EQ(runtime.state(), LifecycleState::kUninitialized);
+  });
+}
+
 TEST_P(RuntimeRanksTest, AllocationIdsAreNeverReused) {
   const int world = GetParam();
   RunRanks(world, [world](int, Bootstrap& bootstrap) {
@@ -589,13 +658,13 @@ TEST(RuntimeTest, ShutdownAgainstAllocateIsAMismatch) {
     ASSERT_TRUE(IsOk(InitHost(runtime, bootstrap)));
     if (rank == 0) {
       EXPECT_TRUE(IsError(runtime.Shutdown(bootstrap), StatusCode::kMismatch,
-                          "ranks are not all shutting down: rank=0 op=Shutdown sequence=1 live_allocations=0, "
-                          "rank=1 op=Empty sequence=1 bytes=64 alignment=64 offset=0x100"));
+                          "ranks are not all shutting down: rank=0 op=Shutdown sequence=1 live_allocations=0 "
+                          "in_flight=0, rank=1 op=Empty sequence=1 bytes=64 alignment=64 offset=0x100"));
       EXPECT_EQ(runtime.state(), LifecycleState::kInitialized);
     } else {
       EXPECT_TRUE(IsError(runtime.Allocate(64, 0, "test").status(), StatusCode::kMismatch,
                           "ranks disagree on a symmetric allocation: rank=1 op=Empty sequence=1 bytes=64 alignment=64 "
-                          "offset=0x100, rank=0 op=Shutdown sequence=1 live_allocations=0"));
+                          "offset=0x100, rank=0 op=Shutdown sequence=1 live_allocations=0 in_flight=0"));
       EXPECT_TRUE(runtime.Snapshot().active.empty());
     }
     // Both sides are back in step.
