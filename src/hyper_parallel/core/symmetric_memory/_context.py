@@ -271,12 +271,36 @@ def tensor_device() -> torch.device:
 
 
 def shutdown() -> None:
-    """Frees the workspace and releases this API's runtime reference (collective over WORLD)."""
+    """Frees the workspace and releases this API's runtime reference (collective over WORLD).
+
+    The ranks first agree that the release can go through: where the API holds the last reference to the runtime,
+    every symmetric tensor must have been freed on every rank. Otherwise nothing is released on any rank, and
+    ``shutdown()`` may be called again once the tensors are freed.
+
+    Raises:
+        ShmemStateError: symmetric tensors are still live on some rank (the message lists them); nothing was
+            released.
+        ShmemTimeoutError: a rank did not reach the shutdown in time.
+    """
     global _state
     with _lock:
         if _state is None:
             return
         current = _state
+        debug = shmem.debug_state()
+        workspace_base = current.workspace.data_ptr()
+        # Only the release of the last reference shuts the runtime down, and is refused while tensors live.
+        live = [a for a in debug["active_allocations"] if a["base"] != workspace_base] \
+            if debug["reference_count"] == 1 else []
+        world = current.channels[None]
+        counts = world.publish(world.flip(), [len(live)])
+        holders = " ".join(f"rank{r}={row[0]}" for r, row in enumerate(counts) if row[0])
+        if holders:
+            local = ", ".join(f"allocation_id={a['allocation_id']} bytes={a['bytes']}" for a in live)
+            raise ShmemStateError(
+                "symmetric memory shutdown refused: live symmetric tensors remain (free them, then call shutdown() "
+                f"again): {holders} local=[{local}]"
+            )
         shmem.free(current.workspace)
         _state = None
         current.handle.close()
