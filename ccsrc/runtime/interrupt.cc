@@ -14,9 +14,8 @@ InterruptsBlocked::~InterruptsBlocked() { --t_blocked; }
 void SetInterruptCheck(InterruptCheck check) { g_interrupt_check.store(check); }
 
 bool InterruptRequested() {
-  if (t_blocked != 0) return false;
   const InterruptCheck check = g_interrupt_check.load(std::memory_order_relaxed);
-  return check != nullptr && check();
+  return check != nullptr && check(/*may_run_handlers=*/t_blocked == 0);
 }
 
 }  // namespace hp::shmem

@@ -7,13 +7,15 @@
 
 namespace hp::shmem {
 
-using InterruptCheck = bool (*)();
+// `may_run_handlers`: whether the check may run user code (Python signal handlers). Where it may not, it only
+// takes an interrupt request (Ctrl-C) and hands it back to the framework once the call is over.
+using InterruptCheck = bool (*)(bool may_run_handlers);
 void SetInterruptCheck(InterruptCheck check);   // nullptr removes it
 bool InterruptRequested();
 
-// While one lives, waits on this thread are not interrupted. The runtime holds one wherever it holds its own
-// lock: the check may run user code (Python signal handlers), which must not find that lock taken by its own
-// thread. Those waits still end at their timeout.
+// While one lives, the check on this thread runs no handlers. The runtime holds one wherever it holds its own
+// lock: a handler that calls back into the runtime must not find that lock taken by its own thread. Ctrl-C still
+// ends those waits at once.
 class InterruptsBlocked {
  public:
   InterruptsBlocked();

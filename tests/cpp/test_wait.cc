@@ -147,7 +147,7 @@ TEST(WaitUntilTest, TimesOutWithTheDescribedMessage) {
 }
 
 std::atomic<int> g_interrupt_asks{0};
-bool InterruptOnThirdAsk() { return ++g_interrupt_asks >= 3; }
+bool InterruptOnThirdAsk(bool) { return ++g_interrupt_asks >= 3; }
 
 TEST(WaitUntilTest, AnInterruptCheckEndsTheWaitLongBeforeItsTimeout) {
   alignas(8) std::uint32_t word = 0;
@@ -165,6 +165,31 @@ TEST(WaitUntilTest, AnInterruptCheckEndsTheWaitLongBeforeItsTimeout) {
   EXPECT_LT(Clock::now() - started, seconds(10));
   EXPECT_EQ(sleepers, 0u);
   EXPECT_FALSE(InterruptRequested());   // removed again
+}
+
+std::atomic<int> g_handler_asks{0};
+std::atomic<int> g_handler_free_asks{0};
+bool CountAsks(bool may_run_handlers) {
+  ++(may_run_handlers ? g_handler_asks : g_handler_free_asks);
+  return false;
+}
+
+TEST(InterruptTest, BlockedRegionsAskWithoutRunningHandlers) {
+  SetInterruptCheck(&CountAsks);
+  EXPECT_FALSE(InterruptRequested());
+  {
+    InterruptsBlocked blocked;
+    EXPECT_FALSE(InterruptRequested());
+    {
+      InterruptsBlocked nested;
+      EXPECT_FALSE(InterruptRequested());
+    }
+    EXPECT_FALSE(InterruptRequested());
+  }
+  EXPECT_FALSE(InterruptRequested());
+  SetInterruptCheck(nullptr);
+  EXPECT_EQ(g_handler_asks.load(), 2);
+  EXPECT_EQ(g_handler_free_asks.load(), 3);
 }
 
 TEST(WaitUntilTest, DefaultPolicyTimesOutToo) {

@@ -48,11 +48,28 @@ void SetErrorClasses(const py::dict& classes) {
 // The thread that imported the module: Python delivers signals (Ctrl-C) to the main thread only.
 std::thread::id g_main_thread;
 
-// The runtime's interrupt check: runs Python's pending signal handlers from a wait on the main thread. A raised
-// KeyboardInterrupt stays pending in the thread state and surfaces when the call returns.
-bool PythonSignalPending() {
+// Set when a wait took Ctrl-C without running its handler (see PythonSignalPending); the exception translator
+// hands it back to Python. Main thread only.
+bool g_sigint_taken = false;
+
+// The runtime's interrupt check, from a wait on the main thread. Where handlers may run, it runs Python's pending
+// ones: a raised KeyboardInterrupt stays pending in the thread state and surfaces when the call returns. Inside the
+// runtime's lock it only takes Ctrl-C, so that a collective check ends at once instead of at its timeout.
+bool PythonSignalPending(bool may_run_handlers) {
   if (std::this_thread::get_id() != g_main_thread || !Py_IsInitialized()) return false;
   py::gil_scoped_acquire gil;
+  if (may_run_handlers) return PyErr_CheckSignals() != 0;
+  if (PyOS_InterruptOccurred() == 0) return false;
+  g_sigint_taken = true;
+  return true;
+}
+
+// After a call that took Ctrl-C: re-raises SIGINT for Python and runs its handler now that the runtime's lock is
+// free. True when the handler raised (KeyboardInterrupt, for the default one): that exception is the call's.
+bool RunTakenSigintHandler() {
+  if (!g_sigint_taken || std::this_thread::get_id() != g_main_thread) return false;
+  g_sigint_taken = false;
+  PyErr_SetInterrupt();
   return PyErr_CheckSignals() != 0;
 }
 
@@ -536,6 +553,7 @@ py::dict DebugState() {
   d["active_allocations"] = active;
   d["leaked_allocations"] = leaked;
   d["latest_failure"] = s.latest_failure;
+  d["calls_in_flight"] = s.in_flight;
   return d;
 }
 
@@ -552,7 +570,9 @@ PYBIND11_MODULE(_shmem_torch, m) {
       if (error) std::rethrow_exception(error);
     } catch (const StatusError& e) {
       const int code = static_cast<int>(e.status().code());
-      if (e.status().code() == StatusCode::kInterrupted && PyErr_Occurred()) return;   // KeyboardInterrupt
+      if (e.status().code() == StatusCode::kInterrupted && (PyErr_Occurred() || RunTakenSigintHandler())) {
+        return;   // KeyboardInterrupt, or what the user's handler raised
+      }
       auto& classes = ErrorClasses();
       auto it = classes.find(code);
       if (it == classes.end()) it = classes.find(static_cast<int>(StatusCode::kInternal));
