@@ -9,9 +9,10 @@ a weakref callback or atexit: only an explicit ``close()`` does.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -34,12 +35,47 @@ class _Root:
 _root: Optional[_Root] = None
 
 
-def _all_gather_bytes(group: dist.ProcessGroup, payload: bytes) -> bytes:
-    """The bootstrap's all_gather: every rank's bytes, concatenated in root order."""
+# After one peer timed out, how long each of the others still gets: enough to tell a late peer from a missing one.
+_BOOTSTRAP_GRACE_SEC = 0.05
+
+
+def _all_gather_bytes(group: dist.ProcessGroup, payload: bytes, op: str) -> Union[bytes, str]:
+    """The bootstrap's all_gather: every rank's bytes, concatenated in root order, or the timeout's message.
+
+    On gloo every rank sends its bytes to every peer and waits for each receive until the runtime's timeout, so a
+    rank that stops inside the bootstrap is named and its peers give up in time (a gloo collective would wait for
+    the process group's own timeout, 30 minutes by default). Other backends use their all_gather and their own
+    timeouts.
+    """
     mine = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(gathered, mine, group=group)
-    return b"".join(t.numpy().tobytes() for t in gathered)
+    size = dist.get_world_size(group)
+    if dist.get_backend(group) != "gloo":
+        gathered = [torch.empty_like(mine) for _ in range(size)]
+        dist.all_gather(gathered, mine, group=group)
+        return b"".join(t.numpy().tobytes() for t in gathered)
+    timeout_sec = C.read_config()["timeout_sec"]
+    me = dist.get_rank(group)
+    peers = [r for r in range(size) if r != me]
+    received = [mine if r == me else torch.empty_like(mine) for r in range(size)]
+    receives = {r: dist.irecv(received[r], src=dist.get_global_rank(group, r), group=group) for r in peers}
+    sends = {r: dist.isend(mine, dst=dist.get_global_rank(group, r), group=group) for r in peers}
+    deadline = time.monotonic() + timeout_sec
+    missing = []
+    # A send completes once its peer has received: a peer that never does is missing too.
+    for peer, work in [*receives.items(), *sends.items()]:
+        if peer in missing:
+            continue
+        remaining = max(deadline - time.monotonic(), _BOOTSTRAP_GRACE_SEC)
+        try:
+            work.wait(timeout=timedelta(seconds=remaining))
+        except RuntimeError as error:
+            if "Timed out" not in str(error):
+                raise  # the peer's connection failed: gloo's message says how
+            missing.append(peer)
+    if missing:
+        ranks = sorted(dist.get_global_rank(group, r) for r in missing)
+        return f"bootstrap timed out: op={op} step=all_gather missing_ranks={ranks} timeout_sec={timeout_sec:g}"
+    return b"".join(t.numpy().tobytes() for t in received)
 
 
 def _barrier(group: dist.ProcessGroup, op: str) -> Optional[str]:
@@ -66,8 +102,9 @@ def _barrier(group: dist.ProcessGroup, op: str) -> Optional[str]:
 
 
 def _bootstrap(group: dist.ProcessGroup, op: str):
-    """The runtime's bootstrap over ``group``: all_gather(bytes) -> bytes, and barrier() -> None or a timeout."""
-    return (lambda payload: _all_gather_bytes(group, payload)), (lambda: _barrier(group, op))
+    """The runtime's bootstrap over ``group``: all_gather(bytes) -> bytes, and barrier() -> None, each returning the
+    message of its timeout instead when a rank does not come."""
+    return (lambda payload: _all_gather_bytes(group, payload, op)), (lambda: _barrier(group, op))
 
 
 def _resolve_ranks(root_group: Optional[dist.ProcessGroup]) -> tuple:
