@@ -91,7 +91,7 @@ def shmem_allgather(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
     output = _args.tensor(output_tensor, "output_tensor")
     data = _args.tensor(input_tensor, "input_tensor")
     _args.same_dtype(data, "input_tensor", output, "output_tensor")
-    ch = _context.channel(group)
+    ch = _context.channel(group, "shmem_allgather")
     n = ch.size
     _check_group_multiple(output, "output_tensor", data, "input_tensor", n)
     src, out = _bytes(data), _bytes(output)
@@ -184,7 +184,7 @@ def shmem_allreduce(tensor: torch.Tensor, op: str = "sum", group: Optional[dist.
     op = _args.reduce_op(op, t.dtype)
     precision = _low_precision.resolve(low_precision_dtype, t.dtype, op)
     mode = _autograd.backward_mode(backward)
-    ch = _context.channel(group)
+    ch = _context.channel(group, "shmem_allreduce")
     if _autograd.tracks(tensor):
         return _autograd.AllReduce.apply(tensor, op, ch, precision, mode)
     _all_reduce(t, op, ch, precision)
@@ -268,7 +268,7 @@ def shmem_reduce_scatter(output_tensor: torch.Tensor, input_tensor: torch.Tensor
     _args.same_dtype(output, "output_tensor", data, "input_tensor")
     op = _args.reduce_op(op, data.dtype)
     precision = _low_precision.resolve(low_precision_dtype, data.dtype, op)
-    ch = _context.channel(group)
+    ch = _context.channel(group, "shmem_reduce_scatter")
     n = ch.size
     _check_group_multiple(data, "input_tensor", output, "output_tensor", n)
     out, src = output.view(-1), data.view(-1)
@@ -359,7 +359,7 @@ def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: tor
         ShmemTimeoutError: a rank did not take part in time.
     """
     receive = _args.tensor(receive_tensor, "receive_tensor")
-    ch = _context.channel(group)
+    ch = _context.channel(group, "shmem_alltoall")
     n = ch.size
     if isinstance(send_tensor_list, torch.Tensor) or not isinstance(send_tensor_list, Sequence):
         raise TypeError(
@@ -515,7 +515,7 @@ def _send(tensor: torch.Tensor, dst: int, ch: GroupChannel) -> None:
     for off in range(0, max(total, 1), ch.mailbox_payload_bytes):
         seq += 1
         # The slot is free once the receiver acknowledged the piece that used it MAILBOX_SLOTS pieces ago.
-        shmem.wait_signal(ch.acked[dst], seq - MAILBOX_SLOTS, cmp="ge")
+        ch.wait_for_peer(ch.acked[dst], seq - MAILBOX_SLOTS, dst)
         header, payload = ch.mailbox_slot(ch.me, seq)
         piece = data[off:off + ch.mailbox_payload_bytes]
         shmem.put(header, header_value, pe)
@@ -560,7 +560,7 @@ def _recv(tensor: torch.Tensor, src: int, ch: GroupChannel) -> None:
     data = _bytes(tensor)
     pe = ch.pes[src]
     seq = ch.received_messages[src] + 1
-    shmem.wait_signal(ch.sent[src], seq, cmp="ge")
+    ch.wait_for_peer(ch.sent[src], seq, src)
     _context.flush_for_host_read()
     header, _ = ch.mailbox_slot(src, seq)
     total = int(header.item())
@@ -568,7 +568,7 @@ def _recv(tensor: torch.Tensor, src: int, ch: GroupChannel) -> None:
     for index, off in enumerate(range(0, max(total, 1), ch.mailbox_payload_bytes)):
         if index:
             seq += 1
-            shmem.wait_signal(ch.sent[src], seq, cmp="ge")
+            ch.wait_for_peer(ch.sent[src], seq, src)
         _, payload = ch.mailbox_slot(src, seq)
         length = min(ch.mailbox_payload_bytes, total - off)
         if fits and length > 0:

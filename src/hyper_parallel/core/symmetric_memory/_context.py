@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from hyper_parallel.core.multicore import shmem
 from hyper_parallel.core.multicore.shmem._lifecycle import root_info
-from hyper_parallel.core.multicore.shmem.errors import ShmemStateError
+from hyper_parallel.core.multicore.shmem.errors import ShmemStateError, ShmemTimeoutError
 
 _HEAP_VAR = "HYPER_PARALLEL_SHMEM_HEAP_SIZE"
 _HEAP_ALIAS = "SYMMETRIC_MEMORY_HEAP_SIZE"
@@ -105,6 +105,7 @@ class GroupChannel:
             for parity in (0, 1)
         ]
         self._one_shot_stages: dict = {}
+        self.op = "barrier"  # the operation under way, for error messages (set by channel())
         self.epoch = 0
         self.parity = 0  # which half of the staging (and of `counts`) the next double-buffered op uses
         self.sent_messages = [0] * self.size
@@ -117,14 +118,37 @@ class GroupChannel:
         ranks outnumber cores); other groups signal epochs through their slot.
         """
         if self.whole_root:
-            shmem.barrier()
+            try:
+                shmem.barrier()
+            except ShmemTimeoutError as error:
+                raise ShmemTimeoutError(f"group sync timed out: op={self.op} group_ranks={list(self.pes)} ({error})") \
+                    from None
             return
         self.epoch += 1
         epoch, me, pes = self.epoch, self.me, self.pes
         for p in self.peers:
             shmem.signal(self.arrive[me], epoch, pes[p])
         for p in self.peers:
-            shmem.wait_signal(self.arrive[p], epoch, cmp="ge")
+            try:
+                shmem.wait_signal(self.arrive[p], epoch, cmp="ge")
+            except ShmemTimeoutError as error:
+                flush_for_host_read()
+                missing = [pes[q] for q in self.peers if int(self.arrive[q].item()) < epoch]
+                raise ShmemTimeoutError(
+                    f"group sync timed out: op={self.op} group_ranks={list(pes)} epoch={epoch} "
+                    f"missing_ranks={missing} ({error})"
+                ) from None
+
+    def wait_for_peer(self, signal: torch.Tensor, value: int, peer: int) -> None:
+        """Waits until ``signal >= value``, where group rank ``peer`` raises it; a timeout names the operation,
+        the group and the peer."""
+        try:
+            shmem.wait_signal(signal, value, cmp="ge")
+        except ShmemTimeoutError as error:
+            raise ShmemTimeoutError(
+                f"{self.op} timed out waiting for a peer: group_ranks={list(self.pes)} "
+                f"missing_ranks=[{self.pes[peer]}] ({error})"
+            ) from None
 
     def publish(self, parity: int, values: list) -> list:
         """Every member's ``values`` (ints, at most 2n + 1), after a sync: row i is group rank i's.
@@ -351,10 +375,12 @@ def group_pes(group: Optional[dist.ProcessGroup]) -> tuple:
     return pes
 
 
-def channel(group: Optional[dist.ProcessGroup]) -> GroupChannel:
-    """The group's channel, registering the group on first use (collective over the group).
+def channel(group: Optional[dist.ProcessGroup], op: str = "barrier") -> GroupChannel:
+    """The group's channel for the collective ``op``, registering the group on first use (collective over the
+    group).
 
-    Registration agrees on a workspace slot and checks that the group lives on one machine.
+    Registration agrees on a workspace slot and checks that the group lives on one machine. ``op`` names the
+    collective in the channel's timeout messages.
 
     Raises:
         ValueError: the group spans machines, or does not contain this rank.
@@ -364,6 +390,7 @@ def channel(group: Optional[dist.ProcessGroup]) -> GroupChannel:
     group = _key(group)
     ch = st.channels.get(group)
     if ch is not None:
+        ch.op = op
         return ch
     with _lock:
         pes = group_pes(group)
@@ -385,6 +412,7 @@ def channel(group: Optional[dist.ProcessGroup]) -> GroupChannel:
         st.next_free_slot = slot + 1
         memory = st.workspace[slot * st.slot_bytes:(slot + 1) * st.slot_bytes]
         ch = GroupChannel(pes, me, memory, world, st.staging_bytes, whole_root=group is None)
+        ch.op = op
         st.channels[group] = ch
         return ch
 
@@ -403,6 +431,7 @@ def registered_channel(group: Optional[dist.ProcessGroup], op: str) -> GroupChan
             f"group_ranks={list(dist.get_process_group_ranks(group))} "
             "(run symm.barrier(group) on all its ranks once before point-to-point calls)"
         )
+    ch.op = op
     return ch
 
 

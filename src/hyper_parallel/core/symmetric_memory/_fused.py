@@ -235,7 +235,7 @@ def fused_all_gather_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g
     out = _matrix(gather_out, "gather_out")
     for t, name in ((b_, "b"), (c_, "c"), (out, "gather_out")):
         _args.same_dtype(t, name, a_, "a")
-    ch = _context.channel(group)
+    ch = _context.channel(group, "fused_all_gather_matmul")
     n = ch.size
     m, k = a_.shape
     if b_.shape[0] != k:
@@ -352,7 +352,7 @@ def fused_matmul_reduce_scatter(x1: torch.Tensor, x2: torch.Tensor, symm_tensor:
     _args.same_dtype(scratch, "symm_tensor", x1_, "x1")
     if reduce_op not in FUSED_REDUCE_OPS:
         raise ValueError(f"`reduce_op` must be one of 'sum', 'avg', but got {reduce_op!r}")
-    ch = _context.channel(group)
+    ch = _context.channel(group, "fused_matmul_reduce_scatter")
     n = ch.size
     rows, k = x1_.shape
     if rows % n:
