@@ -46,6 +46,7 @@ FIELDS = [
     "active_allocations",
     "leaked_allocations",
     "latest_failure",
+    "calls_in_flight",
 ]
 
 
@@ -119,6 +120,7 @@ def _case_fields_and_repr() -> dict:
             heap_base = state["heap_base"]
             assert heap_base > 0 and heap_base % os.sysconf("SC_PAGE_SIZE") == 0
             assert state["leaked_allocations"] == [] and isinstance(state["latest_failure"], str)
+            assert state["calls_in_flight"] == 0
             [alloc] = state["active_allocations"]
             assert {"allocation_id", "base", "offset", "bytes", "lifecycle"} <= set(alloc), alloc
             assert alloc["base"] == t.data_ptr() and alloc["base"] - heap_base == alloc["offset"]

@@ -46,7 +46,8 @@ def debug_state() -> DebugState:
     Returns:
         A :class:`DebugState` with: state, lifecycle, reference_count, root_ranks, rank, world_size, device,
         config, heap_size, allocated, max_allocated, remaining, heap_base, active_allocations,
-        leaked_allocations (each with allocation_id, base, offset, bytes, ...) and latest_failure.
+        leaked_allocations (each with allocation_id, base, offset, bytes, ...), latest_failure and
+        calls_in_flight (data-plane calls of any thread inside the runtime right now).
     """
     raw = C.debug_state()
     root = root_info()
@@ -67,5 +68,6 @@ def debug_state() -> DebugState:
         "active_allocations": raw["active_allocations"],
         "leaked_allocations": raw["leaked_allocations"],
         "latest_failure": raw["latest_failure"],
+        "calls_in_flight": raw["calls_in_flight"],
     }
     return DebugState(ordered)
