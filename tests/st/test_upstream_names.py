@@ -478,6 +478,52 @@ def _case_all_gather_stream_order_and_visibility() -> None:
 
 
 # --------------------------------------------------------------------------
+# symmetric_memory's setup calls (upstream's symmetric_memory/__init__.py).
+# --------------------------------------------------------------------------
+
+
+def _case_symm_setup_calls() -> None:
+    import hyper_parallel.core.symmetric_memory as symm
+
+    assert_clean()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    assert symm.is_shmem_available()
+    with pytest.raises(shmem.ShmemStateError, match="op=rendezvous"):
+        symm.rendezvous(torch.zeros(4))  # before any symm.empty: nothing collective starts
+    buf = symm.empty((world, 4), torch.float32)
+    buf.zero_()
+    try:
+        for group in (None, dist.new_group(list(range(world)))):
+            handle = symm.rendezvous(buf, group)
+            assert (handle.rank, handle.world_size, handle.buffer_size) == (rank, world, 16 * world), handle
+            assert handle.buffer_ptrs[rank] == buf.data_ptr() and len(set(handle.buffer_ptrs)) == world
+            handle.barrier()
+            for peer in range(world):  # write my row into every rank's copy, in place
+                handle.get_buffer(peer, (4,), torch.float32, storage_offset=rank * 4).fill_(float(rank + 1))
+            handle.barrier()
+            assert torch.equal(buf, torch.arange(1, world + 1, dtype=torch.float32).repeat_interleave(4).view(world, 4))
+            handle.barrier()
+            buf.zero_()
+            with pytest.raises(ValueError, match="must lie inside the tensor"):
+                handle.get_buffer(0, (world * 4 + 1,), torch.float32)
+        with pytest.raises(ValueError, match="the same symmetric tensor on every rank") as info:
+            symm.rendezvous(buf[rank])  # a different view on every rank: all of them refuse
+        assert "rank0=(offset=" in str(info.value) and "rank1=(offset=" in str(info.value), str(info.value)
+        with pytest.raises(ValueError, match="offset=-1"):
+            symm.rendezvous(torch.zeros(4))  # not symmetric, on every rank
+        for call in (lambda: symm.set_signal_pad_size(1024), symm.get_signal_pad_size):
+            with pytest.raises(NotImplementedError, match="signal pads are not part of this library"):
+                call()
+        # upstream's zero-byte all_gather into ordinary tensors, through the user API too
+        out = symm.shmem_allgather(torch.empty(0), torch.empty(0))
+        assert out.numel() == 0
+    finally:
+        symm.free(buf)
+        symm.shutdown()
+    assert shmem.debug_state()["state"] == "Uninitialized"
+
+
+# --------------------------------------------------------------------------
 # MegaMoE's call sequence (upstream's modules/mega_moe: module, workspace, heap_manager), without its kernels.
 # --------------------------------------------------------------------------
 
@@ -560,6 +606,7 @@ CASES = [
     _case_all_gather_output_size_mismatch_rejected,
     _case_all_gather_boundary_matrix,
     _case_all_gather_stream_order_and_visibility,
+    _case_symm_setup_calls,
 ]
 
 

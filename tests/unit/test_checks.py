@@ -132,7 +132,7 @@ def test_check_choice_maps_and_lists_the_options() -> None:
 
 def test_signal_op_and_cmp_are_checked() -> None:
     signal = torch.zeros(1, dtype=torch.int32)
-    # str() is the whole message: pytest's match= also searches the upstream note (see test_upstream_names.py).
+    # str() is the whole message: pytest's match= also searches the upstream note (see unit/test_upstream_vocabulary.py).
     with pytest.raises(ValueError) as info:
         shmem.signal(signal, 1, 0, op="mul")
     assert str(info.value) == "`op` must be one of 'set', 'add', but got 'mul'"

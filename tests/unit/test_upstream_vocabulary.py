@@ -221,3 +221,21 @@ def test_acquire_refusals_without_distributed(monkeypatch) -> None:
     with pytest.raises(shmem.ShmemStateError, match="WORLD_SIZE=4"):
         shmem.acquire()
     assert shmem.debug_state()["state"] == "Uninitialized" and shmem.debug_state()["reference_count"] == 0
+
+
+# --------------------------------------------------------------------------
+# symmetric_memory.is_shmem_available
+# --------------------------------------------------------------------------
+
+
+def test_is_shmem_available_follows_the_configured_device(monkeypatch) -> None:
+    import hyper_parallel.core.symmetric_memory as symm
+
+    monkeypatch.delenv("HYPER_PARALLEL_SHMEM_DEVICE", raising=False)
+    assert symm.is_shmem_available() is True  # the host device is built into every wheel
+    monkeypatch.setenv("HYPER_PARALLEL_SHMEM_DEVICE", "ascend")
+    built = shmem._binding.C.built_devices
+    assert symm.is_shmem_available() is ("ascend" in built)
+    monkeypatch.setenv("HYPER_PARALLEL_SHMEM_DEVICE", "tpu")
+    assert symm.is_shmem_available() is False  # a malformed variable: False, and acquire names it
+    assert shmem.debug_state()["state"] == "Uninitialized"
