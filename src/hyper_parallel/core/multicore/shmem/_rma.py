@@ -80,7 +80,9 @@ def signal(signal_tensor: torch.Tensor, value: int, pe: int, *, op: Optional[str
         ShmemStateError: a freed signal, or no runtime.
     """
     try:
-        name, chosen = keyword_alias("op", op, "operation", operation, "set")
+        # The common call names neither or `op`: no helper call on this hot path.
+        name, chosen = ("op", "set" if op is None else op) if operation is None else keyword_alias(
+            "op", op, "operation", operation, "set")
         C.signal(signal_tensor, value, pe, check_choice(name, chosen, _SIGNAL_OPS), current_handle())
     except Exception as error:
         attach_fields(error, "signal")
@@ -105,7 +107,8 @@ def wait_signal(signal_tensor: torch.Tensor, value: int, *, cmp: Optional[str] =
         TypeError, ValueError: as :func:`signal`.
     """
     try:
-        name, chosen = keyword_alias("cmp", cmp, "comparison", comparison, "eq")
+        name, chosen = ("cmp", "eq" if cmp is None else cmp) if comparison is None else keyword_alias(
+            "cmp", cmp, "comparison", comparison, "eq")
         C.wait_signal(signal_tensor, value, check_choice(name, chosen, _COMPARE_OPS), current_handle())
     except Exception as error:
         attach_fields(error, "wait_signal")
