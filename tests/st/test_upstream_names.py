@@ -624,7 +624,7 @@ def test_binding_orphan_storage_warning(world_factory) -> None:
         assert f"base={hex(output.value['allocation_base'])}" in leaks[0] and "bytes=64" in leaks[0], leaks
 
 
-@pytest.mark.parametrize("nranks", [2, 4])
+@pytest.mark.parametrize("nranks", [2, 8])
 def test_mega_moe_call_sequence(world_factory, nranks) -> None:
     outputs = run_case(world_factory(nranks, ENV), _case_mega_moe_call_sequence, timeout=120)
     assert outputs == [{"heap_bytes": 4 * MiB}] * nranks

@@ -18,9 +18,9 @@ reference count as handles), ``host_barrier()``, ``barrier(blocking=...)``, ``si
 """
 
 from hyper_parallel.core.multicore.shmem._debug import DebugState, Failure, StateName, debug_state
-from hyper_parallel.core.multicore.shmem._lifecycle import Handle, acquire_shmem
+from hyper_parallel.core.multicore.shmem._lifecycle import Handle
 from hyper_parallel.core.multicore.shmem._memory import empty, free, peer_tensor
-from hyper_parallel.core.multicore.shmem._references import acquire, host_barrier, release
+from hyper_parallel.core.multicore.shmem._references import acquire, acquire_shmem, host_barrier, release
 from hyper_parallel.core.multicore.shmem._rma import all_gather, barrier, get, put, reduce, signal, wait_signal
 from hyper_parallel.core.multicore.shmem._streams import Stream, current_stream, default_stream, stream
 from hyper_parallel.core.multicore.shmem.errors import (

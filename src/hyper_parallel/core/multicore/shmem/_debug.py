@@ -164,7 +164,8 @@ def debug_state() -> DebugState:
     live = raw["state"] != "uninitialized"
     config = raw["config"]
     allocations = [
-        {**info, "allocation_base": info["base"], "allocation_bytes": info["bytes"]} for info in raw["active_allocations"]
+        {**info, "allocation_base": info["base"], "allocation_bytes": info["bytes"]}
+        for info in raw["active_allocations"]
     ]
     allocated_bytes = sum(info["bytes"] for info in raw["active_allocations"] + raw["leaked_allocations"])
     ordered = {

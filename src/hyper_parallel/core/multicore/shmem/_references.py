@@ -8,19 +8,20 @@ the last reference of either kind shuts the runtime down (collective, as ``Handl
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator
 from typing import Optional
 
 import torch.distributed as dist
 
+from hyper_parallel.core.multicore.shmem import _lifecycle
 from hyper_parallel.core.multicore.shmem._binding import C
 from hyper_parallel.core.multicore.shmem._lifecycle import (
     Handle,
     _barrier,
     _lock,
     acquire_local,
-    acquire_shmem,
     require_root,
     root_info,
 )
@@ -75,6 +76,16 @@ def _several_processes() -> Optional[str]:
     # initialised torch.distributed must not quietly get a root of its own.
     world = os.environ.get("WORLD_SIZE")
     return world if world is not None and world.strip() not in ("", "0", "1") else None
+
+
+@functools.wraps(_lifecycle.acquire_shmem)
+def acquire_shmem(root_group: Optional[dist.ProcessGroup] = None) -> Handle:
+    # The public acquire_shmem: the lifecycle's, whose errors also carry upstream's fields (operation=initialize).
+    try:
+        return _lifecycle.acquire_shmem(root_group)
+    except Exception as error:
+        attach_fields(error, "initialize")
+        raise
 
 
 def acquire(root_group: Optional[dist.ProcessGroup] = None, *, heap_size_bytes: Optional[int] = None) -> None:
