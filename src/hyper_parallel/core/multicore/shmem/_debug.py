@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from typing import Optional
 
+from hyper_parallel.core.multicore.shmem import errors
 from hyper_parallel.core.multicore.shmem._binding import C
 from hyper_parallel.core.multicore.shmem._lifecycle import root_info
-from hyper_parallel.core.multicore.shmem import errors
 
 _HEX_KEYS = frozenset({"heap_base", "base", "offset", "allocation_base"})
 
@@ -83,7 +83,11 @@ class Failure(str):
 
     _KEYS = ("operation", "phase", "root_rank", "error_code", "cann_error_code", "message")
     # The project's op names that upstream names otherwise.
-    _UPSTREAM_OPS = {"empty": "allocate", "acquire_shmem": "initialize", "allocate": "allocate"}
+    _UPSTREAM_OPS = {"empty": "allocate", "acquire_shmem": "initialize"}
+    # The class the runtime raises for each code of a recorded "CODE: message", which knows upstream's fields.
+    _CLASSES = {c.code: c for c in (errors.ShmemValueError, errors.ShmemTypeError, errors.ShmemStateError,
+                                    errors.ShmemTimeoutError, errors.ShmemOutOfMemoryError,
+                                    errors.ShmemMismatchError, errors.ShmemDeviceError)}
     _OP = re.compile(r"\bop=([A-Za-z_]+)")
 
     def __new__(cls, text: str = "", root_rank: Optional[int] = None) -> "Failure":
@@ -96,10 +100,7 @@ class Failure(str):
         if not self:
             return dict.fromkeys(self._KEYS)
         code, _, message = str(self).partition(": ")
-        cls = {c.code: c for c in (errors.ShmemValueError, errors.ShmemTypeError, errors.ShmemStateError,
-                                   errors.ShmemTimeoutError, errors.ShmemOutOfMemoryError,
-                                   errors.ShmemMismatchError, errors.ShmemDeviceError)}.get(code, errors.ShmemError)
-        error = cls(message)
+        error = self._CLASSES.get(code, errors.ShmemError)(message)
         op = self._OP.search(message)
         operation = op.group(1).lower() if op else None
         return {
