@@ -47,6 +47,16 @@ FIELDS = [
     "leaked_allocations",
     "latest_failure",
     "calls_in_flight",
+    # upstream hyper-parallel's keys the project's vocabulary names otherwise (test_upstream_names.py)
+    "root_rank",
+    "root_size",
+    "device_index",
+    "device_model",
+    "soc_name",
+    "allocated_count",
+    "allocated_bytes",
+    "remaining_bytes",
+    "max_allocated_bytes",
 ]
 
 
@@ -115,7 +125,16 @@ def _case_fields_and_repr() -> dict:
             assert state["state"] == "initialized" and isinstance(state["lifecycle"], int) and state["lifecycle"] >= 1
             assert state["reference_count"] == 1 and state["root_ranks"] == list(range(world))
             assert state["rank"] == rank and state["world_size"] == world and state["device"] == "host"
-            assert state["config"] == {"heap_size": 16 * MiB, "timeout_sec": 20.0, "log_level": 2, "device": "host"}
+            assert state["config"] == {
+                "heap_size": 16 * MiB,
+                "timeout_sec": 20.0,
+                "log_level": 2,
+                "device": "host",
+                "heap_size_bytes": 16 * MiB,
+                "timeout_seconds": 20.0,
+                "data_engine": "cpu",
+                "bootstrap_endpoint_base": None,
+            }
             assert state["heap_size"] == 16 * MiB
             heap_base = state["heap_base"]
             assert heap_base > 0 and heap_base % os.sysconf("SC_PAGE_SIZE") == 0

@@ -621,6 +621,12 @@ PYBIND11_MODULE(_shmem_torch, m) {
     ThrowIfError(Runtime::Instance().StreamWaitStream(OnStream(waiter), OnStream(waited)));
   });
   m.def("debug_state", &DebugState);
+  // The devices this module can run (HYPER_PARALLEL_SHMEM_DEVICE), for symmetric_memory.is_shmem_available().
+#ifdef HP_WITH_ASCEND_DEVICE
+  m.attr("built_devices") = py::make_tuple("host", "ascend");
+#else
+  m.attr("built_devices") = py::make_tuple("host");
+#endif
   m.def("read_config", &ReadConfig);
   m.def("log_level", [] { return static_cast<int>(Logger::Level()); });
   m.def("status_codes", [] {

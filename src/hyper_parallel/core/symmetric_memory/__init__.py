@@ -20,6 +20,10 @@ Primitives take offsets and sizes in elements (Python ints or one-element intege
 ordinary tensors (staged through the library's symmetric workspace) and take a copy-free path when the tensor
 peers must address is symmetric. Every call takes ``group=``: any ProcessGroup of ranks inside the root, with
 ranks counted inside that group. Runs on the runtime :mod:`hyper_parallel.core.multicore.shmem`.
+
+Upstream hyper-parallel's setup calls exist too: ``is_shmem_available()``, ``rendezvous(tensor, group)`` (a
+handle over every rank's copy), and ``set_signal_pad_size``/``get_signal_pad_size`` (NotImplementedError, as
+upstream: signals are symmetric tensors here).
 """
 
 from hyper_parallel.core.symmetric_memory._collectives import (
@@ -31,6 +35,13 @@ from hyper_parallel.core.symmetric_memory._collectives import (
     shmem_send,
 )
 from hyper_parallel.core.symmetric_memory._fused import fused_all_gather_matmul, fused_matmul_reduce_scatter
+from hyper_parallel.core.symmetric_memory._setup import (
+    SymmetricMemory,
+    get_signal_pad_size,
+    is_shmem_available,
+    rendezvous,
+    set_signal_pad_size,
+)
 from hyper_parallel.core.symmetric_memory._primitives import (
     barrier,
     empty,
@@ -44,11 +55,16 @@ from hyper_parallel.core.symmetric_memory._primitives import (
 )
 
 __all__ = [
+    "SymmetricMemory",
     "barrier",
     "empty",
     "free",
     "fused_all_gather_matmul",
     "fused_matmul_reduce_scatter",
+    "get_signal_pad_size",
+    "is_shmem_available",
+    "rendezvous",
+    "set_signal_pad_size",
     "shmem_allgather",
     "shmem_allreduce",
     "shmem_alltoall",

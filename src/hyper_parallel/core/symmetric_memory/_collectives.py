@@ -346,7 +346,8 @@ def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: tor
             same symmetric tensor on every rank: senders push into it directly (large messages); otherwise it is
             filled through the staging area.
         receive_list: the element count expected from each rank (ints or a 1-D integer tensor); their sum must
-            fit ``receive_tensor``.
+            fit ``receive_tensor``. Elements, not bytes: upstream hyper-parallel's documentation writes bytes, but
+            its code offsets ``receive_tensor`` by these counts as elements, and this follows the code.
         group: a ProcessGroup inside the root (None: WORLD).
 
     Returns:

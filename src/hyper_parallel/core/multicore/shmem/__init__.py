@@ -11,11 +11,16 @@ Typical use, on every rank of an initialised ``torch.distributed`` WORLD::
         shmem.free(buf)
 
 The runtime runs on the ``host`` device: POSIX shared memory between the processes of one machine.
+
+Code written for upstream hyper-parallel's runtime runs too: ``shmem.acquire()``/``shmem.release()`` (the same
+reference count as handles), ``host_barrier()``, ``barrier(blocking=...)``, ``signal(..., operation=...)``,
+``wait_signal(..., comparison=...)``, upstream's ``debug_state()`` keys and its error fields.
 """
 
-from hyper_parallel.core.multicore.shmem._debug import DebugState, debug_state
-from hyper_parallel.core.multicore.shmem._lifecycle import Handle, acquire_shmem
+from hyper_parallel.core.multicore.shmem._debug import DebugState, Failure, StateName, debug_state
+from hyper_parallel.core.multicore.shmem._lifecycle import Handle
 from hyper_parallel.core.multicore.shmem._memory import empty, free, peer_tensor
+from hyper_parallel.core.multicore.shmem._references import acquire, acquire_shmem, host_barrier, release
 from hyper_parallel.core.multicore.shmem._rma import all_gather, barrier, get, put, reduce, signal, wait_signal
 from hyper_parallel.core.multicore.shmem._streams import Stream, current_stream, default_stream, stream
 from hyper_parallel.core.multicore.shmem.errors import (
@@ -25,10 +30,13 @@ from hyper_parallel.core.multicore.shmem.errors import (
     ShmemOutOfMemoryError,
     ShmemStateError,
     ShmemTimeoutError,
+    ShmemTypeError,
+    ShmemValueError,
 )
 
 __all__ = [
     "DebugState",
+    "Failure",
     "Handle",
     "ShmemDeviceError",
     "ShmemError",
@@ -36,7 +44,11 @@ __all__ = [
     "ShmemOutOfMemoryError",
     "ShmemStateError",
     "ShmemTimeoutError",
+    "ShmemTypeError",
+    "ShmemValueError",
+    "StateName",
     "Stream",
+    "acquire",
     "acquire_shmem",
     "all_gather",
     "barrier",
@@ -46,9 +58,11 @@ __all__ = [
     "empty",
     "free",
     "get",
+    "host_barrier",
     "peer_tensor",
     "put",
     "reduce",
+    "release",
     "signal",
     "stream",
     "wait_signal",

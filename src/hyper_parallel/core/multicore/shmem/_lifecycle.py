@@ -25,7 +25,7 @@ _lock = threading.RLock()
 
 @dataclass
 class _Root:
-    group: dist.ProcessGroup
+    group: Optional[dist.ProcessGroup]  # None: a one-PE root of this process alone, without torch.distributed
     ranks: tuple  # global ranks in root order; the index is the PE
     rank: int  # this process's PE
     lifecycle: int
@@ -160,7 +160,7 @@ class Handle:
                 root.references -= 1
                 self._closed = True
                 return
-            all_gather, barrier = _bootstrap(root.group, "shutdown")
+            all_gather, barrier = _local_bootstrap() if root.group is None else _bootstrap(root.group, "shutdown")
             C.shutdown(root.rank, len(root.ranks), all_gather, barrier)
             root.references = 0
             _root = None
@@ -180,7 +180,8 @@ def acquire_shmem(root_group: Optional[dist.ProcessGroup] = None) -> Handle:
     """Returns a reference to the process's SHMEM runtime, initialising it on first use.
 
     The first handle is collective over ``root_group``: every rank maps every other rank's symmetric heap
-    (``HYPER_PARALLEL_SHMEM_HEAP_SIZE`` bytes, read anew for every lifecycle). Later handles only count.
+    (``HYPER_PARALLEL_SHMEM_HEAP_SIZE`` bytes, read anew for every lifecycle). Later handles only count, also
+    those of a one-PE runtime that :func:`shmem.acquire` started without torch.distributed.
 
     Args:
         root_group: the ProcessGroup whose ranks form the root (None: the WORLD group). Another group object
@@ -199,6 +200,9 @@ def acquire_shmem(root_group: Optional[dist.ProcessGroup] = None) -> Handle:
         ShmemTimeoutError: a rank of the root did not call acquire_shmem within HYPER_PARALLEL_SHMEM_TIMEOUT_SEC.
     """
     global _root
+    local = _join_local_root(root_group, "acquire_shmem")
+    if local is not None:
+        return local
     group, ranks = _resolve_ranks(root_group)
     with _lock:
         if _root is not None:
@@ -239,3 +243,68 @@ def require_root(op: str) -> _Root:
     if root is None:
         raise ShmemStateError(f"shmem runtime is not initialised: op={op} (call acquire_shmem() first)")
     return root
+
+
+def _local_bootstrap():
+    """The bootstrap of a one-PE root: nothing to exchange, nobody to wait for."""
+    return (lambda payload: payload), (lambda: None)
+
+
+def _join_local_root(root_group: Optional[dist.ProcessGroup], op: str) -> Optional[Handle]:
+    """Counts one more reference to an active one-PE root of this process alone, if that is the active root.
+
+    Returns:
+        A :class:`Handle`, or None when no one-PE root is active (the caller then resolves a ProcessGroup root).
+
+    Raises:
+        ShmemStateError: torch.distributed was initialised since the one-PE root started, or ``root_group`` names
+            a group (a one-PE root has none).
+    """
+    with _lock:
+        root = _root
+        if root is None or root.group is not None:
+            return None
+        if dist.is_available() and dist.is_initialized():
+            raise ShmemStateError(
+                f"torch.distributed was initialised during a one-PE lifecycle: op={op} lifecycle={root.lifecycle} "
+                "(release the runtime's references first)"
+            )
+        if root_group is not None:
+            raise ShmemStateError(
+                f"torch.distributed is not initialised: op={op} root_group={root_group!r} (a root group needs "
+                "dist.init_process_group(); without it the root is this process alone)"
+            )
+        root.references += 1
+        return Handle(root.lifecycle)
+
+
+def acquire_local(op: str) -> Handle:
+    """A reference to a one-PE runtime of this process alone, started if none is active (upstream's one-PE root).
+
+    Only for a process without torch.distributed: the root is this process, PE 0 of 1, and no collective runs.
+
+    Args:
+        op: the caller's name, for messages.
+
+    Returns:
+        A :class:`Handle`.
+
+    Raises:
+        ShmemStateError: torch.distributed was initialised since a one-PE lifecycle started.
+        ValueError: a HYPER_PARALLEL_SHMEM_* variable has a bad value.
+        ShmemOutOfMemoryError: /dev/shm cannot hold the symmetric heap.
+    """
+    global _root
+    with _lock:
+        joined = _join_local_root(None, op)
+        if joined is not None:
+            return joined
+        if _root is not None:
+            raise ShmemStateError(
+                f"torch.distributed is not initialised, but a lifecycle over a ProcessGroup is active: op={op} "
+                f"lifecycle={_root.lifecycle} root_ranks={list(_root.ranks)}"
+            )
+        all_gather, barrier = _local_bootstrap()
+        C.init(0, 1, all_gather, barrier)
+        _root = _Root(group=None, ranks=(0,), rank=0, lifecycle=C.lifecycle(), references=1)
+        return Handle(_root.lifecycle)

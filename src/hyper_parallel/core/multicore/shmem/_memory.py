@@ -10,6 +10,7 @@ import torch
 
 from hyper_parallel.core.multicore.shmem._binding import C
 from hyper_parallel.core.multicore.shmem._checks import type_name
+from hyper_parallel.core.multicore.shmem.errors import ShmemTypeError, ShmemValueError, attach_fields
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 _LOG_DEBUG = 0
@@ -33,9 +34,9 @@ def user_call_site() -> str:
 def _parse_size(size: tuple) -> list:
     dims = size[0] if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
     if not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
-        raise TypeError(f"`size` must be ints or one sequence of ints, but got {tuple(size)!r}")
+        raise ShmemTypeError(f"`size` must be ints or one sequence of ints, but got {tuple(size)!r}")
     if any(d >= 2**63 for d in dims):  # the binding takes int64 dimensions (and checks signs and their product)
-        raise ValueError(f"`size` must describe at most 2**63 - 1 bytes, but got {list(dims)}")
+        raise ShmemValueError(f"`size` must describe at most 2**63 - 1 bytes, but got {list(dims)}")
     return list(dims)
 
 
@@ -63,16 +64,21 @@ def empty(*size, dtype: Optional[torch.dtype] = None, alignment: Optional[int] =
         ShmemOutOfMemoryError: the heap cannot hold it (on any rank).
         ShmemTimeoutError: a rank did not reach the allocation in time.
     """
-    dims = _parse_size(size)
-    if dtype is None:
-        dtype = torch.get_default_dtype()
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"`dtype` must be a torch.dtype, but got {type_name(dtype)}")
-    if alignment is None:
-        alignment = 0  # the runtime's default
-    elif isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0:
-        raise ValueError(f"`alignment` must be a power of two, but got {alignment!r}")  # the runtime checks the rest
-    return C.empty(dims, dtype, alignment, user_call_site())
+    try:
+        dims = _parse_size(size)
+        if dtype is None:
+            dtype = torch.get_default_dtype()
+        if not isinstance(dtype, torch.dtype):
+            raise ShmemTypeError(f"`dtype` must be a torch.dtype, but got {type_name(dtype)}")
+        if alignment is None:
+            alignment = 0  # the runtime's default
+        elif isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0:
+            # the runtime checks the rest
+            raise ShmemValueError(f"`alignment` must be a power of two, but got {alignment!r}")
+        return C.empty(dims, dtype, alignment, user_call_site())
+    except Exception as error:
+        attach_fields(error, "allocate")
+        raise
 
 
 def free(tensor: torch.Tensor) -> None:
@@ -89,7 +95,11 @@ def free(tensor: torch.Tensor) -> None:
         ShmemStateError: already freed, from an earlier lifecycle, or no runtime is active.
         ShmemMismatchError: ranks disagree on the free.
     """
-    C.free(tensor, user_call_site())
+    try:
+        C.free(tensor, user_call_site())
+    except Exception as error:
+        attach_fields(error, "free")
+        raise
 
 
 def peer_tensor(tensor: torch.Tensor, pe: int) -> torch.Tensor:
@@ -116,4 +126,8 @@ def peer_tensor(tensor: torch.Tensor, pe: int) -> torch.Tensor:
         ValueError: ``tensor`` does not live in the symmetric heap, or ``pe`` is out of range.
         ShmemStateError: a freed tensor, or no runtime.
     """
-    return C.peer_tensor(tensor, pe)
+    try:
+        return C.peer_tensor(tensor, pe)
+    except Exception as error:
+        attach_fields(error, "peer_tensor")
+        raise

@@ -8,12 +8,15 @@ this hot path the checks would otherwise cost more than a small put).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Optional
 
 import torch
 
 from hyper_parallel.core.multicore.shmem._binding import C
-from hyper_parallel.core.multicore.shmem._checks import check_choice
+from hyper_parallel.core.multicore.shmem._checks import check_choice, keyword_alias
+from hyper_parallel.core.multicore.shmem._lifecycle import require_root
 from hyper_parallel.core.multicore.shmem._streams import current_handle
+from hyper_parallel.core.multicore.shmem.errors import ShmemTypeError, attach_fields
 
 _SIGNAL_OPS = {"set": 0, "add": 1}
 _COMPARE_OPS = {"eq": 0, "ne": 1, "gt": 2, "ge": 3, "lt": 4, "le": 5}
@@ -35,7 +38,11 @@ def put(dst: torch.Tensor, src: torch.Tensor, pe: int) -> None:
             symmetric heap or running past its allocation. Nothing is written.
         ShmemStateError: a freed tensor, or no runtime.
     """
-    C.put(dst, src, pe, current_handle())
+    try:
+        C.put(dst, src, pe, current_handle())
+    except Exception as error:
+        attach_fields(error, "put")
+        raise
 
 
 def get(dst: torch.Tensor, src: torch.Tensor, pe: int) -> None:
@@ -49,27 +56,41 @@ def get(dst: torch.Tensor, src: torch.Tensor, pe: int) -> None:
     Raises:
         TypeError, ValueError, ShmemStateError: as :func:`put`, with the roles of ``dst`` and ``src`` swapped.
     """
-    C.get(dst, src, pe, current_handle())
+    try:
+        C.get(dst, src, pe, current_handle())
+    except Exception as error:
+        attach_fields(error, "get")
+        raise
 
 
-def signal(signal_tensor: torch.Tensor, value: int, pe: int, *, op: str = "set") -> None:
+def signal(signal_tensor: torch.Tensor, value: int, pe: int, *, op: Optional[str] = None,
+           operation: Optional[str] = None) -> None:
     """Atomically sets or adds ``value`` to the signal on ``pe``, after everything enqueued before it is visible.
 
     Args:
         signal_tensor: a one-element int32 (or int64) symmetric tensor.
         value: the value to set or add; it must fit the signal's dtype.
         pe: the target rank inside the root.
-        op: ``"set"`` or ``"add"``.
+        op: ``"set"`` (the default) or ``"add"``.
+        operation: upstream hyper-parallel's name of ``op``; give one of the two.
 
     Raises:
-        TypeError: a signal of another dtype, a non-int value or pe.
+        TypeError: a signal of another dtype, a non-int value or pe; both ``op`` and ``operation``.
         ValueError: a signal of another size or misaligned, an unknown op, ``pe`` out of range.
         ShmemStateError: a freed signal, or no runtime.
     """
-    C.signal(signal_tensor, value, pe, check_choice("op", op, _SIGNAL_OPS), current_handle())
+    try:
+        # The common call names neither or `op`: no helper call on this hot path.
+        name, chosen = ("op", "set" if op is None else op) if operation is None else keyword_alias(
+            "op", op, "operation", operation, "set")
+        C.signal(signal_tensor, value, pe, check_choice(name, chosen, _SIGNAL_OPS), current_handle())
+    except Exception as error:
+        attach_fields(error, "signal")
+        raise
 
 
-def wait_signal(signal_tensor: torch.Tensor, value: int, *, cmp: str = "eq") -> None:
+def wait_signal(signal_tensor: torch.Tensor, value: int, *, cmp: Optional[str] = None,
+                comparison: Optional[str] = None) -> None:
     """Waits until the local signal compares true against ``value``.
 
     Spins briefly, then sleeps in the kernel; gives up after ``HYPER_PARALLEL_SHMEM_TIMEOUT_SEC``.
@@ -77,13 +98,21 @@ def wait_signal(signal_tensor: torch.Tensor, value: int, *, cmp: str = "eq") -> 
     Args:
         signal_tensor: a one-element int32 (or int64) symmetric tensor.
         value: the value to compare with.
-        cmp: one of ``"eq"``, ``"ne"``, ``"gt"``, ``"ge"``, ``"lt"``, ``"le"`` (signal ``cmp`` value).
+        cmp: one of ``"eq"`` (the default), ``"ne"``, ``"gt"``, ``"ge"``, ``"lt"``, ``"le"`` (signal ``cmp``
+            value).
+        comparison: upstream hyper-parallel's name of ``cmp``; give one of the two.
 
     Raises:
         ShmemTimeoutError: the condition did not hold in time (the message has the expected and observed value).
         TypeError, ValueError: as :func:`signal`.
     """
-    C.wait_signal(signal_tensor, value, check_choice("cmp", cmp, _COMPARE_OPS), current_handle())
+    try:
+        name, chosen = ("cmp", "eq" if cmp is None else cmp) if comparison is None else keyword_alias(
+            "cmp", cmp, "comparison", comparison, "eq")
+        C.wait_signal(signal_tensor, value, check_choice(name, chosen, _COMPARE_OPS), current_handle())
+    except Exception as error:
+        attach_fields(error, "wait_signal")
+        raise
 
 
 def reduce(dst: torch.Tensor, src: torch.Tensor, pes: Sequence[int], *, op: str = "sum") -> None:
@@ -114,21 +143,52 @@ def reduce(dst: torch.Tensor, src: torch.Tensor, pes: Sequence[int], *, op: str 
             a ``dst`` that overlaps ``src`` other than as ``src`` itself. Nothing is written.
         ShmemStateError: a freed tensor, or no runtime.
     """
-    C.reduce(dst, src, check_choice("op", op, _REDUCE_OPS), pes, current_handle())
+    try:
+        C.reduce(dst, src, check_choice("op", op, _REDUCE_OPS), pes, current_handle())
+    except Exception as error:
+        attach_fields(error, "reduce")
+        raise
 
 
-def barrier() -> None:
+def barrier(*, blocking: bool = False) -> None:
     """Waits until every rank of the root reaches the barrier; earlier writes are then visible everywhere.
 
+    Like every data-plane call the barrier is enqueued on the current stream (seed 001). On the default stream of
+    the host device that is the calling thread, so it is complete when it returns; on a :class:`Stream` (and on
+    the ascend device's NPU stream) it is complete once the stream reaches it.
+
+    Args:
+        blocking: also wait, before returning, until the current stream has run the barrier and everything
+            enqueued on it before (upstream hyper-parallel's default is True; the project's, as seed 001's, is
+            False: enqueue only). On the default stream of the host device both are the same.
+
     Raises:
+        TypeError: ``blocking`` is not a bool.
         ShmemTimeoutError: a rank did not arrive in time (the message names the missing ranks).
         ShmemStateError: no runtime.
     """
-    C.barrier(current_handle())
+    try:
+        if not isinstance(blocking, bool):
+            raise ShmemTypeError(f"`blocking` must be a bool, but got {type(blocking).__name__}")
+        handle = current_handle()
+        C.barrier(handle)
+        if blocking:
+            C.synchronize_stream(handle)
+    except Exception as error:
+        attach_fields(error, "barrier")
+        raise
+
+
+def _numel(value: object) -> Optional[int]:
+    return value.numel() if isinstance(value, torch.Tensor) else None
 
 
 def all_gather(output: torch.Tensor, input: torch.Tensor) -> None:
     """Gathers every rank's ``input`` into ``output`` in rank order (collective over the root).
+
+    A zero-byte call (an input and an output without elements) is a validated no-op (seed 001): it checks the
+    types and that a runtime is active, moves nothing and waits for no rank; its output may then be an ordinary
+    tensor such as ``torch.empty(0)``.
 
     Args:
         output: a symmetric tensor of world_size times the input's bytes.
@@ -141,4 +201,12 @@ def all_gather(output: torch.Tensor, input: torch.Tensor) -> None:
         ShmemTimeoutError: a rank did not arrive in time.
         ShmemStateError: a freed tensor, or no runtime.
     """
-    C.all_gather(output, input, current_handle())
+    try:
+        if _numel(input) == 0 and _numel(output) == 0:
+            # 0 == world_size * 0 bytes: with no byte to place, the output need not be symmetric.
+            require_root("all_gather")
+            return
+        C.all_gather(output, input, current_handle())
+    except Exception as error:
+        attach_fields(error, "all_gather")
+        raise

@@ -1,16 +1,88 @@
 """Exceptions of the SHMEM runtime.
 
-Broken contracts raise the builtin ``ValueError``/``TypeError`` ("`x` must be y, but got z"). Facts about state
-raise a :class:`ShmemError` subclass ("<fact>: key=value ..."), whose ``code`` names the runtime status code.
+Broken contracts raise ``ValueError``/``TypeError`` ("`x` must be y, but got z"). Facts about state raise a
+:class:`ShmemError` subclass ("<fact>: key=value ..."), whose ``code`` names the runtime status code.
+
+Every error of the runtime is also a ``RuntimeError``, as upstream hyper-parallel raises them: a broken contract
+is a :class:`ShmemValueError` or :class:`ShmemTypeError` (a ``ShmemError`` and a ``ValueError``/``TypeError``), so
+``except ValueError`` and upstream's ``except RuntimeError`` both catch it. Errors raised by a call of the runtime
+face also carry upstream's fixed fields: as attributes (``error_code``, ``operation``, ``phase``,
+``cann_error_code``) and as one note in upstream's form (``[HYPER_PARALLEL_SHMEM_ERROR] error_code=DOUBLE_FREE
+operation=free phase=Validation cann_error_code=None message=...``), which tracebacks print and
+``pytest.raises(match=...)`` searches. ``str(error)`` stays the project's message.
 """
 
 from __future__ import annotations
 
+import re
+from typing import Optional
+
+# Upstream's `error_code` for each of the runtime's status codes (upstream's ErrorCode names). Codes upstream has
+# no equivalent for keep the project's name.
+_UPSTREAM_CODES = {
+    "INVALID_ARGUMENT": "INVALID_ARGUMENT",
+    "TYPE_ERROR": "INVALID_ARGUMENT",
+    "STATE_ERROR": "INVALID_STATE",
+    "TIMEOUT": "TIMEOUT",
+    "DEVICE_ERROR": "CANN_ERROR",
+    "OUT_OF_MEMORY": "OUT_OF_MEMORY",
+    "MISMATCH": "MISMATCH",
+    "INTERNAL": "INTERNAL",
+}
+# Upstream's phase: "CannCall" when the device (CANN, or the host device's OS calls) failed or ran out of time or
+# memory, "Validation" when the call was refused before reaching it.
+_DEVICE_PHASE_CODES = frozenset({"TIMEOUT", "DEVICE_ERROR", "OUT_OF_MEMORY"})
+# A state error about memory that was already freed (or belongs to an ended lifecycle): upstream's DOUBLE_FREE,
+# raised alike by a repeated free and by put/get/signal on the stale tensor.
+_FREED = re.compile(
+    r"tensor of a freed symmetric allocation|allocation was already freed|allocation is not active: .*state=freed"
+    r"|symmetric allocation of an earlier lifecycle"
+)
+# Configuration variables: a bad value of one is upstream's INVALID_CONFIG.
+_CONFIG = re.compile(r"^`(HYPER_PARALLEL_SHMEM_|SYMMETRIC_MEMORY_)")
+_CANN_CODE = re.compile(r"cann_error_code=(-?\d+)")
+_NOT_INITIALISED = "shmem runtime is not initialised"
+# Upstream's hint on a call made without a runtime reference.
+_ACQUIRE_HINT = "Call shmem.acquire() before using SHMEM capabilities."
+_PREFIX = "[HYPER_PARALLEL_SHMEM_ERROR]"
+
 
 class ShmemError(RuntimeError):
-    """A failure of the SHMEM runtime; ``code`` is the runtime's status code name."""
+    """A failure of the SHMEM runtime; ``code`` is the runtime's status code name.
+
+    The upstream fields (:attr:`error_code`, :attr:`phase`, :attr:`cann_error_code`) follow from the code and the
+    message; :attr:`operation` is set by the call that raised it (None outside one).
+    """
 
     code = "INTERNAL"
+    operation: Optional[str] = None
+
+    @property
+    def error_code(self) -> str:
+        """Upstream's error code: INVALID_ARGUMENT, INVALID_STATE, INVALID_CONFIG, DOUBLE_FREE, TIMEOUT, ..."""
+        return upstream_error_code(self)
+
+    @property
+    def phase(self) -> str:
+        """Upstream's phase: ``"CannCall"`` (the device failed) or ``"Validation"`` (refused before it)."""
+        return upstream_phase(self)
+
+    @property
+    def cann_error_code(self) -> Optional[int]:
+        """CANN's return code when the device is ascend and CANN failed the call, else None."""
+        return upstream_cann_error_code(self)
+
+
+class ShmemValueError(ShmemError, ValueError):
+    """A broken contract on a value (``pe`` out of range, byte counts that differ, a bad alignment, ...)."""
+
+    code = "INVALID_ARGUMENT"
+
+
+class ShmemTypeError(ShmemError, TypeError):
+    """A broken contract on a type or dtype."""
+
+    code = "TYPE_ERROR"
 
 
 class ShmemStateError(ShmemError):
@@ -43,12 +115,109 @@ class ShmemDeviceError(ShmemError):
     code = "DEVICE_ERROR"
 
 
+def _project_code(error: BaseException) -> str:
+    code = getattr(type(error), "code", None)
+    if isinstance(code, str):
+        return code
+    return "TYPE_ERROR" if isinstance(error, TypeError) else "INVALID_ARGUMENT"
+
+
+def upstream_error_code(error: BaseException) -> str:
+    """Upstream's ``error_code`` of an error of the runtime (a ShmemError, or a ValueError/TypeError).
+
+    Args:
+        error: the exception.
+
+    Returns:
+        The code name in upstream's vocabulary (DOUBLE_FREE, INVALID_STATE, INVALID_CONFIG, ...), or the project's
+        code name where upstream has none (OUT_OF_MEMORY, MISMATCH, INTERNAL).
+    """
+    code = _project_code(error)
+    message = str(error)
+    if code == "STATE_ERROR" and _FREED.search(message):
+        return "DOUBLE_FREE"
+    if code in ("INVALID_ARGUMENT", "TYPE_ERROR") and _CONFIG.search(message):
+        return "INVALID_CONFIG"
+    return _UPSTREAM_CODES.get(code, code)
+
+
+def upstream_phase(error: BaseException) -> str:
+    """Upstream's ``phase`` of an error: ``"CannCall"`` or ``"Validation"``.
+
+    Args:
+        error: the exception.
+
+    Returns:
+        The phase name.
+    """
+    return "CannCall" if _project_code(error) in _DEVICE_PHASE_CODES else "Validation"
+
+
+def upstream_cann_error_code(error: BaseException) -> Optional[int]:
+    """CANN's return code named in the message (``cann_error_code=-7``), or None.
+
+    Args:
+        error: the exception.
+
+    Returns:
+        The code, or None.
+    """
+    found = _CANN_CODE.search(str(error))
+    return int(found.group(1)) if found else None
+
+
+def upstream_fields_line(error_code: str, operation: Optional[str], phase: str, cann_error_code: Optional[int],
+                         message: str) -> str:
+    """Upstream's one-line error form: ``[HYPER_PARALLEL_SHMEM_ERROR] error_code=... message=...``.
+
+    Args:
+        error_code: upstream's code name.
+        operation: the operation (``allocate``, ``free``, ``put``, ...), or None.
+        phase: ``"Validation"`` or ``"CannCall"``.
+        cann_error_code: CANN's return code, or None.
+        message: the message.
+
+    Returns:
+        The line.
+    """
+    return (f"{_PREFIX} error_code={error_code} operation={operation} phase={phase} "
+            f"cann_error_code={cann_error_code} message={message}")
+
+
+def attach_fields(error: BaseException, operation: str) -> None:
+    """Gives an error raised by a call of the runtime face upstream's fields, once (the innermost call wins).
+
+    Sets ``operation`` (a ShmemError computes the other fields; a plain ValueError/TypeError gets them as
+    attributes) and adds upstream's one-line form as a note. ``str(error)`` is left as it is.
+
+    Args:
+        error: the exception being raised.
+        operation: upstream's name of the call (``initialize``, ``allocate``, ``free``, ``put``, ``get``,
+            ``signal``, ``wait_signal``, ``barrier``, ``all_gather``, ``shutdown``) or the project's own.
+    """
+    if not isinstance(error, (ShmemError, ValueError, TypeError)) or getattr(error, "_upstream_noted", False):
+        return
+    error_code = upstream_error_code(error)
+    phase = upstream_phase(error)
+    cann_error_code = upstream_cann_error_code(error)
+    error.operation = operation
+    if not isinstance(error, ShmemError):
+        error.error_code = error_code
+        error.phase = phase
+        error.cann_error_code = cann_error_code
+    message = str(error)
+    if error_code == "INVALID_STATE" and message.startswith(_NOT_INITIALISED):
+        message = f"{message}; {_ACQUIRE_HINT}"
+    error.add_note(upstream_fields_line(error_code, operation, phase, cann_error_code, message))
+    error._upstream_noted = True
+
+
 def _register(binding) -> None:
     """Tells the binding which Python class to raise for each runtime status code."""
     codes = binding.status_codes()
     classes = {
-        "INVALID_ARGUMENT": ValueError,
-        "TYPE_ERROR": TypeError,
+        "INVALID_ARGUMENT": ShmemValueError,
+        "TYPE_ERROR": ShmemTypeError,
         "STATE_ERROR": ShmemStateError,
         "TIMEOUT": ShmemTimeoutError,
         "OUT_OF_MEMORY": ShmemOutOfMemoryError,
