@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "acl/acl.h"
+#include "cann_layout.h"
 #include "fake_cann.h"
 #include "fake_heap.h"
 #include "aclnn/acl_meta.h"
@@ -25,24 +26,7 @@
 namespace hp::fakes {
 namespace {
 
-// The sizes and offsets CANN SHMEM v1.5 documents; a header of another layout is an ABI break.
-static_assert(sizeof(aclshmem_init_optional_attr_t) == 24, "optional init attributes are 24 bytes");
-static_assert(sizeof(aclshmemx_init_attr_t) == 120, "init attributes are 120 bytes in v1.5");
-static_assert(offsetof(aclshmemx_init_attr_t, ip_port) == 8, "ip_port at 8");
-static_assert(offsetof(aclshmemx_init_attr_t, local_mem_size) == 72, "local_mem_size at 72");
-static_assert(offsetof(aclshmemx_init_attr_t, option_attr) == 80, "option_attr at 80");
-static_assert(offsetof(aclshmemx_init_attr_t, comm_args) == 104, "comm_args at 104");
-static_assert(offsetof(aclshmemx_init_attr_t, instance_id) == 112, "instance_id at 112");
-static_assert(sizeof(aclshmemx_uniqueid_t) == 136, "the unique id is 136 bytes");
-static_assert(ACLSHMEM_UNIQUEID_VERSION == (1 << 16) + 136, "unique id version");
-static_assert(ACLSHMEMX_INIT_WITH_UNIQUEID == 8 && ACLSHMEMX_INIT_WITH_DEFAULT == 1, "bootstrap flags");
-static_assert(ACLSHMEM_SIGNAL_SET == 0 && ACLSHMEM_SIGNAL_ADD == 1, "signal ops");
-static_assert(ACLSHMEM_CMP_EQ == 0 && ACLSHMEM_CMP_LE == 5, "compare ops");
-static_assert(ACLSHMEM_NOT_SUPPORTED == -100 && ACLSHMEM_UNDER_API_UNLOAD == -11, "error codes");
-// What init takes from the heap, and the extra the heap is mapped with (include/host_device/shmem_common_types.h).
-static_assert(SYNC_POOL_SIZE == 5 * 1024 * 1024 && SYNC_COUNTERS_SIZE == 128 * 1024, "init's sync structures");
-static_assert(ACLSHMEM_EXTRA_SIZE == 6 * 1024 * 1024, "6 MiB beyond local_mem_size");
-static_assert(ACLSHMEM_DATA_OP_ROCE == 0x04 && ACLSHMEM_STATUS_SHM_CREATED == 1, "engines and init states");
+// The layouts, values and codes of v1.5.1 (cann_layout.h, the same assertions the real-header check makes).
 
 class CannFakesTest : public ::testing::Test {
  protected:
