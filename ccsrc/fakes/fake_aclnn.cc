@@ -167,8 +167,11 @@ double Apply(Kind kind, double a, double b, double scalar) {
 
 std::int64_t ApplyInt64(Kind kind, std::int64_t a, std::int64_t b, double scalar) {
   switch (kind) {
-    case Kind::kAdd: return static_cast<std::int64_t>(static_cast<std::uint64_t>(a) +
-                                                      static_cast<std::uint64_t>(b) * static_cast<std::uint64_t>(scalar));
+    case Kind::kAdd: {
+      // Wrapping, as the NPU's integer add does.
+      const auto alpha = static_cast<std::uint64_t>(static_cast<std::int64_t>(scalar));
+      return static_cast<std::int64_t>(static_cast<std::uint64_t>(a) + static_cast<std::uint64_t>(b) * alpha);
+    }
     case Kind::kMax: return std::max(a, b);
     case Kind::kMin: return std::min(a, b);
     default: return a;
@@ -194,8 +197,8 @@ int Run(const aclOpExecutor& op) {
       std::memcpy(r, &value, 8);
       continue;
     }
-    const double value = Apply(op.kind, Load(a, op.self.dtype), binary ? Load(other.host + i * in_size, op.other.dtype) : 0,
-                               op.scalar);
+    const double b = binary ? Load(other.host + i * in_size, op.other.dtype) : 0;
+    const double value = Apply(op.kind, Load(a, op.self.dtype), b, op.scalar);
     if (out.dtype == ACL_INT64) {
       const auto v = static_cast<std::int64_t>(value);
       std::memcpy(r, &v, 8);
@@ -305,7 +308,9 @@ aclScalar* aclCreateScalar(void* value, aclDataType dataType) {
   scalar->dtype = dataType;
   switch (dataType) {
     case ACL_INT64: scalar->value = static_cast<double>(LoadInt64(static_cast<const char*>(value))); break;
-    case ACL_FLOAT: case ACL_DOUBLE: case ACL_INT32: scalar->value = Load(static_cast<const char*>(value), dataType); break;
+    case ACL_FLOAT: case ACL_DOUBLE: case ACL_INT32:
+      scalar->value = Load(static_cast<const char*>(value), dataType);
+      break;
     default: delete scalar; return nullptr;
   }
   ++world.live_aclnn_objects;

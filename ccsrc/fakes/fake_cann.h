@@ -1,5 +1,12 @@
-// Test control of the fake ACL runtime and fake CANN SHMEM (ccsrc/fakes): what the calls recorded, which calls
-// fail next, and a reset between tests.
+// Test control of the fake ACL runtime, fake aclnn operators and fake CANN SHMEM (ccsrc/fakes): what the calls
+// recorded, which calls fail next, and a reset between tests.
+//
+// The fakes behave as CANN SHMEM v1.5.1 does (third_party/shmem_patches/README.md lists the facts): the heap is
+// local_mem_size + ACLSHMEM_EXTRA_SIZE with CANN's own 5.13 MiB taken at init; malloc/calloc/align end with a
+// control-plane barrier over every PE ("aclshmemi_control_barrier_all", injectable by FailNext); unique-id mode
+// bounds its barriers by DEFAULT_TIMEOUT and runs the config store without TLS; a failed init whose heap exists is
+// not rolled back; a timed-out wait keeps spinning, and destroying its stream or finalizing hangs (counted, see
+// SetHangLimit); PEs on different hosts reach each other only with ACLSHMEM_DATA_OP_ROCE.
 //
 // The fakes simulate several PEs inside one process. Each thread is one simulated process: it has its own current
 // ACL device (aclrtSetDevice) and, once aclshmemx_init_attr returned, its own PE. PEs find each other through the

@@ -142,7 +142,8 @@ int32_t aclshmemx_set_conf_store_tls(bool enable, const char* tls_info, const ui
 }
 
 int32_t aclshmemx_set_config_store_tls_key(const char* tls_pk, const uint32_t tls_pk_len, const char* tls_pk_pw,
-                                           const uint32_t tls_pk_pw_len, const aclshmem_decrypt_handler decrypt_handler) {
+                                           const uint32_t tls_pk_pw_len,
+                                           const aclshmem_decrypt_handler decrypt_handler) {
   World& world = World::Get();
   std::lock_guard<std::mutex> lock(world.mu);
   FakeCall call = Named("aclshmemx_set_config_store_tls_key");

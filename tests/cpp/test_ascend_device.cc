@@ -977,7 +977,9 @@ TEST_F(AscendDeviceTest, ReductionsRunOnTheStreamThroughAclnnReadingPeersInPlace
     const NpuBuffer out(kCount * 4);
     const auto expect = [&](ReduceOp op, std::size_t i) {
       std::vector<float> values;
-      for (int r = 0; r < kRanks; ++r) values.push_back(static_cast<float>((r + 1) * (i + 1)) * (i % 2 == 0 ? 1.0f : -1.0f));
+      for (int r = 0; r < kRanks; ++r) {
+        values.push_back(static_cast<float>((r + 1) * (i + 1)) * (i % 2 == 0 ? 1.0f : -1.0f));
+      }
       switch (op) {
         case ReduceOp::kSum: return values[0] + values[1] + values[2];
         case ReduceOp::kAvg: return (values[0] + values[1] + values[2]) / 3.0f;
@@ -1073,7 +1075,8 @@ TEST_F(AscendDeviceTest, WireCastsUseAclnnCastAndFp8IsRefusedNamingTheMissingKer
     WriteValues(wide.data(), values);
     ASSERT_TRUE(IsOk(device.Cast(narrow.data(), DataType::kFloat16, wide.data(), DataType::kFloat32, values.size(),
                                  kDefaultStream, nullptr)));
-    EXPECT_EQ(ReadValues<std::uint16_t>(narrow.data(), 4), (std::vector<std::uint16_t>{0x3c00, 0xc100, 0x7bff, 0x2e66}));
+    EXPECT_EQ(ReadValues<std::uint16_t>(narrow.data(), 4),
+              (std::vector<std::uint16_t>{0x3c00, 0xc100, 0x7bff, 0x2e66}));
     ASSERT_TRUE(IsOk(device.Cast(back.data(), DataType::kFloat32, narrow.data(), DataType::kFloat16, values.size(),
                                  kDefaultStream, nullptr)));
     const auto round_trip = ReadValues<float>(back.data(), values.size());
@@ -1092,7 +1095,8 @@ TEST_F(AscendDeviceTest, WireCastsUseAclnnCastAndFp8IsRefusedNamingTheMissingKer
     EXPECT_TRUE(HasError(AscendDevice::CheckWireFormat("float8_e4m3fn"), StatusCode::kDeviceError,
                          "low-precision communication in float8_e4m3fn needs a block-scaled fp8 cast kernel"));
     EXPECT_TRUE(HasError(AscendDevice::CheckWireFormat("int4"), StatusCode::kInvalidArgument,
-                         "`low_precision_dtype` must be float16, bfloat16, float8_e4m3fn or float8_e5m2, but got int4"));
+                         "`low_precision_dtype` must be float16, bfloat16, float8_e4m3fn or float8_e5m2, but got "
+                         "int4"));
     ASSERT_TRUE(IsOk(device.Finalize()));
   });
 }
