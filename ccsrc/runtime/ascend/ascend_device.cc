@@ -174,7 +174,6 @@ Status AscendDevice::Init(const DeviceInitArgs& args, Bootstrap& bootstrap) {
         "but got " + std::to_string(options_.tls_info.size()) + " characters");
   }
   if (prepared.ok()) {
-    tls_info_.clear();
     HP_LOG(kWarning, "CANN SHMEM's config store runs without TLS (v1.5.1 has no TLS in unique-id mode): keep the "
                      "bootstrap network trusted");
     prepared = FromShmemCode(aclshmemx_set_conf_store_tls(false, nullptr, 0), "aclshmemx_set_conf_store_tls",

@@ -170,9 +170,8 @@ class AscendDevice final : public Device {
   double timeout_sec_ = 0;
   std::int32_t timeout_ms_ = -1;
   void* default_stream_ = nullptr;
-  // CANN keeps pointers to these until init returns (the unique id) or longer (the TLS settings).
+  // CANN keeps a pointer to it until init returns.
   std::vector<unsigned char> unique_id_;
-  std::string tls_info_;
 
   mutable std::mutex mu_;
   std::set<void*> own_streams_;                        // created by CreateStream
