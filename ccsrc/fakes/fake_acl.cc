@@ -77,8 +77,8 @@ aclError aclrtDestroyStream(aclrtStream stream) {
   world.Record(Named("aclrtDestroyStream", stream));
   if (const int code = world.TakeFailure("aclrtDestroyStream")) return code;
   if (world.streams.count(stream) == 0) return ACL_ERROR_RT_PARAM_INVALID;
-  world.DestroyStream(stream, lock);
-  return ACL_SUCCESS;
+  // An NPU would block here for good; the fake reports the hang (FakeCann::Hangs) instead.
+  return world.DestroyStream(stream, lock) ? ACL_SUCCESS : ACL_ERROR_RT_INTERNAL_ERROR;
 }
 
 aclError aclrtSynchronizeStream(aclrtStream stream) {

@@ -1,5 +1,12 @@
-// Test control of the fake ACL runtime and fake CANN SHMEM (ccsrc/fakes): what the calls recorded, which calls
-// fail next, and a reset between tests.
+// Test control of the fake ACL runtime, fake aclnn operators and fake CANN SHMEM (ccsrc/fakes): what the calls
+// recorded, which calls fail next, and a reset between tests.
+//
+// The fakes behave as CANN SHMEM v1.5.1 does (third_party/shmem_patches/README.md lists the facts): the heap is
+// local_mem_size + ACLSHMEM_EXTRA_SIZE with CANN's own 5.13 MiB taken at init; malloc/calloc/align end with a
+// control-plane barrier over every PE ("aclshmemi_control_barrier_all", injectable by FailNext); unique-id mode
+// bounds its barriers by DEFAULT_TIMEOUT and runs the config store without TLS; a failed init whose heap exists is
+// not rolled back; a timed-out wait keeps spinning, and destroying its stream or finalizing hangs (counted, see
+// SetHangLimit); PEs on different hosts reach each other only with ACLSHMEM_DATA_OP_ROCE.
 //
 // The fakes simulate several PEs inside one process. Each thread is one simulated process: it has its own current
 // ACL device (aclrtSetDevice) and, once aclshmemx_init_attr returned, its own PE. PEs find each other through the
@@ -15,6 +22,7 @@
 // stream's next synchronize (the copy kernel faults).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -22,6 +30,7 @@
 #include <vector>
 
 #include "host/shmem_host_def.h"
+#include "host_device/shmem_common_types.h"
 
 namespace hp::fakes {
 
@@ -44,9 +53,23 @@ struct InitRecord {
   aclshmemx_init_attr_t attr{};
   aclshmemx_uniqueid_t uid{};
   bool tls_decided = false;      // aclshmemx_set_conf_store_tls was called before init
-  bool tls_enable = true;        // CANN's default is on
+  bool tls_enable = true;        // what aclshmemx_set_conf_store_tls asked for (CANN's default is on)
   std::string tls_info;          // read through the stored pointer at init, as CANN does
+  // What the config store really ran with: v1.5.1's init_config_store() turns TLS off whatever was asked.
+  bool tls_effective = false;
+  // The bootstrap timeouts CANN really used (seconds): fixed at DEFAULT_TIMEOUT (120) in unique-id mode, whatever
+  // option_attr says.
+  std::uint32_t init_timeout_s = 0;
+  std::uint32_t control_timeout_s = 0;
+  std::string uid_sock_ifname;   // SHMEM_UID_SOCK_IFNAME / SHMEM_UID_SESSION_ID as aclshmemx_get_uniqueid read them
+  std::string uid_session_id;
 };
+
+// aclnn's status codes the fake returns (CANN: ACLNN_ERR_PARAM_NULLPTR, ACLNN_ERR_PARAM_INVALID).
+constexpr int kAclnnErrParamNullptr = 161001;
+constexpr int kAclnnErrParamInvalid = 161002;
+// What every aclnn operator of the fake asks for as workspace, so that callers exercise the workspace path.
+constexpr std::uint64_t kAclnnWorkspaceBytes = 1024;
 
 class FakeCann {
  public:
@@ -71,6 +94,18 @@ class FakeCann {
   // the host cannot dereference.
   static bool IsDeviceMemory(const void* address, std::size_t bytes = 1);
   static std::size_t LiveDeviceAllocations();   // aclrtMalloc buffers not freed yet
+  static std::size_t LiveAclnnObjects();        // aclCreateTensor/aclCreateScalar objects not destroyed yet
+
+  // The simulated host the calling thread runs on (default "node0"). Put, get and signal between PEs on different
+  // hosts need ACLSHMEM_DATA_OP_ROCE in the caller's data_op_engine_type; without it the copy kernel faults.
+  static void SetNode(const std::string& node);
+  // The release fixes both bootstrap timeouts of unique-id mode at DEFAULT_TIMEOUT (120 s): the fake uses this
+  // instead, so that a test can make a PE miss a CANN barrier without waiting two minutes. Reset restores 120 s.
+  static void SetCannDefaultTimeout(std::chrono::milliseconds timeout);
+  // Destroying a stream whose queue never drains (a timed-out wait still spinning) or finalizing with such a stream
+  // hangs on an NPU. The fake waits this long (default 10 s), then counts a hang and carries on.
+  static void SetHangLimit(std::chrono::milliseconds limit);
+  static std::size_t Hangs();
 };
 
 }  // namespace hp::fakes

@@ -55,16 +55,35 @@ void* World::CreateStream(int device) {
   return raw;
 }
 
-void World::DestroyStream(void* handle, std::unique_lock<std::mutex>& lock) {
+bool World::DestroyStream(void* handle, std::unique_lock<std::mutex>& lock, bool drain) {
   auto it = streams.find(handle);
-  if (it == streams.end()) return;
+  if (it == streams.end()) return true;
   std::shared_ptr<Stream> stream = it->second;
-  streams.erase(it);
+  bool drained = true;
+  if (drain) {
+    const std::uint64_t target = stream->enqueued;
+    drained = changed.wait_for(lock, hang_limit, [&] { return stream->completed >= target; });
+    if (!drained) ++hangs;
+  }
+  streams.erase(handle);
   stream->cancelled = true;
   changed.notify_all();
   lock.unlock();
   stream->worker.join();
   lock.lock();
+  return drained;
+}
+
+bool World::DrainDevice(int device, std::unique_lock<std::mutex>& lock) {
+  auto idle = [&] {
+    for (const auto& entry : streams) {
+      if (entry.second->device == device && entry.second->completed < entry.second->enqueued) return false;
+    }
+    return true;
+  };
+  if (changed.wait_for(lock, hang_limit, idle)) return true;
+  ++hangs;
+  return false;
 }
 
 bool World::Enqueue(void* handle, Task task) {
@@ -107,13 +126,46 @@ using internal::World;
 void FakeCann::Reset() {
   World& world = World::Get();
   std::unique_lock<std::mutex> lock(world.mu);
-  while (!world.streams.empty()) world.DestroyStream(world.streams.begin()->first, lock);
+  while (!world.streams.empty()) world.DestroyStream(world.streams.begin()->first, lock, /*drain=*/false);
   world.events.clear();
   world.device_allocations.clear();
   world.sessions.clear();
   world.calls.clear();
   world.soc_name = "Ascend910B1";
+  world.cann_default_timeout = std::chrono::seconds(DEFAULT_TIMEOUT);
+  world.hang_limit = std::chrono::seconds(10);
+  world.hangs = 0;
   CurrentProcess() = internal::Process{};
+}
+
+void FakeCann::SetCannDefaultTimeout(std::chrono::milliseconds timeout) {
+  World& world = World::Get();
+  std::lock_guard<std::mutex> lock(world.mu);
+  world.cann_default_timeout = timeout;
+}
+
+void FakeCann::SetHangLimit(std::chrono::milliseconds limit) {
+  World& world = World::Get();
+  std::lock_guard<std::mutex> lock(world.mu);
+  world.hang_limit = limit;
+}
+
+std::size_t FakeCann::Hangs() {
+  World& world = World::Get();
+  std::lock_guard<std::mutex> lock(world.mu);
+  return world.hangs;
+}
+
+void FakeCann::SetNode(const std::string& node) {
+  World& world = World::Get();
+  std::lock_guard<std::mutex> lock(world.mu);
+  CurrentProcess().node = node;
+}
+
+std::size_t FakeCann::LiveAclnnObjects() {
+  World& world = World::Get();
+  std::lock_guard<std::mutex> lock(world.mu);
+  return world.live_aclnn_objects;
 }
 
 std::vector<FakeCall> FakeCann::Calls() {

@@ -2,6 +2,7 @@
 // one condition variable announces every change: the fakes favour obviously correct over fast.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include "fake_cann.h"
 #include "fake_heap.h"
 #include "fake_memory.h"
+#include "host/shmem_host_def.h"
 
 namespace hp::fakes::internal {
 
@@ -45,6 +47,12 @@ struct Session;
 struct Pe {
   std::shared_ptr<Session> session;
   int my_pe = -1;
+  // False while init has not returned success: v1.5.1 does not roll a failed init back, so a PE whose heap exists
+  // stays "created" (aclshmemx_init_status: ACLSHMEM_STATUS_SHM_CREATED) until aclshmem_finalize.
+  bool initialized = false;
+  std::string node;                 // the simulated host it runs on
+  int engines = ACLSHMEM_DATA_OP_MTE;   // option_attr.data_op_engine_type at init
+  std::uint64_t control_epoch = 0;  // control-plane barriers this PE entered
   char* heap = nullptr;             // the device address of the heap (not host-accessible)
   std::size_t heap_size = 0;
   FakeHeap allocator;
@@ -61,11 +69,13 @@ struct Session {
   std::vector<std::shared_ptr<DeviceMemory>> heaps;
   int joined = 0;
   std::uint64_t barrier_arrivals = 0;   // barrier e is complete at e * n_pes arrivals
+  std::uint64_t control_arrivals = 0;   // the same for the control-plane barriers (init, malloc)
 };
 
 // One simulated process: a thread's ACL device, CANN SHMEM state and pending failure injections.
 struct Process {
   int device = -1;
+  std::string node = "node0";
   bool tls_decided = false;
   bool tls_enable = true;
   const char* tls_info = nullptr;
@@ -73,6 +83,8 @@ struct Process {
   std::shared_ptr<Pe> pe;
   std::map<std::string, std::deque<int>> failures;
   std::optional<InitRecord> last_init;
+  std::string uid_sock_ifname;   // the environment aclshmemx_get_uniqueid read
+  std::string uid_session_id;
 };
 
 class World {
@@ -88,6 +100,10 @@ class World {
   std::map<void*, std::shared_ptr<DeviceMemory>> device_allocations;   // of aclrtMalloc, by address
   std::map<std::uint64_t, std::shared_ptr<Session>> sessions;
   std::uint64_t next_session = 1;
+  std::chrono::milliseconds cann_default_timeout{std::chrono::seconds(DEFAULT_TIMEOUT)};
+  std::chrono::milliseconds hang_limit{std::chrono::seconds(10)};
+  std::size_t hangs = 0;
+  std::size_t live_aclnn_objects = 0;   // tensors and scalars not destroyed yet
 
   // Records `call` with the calling thread's device and PE (mu held).
   void Record(FakeCall call);
@@ -96,8 +112,13 @@ class World {
 
   // Creates a stream with its worker (mu held).
   void* CreateStream(int device);
-  // Stops and joins a stream's worker; `lock` holds mu and is released while joining.
-  void DestroyStream(void* handle, std::unique_lock<std::mutex>& lock);
+  // Stops and joins a stream's worker; `lock` holds mu and is released while joining. As ACL does, a stream is
+  // destroyed only once its queue has run: a task that never ends (a wait nobody satisfies) would block forever.
+  // The fake gives up after hang_limit, counts a hang (FakeCann::Hangs) and returns false; `drain` false (Reset)
+  // drops the queue at once.
+  bool DestroyStream(void* handle, std::unique_lock<std::mutex>& lock, bool drain = true);
+  // Waits (bounded by hang_limit, counted as a hang) until every stream of `device` has run its queue.
+  bool DrainDevice(int device, std::unique_lock<std::mutex>& lock);
   // Appends `task` to `handle`'s queue (mu held); false for an unknown stream.
   bool Enqueue(void* handle, Task task);
   // Waits until everything enqueued so far on `handle` ran; returns and clears its error (lock holds mu).

@@ -57,6 +57,13 @@ class Device {
 
   // Symmetric-heap memory (local address). Deterministic: the same call sequence on every rank gives the same
   // offsets from heap_base().
+  //
+  // collective_allocation(): Allocate is itself collective (every rank must call it, with the same request, or the
+  // others wait inside the device's own barrier, e.g. CANN SHMEM's malloc). The runtime then agrees on the request
+  // and on CheckAllocate's verdict across ranks first, and calls Allocate only when every rank will. Local and
+  // immediate; Allocate's own failures after that (an exhausted heap) are agreed on after it, as for any device.
+  virtual bool collective_allocation() const { return false; }
+  virtual Status CheckAllocate(std::size_t /*bytes*/, std::size_t /*alignment*/) const { return Status::Ok(); }
   virtual Result<void*> Allocate(std::size_t bytes, std::size_t alignment) = 0;
   virtual Status Free(void* ptr) = 0;
   virtual std::size_t ReservedBytes(const void* ptr) const = 0;

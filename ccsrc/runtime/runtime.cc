@@ -222,6 +222,34 @@ Result<AllocationInfo> Runtime::Allocate(std::size_t bytes, std::size_t alignmen
   std::lock_guard<std::mutex> lock(mu_);
   InterruptsBlocked no_interrupts;   // see interrupt.h
   QuiesceBeforeCollective();
+  if (device_->collective_allocation()) {
+    // The device's allocation ends in a barrier of its own (CANN SHMEM's malloc): agree on the request first, so
+    // that a rank that refuses never leaves its peers inside that barrier (bounded by the device, not by us).
+    CheckRecord request{};
+    request.op = static_cast<std::uint32_t>(CheckOp::kEmpty);
+    request.status = static_cast<std::int32_t>(device_->CheckAllocate(bytes, alignment).code());
+    request.bytes = bytes;
+    request.alignment = alignment;
+    auto requests = Exchange(request);
+    if (!requests.ok()) return Record(requests.status());
+    request.sequence = check_sequence_;
+    for (int r = 0; r < world_size_; ++r) {
+      const CheckRecord& theirs = requests.value()[static_cast<std::size_t>(r)];
+      if (theirs.status != 0) {
+        Status refused = r == rank_ ? device_->CheckAllocate(bytes, alignment)
+                                    : Status(static_cast<StatusCode>(theirs.status),
+                                             "symmetric allocation refused on another rank before the device "
+                                             "allocated: rank=" + std::to_string(r) + " status=" +
+                                                 StatusCodeName(static_cast<StatusCode>(theirs.status)) + " " +
+                                                 Describe(theirs));
+        return Record(refused);
+      }
+      if (theirs.bytes != bytes || theirs.alignment != alignment) {
+        return Record(Mismatch("ranks disagree on a symmetric allocation: rank=" + std::to_string(rank_) + " " +
+                               Describe(request) + ", rank=" + std::to_string(r) + " " + Describe(theirs)));
+      }
+    }
+  }
   auto local = device_->Allocate(bytes, alignment);
   const std::uintptr_t heap_base = device_->heap_base();
   CheckRecord mine{};

@@ -6,7 +6,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -121,7 +124,8 @@ TEST_F(AscendDeviceTest, InitDecidesTlsFirstThenBroadcastsRankZerosUniqueId) {
     ASSERT_TRUE(IsOk(device.Init(Args(rank, 2, 3 * kMiB, 2.5), bootstrap)));
     EXPECT_EQ(device.device_id(), rank);
     EXPECT_EQ(device.soc_name(), "Ascend910B1");
-    EXPECT_EQ(device.heap_size(), 4 * kMiB);   // 2 MiB pages
+    EXPECT_EQ(device.local_mem_size(), 4 * kMiB);   // 2 MiB pages
+    EXPECT_EQ(device.heap_size(), 4 * kMiB + ACLSHMEM_EXTRA_SIZE);   // CANN maps 6 MiB more for itself
     EXPECT_NE(device.heap_base(), 0u);
 
     const std::vector<FakeCall> calls = CallsOf(rank);
@@ -148,9 +152,14 @@ TEST_F(AscendDeviceTest, InitDecidesTlsFirstThenBroadcastsRankZerosUniqueId) {
     EXPECT_EQ(record->attr.local_mem_size, 4 * kMiB);
     EXPECT_EQ(record->attr.option_attr.shm_init_timeout, 3u);
     EXPECT_EQ(record->attr.option_attr.control_operation_timeout, 3u);
-    EXPECT_EQ(record->attr.option_attr.data_op_engine_type, ACLSHMEM_DATA_OP_MTE);
+    EXPECT_EQ(record->attr.option_attr.data_op_engine_type, ACLSHMEM_DATA_OP_MTE);   // one host: no RoCE
+    EXPECT_FALSE(device.uses_roce());
+    // Unique-id mode: CANN's own bootstrap waits are 120 s whatever option_attr says.
+    EXPECT_EQ(record->init_timeout_s, 120u);
+    EXPECT_EQ(record->control_timeout_s, 120u);
     EXPECT_TRUE(record->tls_decided);
     EXPECT_FALSE(record->tls_enable);
+    EXPECT_FALSE(record->tls_effective);
     EXPECT_EQ(record->uid.version, ACLSHMEM_UNIQUEID_VERSION);
     const auto uids = testutil::GatherValue(bootstrap, record->uid);
     EXPECT_EQ(std::memcmp(&uids[0], &uids[1], sizeof(uids[0])), 0);   // one id, broadcast
@@ -162,29 +171,34 @@ TEST_F(AscendDeviceTest, InitDecidesTlsFirstThenBroadcastsRankZerosUniqueId) {
   EXPECT_EQ(FakeCann::LiveSessions(), 0u);
 }
 
-TEST_F(AscendDeviceTest, TlsIsOnWithTlsInfoAndOffWithOneWarning) {
-  const std::string settings = "tls.enable=true;tls.ca.path=/etc/ssl/ca.pem;";
-  RunNpuRanks(1, [&](int rank, Bootstrap& bootstrap) {
+TEST_F(AscendDeviceTest, TlsInfoIsRefusedSinceV151RunsTheConfigStoreWithoutTls) {
+  const std::string settings = "tls.enable:true;tls.ca.path:/etc/ssl/ca.pem;";
+  RunNpuRanks(2, [&](int rank, Bootstrap& bootstrap) {
     AscendDeviceOptions options;
-    options.tls_info = settings;
+    if (rank == 1) options.tls_info = settings;   // one rank asks: every rank fails, agreed
     AscendDevice device(options);
-    ::testing::internal::CaptureStderr();
-    ASSERT_TRUE(IsOk(device.Init(Args(rank, 1), bootstrap)));
-    EXPECT_FALSE(Contains(::testing::internal::GetCapturedStderr(), "TLS is off"));
-    const auto record = FakeCann::LastInit();
-    ASSERT_TRUE(record.has_value());
-    EXPECT_TRUE(record->tls_enable);
-    EXPECT_EQ(record->tls_info, settings);   // read through the pointer the device kept alive
-    ASSERT_TRUE(IsOk(device.Finalize()));
+    EXPECT_TRUE(HasError(device.Init(Args(rank, 2), bootstrap), StatusCode::kInvalidArgument,
+                         "preparing CANN SHMEM failed: rank=1 (`HYPER_PARALLEL_SHMEM_TLS_INFO` must be unset with "
+                         "CANN SHMEM v1.5.1 (its unique-id bootstrap runs the config store without TLS whatever "
+                         "aclshmemx_set_conf_store_tls says: init_config_store() turns it off), but got 44 "
+                         "characters"));
+    EXPECT_TRUE(CallsOf(rank, "aclshmemx_init_attr").empty());
+    EXPECT_EQ(aclshmemx_init_status(), ACLSHMEM_STATUS_NOT_INITIALIZED);
 
+  });
+  RunNpuRanks(1, [&](int rank, Bootstrap& bootstrap) {
     AscendDevice plain;
     ::testing::internal::CaptureStderr();
     ASSERT_TRUE(IsOk(plain.Init(Args(rank, 1), bootstrap)));
     const std::string log = ::testing::internal::GetCapturedStderr();
     EXPECT_TRUE(Contains(log, "WARNING")) << log;
-    EXPECT_TRUE(Contains(log, "CANN SHMEM config-store TLS is off: HYPER_PARALLEL_SHMEM_TLS_INFO is unset")) << log;
+    EXPECT_TRUE(Contains(log, "CANN SHMEM's config store runs without TLS (v1.5.1 has no TLS in unique-id mode)"))
+        << log;
     EXPECT_EQ(log.find('\n'), log.size() - 1) << "one line: " << log;
-    EXPECT_FALSE(FakeCann::LastInit()->tls_enable);
+    const auto record = FakeCann::LastInit();
+    ASSERT_TRUE(record.has_value());
+    EXPECT_FALSE(record->tls_enable);
+    EXPECT_FALSE(record->tls_effective);
     ASSERT_TRUE(IsOk(plain.Finalize()));
   });
 }
@@ -537,9 +551,12 @@ TEST_F(AscendDeviceTest, CollectiveChecksWorkWithTheHeapOutOfTheHostsReach) {
     // Rank 2 asks for another size: every rank learns it from the exchanged records.
     auto disagreed = runtime.Allocate(rank == 2 ? 512 : 256, 0, "test");
     EXPECT_TRUE(HasError(disagreed.status(), StatusCode::kMismatch, "ranks disagree on a symmetric allocation"));
+    // Agreed before CANN's collective malloc (sequence 3: each allocation exchanges its request, then its result),
+    // so that no rank entered CANN's barrier.
     const std::string theirs =
-        rank == 2 ? "rank=0 op=Empty sequence=2 bytes=256" : "rank=2 op=Empty sequence=2 bytes=512";
+        rank == 2 ? "rank=0 op=Empty sequence=3 bytes=256" : "rank=2 op=Empty sequence=3 bytes=512";
     EXPECT_TRUE(Contains(disagreed.status().message(), theirs)) << disagreed.status().message();
+    EXPECT_EQ(CallsOf(rank, "aclshmem_malloc").size() + CallsOf(rank, "aclshmem_align").size(), 2u);   // control, 1024
 
     // A live allocation refuses shutdown on every rank, naming the holders.
     EXPECT_TRUE(HasError(runtime.Shutdown(bootstrap), StatusCode::kStateError,
@@ -737,18 +754,369 @@ TEST_F(AscendDeviceTest, AllGatherIsBuiltFromPutsAndBarriers) {
   });
 }
 
-TEST_F(AscendDeviceTest, ReduceNeedsTheAscendCKernel) {
+
+// ---- CANN SHMEM v1.5.1 as it really behaves (third_party/shmem_patches/README.md) ----
+
+template <typename T>
+std::vector<T> ReadValues(const void* npu, std::size_t count) {
+  std::vector<T> values(count);
+  EXPECT_EQ(aclrtMemcpy(values.data(), count * sizeof(T), npu, count * sizeof(T), ACL_MEMCPY_DEVICE_TO_HOST),
+            ACL_SUCCESS);
+  return values;
+}
+
+template <typename T>
+void WriteValues(void* npu, const std::vector<T>& values) {
+  WriteNpu(npu, values.data(), values.size() * sizeof(T));
+}
+
+TEST_F(AscendDeviceTest, HeapHoldsCannsOwnStructuresAndUserMemoryMayEndPastLocalMemSize) {
+  RunNpuRanks(1, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 1, 2 * kMiB), bootstrap)));
+    EXPECT_EQ(device.heap_size(), 2 * kMiB + 6 * kMiB);
+    // Init took its signal word (512 B), every team's sync pool (5 MiB) and counters (128 KiB) first.
+    constexpr std::size_t kCannOwn = 512 + SYNC_POOL_SIZE + SYNC_COUNTERS_SIZE;
+    static_assert(kCannOwn == 5374464, "about 5.13 MiB");
+    auto first = device.Allocate(64, 16);
+    ASSERT_TRUE(first.ok());
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(first.value()) - device.heap_base(), kCannOwn);
+    // What is left runs past local_mem_size: the in-heap checks use the whole mapped range.
+    const std::size_t rest = device.heap_size() - kCannOwn - 64;
+    auto last = device.Allocate(rest, 16);
+    ASSERT_TRUE(last.ok()) << last.status().ToString();
+    char* end = static_cast<char*>(last.value()) + rest;
+    EXPECT_GT(reinterpret_cast<std::uintptr_t>(end) - device.heap_base(), device.local_mem_size());
+    const int value = 42;
+    ASSERT_TRUE(IsOk(device.CopyToHeap(end - sizeof(value), &value, sizeof(value))));
+    EXPECT_TRUE(HasError(device.Allocate(16, 16).status(), StatusCode::kOutOfMemory,
+                         "local_mem_size=2097152 heap_size=8388608 (the symmetric heap is exhausted; CANN's own "
+                         "structures take about 5.13 MiB of it)"));
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
+TEST_F(AscendDeviceTest, ARankThatRefusesNeverLeavesItsPeerInsideCannsMalloc) {
+  // CANN's own barrier would hold rank 0 for its full timeout: the runtime's bounded exchange must end it first.
+  FakeCann::SetCannDefaultTimeout(std::chrono::seconds(30));
+  RunNpuRanks(2, [](int rank, Bootstrap& bootstrap) {
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(AscendConfig(0.3), std::make_unique<AscendDevice>(), bootstrap)));
+    const std::size_t mallocs = CallsOf(rank, "aclshmem_malloc").size() + CallsOf(rank, "aclshmem_align").size();
+    const auto started = std::chrono::steady_clock::now();
+    // Rank 1 refuses before any exchange (an alignment it alone gets wrong); rank 0 asks correctly.
+    auto allocation = runtime.Allocate(256, rank == 1 ? 3 : 0, "test");
+    ASSERT_FALSE(allocation.ok());
+    if (rank == 0) {
+      EXPECT_TRUE(HasError(allocation.status(), StatusCode::kTimeout,
+                           "collective check did not complete on every rank: rank=0 op=Empty sequence=1 bytes=256"));
+      EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10));
+    } else {
+      EXPECT_TRUE(HasError(allocation.status(), StatusCode::kInvalidArgument,
+                           "`alignment` must be a power of two, but got 3"));
+    }
+    // Rank 0 never entered CANN's malloc.
+    EXPECT_EQ(CallsOf(rank, "aclshmem_malloc").size() + CallsOf(rank, "aclshmem_align").size(), mallocs);
+    ASSERT_TRUE(bootstrap.Barrier().ok());
+    // Rank 1 arrives at the device barrier rank 0 timed out in, so that rank 0's stream drains and both finalize.
+    if (rank == 1) {
+      EXPECT_TRUE(IsOk(runtime.Barrier(kDefaultStream)));
+    }
+    ASSERT_TRUE(bootstrap.Barrier().ok());
+  });
+  EXPECT_EQ(FakeCann::Hangs(), 0u);
+  EXPECT_EQ(FakeCann::LiveSessions(), 0u);
+}
+
+TEST_F(AscendDeviceTest, ATimedOutWaitIsReleasedAndDrainedSoNothingHangs) {
+  FakeCann::SetHangLimit(std::chrono::seconds(5));
+  RunNpuRanks(1, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 1, 2 * kMiB, 0.2), bootstrap)));
+    auto signal = device.Allocate(4, 16);
+    ASSERT_TRUE(signal.ok());
+    WriteValues<std::int32_t>(signal.value(), {0});
+    auto stream = device.CreateStream();
+    ASSERT_TRUE(stream.ok());
+    ASSERT_TRUE(IsOk(device.WaitSignal(signal.value(), SignalWidth::k32, CompareOp::kGt, 5, stream.value())));
+    EXPECT_TRUE(HasError(device.SynchronizeStream(stream.value()), StatusCode::kTimeout,
+                         "(ACL_ERROR_RT_STREAM_SYNC_TIMEOUT) op=SynchronizeStream"));
+    // The device ended the spinning wait with the first value that satisfies it, then drained the stream.
+    EXPECT_EQ(ReadValues<std::int32_t>(signal.value(), 1)[0], 6);
+    EXPECT_TRUE(IsOk(device.SynchronizeStream(stream.value())));
+    // The default stream: the same release inside the call.
+    WriteValues<std::int32_t>(signal.value(), {0});
+    EXPECT_TRUE(HasError(device.WaitSignal(signal.value(), SignalWidth::k32, CompareOp::kNe, 0, kDefaultStream),
+                         StatusCode::kTimeout, "released the stream's waits by writing each awaited value"));
+    EXPECT_EQ(ReadValues<std::int32_t>(signal.value(), 1)[0], 1);
+    ASSERT_TRUE(IsOk(device.DestroyStream(stream.value())));
+    ASSERT_TRUE(IsOk(device.Free(signal.value())));
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+  EXPECT_EQ(FakeCann::Hangs(), 0u);
+  EXPECT_EQ(FakeCann::LiveStreams(), 0u);
+}
+
+TEST_F(AscendDeviceTest, AWaitThatCannotBeReleasedLeavesItsStreamAloneAndFinalizeRefusesToHang) {
+  FakeCann::SetHangLimit(std::chrono::seconds(5));
+  RunNpuRanks(1, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 1, 2 * kMiB, 0.2), bootstrap)));
+    auto signal = device.Allocate(4, 16);
+    ASSERT_TRUE(signal.ok());
+    WriteValues<std::int32_t>(signal.value(), {0});
+    auto stream = device.CreateStream();
+    ASSERT_TRUE(stream.ok());
+    // No int32 is greater than INT32_MAX: nothing can release this wait.
+    ASSERT_TRUE(IsOk(device.WaitSignal(signal.value(), SignalWidth::k32, CompareOp::kGt,
+                                       std::numeric_limits<std::int32_t>::max(), stream.value())));
+    EXPECT_TRUE(HasError(device.SynchronizeStream(stream.value()), StatusCode::kTimeout,
+                         "the stream could not be drained: it is never destroyed"));
+    EXPECT_TRUE(HasError(device.DestroyStream(stream.value()), StatusCode::kStateError,
+                         "stream still runs a kernel that never ends and cannot be destroyed"));
+    EXPECT_TRUE(HasError(device.Finalize(), StatusCode::kStateError,
+                         "so CANN SHMEM cannot be finalized in this process: stuck_streams=1"));
+    // Only the test can end the fake kernel: the value it waits for does not exist, so the stream is cancelled.
+    FakeCann::Reset();
+  });
+  EXPECT_EQ(FakeCann::Hangs(), 0u);
+}
+
+TEST_F(AscendDeviceTest, AFailedInitWhoseHeapExistsIsFinalizedAndReported) {
+  RunNpuRanks(1, [](int rank, Bootstrap& bootstrap) {
+    // The last step of CANN's init (its control barrier) fails after the heap exists: no rollback in v1.5.1.
+    FakeCann::FailNext("aclshmemi_control_barrier_all", ACLSHMEM_TIMEOUT_ERROR);
+    AscendDevice device;
+    EXPECT_TRUE(HasError(device.Init(Args(rank, 1), bootstrap), StatusCode::kTimeout,
+                         "(CANN kept a half-initialised heap: init_status=1, released by aclshmem_finalize)"));
+    EXPECT_EQ(aclshmemx_init_status(), ACLSHMEM_STATUS_NOT_INITIALIZED);
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 1), bootstrap)));   // a clean retry
+    ASSERT_TRUE(IsOk(device.Finalize()));
+
+    // When finalize cannot release it either, the device says CANN is unusable in this process.
+    FakeCann::FailNext("aclshmemi_control_barrier_all", ACLSHMEM_TIMEOUT_ERROR);
+    FakeCann::FailNext("aclshmem_finalize", ACLSHMEM_INNER_ERROR);
+    AscendDevice stuck;
+    EXPECT_TRUE(HasError(stuck.Init(Args(rank, 1), bootstrap), StatusCode::kTimeout,
+                         "aclshmem_finalize did not release: init_status=1; CANN SHMEM cannot be initialised again "
+                         "in this process"));
+    EXPECT_TRUE(HasError(stuck.Init(Args(rank, 1), bootstrap), StatusCode::kStateError, "cannot be used again"));
+    EXPECT_EQ(aclshmem_finalize(), ACLSHMEM_SUCCESS);   // clean the fake's PE
+  });
+}
+
+TEST_F(AscendDeviceTest, RanksOnSeveralHostsAddRoceToTheDataEngines) {
+  RunNpuRanks(2, [](int rank, Bootstrap& bootstrap) {
+    const std::string host = "host" + std::to_string(rank);
+    FakeCann::SetNode(host);
+    AscendDeviceOptions options;
+    options.node_name = host;
+    AscendDevice device(options);
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 2), bootstrap)));
+    EXPECT_TRUE(device.uses_roce());
+    EXPECT_EQ(FakeCann::LastInit()->attr.option_attr.data_op_engine_type,
+              ACLSHMEM_DATA_OP_MTE | ACLSHMEM_DATA_OP_ROCE);
+    auto buffer = device.Allocate(8, 16);
+    ASSERT_TRUE(buffer.ok());
+    const NpuBuffer src(std::vector<char>(8, static_cast<char>('a' + rank)));
+    ASSERT_TRUE(IsOk(device.Put(buffer.value(), src.data(), 8, 1 - rank, kDefaultStream, nullptr)));
+    ASSERT_TRUE(IsOk(device.Barrier(kDefaultStream)));
+    EXPECT_EQ(ReadNpu(buffer.value(), 8), std::vector<char>(8, static_cast<char>('a' + 1 - rank)));
+    ASSERT_TRUE(bootstrap.Barrier().ok());
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
+TEST_F(AscendDeviceTest, UniqueIdFailuresNameTheInterfaceVariables) {
+  ASSERT_EQ(setenv("SHMEM_UID_SOCK_IFNAME", "bogus0:inet4", 1), 0);
+  RunNpuRanks(2, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    EXPECT_TRUE(HasError(device.Init(Args(rank, 2), bootstrap), StatusCode::kDeviceError,
+                         "aclshmemx_get_uniqueid failed: cann_error_code=-6 (ACLSHMEM_BOOTSTRAP_ERROR) rank=0 "
+                         "SHMEM_UID_SESSION_ID=unset SHMEM_UID_SOCK_IFNAME=bogus0:inet4 (without either, CANN binds "
+                         "the id to rank 0's first non-loopback interface)"));
+  });
+  ASSERT_EQ(setenv("SHMEM_UID_SOCK_IFNAME", "eth0:inet4", 1), 0);
+  RunNpuRanks(2, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 2), bootstrap)));
+    if (rank == 0) {
+      EXPECT_EQ(FakeCann::LastInit()->uid_sock_ifname, "eth0:inet4");   // passed through to CANN
+    }
+    ASSERT_TRUE(bootstrap.Barrier().ok());
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+  ASSERT_EQ(unsetenv("SHMEM_UID_SOCK_IFNAME"), 0);
+}
+
+TEST_F(AscendDeviceTest, ReductionsRunOnTheStreamThroughAclnnReadingPeersInPlace) {
+  constexpr int kRanks = 3;
+  constexpr std::size_t kCount = 5;
+  const std::size_t objects_before = FakeCann::LiveAclnnObjects();
+  RunNpuRanks(kRanks, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, kRanks), bootstrap)));
+    auto f32 = device.Allocate(kCount * 4, 16);
+    auto i32 = device.Allocate(kCount * 4, 16);
+    auto f16 = device.Allocate(kCount * 2, 16);
+    ASSERT_TRUE(f32.ok() && i32.ok() && f16.ok());
+    std::vector<float> mine(kCount);
+    std::vector<std::int32_t> ints(kCount);
+    for (std::size_t i = 0; i < kCount; ++i) {
+      mine[i] = static_cast<float>((rank + 1) * (i + 1)) * (i % 2 == 0 ? 1.0f : -1.0f);
+      ints[i] = (rank + 1) * 1000 + static_cast<std::int32_t>(i);
+    }
+    WriteValues(f32.value(), mine);
+    WriteValues(i32.value(), ints);
+    // float16 1, 2, 3 on ranks 0, 1, 2 (0x3c00, 0x4000, 0x4200): exact in fp16.
+    const std::uint16_t half[kRanks] = {0x3c00, 0x4000, 0x4200};
+    WriteValues(f16.value(), std::vector<std::uint16_t>(kCount, half[rank]));
+    ASSERT_TRUE(IsOk(device.Barrier(kDefaultStream)));
+
+    const std::vector<int> all = {0, 1, 2};
+    const NpuBuffer out(kCount * 4);
+    const auto expect = [&](ReduceOp op, std::size_t i) {
+      std::vector<float> values;
+      for (int r = 0; r < kRanks; ++r) {
+        values.push_back(static_cast<float>((r + 1) * (i + 1)) * (i % 2 == 0 ? 1.0f : -1.0f));
+      }
+      switch (op) {
+        case ReduceOp::kSum: return values[0] + values[1] + values[2];
+        case ReduceOp::kAvg: return (values[0] + values[1] + values[2]) / 3.0f;
+        case ReduceOp::kMax: return std::max({values[0], values[1], values[2]});
+        case ReduceOp::kMin: return std::min({values[0], values[1], values[2]});
+      }
+      return 0.0f;
+    };
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+      ASSERT_TRUE(IsOk(device.Reduce(out.data(), f32.value(), kCount, DataType::kFloat32, op, all, kDefaultStream,
+                                     nullptr)));
+      const std::vector<float> got = ReadValues<float>(out.data(), kCount);
+      for (std::size_t i = 0; i < kCount; ++i) {
+        // One rounding per step of a float32 reduction of 3 values (sum, then the division of avg).
+        EXPECT_NEAR(got[i], expect(op, i), 4 * std::numeric_limits<float>::epsilon() * std::fabs(expect(op, i)))
+            << ReduceOpName(op) << " element " << i;
+      }
+    }
+    // A subset of the ranks, on an explicit stream with a kept buffer, into int32.
+    auto stream = device.CreateStream();
+    ASSERT_TRUE(stream.ok());
+    auto kept = std::make_shared<int>(0);
+    ASSERT_TRUE(IsOk(device.Reduce(out.data(), i32.value(), kCount, DataType::kInt32, ReduceOp::kSum, {2, 0},
+                                   stream.value(), kept)));
+    EXPECT_GT(kept.use_count(), 1);
+    ASSERT_TRUE(IsOk(device.SynchronizeStream(stream.value())));
+    EXPECT_EQ(kept.use_count(), 1);
+    const auto sums = ReadValues<std::int32_t>(out.data(), kCount);
+    for (std::size_t i = 0; i < kCount; ++i) EXPECT_EQ(sums[i], 4000 + 2 * static_cast<std::int32_t>(i));
+    // float16, in place on every rank's own copy: the peers must have read before anyone overwrites.
+    ASSERT_TRUE(IsOk(device.Barrier(kDefaultStream)));
+    ASSERT_TRUE(IsOk(device.Reduce(f16.value(), f16.value(), kCount, DataType::kFloat16, ReduceOp::kMax, all,
+                                   kDefaultStream, nullptr)));
+    EXPECT_EQ(ReadValues<std::uint16_t>(f16.value(), kCount), std::vector<std::uint16_t>(kCount, 0x4200));
+    ASSERT_TRUE(IsOk(device.Barrier(kDefaultStream)));
+    for (const FakeCall& call : CallsOf(rank, "aclnnInplaceAdd")) EXPECT_NE(call.stream, 0u);
+    EXPECT_FALSE(CallsOf(rank, "aclnnInplaceDivs").empty());
+    EXPECT_FALSE(CallsOf(rank, "aclnnMaximum").empty());
+    EXPECT_FALSE(CallsOf(rank, "aclnnMinimum").empty());
+    ASSERT_TRUE(IsOk(device.DestroyStream(stream.value())));
+    ASSERT_TRUE(bootstrap.Barrier().ok());
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+  // Every descriptor and workspace was released once the streams synchronized.
+  EXPECT_EQ(FakeCann::LiveAclnnObjects(), objects_before);
+  EXPECT_EQ(FakeCann::LiveDeviceAllocations(), 0u);
+}
+
+TEST_F(AscendDeviceTest, ReductionFailuresKeepTheAclnnStatusAndRejectBrokenContracts) {
   RunNpuRanks(1, [](int rank, Bootstrap& bootstrap) {
     AscendDevice device;
     ASSERT_TRUE(IsOk(device.Init(Args(rank, 1), bootstrap)));
-    auto buffer = device.Allocate(64, 64);
+    auto buffer = device.Allocate(64, 16);
     ASSERT_TRUE(buffer.ok());
-    EXPECT_TRUE(HasError(device.Reduce(buffer.value(), buffer.value(), 16, DataType::kFloat32, ReduceOp::kSum, {0},
+    const NpuBuffer out(64);
+    EXPECT_TRUE(IsOk(device.Reduce(buffer.value(), buffer.value(), 16, DataType::kFloat32, ReduceOp::kMax, {0},
+                                   kDefaultStream, nullptr)));   // one source in place: nothing to combine
+    EXPECT_TRUE(IsOk(device.Reduce(out.data(), buffer.value(), 16, DataType::kFloat32, ReduceOp::kMax, {0},
+                                   kDefaultStream, nullptr)));   // a copy, no operator either
+    EXPECT_TRUE(HasError(device.Reduce(out.data(), buffer.value(), 8, DataType::kInt32, ReduceOp::kAvg, {0},
+                                       kDefaultStream, nullptr),
+                         StatusCode::kInvalidArgument, "`op` must be sum, max or min for int32, but got avg"));
+    EXPECT_TRUE(HasError(device.Reduce(out.data(), buffer.value(), 8, DataType::kFloat32, ReduceOp::kSum, {1},
+                                       kDefaultStream, nullptr),
+                         StatusCode::kInvalidArgument, "`pe` must be in [0, 1), but got 1"));
+    EXPECT_TRUE(CallsOf(rank, "aclnnMaximum").empty());
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+  RunNpuRanks(2, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 2), bootstrap)));
+    auto buffer = device.Allocate(64, 16);
+    ASSERT_TRUE(buffer.ok());
+    const NpuBuffer out(64);
+    FakeCann::FailNext("aclnnMaximumGetWorkspaceSize", fakes::kAclnnErrParamInvalid);
+    EXPECT_TRUE(HasError(device.Reduce(out.data(), buffer.value(), 16, DataType::kFloat32, ReduceOp::kMax, {0, 1},
                                        kDefaultStream, nullptr),
                          StatusCode::kDeviceError,
-                         "reduce on the ascend device needs the AscendC reduction kernel, which is not built here: "
-                         "device=ascend"));
+                         "aclnnMaximumGetWorkspaceSize failed: aclnn_status=161002 op=Reduce reduce_op=max "
+                         "dtype=float32 count=16 pes=2 source_pe=1"));
+    ASSERT_TRUE(IsOk(device.SynchronizeStream(kDefaultStream)));
+    ASSERT_TRUE(bootstrap.Barrier().ok());
     ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
+TEST_F(AscendDeviceTest, WireCastsUseAclnnCastAndFp8IsRefusedNamingTheMissingKernel) {
+  RunNpuRanks(1, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 1), bootstrap)));
+    const std::vector<float> values = {1.0f, -2.5f, 65504.0f, 0.099975586f, 1.0f / 3.0f};
+    const NpuBuffer wide(values.size() * 4), narrow(values.size() * 2), back(values.size() * 4);
+    WriteValues(wide.data(), values);
+    ASSERT_TRUE(IsOk(device.Cast(narrow.data(), DataType::kFloat16, wide.data(), DataType::kFloat32, values.size(),
+                                 kDefaultStream, nullptr)));
+    EXPECT_EQ(ReadValues<std::uint16_t>(narrow.data(), 4),
+              (std::vector<std::uint16_t>{0x3c00, 0xc100, 0x7bff, 0x2e66}));
+    ASSERT_TRUE(IsOk(device.Cast(back.data(), DataType::kFloat32, narrow.data(), DataType::kFloat16, values.size(),
+                                 kDefaultStream, nullptr)));
+    const auto round_trip = ReadValues<float>(back.data(), values.size());
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      // float16 keeps 11 significant bits: half an ulp of 2^-10 relative.
+      EXPECT_NEAR(round_trip[i], values[i], std::ldexp(1.0, -11) * std::fabs(values[i])) << i;
+    }
+    ASSERT_TRUE(IsOk(device.Cast(narrow.data(), DataType::kBFloat16, wide.data(), DataType::kFloat32, values.size(),
+                                 kDefaultStream, nullptr)));
+    EXPECT_EQ(ReadValues<std::uint16_t>(narrow.data(), 2), (std::vector<std::uint16_t>{0x3f80, 0xc020}));
+    EXPECT_TRUE(HasError(device.Cast(narrow.data(), DataType::kInt8, wide.data(), DataType::kFloat32, 1,
+                                     kDefaultStream, nullptr),
+                         StatusCode::kInvalidArgument,
+                         "a wire cast must go between float32/float64 and float16/bfloat16, but got float32 to int8"));
+    EXPECT_TRUE(IsOk(AscendDevice::CheckWireFormat("bfloat16")));
+    EXPECT_TRUE(HasError(AscendDevice::CheckWireFormat("float8_e4m3fn"), StatusCode::kDeviceError,
+                         "low-precision communication in float8_e4m3fn needs a block-scaled fp8 cast kernel"));
+    EXPECT_TRUE(HasError(AscendDevice::CheckWireFormat("int4"), StatusCode::kInvalidArgument,
+                         "`low_precision_dtype` must be float16, bfloat16, float8_e4m3fn or float8_e5m2, but got "
+                         "int4"));
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
+TEST_F(AscendDeviceTest, RuntimeReduceRunsOnTheAscendDevice) {
+  RunNpuRanks(2, [](int rank, Bootstrap& bootstrap) {
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(AscendConfig(), std::make_unique<AscendDevice>(), bootstrap)));
+    auto buffer = runtime.Allocate(4 * sizeof(float), 0, "test");
+    ASSERT_TRUE(buffer.ok());
+    void* symmetric = reinterpret_cast<void*>(buffer->base);
+    WriteValues(symmetric, std::vector<float>(4, static_cast<float>(rank + 1)));
+    ASSERT_TRUE(IsOk(runtime.Barrier(kDefaultStream)));
+    const NpuBuffer out(4 * sizeof(float));
+    ASSERT_TRUE(IsOk(runtime.Reduce(out.data(), 16, symmetric, 16, DataType::kFloat32, ReduceOp::kAvg, {0, 1},
+                                    kDefaultStream, nullptr)));
+    EXPECT_EQ(ReadValues<float>(out.data(), 4), std::vector<float>(4, 1.5f));
+    ASSERT_TRUE(IsOk(runtime.Barrier(kDefaultStream)));
+    ASSERT_TRUE(IsOk(runtime.Free(buffer->id, "test")));
+    ASSERT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
   });
 }
 

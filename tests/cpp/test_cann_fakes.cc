@@ -11,8 +11,14 @@
 #include <vector>
 
 #include "acl/acl.h"
+#include "cann_layout.h"
 #include "fake_cann.h"
 #include "fake_heap.h"
+#include "aclnn/acl_meta.h"
+#include "aclnnop/aclnn_add.h"
+#include "aclnnop/aclnn_cast.h"
+#include "aclnnop/aclnn_maximum.h"
+#include "aclnnop/aclnn_minimum.h"
 #include "shmem.h"
 #include "test_support.h"
 #include "thread_bootstrap.h"
@@ -20,20 +26,7 @@
 namespace hp::fakes {
 namespace {
 
-// The sizes and offsets CANN SHMEM v1.5 documents; a header of another layout is an ABI break.
-static_assert(sizeof(aclshmem_init_optional_attr_t) == 24, "optional init attributes are 24 bytes");
-static_assert(sizeof(aclshmemx_init_attr_t) == 120, "init attributes are 120 bytes in v1.5");
-static_assert(offsetof(aclshmemx_init_attr_t, ip_port) == 8, "ip_port at 8");
-static_assert(offsetof(aclshmemx_init_attr_t, local_mem_size) == 72, "local_mem_size at 72");
-static_assert(offsetof(aclshmemx_init_attr_t, option_attr) == 80, "option_attr at 80");
-static_assert(offsetof(aclshmemx_init_attr_t, comm_args) == 104, "comm_args at 104");
-static_assert(offsetof(aclshmemx_init_attr_t, instance_id) == 112, "instance_id at 112");
-static_assert(sizeof(aclshmemx_uniqueid_t) == 136, "the unique id is 136 bytes");
-static_assert(ACLSHMEM_UNIQUEID_VERSION == (1 << 16) + 136, "unique id version");
-static_assert(ACLSHMEMX_INIT_WITH_UNIQUEID == 8 && ACLSHMEMX_INIT_WITH_DEFAULT == 1, "bootstrap flags");
-static_assert(ACLSHMEM_SIGNAL_SET == 0 && ACLSHMEM_SIGNAL_ADD == 1, "signal ops");
-static_assert(ACLSHMEM_CMP_EQ == 0 && ACLSHMEM_CMP_LE == 5, "compare ops");
-static_assert(ACLSHMEM_NOT_SUPPORTED == -100 && ACLSHMEM_UNDER_API_UNLOAD == -11, "error codes");
+// The layouts, values and codes of v1.5.1 (cann_layout.h, the same assertions the real-header check makes).
 
 class CannFakesTest : public ::testing::Test {
  protected:
@@ -126,7 +119,7 @@ TEST_F(CannFakesTest, StreamsRunInOrderAndReportInjectedFailuresAtSynchronize) {
   EXPECT_EQ(aclrtSynchronizeStream(stream), ACL_SUCCESS);   // reported once
   EXPECT_STREQ(Download(buffer, 8).c_str(), "second");
 
-  // A wait nobody satisfies: the bounded synchronize times out; destroying the stream releases the worker.
+  // A wait nobody satisfies: the bounded synchronize times out and the kernel keeps spinning; a signal ends it.
   auto* signal = static_cast<int32_t*>(aclshmem_malloc(4));
   const int32_t zero = 0;
   Upload(signal, &zero, sizeof(zero));
@@ -184,8 +177,8 @@ TEST_F(CannFakesTest, NpuMemoryIsOutOfTheHostsReach) {
     ASSERT_NE(npu, nullptr);
     EXPECT_TRUE(FakeCann::IsDeviceMemory(npu));
   }
-  EXPECT_TRUE(FakeCann::IsDeviceMemory(base, 2 << 20));    // the whole heap
-  EXPECT_FALSE(FakeCann::IsDeviceMemory(base, (2 << 20) + 1));
+  EXPECT_TRUE(FakeCann::IsDeviceMemory(base, (2 << 20) + ACLSHMEM_EXTRA_SIZE));    // the whole heap
+  EXPECT_FALSE(FakeCann::IsDeviceMemory(base, (2 << 20) + ACLSHMEM_EXTRA_SIZE + 1));
   EXPECT_TRUE(FakeCann::IsDeviceMemory(buffer, 100));
   const std::vector<char> host(16);
   EXPECT_FALSE(FakeCann::IsDeviceMemory(host.data()));
@@ -290,6 +283,175 @@ TEST_F(CannFakesTest, PutAndGetNeedNpuMemoryOnTheLocalSide) {
   EXPECT_EQ(aclrtFree(foreign), ACL_SUCCESS);
   aclshmem_free(heap);
   EXPECT_EQ(aclshmem_finalize(), ACLSHMEM_SUCCESS);
+}
+
+TEST_F(CannFakesTest, InitTakesAbout5MiBOfTheHeapAndAllocationEndsInAControlBarrier) {
+  InitSinglePe(2 << 20);
+  void* base = aclshmemx_get_heap_base(DEVICE_SIDE);
+  void* first = aclshmem_malloc(16);
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(static_cast<char*>(first) - static_cast<char*>(base), 512 + SYNC_POOL_SIZE + SYNC_COUNTERS_SIZE);
+  void* zeroed = aclshmem_calloc(4, 8);
+  ASSERT_NE(zeroed, nullptr);
+  EXPECT_EQ(Download(zeroed, 32), std::string(32, '\0'));
+  // The barrier that ends every allocation: a failed one releases the block and answers NULL.
+  FakeCann::FailNext("aclshmemi_control_barrier_all", ACLSHMEM_TIMEOUT_ERROR);
+  EXPECT_EQ(aclshmem_malloc(64), nullptr);
+  void* again = aclshmem_malloc(64);
+  EXPECT_EQ(again, static_cast<char*>(zeroed) + 32);   // the released block comes back
+  EXPECT_EQ(aclshmem_finalize(), ACLSHMEM_SUCCESS);
+}
+
+TEST_F(CannFakesTest, AMallocOnOnePeWaitsForEveryPeUpToCannsOwnTimeout) {
+  FakeCann::SetCannDefaultTimeout(std::chrono::milliseconds(200));
+  shmem::testutil::RunRanks(2, [](int rank, shmem::Bootstrap& bootstrap) {
+    ASSERT_EQ(aclrtSetDevice(rank), ACL_SUCCESS);
+    aclshmemx_uniqueid_t uid{};
+    if (rank == 0) {
+      ASSERT_EQ(aclshmemx_get_uniqueid(&uid), ACLSHMEM_SUCCESS);
+    }
+    uid = shmem::testutil::GatherValue(bootstrap, uid)[0];
+    aclshmemx_init_attr_t attr{};
+    ASSERT_EQ(aclshmemx_set_attr_uniqueid_args(rank, 2, 2 << 20, &uid, &attr), ACLSHMEM_SUCCESS);
+    attr.option_attr.shm_init_timeout = 3600;   // ignored in unique-id mode
+    ASSERT_EQ(aclshmemx_init_attr(ACLSHMEMX_INIT_WITH_UNIQUEID, &attr), ACLSHMEM_SUCCESS);
+    EXPECT_EQ(FakeCann::LastInit()->init_timeout_s, 120u);
+    if (rank == 0) {
+      EXPECT_EQ(aclshmem_malloc(64), nullptr);   // rank 1 is not there: CANN's barrier times out
+      EXPECT_EQ(aclshmem_malloc(64), nullptr);   // ... as long as rank 1 stays away
+    }
+    ASSERT_TRUE(bootstrap.Barrier().ok());
+    if (rank == 1) {
+      // Rank 1 arrives for the first time: the arrivals rank 0 left behind complete its barrier at once, which is
+      // why nothing may run after a timed-out CANN barrier (the runtime agrees first so that none times out).
+      EXPECT_NE(aclshmem_malloc(64), nullptr);
+    }
+    ASSERT_TRUE(bootstrap.Barrier().ok());
+    EXPECT_EQ(aclshmem_finalize(), ACLSHMEM_SUCCESS);
+  });
+}
+
+TEST_F(CannFakesTest, AFailedInitKeepsItsHeapUntilFinalize) {
+  ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS);
+  aclshmemx_uniqueid_t uid{};
+  ASSERT_EQ(aclshmemx_get_uniqueid(&uid), ACLSHMEM_SUCCESS);
+  aclshmemx_init_attr_t attr{};
+  ASSERT_EQ(aclshmemx_set_attr_uniqueid_args(0, 1, 2 << 20, &uid, &attr), ACLSHMEM_SUCCESS);
+  FakeCann::FailNext("aclshmemi_control_barrier_all", ACLSHMEM_TIMEOUT_ERROR);
+  EXPECT_EQ(aclshmemx_init_attr(ACLSHMEMX_INIT_WITH_UNIQUEID, &attr), ACLSHMEM_TIMEOUT_ERROR);
+  EXPECT_EQ(aclshmemx_init_status(), ACLSHMEM_STATUS_SHM_CREATED);   // no rollback
+  EXPECT_EQ(aclshmemx_init_attr(ACLSHMEMX_INIT_WITH_UNIQUEID, &attr), ACLSHMEM_INNER_ERROR);   // "repeatedly"
+  EXPECT_EQ(aclshmem_malloc(16), nullptr);
+  EXPECT_EQ(aclshmem_finalize(), ACLSHMEM_SUCCESS);
+  EXPECT_EQ(aclshmemx_init_status(), ACLSHMEM_STATUS_NOT_INITIALIZED);
+  EXPECT_EQ(FakeCann::LiveSessions(), 0u);
+}
+
+TEST_F(CannFakesTest, TlsIsOffWhateverWasAskedAndTheKeyCallExists) {
+  const std::string info = "tls.enable:true;";
+  EXPECT_EQ(aclshmemx_set_conf_store_tls(true, info.c_str(), static_cast<uint32_t>(info.size())), ACLSHMEM_SUCCESS);
+  EXPECT_EQ(aclshmemx_set_config_store_tls_key("pk", 2, "pw", 2, nullptr), ACLSHMEM_SUCCESS);
+  InitSinglePe();
+  const auto record = FakeCann::LastInit();
+  ASSERT_TRUE(record.has_value());
+  EXPECT_TRUE(record->tls_enable);
+  EXPECT_EQ(record->tls_info, info);
+  EXPECT_FALSE(record->tls_effective);   // init_config_store() turned it off
+  EXPECT_EQ(aclshmem_finalize(), ACLSHMEM_SUCCESS);
+}
+
+TEST_F(CannFakesTest, PesOnAnotherHostNeedRoce) {
+  for (const int engines : {static_cast<int>(ACLSHMEM_DATA_OP_MTE), ACLSHMEM_DATA_OP_MTE | ACLSHMEM_DATA_OP_ROCE}) {
+    FakeCann::Reset();
+    shmem::testutil::RunRanks(2, [engines](int rank, shmem::Bootstrap& bootstrap) {
+      ASSERT_EQ(aclrtSetDevice(rank), ACL_SUCCESS);
+      FakeCann::SetNode("host" + std::to_string(rank));
+      aclshmemx_uniqueid_t uid{};
+      if (rank == 0) {
+        ASSERT_EQ(aclshmemx_get_uniqueid(&uid), ACLSHMEM_SUCCESS);
+      }
+      uid = shmem::testutil::GatherValue(bootstrap, uid)[0];
+      aclshmemx_init_attr_t attr{};
+      ASSERT_EQ(aclshmemx_set_attr_uniqueid_args(rank, 2, 2 << 20, &uid, &attr), ACLSHMEM_SUCCESS);
+      attr.option_attr.data_op_engine_type = static_cast<data_op_engine_type_t>(engines);
+      ASSERT_EQ(aclshmemx_init_attr(ACLSHMEMX_INIT_WITH_UNIQUEID, &attr), ACLSHMEM_SUCCESS);
+      void* target = aclshmem_malloc(8);
+      void* staging = nullptr;
+      ASSERT_EQ(aclrtMalloc(&staging, 8, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+      aclrtStream stream = nullptr;
+      ASSERT_EQ(aclrtCreateStream(&stream), ACL_SUCCESS);
+      aclshmemx_putmem_on_stream(target, staging, 8, 1 - rank, stream);
+      const bool roce = (engines & ACLSHMEM_DATA_OP_ROCE) != 0;
+      EXPECT_EQ(aclrtSynchronizeStream(stream), roce ? ACL_SUCCESS : ACL_ERROR_RT_AICORE_EXCEPTION);
+      EXPECT_EQ(aclshmem_ptr(target, 1 - rank) != nullptr, roce);
+      ASSERT_EQ(aclrtDestroyStream(stream), ACL_SUCCESS);
+      ASSERT_EQ(aclrtFree(staging), ACL_SUCCESS);
+      ASSERT_TRUE(bootstrap.Barrier().ok());
+      EXPECT_EQ(aclshmem_finalize(), ACLSHMEM_SUCCESS);
+    });
+  }
+}
+
+TEST_F(CannFakesTest, DestroyingAStreamWithASpinningWaitHangsAndIsCounted) {
+  InitSinglePe();
+  FakeCann::SetHangLimit(std::chrono::milliseconds(100));
+  auto* signal = static_cast<int32_t*>(aclshmem_malloc(4));
+  const int32_t zero = 0;
+  Upload(signal, &zero, sizeof(zero));
+  aclrtStream stream = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&stream), ACL_SUCCESS);
+  aclshmemx_signal_wait_until_on_stream(signal, ACLSHMEM_CMP_EQ, 1, stream);
+  EXPECT_EQ(aclrtSynchronizeStreamWithTimeout(stream, 20), ACL_ERROR_RT_STREAM_SYNC_TIMEOUT);
+  // An NPU would block here for good: the fake counts the hang and gives up.
+  EXPECT_EQ(aclrtDestroyStream(stream), ACL_ERROR_RT_INTERNAL_ERROR);
+  EXPECT_EQ(FakeCann::Hangs(), 1u);
+  EXPECT_EQ(aclshmem_finalize(), ACLSHMEM_SUCCESS);
+}
+
+TEST_F(CannFakesTest, AclnnOperatorsRunOnTheStreamInTwoPhases) {
+  ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS);
+  void* a = nullptr;
+  void* b = nullptr;
+  void* workspace = nullptr;
+  ASSERT_EQ(aclrtMalloc(&a, 16, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  ASSERT_EQ(aclrtMalloc(&b, 16, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  ASSERT_EQ(aclrtMalloc(&workspace, kAclnnWorkspaceBytes, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  const float left[4] = {1, 2, 3, 4}, right[4] = {10, -20, 30, -40};
+  Upload(a, left, 16);
+  Upload(b, right, 16);
+  const int64_t dims[1] = {4};
+  aclTensor* ta = aclCreateTensor(dims, 1, ACL_FLOAT, nullptr, 0, ACL_FORMAT_ND, dims, 1, a);
+  aclTensor* tb = aclCreateTensor(dims, 1, ACL_FLOAT, nullptr, 0, ACL_FORMAT_ND, dims, 1, b);
+  float one = 1;
+  aclScalar* alpha = aclCreateScalar(&one, ACL_FLOAT);
+  ASSERT_TRUE(ta != nullptr && tb != nullptr && alpha != nullptr);
+  EXPECT_EQ(FakeCann::LiveAclnnObjects(), 3u);
+  aclrtStream stream = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&stream), ACL_SUCCESS);
+  uint64_t size = 0;
+  aclOpExecutor* executor = nullptr;
+  ASSERT_EQ(aclnnInplaceAddGetWorkspaceSize(ta, tb, alpha, &size, &executor), ACL_SUCCESS);
+  EXPECT_EQ(size, kAclnnWorkspaceBytes);
+  EXPECT_EQ(aclnnInplaceAdd(nullptr, 0, executor, stream), kAclnnErrParamInvalid);   // the workspace is required
+  ASSERT_EQ(aclnnInplaceAddGetWorkspaceSize(ta, tb, alpha, &size, &executor), ACL_SUCCESS);
+  ASSERT_EQ(aclnnInplaceAdd(workspace, size, executor, stream), ACL_SUCCESS);
+  ASSERT_EQ(aclnnMaximumGetWorkspaceSize(ta, tb, ta, &size, &executor), ACL_SUCCESS);
+  ASSERT_EQ(aclnnMaximum(workspace, size, executor, stream), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSynchronizeStream(stream), ACL_SUCCESS);
+  float result[4];
+  ASSERT_EQ(aclrtMemcpy(result, 16, a, 16, ACL_MEMCPY_DEVICE_TO_HOST), ACL_SUCCESS);
+  EXPECT_EQ(std::vector<float>(result, result + 4), (std::vector<float>{11, -18, 33, -36}));   // max(a + b, b)
+  // Host memory faults the kernel, as on an NPU.
+  aclTensor* host = aclCreateTensor(dims, 1, ACL_FLOAT, nullptr, 0, ACL_FORMAT_ND, dims, 1, result);
+  ASSERT_EQ(aclnnMinimumGetWorkspaceSize(ta, host, ta, &size, &executor), ACL_SUCCESS);
+  ASSERT_EQ(aclnnMinimum(workspace, size, executor, stream), ACL_SUCCESS);
+  EXPECT_EQ(aclrtSynchronizeStream(stream), ACL_ERROR_RT_AICORE_EXCEPTION);
+  EXPECT_EQ(aclnnCastGetWorkspaceSize(ta, ACL_FLOAT16, tb, &size, &executor), kAclnnErrParamInvalid);
+  for (aclTensor* t : {ta, tb, host}) EXPECT_EQ(aclDestroyTensor(t), ACL_SUCCESS);
+  EXPECT_EQ(aclDestroyScalar(alpha), ACL_SUCCESS);
+  EXPECT_EQ(FakeCann::LiveAclnnObjects(), 0u);
+  ASSERT_EQ(aclrtDestroyStream(stream), ACL_SUCCESS);
+  for (void* p : {a, b, workspace}) EXPECT_EQ(aclrtFree(p), ACL_SUCCESS);
 }
 
 }  // namespace

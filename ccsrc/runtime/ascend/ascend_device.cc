@@ -1,8 +1,12 @@
 #include "runtime/ascend/ascend_device.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <type_traits>
 
@@ -17,6 +21,7 @@ static_assert(std::is_same<aclrtStream, void*>::value && std::is_same<aclrtEvent
               "the device stores ACL streams and events as void*");
 static_assert(sizeof(aclshmemx_uniqueid_t) == 136, "CANN SHMEM v1.5 documents a 136-byte unique id");
 static_assert(sizeof(aclshmemx_init_attr_t) == 120, "CANN SHMEM v1.5 documents 120-byte init attributes");
+static_assert(ACLSHMEM_EXTRA_SIZE == std::size_t{6} << 20, "CANN SHMEM v1.5.1 maps 6 MiB beyond local_mem_size");
 
 namespace {
 
@@ -41,11 +46,49 @@ int ToCannCompare(CompareOp cmp) {
   return ACLSHMEM_CMP_EQ;
 }
 
-// What rank 0 broadcasts: the outcome of aclshmemx_get_uniqueid and the id.
+// What every rank publishes at Init: rank 0's outcome of aclshmemx_get_uniqueid and the id, and every rank's host.
 struct UniqueIdWire {
   std::int32_t cann_code;
   aclshmemx_uniqueid_t uid;
+  char node[64];
 };
+
+std::string EnvFact(const char* name) {
+  const char* value = std::getenv(name);
+  return std::string(name) + "=" + (value != nullptr ? value : "unset");
+}
+
+// A value that makes `observed cmp value` true, or false when none exists in int32.
+bool Satisfying(CompareOp cmp, std::int32_t value, std::int32_t* out) {
+  constexpr auto kMax = std::numeric_limits<std::int32_t>::max();
+  constexpr auto kMin = std::numeric_limits<std::int32_t>::min();
+  switch (cmp) {
+    case CompareOp::kEq: case CompareOp::kGe: case CompareOp::kLe: *out = value; return true;
+    case CompareOp::kNe: *out = value == kMax ? value - 1 : value + 1; return true;
+    case CompareOp::kGt: if (value == kMax) return false; *out = value + 1; return true;
+    case CompareOp::kLt: if (value == kMin) return false; *out = value - 1; return true;
+  }
+  return false;
+}
+
+bool ToAclDataType(DataType dtype, aclDataType* out) {
+  switch (dtype) {
+    case DataType::kFloat32: *out = ACL_FLOAT; return true;
+    case DataType::kFloat64: *out = ACL_DOUBLE; return true;
+    case DataType::kFloat16: *out = ACL_FLOAT16; return true;
+    case DataType::kBFloat16: *out = ACL_BF16; return true;
+    case DataType::kInt8: *out = ACL_INT8; return true;
+    case DataType::kUInt8: *out = ACL_UINT8; return true;
+    case DataType::kInt32: *out = ACL_INT32; return true;
+    case DataType::kInt64: *out = ACL_INT64; return true;
+  }
+  return false;
+}
+
+Status FromAclnnStatus(aclnnStatus code, const char* call, const std::string& context) {
+  if (code == 0) return Status::Ok();
+  return DeviceError(std::string(call) + " failed: aclnn_status=" + std::to_string(code) + " " + context);
+}
 
 }  // namespace
 
@@ -101,15 +144,16 @@ Status AscendDevice::Init(const DeviceInitArgs& args, Bootstrap& bootstrap) {
   if (state_ == State::kFailed) return StateError("ascend device failed to finalize and cannot be used again: op=Init");
   rank_ = args.rank;
   world_size_ = args.world_size;
-  heap_size_ = RoundUp(args.heap_size, kHeapPageBytes);
+  local_mem_size_ = RoundUp(args.heap_size, kHeapPageBytes);
+  heap_size_ = local_mem_size_ + ACLSHMEM_EXTRA_SIZE;
   timeout_sec_ = args.timeout_sec;
   const double timeout_ms = std::ceil(args.timeout_sec * 1000.0);
   timeout_ms_ = timeout_ms >= std::numeric_limits<std::int32_t>::max()
                     ? std::numeric_limits<std::int32_t>::max()
                     : std::max<std::int32_t>(1, static_cast<std::int32_t>(timeout_ms));
 
-  // 1. Local preparation: the NPU the caller selected, CANN SHMEM not in use, the TLS decision (before anything
-  //    that talks to the config store, the unique id included).
+  // 1. Local preparation: the NPU the caller selected, CANN SHMEM not in use, the config store's TLS off (before
+  //    anything that talks to the config store, the unique id included).
   Status prepared = FromAclError(aclrtGetDevice(&device_id_), "aclrtGetDevice",
                                  "rank=" + std::to_string(rank_) + " (select the NPU before acquire_shmem)");
   if (prepared.ok()) {
@@ -121,45 +165,71 @@ Status AscendDevice::Init(const DeviceInitArgs& args, Bootstrap& bootstrap) {
                             std::to_string(init_status) + " device=" + Npu(device_id_));
     }
   }
+  if (prepared.ok() && !options_.tls_info.empty()) {
+    // v1.5.1's bootstrap plugin calls init_config_store(), which sets the store's TLS to off after applying what
+    // aclshmemx_set_conf_store_tls and aclshmemx_set_config_store_tls_key gave it: TLS cannot be had.
+    prepared = InvalidArgument(
+        "`HYPER_PARALLEL_SHMEM_TLS_INFO` must be unset with CANN SHMEM v1.5.1 (its unique-id bootstrap runs the "
+        "config store without TLS whatever aclshmemx_set_conf_store_tls says: init_config_store() turns it off), "
+        "but got " + std::to_string(options_.tls_info.size()) + " characters");
+  }
   if (prepared.ok()) {
-    tls_info_ = options_.tls_info;
-    const bool tls = !tls_info_.empty();
-    if (!tls) {
-      HP_LOG(kWarning, "CANN SHMEM config-store TLS is off: HYPER_PARALLEL_SHMEM_TLS_INFO is unset (set it to the "
-                       "TLS settings to turn TLS on)");
-    }
-    prepared = FromShmemCode(aclshmemx_set_conf_store_tls(tls, tls ? tls_info_.c_str() : nullptr,
-                                                          static_cast<std::uint32_t>(tls_info_.size())),
-                             "aclshmemx_set_conf_store_tls", std::string("enable=") + (tls ? "true" : "false"));
+    HP_LOG(kWarning, "CANN SHMEM's config store runs without TLS (v1.5.1 has no TLS in unique-id mode): keep the "
+                     "bootstrap network trusted");
+    prepared = FromShmemCode(aclshmemx_set_conf_store_tls(false, nullptr, 0), "aclshmemx_set_conf_store_tls",
+                             "enable=false");
   }
   HP_RETURN_IF_ERROR(AgreeOnStatus(bootstrap, prepared, "preparing CANN SHMEM"));
 
-  // 2. Rank 0 creates the unique id; the bootstrap broadcasts it (every rank learns rank 0's outcome too).
+  // 2. Rank 0 creates the unique id; one exchange carries it and every rank's host (for RoCE). Bounded by the
+  //    bootstrap's timeout, like every exchange before CANN's collective calls.
   UniqueIdWire mine{};
+  std::string node = options_.node_name;
+  if (node.empty()) {
+    char host[sizeof(mine.node)] = {};
+    node = gethostname(host, sizeof(host) - 1) == 0 ? host : "unknown";
+  }
+  std::strncpy(mine.node, node.c_str(), sizeof(mine.node) - 1);
   if (rank_ == 0) mine.cann_code = aclshmemx_get_uniqueid(&mine.uid);
   std::vector<UniqueIdWire> all(static_cast<std::size_t>(world_size_));
   HP_RETURN_IF_ERROR(bootstrap.AllGather(&mine, sizeof(mine), all.data()));
-  HP_RETURN_IF_ERROR(FromShmemCode(all[0].cann_code, "aclshmemx_get_uniqueid", "rank=0"));
+  HP_RETURN_IF_ERROR(FromShmemCode(all[0].cann_code, "aclshmemx_get_uniqueid",
+                                   "rank=0 " + EnvFact("SHMEM_UID_SESSION_ID") + " " +
+                                       EnvFact("SHMEM_UID_SOCK_IFNAME") +
+                                       " (without either, CANN binds the id to rank 0's first non-loopback "
+                                       "interface)"));
   auto* uid = reinterpret_cast<aclshmemx_uniqueid_t*>(unique_id_.data());
   std::memcpy(uid, &all[0].uid, sizeof(*uid));
+  std::set<std::string> nodes;
+  for (const UniqueIdWire& wire : all) nodes.insert(std::string(wire.node, strnlen(wire.node, sizeof(wire.node))));
+  uses_roce_ = nodes.size() > 1;
 
-  // 3. Every rank initialises with the id; CANN ends init with a barrier over all PEs, bounded by the timeout.
+  // 3. Every rank initialises with the id; CANN ends init with a barrier over all PEs, bounded by its own
+  //    DEFAULT_TIMEOUT (120 s) in unique-id mode whatever option_attr says (set anyway, for other modes).
   aclshmemx_init_attr_t attributes{};
   Status configured = FromShmemCode(
-      aclshmemx_set_attr_uniqueid_args(rank_, world_size_, static_cast<std::int64_t>(heap_size_), uid, &attributes),
+      aclshmemx_set_attr_uniqueid_args(rank_, world_size_, static_cast<std::int64_t>(local_mem_size_), uid,
+                                       &attributes),
       "aclshmemx_set_attr_uniqueid_args",
       "my_pe=" + std::to_string(rank_) + " n_pes=" + std::to_string(world_size_) +
-          " local_mem_size=" + std::to_string(heap_size_));
+          " local_mem_size=" + std::to_string(local_mem_size_));
   HP_RETURN_IF_ERROR(AgreeOnStatus(bootstrap, configured, "configuring CANN SHMEM"));
   const auto timeout_s = static_cast<std::uint32_t>(std::min(std::ceil(timeout_sec_), 86400.0));
   attributes.option_attr.shm_init_timeout = timeout_s;
   attributes.option_attr.shm_create_timeout = timeout_s;
   attributes.option_attr.control_operation_timeout = timeout_s;
+  if (uses_roce_) {
+    // MTE inside an HCCS domain, RoCE between hosts: without RoCE only one domain is reachable.
+    attributes.option_attr.data_op_engine_type =
+        static_cast<data_op_engine_type_t>(ACLSHMEM_DATA_OP_MTE | ACLSHMEM_DATA_OP_ROCE);
+  }
   Status initialised = FromShmemCode(aclshmemx_init_attr(ACLSHMEMX_INIT_WITH_UNIQUEID, &attributes),
                                      "aclshmemx_init_attr",
                                      "my_pe=" + std::to_string(rank_) + " n_pes=" + std::to_string(world_size_) +
-                                         " local_mem_size=" + std::to_string(heap_size_) + " device=" + Npu(device_id_));
+                                         " local_mem_size=" + std::to_string(local_mem_size_) +
+                                         " device=" + Npu(device_id_) + " hosts=" + std::to_string(nodes.size()));
   const bool cann_initialised = initialised.ok();
+  if (!initialised.ok()) initialised = ReleaseHalfInit(std::move(initialised));
   if (initialised.ok()) {
     initialised = FromAclError(aclrtCreateStream(&default_stream_), "aclrtCreateStream", "stream=default");
   }
@@ -169,14 +239,34 @@ Status AscendDevice::Init(const DeviceInitArgs& args, Bootstrap& bootstrap) {
   }
   Status agreed = AgreeOnStatus(bootstrap, initialised, "initialising CANN SHMEM");
   if (!agreed.ok()) {
-    AbandonInit(cann_initialised);
+    if (state_ != State::kFailed) AbandonInit(cann_initialised);
     return agreed;
   }
   state_ = State::kInitialized;
   HP_LOG(kInfo, "ascend device initialised: world_size=" + std::to_string(world_size_) + " device=" +
-                    Npu(device_id_) + " soc=" + soc_name_ + " heap_size=" + std::to_string(heap_size_) +
-                    " heap_base=" + Hex(heap_base_));
+                    Npu(device_id_) + " soc=" + soc_name_ + " local_mem_size=" + std::to_string(local_mem_size_) +
+                    " heap_size=" + std::to_string(heap_size_) + " heap_base=" + Hex(heap_base_) +
+                    " hosts=" + std::to_string(nodes.size()) + (uses_roce_ ? " engines=mte+roce" : " engines=mte"));
   return Status::Ok();
+}
+
+Status AscendDevice::ReleaseHalfInit(Status failure) {
+  // v1.5.1 does not roll a failed aclshmemx_init_attr back once the heap exists (init_status stays
+  // ACLSHMEM_STATUS_SHM_CREATED and a retry answers ACLSHMEM_INNER_ERROR): finalize what is left.
+  const int left = aclshmemx_init_status();
+  if (left == ACLSHMEM_STATUS_NOT_INITIALIZED) return failure;
+  Status finalized = FromShmemCode(aclshmem_finalize(), "aclshmem_finalize", "after a failed init");
+  const int after = aclshmemx_init_status();
+  if (finalized.ok() && after == ACLSHMEM_STATUS_NOT_INITIALIZED) {
+    return Status(failure.code(), failure.message() + " (CANN kept a half-initialised heap: init_status=" +
+                                      std::to_string(left) + ", released by aclshmem_finalize)");
+  }
+  state_ = State::kFailed;
+  return Status(failure.code(),
+                failure.message() + " (CANN kept a half-initialised heap that aclshmem_finalize did not release: "
+                                    "init_status=" + std::to_string(after) +
+                                    "; CANN SHMEM cannot be initialised again in this process" +
+                                    (finalized.ok() ? "" : ": " + finalized.message()) + ")");
 }
 
 void AscendDevice::AbandonInit(bool cann_initialised) {
@@ -209,12 +299,21 @@ Status AscendDevice::Finalize() {
   std::vector<void*> streams;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!stuck_.empty()) {
+      // Destroying such a stream, or CANN's finalize under its kernel, would hang: leave CANN as it is.
+      state_ = State::kFailed;
+      if (moved) (void)aclrtSetDevice(current);
+      return StateError("a stream of the ascend device still runs a kernel that never ends (a wait or barrier that "
+                        "timed out and could not be released), so CANN SHMEM cannot be finalized in this process: "
+                        "stuck_streams=" + std::to_string(stuck_.size()) + " device=" + Npu(device_id_));
+    }
     streams.assign(own_streams_.begin(), own_streams_.end());
     own_streams_.clear();
     foreign_streams_.clear();
     kept_.clear();
     pending_.clear();
     reserved_.clear();
+    waits_.clear();
   }
   Status events = DestroyEvents();
   if (!events.ok()) HP_LOG(kWarning, events.ToString());
@@ -236,6 +335,10 @@ Status AscendDevice::Finalize() {
   return Status::Ok();
 }
 
+Status AscendDevice::CheckAllocate(std::size_t /*bytes*/, std::size_t /*alignment*/) const {
+  return RequireReady("Allocate");
+}
+
 Result<void*> AscendDevice::Allocate(std::size_t bytes, std::size_t alignment) {
   HP_RETURN_IF_ERROR(RequireReady("Allocate"));
   const std::size_t size = std::max<std::size_t>(bytes, 1);   // CANN refuses zero bytes
@@ -245,7 +348,9 @@ Result<void*> AscendDevice::Allocate(std::size_t bytes, std::size_t alignment) {
     // CANN only logs why; its code for the failure is ACLSHMEM_MALLOC_FAILED.
     return FromShmemCode(ACLSHMEM_MALLOC_FAILED, aligned ? "aclshmem_align" : "aclshmem_malloc",
                          "requested=" + std::to_string(bytes) + " alignment=" + std::to_string(alignment) +
-                             " heap_size=" + std::to_string(heap_size_) + " (the symmetric heap is exhausted)");
+                             " local_mem_size=" + std::to_string(local_mem_size_) + " heap_size=" +
+                             std::to_string(heap_size_) + " (the symmetric heap is exhausted; CANN's own "
+                             "structures take about 5.13 MiB of it)");
   }
   std::lock_guard<std::mutex> lock(mu_);
   reserved_[reinterpret_cast<std::uintptr_t>(ptr)] = RoundUp(size, kCannGranule);
@@ -292,13 +397,66 @@ void* AscendDevice::Resolve(StreamHandle stream) {
 }
 
 Status AscendDevice::Synchronize(void* acl_stream, const std::string& what) {
-  Status synced = FromAclError(aclrtSynchronizeStreamWithTimeout(acl_stream, timeout_ms_),
-                               "aclrtSynchronizeStreamWithTimeout", what + " " + TimeoutFact());
+  bool stuck = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stuck = stuck_.count(acl_stream) != 0;
+  }
+  const int code = aclrtSynchronizeStreamWithTimeout(acl_stream, timeout_ms_);
+  if (stuck) {
+    // A barrier can still complete once the late peers arrive; a wait once its signal comes.
+    if (code == ACL_ERROR_RT_STREAM_SYNC_TIMEOUT) {
+      return StateError("stream still runs a kernel that never ends (a wait or barrier that timed out): " + what);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    stuck_.erase(acl_stream);
+  }
+  Status synced = FromAclError(code, "aclrtSynchronizeStreamWithTimeout", what + " " + TimeoutFact());
+  if (code == ACL_ERROR_RT_STREAM_SYNC_TIMEOUT) {
+    const bool drained = ReleaseAndDrain(acl_stream);
+    return Status(synced.code(), synced.message() + (drained ? " (the device released the stream's waits by writing "
+                                                               "each awaited value into its local signal, and "
+                                                               "drained the stream)"
+                                                             : " (the stream could not be drained: it is never "
+                                                               "destroyed, and CANN SHMEM cannot be finalized)"));
+  }
   if (synced.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     kept_.erase(acl_stream);
+    waits_.erase(acl_stream);
   }
   return synced;
+}
+
+bool AscendDevice::ReleaseAndDrain(void* acl_stream) {
+  std::vector<PendingWait> waits;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = waits_.find(acl_stream);
+    if (it != waits_.end()) waits = it->second;
+  }
+  // A timed-out wait keeps its kernel spinning: only the awaited value ends it. Writing it into the local signal
+  // (a host-to-device copy, outside the stream) is what the peer would have done; the signal keeps that value.
+  for (const PendingWait& wait : waits) {
+    std::int32_t value = 0;
+    if (!Satisfying(wait.cmp, wait.value, &value)) continue;
+    Status written = FromAclError(aclrtMemcpy(wait.signal, sizeof(value), &value, sizeof(value),
+                                              ACL_MEMCPY_HOST_TO_DEVICE),
+                                  "aclrtMemcpy", "op=ReleaseWait");
+    if (!written.ok()) HP_LOG(kWarning, written.ToString());
+  }
+  const int drained = aclrtSynchronizeStreamWithTimeout(acl_stream, timeout_ms_);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (drained == ACL_ERROR_RT_STREAM_SYNC_TIMEOUT) {
+    stuck_.insert(acl_stream);
+    HP_LOG(kWarning, "a stream of the ascend device could not be drained after a timeout: stream=" +
+                         Hex(reinterpret_cast<std::uintptr_t>(acl_stream)) + " released_waits=" +
+                         std::to_string(waits.size()));
+    return false;
+  }
+  kept_.erase(acl_stream);
+  waits_.erase(acl_stream);
+  return true;
 }
 
 Status AscendDevice::Completed(StreamHandle stream, void* acl_stream, KeepAlive keep, const std::string& what) {
@@ -383,18 +541,203 @@ Status AscendDevice::WaitSignal(void* symmetric_signal, SignalWidth width, Compa
   void* acl_stream = Resolve(stream);
   aclshmemx_signal_wait_until_on_stream(static_cast<std::int32_t*>(symmetric_signal), ToCannCompare(cmp),
                                         static_cast<std::int32_t>(value), acl_stream);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    waits_[acl_stream].push_back({symmetric_signal, cmp, static_cast<std::int32_t>(value)});
+  }
   return Completed(stream, acl_stream, nullptr,
                    std::string("op=WaitSignal signal=") + Hex(reinterpret_cast<std::uintptr_t>(symmetric_signal)) +
                        " heap_offset=" + Hex(reinterpret_cast<std::uintptr_t>(symmetric_signal) - heap_base_) +
                        " cmp=" + CompareOpName(cmp) + " expected=" + std::to_string(value));
 }
 
-Status AscendDevice::Reduce(void* /*dst*/, const void* /*symmetric_src*/, std::size_t count, DataType dtype,
-                            ReduceOp op, const std::vector<int>& /*pes*/, StreamHandle /*stream*/,
-                            KeepAlive /*keep*/) {
-  return DeviceError(std::string("reduce on the ascend device needs the AscendC reduction kernel, which is not "
-                                 "built here: device=ascend op=") +
-                     ReduceOpName(op) + " dtype=" + DataTypeName(dtype) + " count=" + std::to_string(count));
+struct AscendDevice::AclnnCall {
+  const char* prepare_name;
+  const char* launch_name;
+  std::function<aclnnStatus(std::uint64_t*, aclOpExecutor**)> prepare;
+  std::function<aclnnStatus(void*, std::uint64_t, aclOpExecutor*, aclrtStream)> launch;
+  std::vector<KeepAlive> descriptors;   // tensors and scalars the executor refers to
+};
+
+namespace {
+
+// An aclTensor over `count` contiguous elements at `data`, destroyed when the last holder lets go.
+std::shared_ptr<aclTensor> Tensor(void* data, std::size_t count, aclDataType dtype) {
+  const std::int64_t dims[1] = {static_cast<std::int64_t>(count)};
+  const std::int64_t strides[1] = {1};
+  aclTensor* tensor = aclCreateTensor(dims, 1, dtype, strides, 0, ACL_FORMAT_ND, dims, 1, data);
+  if (tensor == nullptr) return nullptr;
+  return std::shared_ptr<aclTensor>(tensor, [](aclTensor* t) { (void)aclDestroyTensor(t); });
+}
+
+std::shared_ptr<aclScalar> Scalar(float value) {
+  aclScalar* scalar = aclCreateScalar(&value, ACL_FLOAT);
+  if (scalar == nullptr) return nullptr;
+  return std::shared_ptr<aclScalar>(scalar, [](aclScalar* s) { (void)aclDestroyScalar(s); });
+}
+
+std::shared_ptr<aclScalar> IntScalar(std::int64_t value) {
+  aclScalar* scalar = aclCreateScalar(&value, ACL_INT64);
+  if (scalar == nullptr) return nullptr;
+  return std::shared_ptr<aclScalar>(scalar, [](aclScalar* s) { (void)aclDestroyScalar(s); });
+}
+
+}  // namespace
+
+Status AscendDevice::RunAclnn(AclnnCall& call, void* acl_stream, const std::string& what) {
+  std::uint64_t workspace_bytes = 0;
+  aclOpExecutor* executor = nullptr;
+  HP_RETURN_IF_ERROR(FromAclnnStatus(call.prepare(&workspace_bytes, &executor), call.prepare_name, what));
+  KeepAlive workspace;
+  void* workspace_data = nullptr;
+  if (workspace_bytes > 0) {
+    HP_RETURN_IF_ERROR(FromAclError(aclrtMalloc(&workspace_data, workspace_bytes, ACL_MEM_MALLOC_HUGE_FIRST),
+                                    "aclrtMalloc", "workspace_bytes=" + std::to_string(workspace_bytes) + " " + what));
+    workspace = std::shared_ptr<void>(workspace_data, [](void* p) { (void)aclrtFree(p); });
+  }
+  HP_RETURN_IF_ERROR(
+      FromAclnnStatus(call.launch(workspace_data, workspace_bytes, executor, acl_stream), call.launch_name, what));
+  // The operator runs later on the stream: its workspace and descriptors live until the stream is synchronized.
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& kept = kept_[acl_stream];
+  if (workspace) kept.push_back(std::move(workspace));
+  for (KeepAlive& descriptor : call.descriptors) kept.push_back(std::move(descriptor));
+  return Status::Ok();
+}
+
+Status AscendDevice::Reduce(void* dst, const void* symmetric_src, std::size_t count, DataType dtype, ReduceOp op,
+                            const std::vector<int>& pes, StreamHandle stream, KeepAlive keep) {
+  HP_RETURN_IF_ERROR(RequireReady("Reduce"));
+  if (pes.empty()) return InvalidArgument("`pes` must name at least one pe, but got none");
+  for (int pe : pes) HP_RETURN_IF_ERROR(CheckPe(pe));
+  aclDataType acl_dtype = ACL_DT_UNDEFINED;
+  if (!ToAclDataType(dtype, &acl_dtype)) {
+    return InvalidArgument(std::string("`dtype` must be one aclnn reduces, but got ") + DataTypeName(dtype));
+  }
+  if (op == ReduceOp::kAvg && !IsFloatingPoint(dtype)) {
+    return InvalidArgument(std::string("`op` must be sum, max or min for ") + DataTypeName(dtype) + ", but got avg");
+  }
+  if (count == 0) return Status::Ok();
+  const std::size_t bytes = count * DataTypeSize(dtype);
+  const std::string what = std::string("op=Reduce reduce_op=") + ReduceOpName(op) + " dtype=" + DataTypeName(dtype) +
+                           " count=" + std::to_string(count) + " pes=" + std::to_string(pes.size());
+  // Every source is read in place on its NPU: the addresses come from aclshmem_ptr (the same HCCS domain).
+  std::vector<void*> sources;
+  for (int pe : pes) {
+    void* source = pe == rank_ ? const_cast<void*>(symmetric_src) : aclshmem_ptr(const_cast<void*>(symmetric_src), pe);
+    if (source == nullptr) {
+      return DeviceError("a source of the reduction is not reachable by this NPU (aclshmem_ptr found none; the "
+                         "aclnn reduction reads peers in place, within one HCCS domain): pe=" + std::to_string(pe) +
+                         " " + what);
+    }
+    sources.push_back(source);
+  }
+  void* acl_stream = Resolve(stream);
+  // dst starts as one source: itself when reducing in place over a set that holds this rank, else the first one.
+  std::size_t first = 0;
+  const auto own = std::find(pes.begin(), pes.end(), rank_);
+  if (dst == symmetric_src && own != pes.end()) {
+    first = static_cast<std::size_t>(own - pes.begin());
+  } else {
+    for (std::size_t offset = 0; offset < bytes; offset += options_.max_transfer_bytes) {
+      const std::size_t n = std::min(options_.max_transfer_bytes, bytes - offset);
+      aclshmemx_getmem_on_stream(static_cast<char*>(dst) + offset,
+                                 const_cast<char*>(static_cast<const char*>(symmetric_src)) + offset, n, pes[0],
+                                 acl_stream);
+    }
+  }
+  std::shared_ptr<aclTensor> out = Tensor(dst, count, acl_dtype);
+  if (!out) return DeviceError("aclCreateTensor failed: " + what);
+  for (std::size_t k = 0; k < sources.size(); ++k) {
+    if (k == first) continue;
+    std::shared_ptr<aclTensor> other = Tensor(sources[k], count, acl_dtype);
+    if (!other) return DeviceError("aclCreateTensor failed: " + what);
+    AclnnCall call;
+    call.descriptors = {out, other};
+    if (op == ReduceOp::kSum || op == ReduceOp::kAvg) {
+      std::shared_ptr<aclScalar> alpha = IsFloatingPoint(dtype) ? Scalar(1.0f) : IntScalar(1);
+      if (!alpha) return DeviceError("aclCreateScalar failed: " + what);
+      call.descriptors.push_back(alpha);
+      call.prepare_name = "aclnnInplaceAddGetWorkspaceSize";
+      call.launch_name = "aclnnInplaceAdd";
+      call.prepare = [out, other, alpha](std::uint64_t* size, aclOpExecutor** executor) {
+        return aclnnInplaceAddGetWorkspaceSize(out.get(), other.get(), alpha.get(), size, executor);
+      };
+      call.launch = aclnnInplaceAdd;
+    } else if (op == ReduceOp::kMax) {
+      call.prepare_name = "aclnnMaximumGetWorkspaceSize";
+      call.launch_name = "aclnnMaximum";
+      call.prepare = [out, other](std::uint64_t* size, aclOpExecutor** executor) {
+        return aclnnMaximumGetWorkspaceSize(out.get(), other.get(), out.get(), size, executor);
+      };
+      call.launch = aclnnMaximum;
+    } else {
+      call.prepare_name = "aclnnMinimumGetWorkspaceSize";
+      call.launch_name = "aclnnMinimum";
+      call.prepare = [out, other](std::uint64_t* size, aclOpExecutor** executor) {
+        return aclnnMinimumGetWorkspaceSize(out.get(), other.get(), out.get(), size, executor);
+      };
+      call.launch = aclnnMinimum;
+    }
+    HP_RETURN_IF_ERROR(RunAclnn(call, acl_stream, what + " source_pe=" + std::to_string(pes[k])));
+  }
+  if (op == ReduceOp::kAvg) {
+    std::shared_ptr<aclScalar> divisor = Scalar(static_cast<float>(pes.size()));
+    if (!divisor) return DeviceError("aclCreateScalar failed: " + what);
+    AclnnCall call;
+    call.descriptors = {out, divisor};
+    call.prepare_name = "aclnnInplaceDivsGetWorkspaceSize";
+    call.launch_name = "aclnnInplaceDivs";
+    call.prepare = [out, divisor](std::uint64_t* size, aclOpExecutor** executor) {
+      return aclnnInplaceDivsGetWorkspaceSize(out.get(), divisor.get(), size, executor);
+    };
+    call.launch = aclnnInplaceDivs;
+    HP_RETURN_IF_ERROR(RunAclnn(call, acl_stream, what + " step=avg"));
+  }
+  return Completed(stream, acl_stream, std::move(keep), what);
+}
+
+Status AscendDevice::CheckWireFormat(const std::string& format) {
+  if (format == "float16" || format == "bfloat16") return Status::Ok();
+  if (format == "float8_e4m3fn" || format == "float8_e5m2") {
+    return DeviceError("low-precision communication in " + format +
+                       " needs a block-scaled fp8 cast kernel (a scale per block, then a cast to fp8) on the NPU, "
+                       "which CANN's operator library does not have (aclnnCast has no scale, and the Atlas A2/910B "
+                       "has no fp8 type): device=ascend format=" + format + " (use float16 or bfloat16)");
+  }
+  return InvalidArgument("`low_precision_dtype` must be float16, bfloat16, float8_e4m3fn or float8_e5m2, but got " +
+                         format);
+}
+
+Status AscendDevice::Cast(void* dst, DataType dst_dtype, const void* src, DataType src_dtype, std::size_t count,
+                          StreamHandle stream, KeepAlive keep) {
+  HP_RETURN_IF_ERROR(RequireReady("Cast"));
+  const auto wide = [](DataType t) { return t == DataType::kFloat32 || t == DataType::kFloat64; };
+  const auto narrow = [](DataType t) { return t == DataType::kFloat16 || t == DataType::kBFloat16; };
+  if (!((wide(src_dtype) && narrow(dst_dtype)) || (narrow(src_dtype) && wide(dst_dtype)))) {
+    return InvalidArgument(std::string("a wire cast must go between float32/float64 and float16/bfloat16, but got ") +
+                           DataTypeName(src_dtype) + " to " + DataTypeName(dst_dtype));
+  }
+  if (count == 0) return Status::Ok();
+  aclDataType from = ACL_DT_UNDEFINED, to = ACL_DT_UNDEFINED;
+  (void)ToAclDataType(src_dtype, &from);
+  (void)ToAclDataType(dst_dtype, &to);
+  const std::string what = std::string("op=Cast from=") + DataTypeName(src_dtype) + " to=" + DataTypeName(dst_dtype) +
+                           " count=" + std::to_string(count);
+  std::shared_ptr<aclTensor> in = Tensor(const_cast<void*>(src), count, from);
+  std::shared_ptr<aclTensor> out = Tensor(dst, count, to);
+  if (!in || !out) return DeviceError("aclCreateTensor failed: " + what);
+  void* acl_stream = Resolve(stream);
+  AclnnCall call;
+  call.descriptors = {in, out};
+  call.prepare_name = "aclnnCastGetWorkspaceSize";
+  call.launch_name = "aclnnCast";
+  call.prepare = [in, out, to](std::uint64_t* size, aclOpExecutor** executor) {
+    return aclnnCastGetWorkspaceSize(in.get(), to, out.get(), size, executor);
+  };
+  call.launch = aclnnCast;
+  HP_RETURN_IF_ERROR(RunAclnn(call, acl_stream, what));
+  return Completed(stream, acl_stream, std::move(keep), what);
 }
 
 Status AscendDevice::Barrier(StreamHandle stream) {
@@ -427,8 +770,14 @@ Status AscendDevice::DestroyStream(StreamHandle stream) {
   if (!drained.ok()) HP_LOG(kWarning, "an operation of a destroyed stream failed: " + drained.ToString());
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (stuck_.count(acl_stream) != 0) {
+      // aclrtDestroyStream would block for good behind the kernel that never ends: the stream is left alone.
+      own_streams_.insert(acl_stream);
+      return StateError("stream still runs a kernel that never ends and cannot be destroyed: stream=" + Hex(stream));
+    }
     kept_.erase(acl_stream);
     pending_.erase(acl_stream);
+    waits_.erase(acl_stream);
   }
   return FromAclError(aclrtDestroyStream(acl_stream), "aclrtDestroyStream", "stream=" + Hex(stream));
 }

@@ -2,9 +2,29 @@
 // third_party/shmem_patches/). This header is free of CANN headers, so that callers (the binding's device factory,
 // tests) need no CANN include path; only ascend_device.cc and cann_*.cc include CANN.
 //
-// Initialisation needs no fixed port: rank 0 asks CANN for a unique id, the bootstrap broadcasts it, and every rank
-// initialises CANN SHMEM with it (ACLSHMEMX_INIT_WITH_UNIQUEID). The config store's TLS is decided before that:
-// on with HYPER_PARALLEL_SHMEM_TLS_INFO, off otherwise (one WARNING line says so).
+// Initialisation needs no fixed port: rank 0 asks CANN for a unique id (bound to SHMEM_UID_SESSION_ID, else
+// SHMEM_UID_SOCK_IFNAME, else the first non-loopback interface: CANN reads them itself), the bootstrap broadcasts
+// it, and every rank initialises CANN SHMEM with it (ACLSHMEMX_INIT_WITH_UNIQUEID). v1.5.1 runs the config store
+// of that mode without TLS whatever aclshmemx_set_conf_store_tls says (init_config_store() turns it off), so the
+// device turns it off itself and refuses HYPER_PARALLEL_SHMEM_TLS_INFO. When the ranks span several hosts, the
+// device adds RoCE to the data engines (put/get/signal across hosts need ACLSHMEM_DATA_OP_ROCE).
+//
+// The heap CANN maps is local_mem_size (HYPER_PARALLEL_SHMEM_HEAP_SIZE, rounded up to 2 MiB) plus
+// ACLSHMEM_EXTRA_SIZE (6 MiB), of which init takes about 5.13 MiB (its signal word, every team's sync pool and
+// counters) through its own allocator: heap_size() is the whole mapped range, so that in-heap checks use the real
+// bounds. Allocation is collective inside CANN (aclshmem_malloc/align end with a control-plane barrier):
+// collective_allocation() says so, and the runtime agrees on every request before the device calls CANN.
+//
+// Timeouts: CANN bounds its own bootstrap and control-plane waits (init, malloc) with DEFAULT_TIMEOUT (120 s) in
+// unique-id mode; every other wait (stream synchronizations, the bootstrap exchanges before CANN's collective
+// calls) is bounded by the configured timeout. A wait that timed out keeps its kernel spinning on the stream, and
+// destroying that stream or finalizing would then hang: the device releases such a waiter by writing the awaited
+// value into the local signal, then drains the stream (bounded); a stream it cannot drain is never destroyed.
+//
+// Reductions run on the stream through CANN's operator library (aclnn, two-phase): peers' copies are read in place
+// through aclshmem_ptr and combined with aclnnInplaceAdd / aclnnMaximum / aclnnMinimum; avg is the sum divided by
+// the number of sources (aclnnInplaceDivs). Casts between wide and 16-bit floats (the fp16/bf16 wire formats of
+// low-precision communication) use aclnnCast; fp8 wire formats are refused (no block-scaled cast kernel).
 //
 // The NPU the caller had selected (aclrtGetDevice) and its SoC name are frozen at Init; every later call made
 // with another current device fails ("current device must be npu:0 (fixed at acquire_shmem), but got npu:1").
@@ -35,9 +55,12 @@ struct AscendDeviceOptions {
   // call carries at most this much (a power of two, so chunks keep their alignment); the runtime splits the rest.
   static constexpr std::size_t kCannMaxTransferBytes = std::size_t{1} << 31;
 
-  // HYPER_PARALLEL_SHMEM_TLS_INFO: TLS settings of CANN's config store (memfabric's format). Empty: TLS off.
+  // HYPER_PARALLEL_SHMEM_TLS_INFO. CANN SHMEM v1.5.1 cannot run its config store with TLS in unique-id mode:
+  // anything but empty fails Init, naming why.
   std::string tls_info;
   std::size_t max_transfer_bytes = kCannMaxTransferBytes;
+  // The host this rank runs on, compared across ranks at Init to decide RoCE; empty: gethostname().
+  std::string node_name;
 };
 
 class AscendDevice final : public Device {
@@ -52,6 +75,9 @@ class AscendDevice final : public Device {
   Status Init(const DeviceInitArgs& args, Bootstrap& bootstrap) override;
   Status Finalize() override;
 
+  // CANN's malloc and align end with a barrier over every PE: the runtime agrees before calling Allocate.
+  bool collective_allocation() const override { return true; }
+  Status CheckAllocate(std::size_t bytes, std::size_t alignment) const override;
   Result<void*> Allocate(std::size_t bytes, std::size_t alignment) override;
   Status Free(void* ptr) override;
   std::size_t ReservedBytes(const void* ptr) const override;
@@ -70,7 +96,8 @@ class AscendDevice final : public Device {
                 StreamHandle stream) override;
   Status WaitSignal(void* symmetric_signal, SignalWidth width, CompareOp cmp, std::int64_t value,
                     StreamHandle stream) override;
-  // Not available: reductions need the AscendC reduction kernel, which this build does not compile.
+  // aclnn operators on the stream, reading the peers' copies in place (aclshmem_ptr); every pe's copy must be
+  // reachable by this NPU (the same HCCS domain). dst must be NPU memory of this device.
   Status Reduce(void* dst, const void* symmetric_src, std::size_t count, DataType dtype, ReduceOp op,
                 const std::vector<int>& pes, StreamHandle stream, KeepAlive keep) override;
   Status Barrier(StreamHandle stream) override;
@@ -84,7 +111,17 @@ class AscendDevice final : public Device {
   // aclshmem_ptr: the address of `symmetric`'s heap offset on `pe`, which the NPU reaches directly.
   Result<void*> PeerAddress(const void* symmetric, int pe) const override;
 
+  // The wire casts of low-precision communication on the stream (aclnnCast): `count` elements of `src_dtype` at
+  // `src` into `dst_dtype` at `dst`, both NPU memory of this device. float32/float64 to float16/bfloat16 and back.
+  Status Cast(void* dst, DataType dst_dtype, const void* src, DataType src_dtype, std::size_t count,
+              StreamHandle stream, KeepAlive keep);
+  // Whether this device can carry a low-precision wire format ("float16", "bfloat16", "float8_e4m3fn",
+  // "float8_e5m2"): the fp8 formats need a block-scaled cast kernel that CANN's operator library does not have.
+  static Status CheckWireFormat(const std::string& format);
+
   int device_id() const { return device_id_; }            // frozen at Init (-1 before)
+  std::size_t local_mem_size() const { return local_mem_size_; }   // what CANN was asked for (heap_size() - extra)
+  bool uses_roce() const { return uses_roce_; }
   const std::string& soc_name() const { return soc_name_; }
   StreamHandle default_stream() const { return reinterpret_cast<StreamHandle>(default_stream_); }
 
@@ -110,6 +147,15 @@ class AscendDevice final : public Device {
   // Releases streams, events and CANN SHMEM after a failed collective step of Init (no status: best effort).
   void AbandonInit(bool cann_initialised);
   std::string TimeoutFact() const;
+  // After a timed-out synchronization of `acl_stream`: releases its pending waits (writes each awaited value into
+  // the local signal) and drains it, bounded. False: the stream still runs and must never be destroyed.
+  bool ReleaseAndDrain(void* acl_stream);
+  // An aclnn operator in its two phases on `acl_stream`: the workspace (aclrtMalloc) and the descriptors stay alive
+  // until the stream's next successful synchronization.
+  struct AclnnCall;
+  Status RunAclnn(AclnnCall& call, void* acl_stream, const std::string& what);
+  // Releases a failed or half-initialised CANN SHMEM after a failed init; reports what is left.
+  Status ReleaseHalfInit(Status failure);
 
   AscendDeviceOptions options_;
   State state_ = State::kUninitialized;
@@ -118,13 +164,14 @@ class AscendDevice final : public Device {
   std::int32_t device_id_ = -1;
   std::string soc_name_;
   std::size_t heap_size_ = 0;
+  std::size_t local_mem_size_ = 0;
+  bool uses_roce_ = false;
   std::uintptr_t heap_base_ = 0;
   double timeout_sec_ = 0;
   std::int32_t timeout_ms_ = -1;
   void* default_stream_ = nullptr;
-  // CANN keeps pointers to these until init returns (the unique id) or longer (the TLS settings).
+  // CANN keeps a pointer to it until init returns.
   std::vector<unsigned char> unique_id_;
-  std::string tls_info_;
 
   mutable std::mutex mu_;
   std::set<void*> own_streams_;                        // created by CreateStream
@@ -133,6 +180,13 @@ class AscendDevice final : public Device {
   std::map<void*, Status> pending_;                    // failures Quiesce met, for the next SynchronizeStream
   std::vector<void*> events_;                          // of StreamWaitStream, destroyed once every stream drained
   std::map<std::uintptr_t, std::size_t> reserved_;     // allocation -> bytes CANN reserved (16-byte granules)
+  struct PendingWait {
+    void* signal;
+    CompareOp cmp;
+    std::int32_t value;
+  };
+  std::map<void*, std::vector<PendingWait>> waits_;    // waits enqueued since the stream's last synchronization
+  std::set<void*> stuck_;                              // streams whose queue could not be drained: never destroyed
 };
 
 }  // namespace hp::shmem::ascend

@@ -4,6 +4,7 @@
 #define HP_FAKE_SHMEM_HOST_DEF_H_
 
 #include <climits>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "host_device/shmem_common_types.h"
@@ -80,6 +81,10 @@ typedef struct {
   int n_pes;
   char internal[ACLSHMEM_UNIQUE_ID_INNER_LEN];
 } aclshmemx_uniqueid_t;
+
+// Decrypts the TLS private key's password (aclshmemx_set_config_store_tls_key).
+typedef int (*aclshmem_decrypt_handler)(const char *cipherText, size_t cipherTextLen, char *plainText,
+                                        size_t &plainTextLen);
 
 constexpr int32_t ACLSHMEM_UNIQUEID_VERSION = (1 << 16) + sizeof(aclshmemx_uniqueid_t);
 

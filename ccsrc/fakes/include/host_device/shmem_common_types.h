@@ -41,6 +41,21 @@ typedef int aclshmem_team_t;
 #define ACLSHMEM_MAX_LOCAL_SIZE (40UL * 1024 * 1024 * 1024)
 // The heap is mapped in pages of this size: local_mem_size is a multiple of it.
 #define ACLSHMEM_PAGE_SIZE (1024UL * 1024UL * 2)
+#define ALIGN_TO(size, page) (((size) + (page) - 1) / (page) * (page))
+
+// What init takes from the heap for itself (src/host/team/shmem_team.cpp): a sync pool and sync counters for every
+// team. The heap CANN maps is local_mem_size + ACLSHMEM_EXTRA_SIZE (src/host/init/shmem_init.cpp).
+#define ACLSHMEM_MAX_TEAMS 2048
+#define SCALAR_DATA_CACHELINE_SIZE 64
+#define ACLSHMEM_SYNCBIT_SIZE SCALAR_DATA_CACHELINE_SIZE
+#define SYNC_LOG_MAX_PES 5
+#define ACLSHMEM_BARRIER_TG_DISSEM_KVAL 8
+#define SYNC_ARRAY_SIZE (ACLSHMEM_SYNCBIT_SIZE * SYNC_LOG_MAX_PES * ACLSHMEM_BARRIER_TG_DISSEM_KVAL)
+#define SYNC_COUNTER_SIZE ACLSHMEM_SYNCBIT_SIZE
+#define SYNC_POOL_SIZE (SYNC_ARRAY_SIZE * ACLSHMEM_MAX_TEAMS)
+#define SYNC_COUNTERS_SIZE (SYNC_COUNTER_SIZE * ACLSHMEM_MAX_TEAMS)
+#define ACLSHMEM_EXTRA_SIZE_UNALIGNED SYNC_POOL_SIZE
+#define ACLSHMEM_EXTRA_SIZE ALIGN_TO(ACLSHMEM_EXTRA_SIZE_UNALIGNED, ACLSHMEM_PAGE_SIZE)
 
 #ifdef __cplusplus
 }

@@ -18,9 +18,15 @@ ACLSHMEM_HOST_API int aclshmemx_set_attr_uniqueid_args(int my_pe, int n_pes, int
 ACLSHMEM_HOST_API int aclshmemx_init_attr(aclshmemx_bootstrap_t bootstrap_flags, aclshmemx_init_attr_t *attributes);
 ACLSHMEM_HOST_API int aclshmem_finalize(void);
 ACLSHMEM_HOST_API void aclshmem_info_get_version(int *major, int *minor);
-// Stores the `tls_info` pointer (no copy): it must stay alive until aclshmemx_init_attr returns.
+// Stores the `tls_info` pointer (no copy): it must stay alive until aclshmemx_init_attr returns. In unique-id mode
+// v1.5.1's bootstrap plugin hands it to the config store and then turns TLS off again in init_config_store()
+// (src/host/bootstrap/shmemi_bootstrap_config_store.cpp): the store always runs without TLS.
 ACLSHMEM_HOST_API int32_t aclshmemx_set_conf_store_tls(bool enable, const char *tls_info,
                                                        const uint32_t tls_info_len);
+// Stores the TLS private key, its password and the password's decrypter (pointers, no copies).
+ACLSHMEM_HOST_API int32_t aclshmemx_set_config_store_tls_key(const char *tls_pk, const uint32_t tls_pk_len,
+                                                             const char *tls_pk_pw, const uint32_t tls_pk_pw_len,
+                                                             const aclshmem_decrypt_handler decrypt_handler);
 
 #ifdef __cplusplus
 }

@@ -10,7 +10,10 @@
 extern "C" {
 #endif
 
+// malloc, calloc and align allocate locally, then end with a control-plane barrier over every PE (collective, bounded
+// by the control-operation timeout; a failed barrier releases the block and returns NULL). free is local.
 ACLSHMEM_HOST_API void *aclshmem_malloc(size_t size);
+ACLSHMEM_HOST_API void *aclshmem_calloc(size_t nmemb, size_t size);
 ACLSHMEM_HOST_API void *aclshmem_align(size_t alignment, size_t size);
 ACLSHMEM_HOST_API void aclshmem_free(void *ptr);
 ACLSHMEM_HOST_API void *aclshmemx_get_heap_base(aclshmem_mem_type_t mem_type = DEVICE_SIDE);
