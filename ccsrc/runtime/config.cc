@@ -172,7 +172,7 @@ Result<Config> ParseConfig(const EnvLookup& env) {
   if (auto text = env(kDeviceVar)) {
     HP_ASSIGN_OR_RETURN(config.device, ParseDevice(*text));
   }
-  if (auto text = env(kTlsInfoVar)) config.tls_info = *text;   // the ascend device decides (it refuses any value)
+  if (auto text = env(kTlsInfoVar)) config.tls_info = *text;   // the ascend device refuses a non-empty value
   return config;
 }
 

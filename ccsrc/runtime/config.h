@@ -22,7 +22,7 @@ struct Config {
   LogLevel log_level = LogLevel::kWarning;    // HYPER_PARALLEL_SHMEM_LOG_LEVEL (0 debug .. 3 error)
   std::string device = "host";                // HYPER_PARALLEL_SHMEM_DEVICE
   // HYPER_PARALLEL_SHMEM_TLS_INFO: TLS settings of CANN SHMEM's config store (ascend device). CANN SHMEM v1.5.1 runs
-  // that store without TLS whatever it is told, so the ascend device refuses any value.
+  // that store without TLS whatever it is told, so the ascend device refuses any non-empty value.
   // Not in ToString: it names key material.
   std::string tls_info;
 
@@ -43,7 +43,7 @@ EnvLookup ProcessEnv();
 //   TIMEOUT_SEC: a positive decimal number of seconds (fractions allowed), at most 86400.
 //   LOG_LEVEL:   one of 0, 1, 2, 3, or DEBUG, INFO, WARNING, ERROR (case-insensitive).
 //   DEVICE:      "host" (built into every wheel) or "ascend" (CANN SHMEM; needs a build with CANN).
-//   TLS_INFO:    any text; the ascend device refuses it (v1.5.1 cannot turn the config store's TLS on).
+//   TLS_INFO:    any text; the ascend device refuses a non-empty one (v1.5.1 cannot turn the config store's TLS on).
 Result<Config> ParseConfig(const EnvLookup& env);
 
 // Parses a byte count with the suffixes above; `name` is used in the error message.
