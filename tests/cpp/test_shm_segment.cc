@@ -1,18 +1,28 @@
-// POSIX shared-memory segments: naming, permissions, mapping, unlinking, capacity checks, stale-segment cleanup.
+// POSIX shared-memory segments: naming, permissions, mapping, unlinking, page reservation, capacity checks,
+// stale-segment cleanup (the creator's lock, other users' segments, links).
 #include "runtime/host/shm_segment.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "test_support.h"
 
@@ -44,6 +54,91 @@ pid_t DeadPid() {
   int status = 0;
   waitpid(child, &status, 0);
   return child;
+}
+
+// A name of our kind whose pid is `pid`.
+std::string NameWithPid(pid_t pid, const std::string& tag) { return "/hpshmem-" + std::to_string(pid) + "-" + tag; }
+
+// Takes a lock like a segment's creator does (any flock conflicts with the cleanup's exclusive one); -1 on failure.
+int HoldLock(const std::string& name) {
+  const int fd = open(ShmPath(name).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  if (flock(fd, LOCK_SH | LOCK_NB) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// What a child process reported: `skipped` (its reason in `text`), or `text` = what went wrong ("" = nothing).
+struct ChildReport {
+  bool skipped = false;
+  std::string text;
+};
+
+// Runs `body` in a child process whose /dev/shm is a private tmpfs of `tmpfs_size` bytes, in a mount namespace of
+// its own, so that filling it touches nothing else. `body` returns "" when all went well, else what went wrong.
+// A child killed by a signal (SIGBUS on a page tmpfs could not allocate) is reported as such; it gets 60 s.
+ChildReport InSmallShm(std::size_t tmpfs_size, const std::function<std::string()>& body) {
+  int fds[2];
+  if (pipe(fds) != 0) return {false, std::string("pipe failed: ") + std::strerror(errno)};
+  const pid_t child = fork();
+  if (child < 0) return {false, std::string("fork failed: ") + std::strerror(errno)};
+  if (child == 0) {
+    close(fds[0]);
+    std::string report;
+    if (unshare(CLONE_NEWNS) != 0) {
+      report = std::string("S") + "a private /dev/shm needs a mount namespace (CAP_SYS_ADMIN): unshare: " +
+               std::strerror(errno);
+    } else if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+               mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV,
+                     ("mode=1777,size=" + std::to_string(tmpfs_size)).c_str()) != 0) {
+      report = std::string("Fmounting a private tmpfs on /dev/shm failed: ") + std::strerror(errno);
+    } else {
+      report = "R" + body();
+    }
+    const ssize_t ignored = write(fds[1], report.data(), report.size());
+    (void)ignored;
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string report;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  bool timed_out = false;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd pfd{fds[0], POLLIN, 0};
+    if (left.count() <= 0 || poll(&pfd, 1, static_cast<int>(left.count())) == 0) {
+      timed_out = true;
+      break;
+    }
+    char buffer[4096];
+    const ssize_t n = read(fds[0], buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    report.append(buffer, static_cast<std::size_t>(n));
+  }
+  close(fds[0]);
+  if (timed_out) kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);   // the child has closed its end (exited) or was killed: this returns at once
+  if (timed_out) return {false, "the child did not finish within 60 s"};
+  if (WIFSIGNALED(status)) return {false, "the child was killed by signal " + std::to_string(WTERMSIG(status))};
+  if (report.empty()) return {false, "the child reported nothing"};
+  if (report[0] == 'S') return {true, report.substr(1)};
+  return {false, report.substr(1)};
+}
+
+// Entries of the current /dev/shm.
+std::vector<std::string> ShmEntries() {
+  std::vector<std::string> found;
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return found;
+  while (dirent* entry = readdir(dir)) {
+    if (std::strcmp(entry->d_name, ".") != 0 && std::strcmp(entry->d_name, "..") != 0) found.emplace_back(entry->d_name);
+  }
+  closedir(dir);
+  return found;
 }
 
 unsigned long long AvailableShmBytes() {
@@ -181,6 +276,85 @@ TEST(ShmSegmentTest, OpenOfAMissingName) {
       << opened.status().message();
 }
 
+TEST(ShmSegmentTest, CreateAllocatesEveryPage) {
+  const std::size_t bytes = std::size_t{4} << 20;
+  Result<ShmSegment> created = ShmSegment::Create(bytes);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  struct stat st;
+  ASSERT_EQ(stat(ShmPath(created->name()).c_str(), &st), 0) << std::strerror(errno);
+  // st_blocks counts 512-byte units: every page exists before anything touched one.
+  EXPECT_GE(static_cast<unsigned long long>(st.st_blocks) * 512, bytes);
+}
+
+TEST(ShmSegmentTest, CreateFailsWithOutOfMemoryWhenDevShmCannotHoldThePages) {
+  constexpr std::size_t kTmpfs = std::size_t{8} << 20;
+  const ChildReport report = InSmallShm(kTmpfs, []() -> std::string {
+    std::string failures;
+    const auto check = [&failures](bool ok, const std::string& what) {
+      if (!ok) failures += what + "; ";
+    };
+    // 1. More than the filesystem can hold: refused at creation, with nothing left behind.
+    Result<ShmSegment> large = ShmSegment::Create(std::size_t{16} << 20);
+    check(large.status().code() == StatusCode::kOutOfMemory, "16 MiB in 8 MiB: " + large.status().ToString());
+    const std::string& message = large.status().message();
+    const std::string head = "shared-memory filesystem too small for a symmetric heap: path=/dev/shm name=/hpshmem-" +
+                             std::to_string(getpid()) + "-";
+    const std::string tail = " required=16777216 available=" + std::to_string(kTmpfs) +
+                             " (lower HYPER_PARALLEL_SHMEM_HEAP_SIZE or enlarge /dev/shm)";
+    check(message.rfind(head, 0) == 0 && message.size() > tail.size() &&
+              message.compare(message.size() - tail.size(), tail.size(), tail) == 0 &&
+              Contains(message, std::string(" error=") + std::strerror(ENOSPC)),
+          "message: " + message);
+    check(ShmEntries().empty(), "a failed creation left a name behind");
+    check(AvailableShmBytes() == kTmpfs, "a failed creation kept pages: available=" +
+                                             std::to_string(AvailableShmBytes()));
+    // 2. A segment that fits owns its pages: whoever fills /dev/shm afterwards cannot take them (pages allocated on
+    //    first touch would be a SIGBUS in the memset below).
+    Result<ShmSegment> fits = ShmSegment::Create(std::size_t{6} << 20);
+    if (!fits.ok()) return failures + "6 MiB in 8 MiB: " + fits.status().ToString();
+    const int filler = open("/dev/shm/filler", O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    if (filler < 0) return failures + "cannot create the filler: " + std::strerror(errno);
+    const std::vector<char> chunk(64 << 10, 'f');
+    std::size_t filled = 0;
+    int err = 0;
+    for (;;) {
+      const ssize_t n = write(filler, chunk.data(), chunk.size());
+      if (n <= 0) {
+        err = n < 0 ? errno : ENOSPC;
+        break;
+      }
+      filled += static_cast<std::size_t>(n);
+    }
+    close(filler);
+    check(err == ENOSPC && filled <= kTmpfs - fits->size(),
+          "the filler got " + std::to_string(filled) + " bytes, error=" + std::strerror(err));
+    std::memset(fits->data(), 0x5A, fits->size());
+    check(static_cast<const unsigned char*>(fits->data())[fits->size() - 1] == 0x5A, "the last byte was not written");
+    // 3. With /dev/shm full, the next segment fails at creation too.
+    Result<ShmSegment> more = ShmSegment::Create(std::size_t{1} << 20);
+    check(more.status().code() == StatusCode::kOutOfMemory, "1 MiB in a full /dev/shm: " + more.status().ToString());
+    unlink("/dev/shm/filler");
+    return failures;
+  });
+  if (report.skipped) GTEST_SKIP() << report.text;
+  EXPECT_EQ(report.text, "");
+}
+
+TEST(ShmSegmentTest, CreatorHoldsTheLockWhileItHasTheSegment) {
+  Result<ShmSegment> created = ShmSegment::Create(4096);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  ShmSegment segment = std::move(created).value();
+  const int fd = open(ShmPath(segment.name()).c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  EXPECT_NE(flock(fd, LOCK_SH | LOCK_NB), 0);
+  EXPECT_EQ(errno, EWOULDBLOCK);
+  ASSERT_TRUE(segment.Unlink().ok());
+  EXPECT_NE(flock(fd, LOCK_SH | LOCK_NB), 0) << "the creator's mapping keeps the locked file";
+  segment.Retire();
+  EXPECT_EQ(flock(fd, LOCK_EX | LOCK_NB), 0) << "the lock goes with the creator's segment";
+  close(fd);
+}
+
 TEST(ShmCapacityTest, EnoughRoom) {
   EXPECT_TRUE(CheckShmCapacity(0).ok());
   EXPECT_TRUE(CheckShmCapacity(4096).ok());
@@ -232,6 +406,66 @@ TEST(RemoveStaleSegmentsTest, RemovesOnlySegmentsOfDeadProcesses) {
   EXPECT_EQ(RemoveStaleSegments("/nonexistent-hpshmem-dir"), 0);
 
   for (const std::string& name : {live, no_pid, no_dash}) EXPECT_EQ(shm_unlink(name.c_str()), 0) << name;
+}
+
+TEST(RemoveStaleSegmentsTest, KeepsALockedSegmentWhosePidIsNoProcessHere) {
+  // A live job in another PID namespace sharing /dev/shm: its pid names no process here, but it holds its lock.
+  const std::string name = NameWithPid(DeadPid(), "locked");
+  shm_unlink(name.c_str());
+  ASSERT_TRUE(CreateRaw(name)) << std::strerror(errno);
+  const int lock = HoldLock(name);
+  ASSERT_GE(lock, 0) << std::strerror(errno);
+  RemoveStaleSegments();
+  EXPECT_TRUE(Exists(name)) << "a segment whose lock is held is live, whatever its pid says here";
+  close(lock);   // its creator dies: the kernel drops the lock
+  EXPECT_GE(RemoveStaleSegments(), 1);
+  EXPECT_FALSE(Exists(name));
+}
+
+TEST(RemoveStaleSegmentsTest, KeepsALiveSegmentOfThisLibraryUnderAnyPid) {
+  Result<ShmSegment> created = ShmSegment::Create(4096);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  // The same file under a name whose pid is no process here: how a job in another PID namespace sees ours.
+  const std::string alias = NameWithPid(DeadPid(), "alias");
+  shm_unlink(alias.c_str());
+  ASSERT_EQ(link(ShmPath(created->name()).c_str(), ShmPath(alias).c_str()), 0) << std::strerror(errno);
+  RemoveStaleSegments();
+  EXPECT_TRUE(Exists(alias)) << "the creator of a live segment holds its lock";
+  *created = ShmSegment();   // the creator lets go of the segment, and of its lock with it
+  EXPECT_GE(RemoveStaleSegments(), 1);
+  EXPECT_FALSE(Exists(alias));
+  shm_unlink(alias.c_str());
+}
+
+TEST(RemoveStaleSegmentsTest, NeverTouchesAnotherUsersSegment) {
+  if (geteuid() != 0) {
+    GTEST_SKIP() << "giving a test segment to another user needs root (chown); running as uid " << geteuid();
+  }
+  const std::string name = NameWithPid(DeadPid(), "otheruser");
+  shm_unlink(name.c_str());
+  ASSERT_TRUE(CreateRaw(name)) << std::strerror(errno);
+  constexpr uid_t kNobody = 65534;
+  ASSERT_EQ(chown(ShmPath(name).c_str(), kNobody, kNobody), 0) << std::strerror(errno);
+  RemoveStaleSegments();
+  EXPECT_TRUE(Exists(name)) << "another user's segment, stale or not, is never ours to remove (not even as root)";
+  EXPECT_EQ(shm_unlink(name.c_str()), 0);
+}
+
+TEST(RemoveStaleSegmentsTest, LeavesLinksAndSpecialFilesAlone) {
+  const pid_t dead = DeadPid();
+  const std::string target = "/hpshmemtest-target-" + std::to_string(getpid());   // not a name of ours
+  const std::string symlink_name = NameWithPid(dead, "symlink");
+  const std::string fifo_name = NameWithPid(dead, "fifo");
+  for (const std::string& name : {target, symlink_name, fifo_name}) unlink(ShmPath(name).c_str());
+  ASSERT_TRUE(CreateRaw(target)) << std::strerror(errno);
+  ASSERT_EQ(symlink(ShmPath(target).c_str(), ShmPath(symlink_name).c_str()), 0) << std::strerror(errno);
+  ASSERT_EQ(mkfifo(ShmPath(fifo_name).c_str(), 0600), 0) << std::strerror(errno);
+  RemoveStaleSegments();   // returns: a FIFO is never opened (opening one would block)
+  struct stat st;
+  EXPECT_EQ(lstat(ShmPath(symlink_name).c_str(), &st), 0) << "a link is not a segment";
+  EXPECT_EQ(lstat(ShmPath(fifo_name).c_str(), &st), 0) << "a FIFO is not a segment";
+  EXPECT_TRUE(Exists(target));
+  for (const std::string& name : {target, symlink_name, fifo_name}) EXPECT_EQ(unlink(ShmPath(name).c_str()), 0) << name;
 }
 
 }  // namespace

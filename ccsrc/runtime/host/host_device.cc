@@ -154,6 +154,9 @@ Status HostDevice::Finalize() {
   }
   heap_.reset();
   bases_.clear();
+  // Tensors that escaped invalidation (numpy arrays, DLPack capsules) may still point into any rank's mapping:
+  // retired segments turn such pointers harmless instead of unmapping memory under them.
+  for (ShmSegment& segment : segments_) segment.Retire();
   segments_.clear();
   return Status::Ok();
 }
