@@ -11,8 +11,10 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "private_shm.h"
 #include "runtime/logging.h"
 #include "test_support.h"
 #include "thread_bootstrap.h"
@@ -165,6 +167,23 @@ TEST(HostDeviceTest, FinalizeLeavesEscapedPointersHarmless) {
     EXPECT_TRUE(IsOk(device.Free(again.value())));
     EXPECT_TRUE(IsOk(device.Finalize()));
   });
+}
+
+TEST(HostDeviceTest, InitChecksDevShmBeforeAnyRankReservesItsHeap) {
+  // Room for the 4 heaps, not for 4 more: a rank that checked after its peers had reserved theirs would refuse.
+  const std::size_t segment_bytes = kMiB + HostDevice::kControlBytes;
+  const ChildReport report = InSmallShm(6 * segment_bytes, []() -> std::string {
+    RunRanks(4, [](int rank, Bootstrap& bootstrap) {
+      if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));   // the last to arrive
+      HostDevice device;
+      EXPECT_TRUE(IsOk(device.Init(Args(bootstrap), bootstrap)));
+      ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+      EXPECT_TRUE(IsOk(device.Finalize()));
+    });
+    return ::testing::Test::HasFailure() ? "a rank failed (printed above)" : "";
+  });
+  if (report.skipped) GTEST_SKIP() << report.text;
+  EXPECT_EQ(report.text, "");
 }
 
 TEST(HostDeviceTest, SymmetricHeapAndDataPlane) {
