@@ -59,7 +59,8 @@ inline ChildReport InSmallShm(std::size_t tmpfs_size, const std::function<std::s
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   bool timed_out = false;
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     pollfd pfd{fds[0], POLLIN, 0};
     if (left.count() <= 0 || poll(&pfd, 1, static_cast<int>(left.count())) == 0) {
       timed_out = true;

@@ -73,7 +73,8 @@ std::vector<std::string> ShmEntries() {
   DIR* dir = opendir("/dev/shm");
   if (dir == nullptr) return found;
   while (dirent* entry = readdir(dir)) {
-    if (std::strcmp(entry->d_name, ".") != 0 && std::strcmp(entry->d_name, "..") != 0) found.emplace_back(entry->d_name);
+    const std::string name = entry->d_name;
+    if (name != "." && name != "..") found.push_back(name);
   }
   closedir(dir);
   return found;

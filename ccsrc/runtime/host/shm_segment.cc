@@ -27,8 +27,8 @@ std::string ErrnoText(int err) { return std::string(std::strerror(err)) + " (err
 
 // Where glibc's shm_open keeps its names.
 constexpr const char* kShmDir = "/dev/shm";
-// A cleanup can lock a name between our shm_open and our flock and unlink it; then we start again with a new
-// name. Twice in a row takes a cleanup per attempt, so a few attempts are plenty.
+// A cleanup can lock a new name between our shm_open and our flock and unlink it; then we start again under a
+// new name. That takes a cleanup opening the name within microseconds of its creation: a few attempts suffice.
 constexpr int kCreateAttempts = 4;
 
 // Free bytes of the filesystem at `shm_dir` (for an unprivileged user), or -1 if it cannot be inspected.
@@ -217,7 +217,9 @@ Status ShmSegment::Unlink() {
   // The lock goes only after the name: a cleanup never finds the name without it.
   if (lock_fd_ >= 0) close(lock_fd_);
   lock_fd_ = -1;
-  if (unlinked != 0 && err != ENOENT) return DeviceError("shm_unlink failed: name=" + name_ + " error=" + ErrnoText(err));
+  if (unlinked != 0 && err != ENOENT) {
+    return DeviceError("shm_unlink failed: name=" + name_ + " error=" + ErrnoText(err));
+  }
   return Status::Ok();
 }
 

@@ -28,8 +28,8 @@ class ShmSegment {
   ~ShmSegment();   // unmaps; unlinks the name too if this object created it and has not unlinked it yet
 
   // Creates a new segment of `bytes` bytes, allocates its pages and maps it; the creator holds the segment's lock
-  // until Unlink(). Fails with kOutOfMemory when the shared-memory filesystem cannot hold the pages (nothing is
-  // left behind).
+  // from now on (see above). Fails with kOutOfMemory when the shared-memory filesystem cannot hold the pages
+  // (nothing is left behind).
   static Result<ShmSegment> Create(std::size_t bytes);
   // Maps an existing segment by name.
   static Result<ShmSegment> Open(const std::string& name, std::size_t bytes);
