@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
@@ -15,6 +16,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -292,6 +294,49 @@ TEST(ShmSegmentTest, CreatorHoldsTheLockWhileItHasTheSegment) {
   segment.Retire();
   EXPECT_EQ(flock(fd, LOCK_EX | LOCK_NB), 0) << "the lock goes with the creator's segment";
   close(fd);
+}
+
+TEST(ShmSegmentTest, RetiredSegmentsKeepTheirAddressesHarmless) {
+  Result<ShmSegment> created = ShmSegment::Create(8192);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  const std::string name = created->name();
+  auto* data = static_cast<volatile unsigned char*>(created->data());
+  data[100] = 0x3C;
+  created->Retire();
+  EXPECT_EQ(created->data(), nullptr);
+  EXPECT_FALSE(Exists(name));   // the name went first
+  EXPECT_EQ(data[100], 0);      // private zero pages now, not the segment
+  data[8191] = 0x7E;            // no fault
+  EXPECT_EQ(data[8191], 0x7E);
+}
+
+TEST(ShmSegmentTest, RetiredRangesGoBackWhenTheAddressSpaceRunsOut) {
+  constexpr std::size_t kSegment = std::size_t{16} << 20;
+  const ChildReport report = InSmallShm(4 * kSegment, []() -> std::string {
+    // Let this process map 96 MiB more than it has: five retired 16 MiB segments, not a dozen.
+    std::ifstream status("/proc/self/status");
+    std::string line;
+    unsigned long long mapped_kib = 0;
+    while (std::getline(status, line)) {
+      if (line.rfind("VmSize:", 0) == 0) mapped_kib = std::stoull(line.substr(7));
+    }
+    if (mapped_kib == 0) return "no VmSize in /proc/self/status";
+    rlimit limit{};
+    if (getrlimit(RLIMIT_AS, &limit) != 0) return std::string("getrlimit: ") + std::strerror(errno);
+    limit.rlim_cur = static_cast<rlim_t>(mapped_kib * 1024 + (std::size_t{96} << 20));
+    if (setrlimit(RLIMIT_AS, &limit) != 0) return std::string("setrlimit: ") + std::strerror(errno);
+    for (int i = 0; i < 12; ++i) {
+      Result<ShmSegment> created = ShmSegment::Create(kSegment);
+      if (!created.ok()) return "segment " + std::to_string(i) + ": " + created.status().ToString();
+      auto* data = static_cast<volatile unsigned char*>(created->data());
+      data[kSegment - 1] = 1;
+      created->Retire();
+      data[kSegment - 1] = 2;   // the latest retired range is still reserved
+    }
+    return "";
+  });
+  if (report.skipped) GTEST_SKIP() << report.text;
+  EXPECT_EQ(report.text, "");
 }
 
 TEST(ShmCapacityTest, EnoughRoom) {

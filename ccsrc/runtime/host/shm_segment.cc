@@ -14,6 +14,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "runtime/logging.h"
 
@@ -69,27 +72,72 @@ Result<std::string> RandomName() {
   return name;
 }
 
-// Maps the segment at an address aligned to kSegmentAlignment, so that heap offsets aligned to up to that much
-// are aligned addresses too: reserve a larger range, map the segment over its aligned part, return the slack.
-Result<void*> MapFd(int fd, std::size_t bytes, const std::string& name) {
+// The address ranges of retired segments (ShmSegment::Retire), kept reserved until the address space runs out.
+// Never destroyed: a device may retire its segments from a static destructor.
+struct RetiredRanges {
+  std::mutex mu;
+  std::vector<std::pair<void*, std::size_t>> ranges;
+};
+RetiredRanges& Retired() {
+  static RetiredRanges* retired = new RetiredRanges;
+  return *retired;
+}
+
+// Unmaps every retired range (stale pointers into them fault again); returns how many bytes that gave back.
+std::size_t ReleaseRetired() {
+  RetiredRanges& retired = Retired();
+  std::lock_guard<std::mutex> lock(retired.mu);
+  std::size_t released = 0;
+  for (const auto& [address, bytes] : retired.ranges) {
+    munmap(address, bytes);
+    released += bytes;
+  }
+  retired.ranges.clear();
+  return released;
+}
+
+// One try of MapFd: 0 and the mapping, or the errno and which step failed.
+int TryMapFd(int fd, std::size_t bytes, void** data, const char** failed_step) {
   const std::size_t reserve = bytes + kSegmentAlignment;
   void* range = mmap(nullptr, reserve, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (range == MAP_FAILED) {
-    return DeviceError("reserving address space for a shared-memory segment failed: name=" + name +
-                       " bytes=" + std::to_string(reserve) + " error=" + ErrnoText(errno));
+    *failed_step = "reserving address space for a shared-memory segment failed";
+    return errno;
   }
   const auto start = reinterpret_cast<std::uintptr_t>(range);
   const std::uintptr_t aligned = (start + kSegmentAlignment - 1) & ~(std::uintptr_t{kSegmentAlignment} - 1);
-  void* data = mmap(reinterpret_cast<void*>(aligned), bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
-  if (data == MAP_FAILED) {
+  *data = mmap(reinterpret_cast<void*>(aligned), bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+  if (*data == MAP_FAILED) {
     const int err = errno;
     munmap(range, reserve);
-    return DeviceError("mmap of a shared-memory segment failed: name=" + name + " bytes=" + std::to_string(bytes) +
-                       " error=" + ErrnoText(err));
+    *failed_step = "mmap of a shared-memory segment failed";
+    return err;
   }
   if (aligned > start) munmap(range, aligned - start);
   const std::uintptr_t end = aligned + bytes;
   if (start + reserve > end) munmap(reinterpret_cast<void*>(end), start + reserve - end);
+  return 0;
+}
+
+// Maps the segment at an address aligned to kSegmentAlignment, so that heap offsets aligned to up to that much
+// are aligned addresses too: reserve a larger range, map the segment over its aligned part, return the slack.
+// When the address space (or the count of mappings) runs out, the retired segments' ranges go first.
+Result<void*> MapFd(int fd, std::size_t bytes, const std::string& name) {
+  void* data = nullptr;
+  const char* failed_step = "";
+  int err = TryMapFd(fd, bytes, &data, &failed_step);
+  if (err == ENOMEM) {
+    const std::size_t released = ReleaseRetired();
+    if (released > 0) {
+      HP_LOG(kWarning, "the address space ran out: gave back the ranges of earlier heaps, where stale aliases now "
+                       "fault: bytes=" + std::to_string(released) + " name=" + name);
+      err = TryMapFd(fd, bytes, &data, &failed_step);
+    }
+  }
+  if (err != 0) {
+    return DeviceError(std::string(failed_step) + ": name=" + name + " bytes=" + std::to_string(bytes) +
+                       " error=" + ErrnoText(err));
+  }
   return data;
 }
 
@@ -131,6 +179,10 @@ void ShmSegment::Retire() {
       HP_LOG(kWarning, "keeping a retired segment's addresses failed, unmapping them: name=" + name_ + " bytes=" +
                            std::to_string(size_) + " error=" + ErrnoText(errno));
       munmap(data_, size_);
+    } else {
+      RetiredRanges& retired = Retired();
+      std::lock_guard<std::mutex> lock(retired.mu);
+      retired.ranges.emplace_back(data_, size_);
     }
   }
   data_ = nullptr;

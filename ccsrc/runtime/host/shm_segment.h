@@ -39,8 +39,10 @@ class ShmSegment {
 
   // Ends the segment without unmapping its addresses: private zero pages replace the mapping (anonymous,
   // MAP_NORESERVE), so a pointer that escaped into it reads zeros and writes memory no one else sees, instead of
-  // faulting. The address range stays reserved (address space only) for the rest of the process, so no later
-  // mapping, a later heap included, can land under such a pointer. Unlinks the name first if still linked.
+  // faulting. The address range stays reserved (address space only), so no later mapping, a later heap
+  // included, can land under such a pointer: until the process exits, or until mapping a new segment runs out
+  // of address space, which gives back every retired range first (pointers into them fault again). Unlinks the
+  // name first if still linked.
   void Retire();
 
   void* data() const { return data_; }
