@@ -337,10 +337,20 @@ def _start_world_with_private_dev_shm(nranks: int, env: dict[str, str], size: in
 
 
 @pytest.fixture(scope="module")
-def small_shm_world() -> Iterator[World]:
-    world = _start_world_with_private_dev_shm(NRANKS, ENV, SMALL_SHM_BYTES)
-    with world:
-        yield world
+def small_shm_worlds() -> Iterator[list[World]]:
+    """The module's private-/dev/shm worlds, the last one current; all closed when the module is done."""
+    worlds: list[World] = []
+    yield worlds
+    for world in worlds:
+        world.close()
+
+
+@pytest.fixture
+def small_shm_world(small_shm_worlds: list[World]) -> World:
+    """A live world of ``NRANKS`` ranks with a private /dev/shm, replaced when a failed case took it down."""
+    if not small_shm_worlds or not small_shm_worlds[-1].alive:
+        small_shm_worlds.append(_start_world_with_private_dev_shm(NRANKS, ENV, SMALL_SHM_BYTES))
+    return small_shm_worlds[-1]
 
 
 @pytest.fixture
