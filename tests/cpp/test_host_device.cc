@@ -11,8 +11,10 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "private_shm.h"
 #include "runtime/logging.h"
 #include "test_support.h"
 #include "thread_bootstrap.h"
@@ -117,6 +119,71 @@ TEST(HostDeviceTest, InitFailsOnEveryRankWhenDevShmIsTooSmall) {
     EXPECT_EQ(device.heap_size(), kMiB);
     EXPECT_TRUE(IsOk(device.Finalize()));
   });
+}
+
+TEST(HostDeviceTest, FinalizeLeavesEscapedPointersHarmless) {
+  RunRanks(2, [](int rank, Bootstrap& bootstrap) {
+    HostDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(bootstrap), bootstrap)));
+    Result<void*> allocated = device.Allocate(4096, 64);
+    ASSERT_TRUE(allocated.ok()) << allocated.status().ToString();
+    // Pointers that escape the runtime's bookkeeping: into our heap and into the peer's mapping.
+    auto* own = static_cast<unsigned char*>(allocated.value());
+    Result<void*> peer_address = device.PeerAddress(own, 1 - rank);
+    ASSERT_TRUE(peer_address.ok()) << peer_address.status().ToString();
+    auto* peer = static_cast<unsigned char*>(peer_address.value());
+    std::memset(own, 0x10 + rank, 4096);
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+    EXPECT_EQ(peer[4095], 0x10 + (1 - rank));
+    const std::uintptr_t old_base = device.heap_base();
+    const std::size_t heap_size = device.heap_size();
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+    ASSERT_TRUE(IsOk(device.Finalize()));
+
+    // After Finalize they read zeros and keep what is written through them to this process: no fault.
+    EXPECT_EQ(own[0], 0);
+    EXPECT_EQ(peer[4095], 0);
+    own[0] = 0x5A;
+    peer[4095] = 0x6B;
+    EXPECT_EQ(own[0], 0x5A);
+    EXPECT_EQ(peer[4095], 0x6B);
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));   // both ranks wrote through their stale pointers
+
+    // A new lifecycle's heap never lies under them, and nothing written through them reaches it.
+    ASSERT_TRUE(IsOk(device.Init(Args(bootstrap), bootstrap)));
+    const std::uintptr_t base = device.heap_base();
+    EXPECT_TRUE(base + device.heap_size() <= old_base || old_base + heap_size <= base)
+        << "new heap at " << base << " overlaps the retired one at " << old_base;
+    Result<void*> again = device.Allocate(4096, 64);
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    const auto* fresh = static_cast<const unsigned char*>(again.value());
+    Result<void*> fresh_peer = device.PeerAddress(fresh, 1 - rank);
+    ASSERT_TRUE(fresh_peer.ok()) << fresh_peer.status().ToString();
+    EXPECT_EQ(fresh[0], 0);
+    EXPECT_EQ(fresh[4095], 0);
+    EXPECT_EQ(static_cast<const unsigned char*>(fresh_peer.value())[4095], 0);
+    EXPECT_EQ(own[0], 0x5A);   // still this process's private page
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+    EXPECT_TRUE(IsOk(device.Free(again.value())));
+    EXPECT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
+TEST(HostDeviceTest, InitChecksDevShmBeforeAnyRankReservesItsHeap) {
+  // Room for the 4 heaps, not for 4 more: a rank that checked after its peers had reserved theirs would refuse.
+  const std::size_t segment_bytes = kMiB + HostDevice::kControlBytes;
+  const ChildReport report = InSmallShm(6 * segment_bytes, []() -> std::string {
+    RunRanks(4, [](int rank, Bootstrap& bootstrap) {
+      if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));   // the last to arrive
+      HostDevice device;
+      EXPECT_TRUE(IsOk(device.Init(Args(bootstrap), bootstrap)));
+      ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+      EXPECT_TRUE(IsOk(device.Finalize()));
+    });
+    return ::testing::Test::HasFailure() ? "a rank failed (printed above)" : "";
+  });
+  if (report.skipped) GTEST_SKIP() << report.text;
+  EXPECT_EQ(report.text, "");
 }
 
 TEST(HostDeviceTest, SymmetricHeapAndDataPlane) {

@@ -93,16 +93,18 @@ Status HostDevice::Init(const DeviceInitArgs& args, Bootstrap& bootstrap) {
 
   RemoveStaleSegments();
 
-  // 1. Create our segment, after checking that the machine can hold every rank's.
+  // 1. Create our segment, once every rank has checked that the machine can hold every rank's: creation reserves
+  //    the pages, so a rank checking after a peer created would count that peer's heap twice. The reservation
+  //    itself is the last word (another program may take /dev/shm between the check and it).
+  HP_RETURN_IF_ERROR(AgreeOnStatus(bootstrap, CheckShmCapacity(segment_bytes * static_cast<std::size_t>(world_size_)),
+                                   "creating the symmetric heap"));
   ShmSegment own;
-  Status created = CheckShmCapacity(segment_bytes * static_cast<std::size_t>(world_size_));
-  if (created.ok()) {
-    auto segment = ShmSegment::Create(segment_bytes);
-    if (segment.ok()) {
-      own = std::move(segment).value();
-    } else {
-      created = segment.status();
-    }
+  Status created = Status::Ok();
+  auto segment = ShmSegment::Create(segment_bytes);
+  if (segment.ok()) {
+    own = std::move(segment).value();
+  } else {
+    created = segment.status();
   }
   HP_RETURN_IF_ERROR(AgreeOnStatus(bootstrap, created, "creating the symmetric heap"));
 
@@ -154,6 +156,9 @@ Status HostDevice::Finalize() {
   }
   heap_.reset();
   bases_.clear();
+  // Tensors that escaped invalidation (numpy arrays, DLPack capsules) may still point into any rank's mapping:
+  // retired segments turn such pointers harmless instead of unmapping memory under them.
+  for (ShmSegment& segment : segments_) segment.Retire();
   segments_.clear();
   return Status::Ok();
 }

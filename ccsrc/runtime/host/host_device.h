@@ -27,6 +27,9 @@ class HostDevice final : public Device {
 
   const char* name() const override { return "host"; }
   Status Init(const DeviceInitArgs& args, Bootstrap& bootstrap) override;
+  // Retires every segment (ShmSegment::Retire) instead of unmapping it: pointers that escaped into any rank's
+  // heap (numpy arrays, DLPack capsules) stay harmless, at the cost of the heaps' address ranges (address space
+  // only, no memory) for the rest of the process.
   Status Finalize() override;
 
   Result<void*> Allocate(std::size_t bytes, std::size_t alignment) override;
