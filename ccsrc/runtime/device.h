@@ -51,8 +51,9 @@ class Device {
 
   // Collective over the bootstrap: maps the symmetric heap of every rank.
   virtual Status Init(const DeviceInitArgs& args, Bootstrap& bootstrap) = 0;
-  // Local: waits for every stream (a failure nobody synchronized is logged), releases the heap. The device
-  // cannot be used afterwards.
+  // Local: waits for every stream (a failure nobody synchronized is logged), releases the heap. Pointers into it
+  // that escaped (aliases of tensors) must not crash the process afterwards: the host device leaves private zero
+  // pages where the heaps were mapped. The device cannot be used afterwards.
   virtual Status Finalize() = 0;
 
   // Symmetric-heap memory (local address). Deterministic: the same call sequence on every rank gives the same
