@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "host_forwarding_device.h"
 #include "runtime/host/host_device.h"
 #include "runtime/logging.h"
 #include "test_support.h"
@@ -109,17 +110,17 @@ struct Faults {
   }
 };
 
-class FaultyDevice final : public Device {
+class FaultyDevice final : public HostForwardingDevice {
  public:
   explicit FaultyDevice(std::shared_ptr<Faults> faults) : faults_(std::move(faults)) {}
 
   const char* name() const override { return "faulty-host"; }
   Status Init(const DeviceInitArgs& args, Bootstrap& bootstrap) override {
     if (faults_->fail_init) return DeviceError("injected init failure: rank=" + std::to_string(args.rank));
-    return inner_.Init(args, bootstrap);
+    return host().Init(args, bootstrap);
   }
   Status Finalize() override {
-    Status status = inner_.Finalize();
+    Status status = host().Finalize();
     if (faults_->fail_finalize) return DeviceError("injected finalize failure");
     return status;
   }
@@ -132,60 +133,34 @@ class FaultyDevice final : public Device {
     if (call == faults_->fail_allocate_call) {
       return OutOfMemory("injected allocation failure: call=" + std::to_string(call));
     }
-    return inner_.Allocate(bytes, alignment);
+    return host().Allocate(bytes, alignment);
   }
-  Status Free(void* ptr) override { return inner_.Free(ptr); }
   Status CopyToHeap(void* dst, const void* src, std::size_t bytes) override {
     {
       std::lock_guard<std::mutex> lock(faults_->mu);
       ++faults_->copies_to_heap;
     }
     if (faults_->fail_copy_to_heap) return DeviceError("injected copy failure: bytes=" + std::to_string(bytes));
-    return inner_.CopyToHeap(dst, src, bytes);
+    return host().CopyToHeap(dst, src, bytes);
   }
   Status CopyFromHeap(void* dst, const void* src, std::size_t bytes) override {
     {
       std::lock_guard<std::mutex> lock(faults_->mu);
       ++faults_->copies_from_heap;
     }
-    return inner_.CopyFromHeap(dst, src, bytes);
+    return host().CopyFromHeap(dst, src, bytes);
   }
-  std::size_t ReservedBytes(const void* ptr) const override { return inner_.ReservedBytes(ptr); }
-  std::uintptr_t heap_base() const override { return inner_.heap_base(); }
-  std::size_t heap_size() const override { return inner_.heap_size(); }
   std::size_t max_transfer_bytes() const override { return faults_->max_transfer_bytes; }
   Status Put(void* dst, const void* src, std::size_t bytes, int pe, StreamHandle stream, KeepAlive keep) override {
     faults_->Record({true, reinterpret_cast<std::uintptr_t>(dst), bytes, pe});
-    return inner_.Put(dst, src, bytes, pe, stream, std::move(keep));
+    return host().Put(dst, src, bytes, pe, stream, std::move(keep));
   }
   Status Get(void* dst, const void* src, std::size_t bytes, int pe, StreamHandle stream, KeepAlive keep) override {
     faults_->Record({false, reinterpret_cast<std::uintptr_t>(src), bytes, pe});
-    return inner_.Get(dst, src, bytes, pe, stream, std::move(keep));
+    return host().Get(dst, src, bytes, pe, stream, std::move(keep));
   }
-  Status Signal(void* signal, SignalWidth width, std::int64_t value, SignalOp op, int pe,
-                StreamHandle stream) override {
-    return inner_.Signal(signal, width, value, op, pe, stream);
-  }
-  Status WaitSignal(void* signal, SignalWidth width, CompareOp cmp, std::int64_t value,
-                    StreamHandle stream) override {
-    return inner_.WaitSignal(signal, width, cmp, value, stream);
-  }
-  Status Reduce(void* dst, const void* src, std::size_t count, DataType dtype, ReduceOp op, const std::vector<int>& pes,
-                StreamHandle stream, KeepAlive keep) override {
-    return inner_.Reduce(dst, src, count, dtype, op, pes, stream, std::move(keep));
-  }
-  Result<void*> PeerAddress(const void* symmetric, int pe) const override { return inner_.PeerAddress(symmetric, pe); }
-  Status Barrier(StreamHandle stream) override { return inner_.Barrier(stream); }
-  Result<StreamHandle> CreateStream() override { return inner_.CreateStream(); }
-  Status DestroyStream(StreamHandle stream) override { return inner_.DestroyStream(stream); }
-  Status SynchronizeStream(StreamHandle stream) override { return inner_.SynchronizeStream(stream); }
-  Status StreamWaitStream(StreamHandle waiter, StreamHandle waited) override {
-    return inner_.StreamWaitStream(waiter, waited);
-  }
-  Status Quiesce() override { return inner_.Quiesce(); }
 
  private:
-  HostDevice inner_;
   std::shared_ptr<Faults> faults_;
 };
 

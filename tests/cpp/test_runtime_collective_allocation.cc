@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "host_forwarding_device.h"
 #include "runtime/host/host_device.h"
 #include "runtime/runtime.h"
 #include "runtime_support.h"
@@ -21,58 +22,19 @@ using testutil::HasError;
 using testutil::IsOk;
 
 // The host device, declared collective, with a CheckAllocate a test can make refuse; counts Allocate calls.
-class CollectiveHostDevice final : public Device {
+class CollectiveHostDevice final : public testutil::HostForwardingDevice {
  public:
   explicit CollectiveHostDevice(Status* refusal, int* allocations) : refusal_(refusal), allocations_(allocations) {}
 
   const char* name() const override { return "collective-host"; }
-  Status Init(const DeviceInitArgs& args, Bootstrap& bootstrap) override { return host_.Init(args, bootstrap); }
-  Status Finalize() override { return host_.Finalize(); }
   bool collective_allocation() const override { return true; }
   Status CheckAllocate(std::size_t, std::size_t) const override { return *refusal_; }
   Result<void*> Allocate(std::size_t bytes, std::size_t alignment) override {
     ++*allocations_;
-    return host_.Allocate(bytes, alignment);
+    return host().Allocate(bytes, alignment);
   }
-  Status Free(void* ptr) override { return host_.Free(ptr); }
-  std::size_t ReservedBytes(const void* ptr) const override { return host_.ReservedBytes(ptr); }
-  std::uintptr_t heap_base() const override { return host_.heap_base(); }
-  std::size_t heap_size() const override { return host_.heap_size(); }
-  Status CopyToHeap(void* dst, const void* src, std::size_t bytes) override { return host_.CopyToHeap(dst, src, bytes); }
-  Status CopyFromHeap(void* dst, const void* src, std::size_t bytes) override {
-    return host_.CopyFromHeap(dst, src, bytes);
-  }
-  std::size_t max_transfer_bytes() const override { return host_.max_transfer_bytes(); }
-  Status Put(void* dst, const void* src, std::size_t bytes, int pe, StreamHandle stream, KeepAlive keep) override {
-    return host_.Put(dst, src, bytes, pe, stream, std::move(keep));
-  }
-  Status Get(void* dst, const void* src, std::size_t bytes, int pe, StreamHandle stream, KeepAlive keep) override {
-    return host_.Get(dst, src, bytes, pe, stream, std::move(keep));
-  }
-  Status Signal(void* signal, SignalWidth width, std::int64_t value, SignalOp op, int pe,
-                StreamHandle stream) override {
-    return host_.Signal(signal, width, value, op, pe, stream);
-  }
-  Status WaitSignal(void* signal, SignalWidth width, CompareOp cmp, std::int64_t value,
-                    StreamHandle stream) override {
-    return host_.WaitSignal(signal, width, cmp, value, stream);
-  }
-  Status Reduce(void* dst, const void* src, std::size_t count, DataType dtype, ReduceOp op, const std::vector<int>& pes,
-                StreamHandle stream, KeepAlive keep) override {
-    return host_.Reduce(dst, src, count, dtype, op, pes, stream, std::move(keep));
-  }
-  Result<void*> PeerAddress(const void* symmetric, int pe) const override { return host_.PeerAddress(symmetric, pe); }
-  Status Barrier(StreamHandle stream) override { return host_.Barrier(stream); }
-  Result<StreamHandle> CreateStream() override { return host_.CreateStream(); }
-  Status DestroyStream(StreamHandle stream) override { return host_.DestroyStream(stream); }
-  Status SynchronizeStream(StreamHandle stream) override { return host_.SynchronizeStream(stream); }
-  Status StreamWaitStream(StreamHandle waiter, StreamHandle waited) override {
-    return host_.StreamWaitStream(waiter, waited);
-  }
-  Status Quiesce() override { return host_.Quiesce(); }
 
  private:
-  host::HostDevice host_;
   Status* refusal_;
   int* allocations_;
 };

@@ -1,0 +1,64 @@
+// A Device of a test's own over the host device: it forwards every call, so that a test overrides only what it
+// changes (injected faults, a collective allocation, counters).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "runtime/device.h"
+#include "runtime/host/host_device.h"
+
+namespace hp::shmem::testutil {
+
+class HostForwardingDevice : public Device {
+ public:
+  const char* name() const override { return host_.name(); }
+  Status Init(const DeviceInitArgs& args, Bootstrap& bootstrap) override { return host_.Init(args, bootstrap); }
+  Status Finalize() override { return host_.Finalize(); }
+  Result<void*> Allocate(std::size_t bytes, std::size_t alignment) override { return host_.Allocate(bytes, alignment); }
+  Status Free(void* ptr) override { return host_.Free(ptr); }
+  std::size_t ReservedBytes(const void* ptr) const override { return host_.ReservedBytes(ptr); }
+  std::uintptr_t heap_base() const override { return host_.heap_base(); }
+  std::size_t heap_size() const override { return host_.heap_size(); }
+  Status CopyToHeap(void* dst, const void* src, std::size_t bytes) override { return host_.CopyToHeap(dst, src, bytes); }
+  Status CopyFromHeap(void* dst, const void* src, std::size_t bytes) override {
+    return host_.CopyFromHeap(dst, src, bytes);
+  }
+  std::size_t max_transfer_bytes() const override { return host_.max_transfer_bytes(); }
+  Status Put(void* dst, const void* src, std::size_t bytes, int pe, StreamHandle stream, KeepAlive keep) override {
+    return host_.Put(dst, src, bytes, pe, stream, std::move(keep));
+  }
+  Status Get(void* dst, const void* src, std::size_t bytes, int pe, StreamHandle stream, KeepAlive keep) override {
+    return host_.Get(dst, src, bytes, pe, stream, std::move(keep));
+  }
+  Status Signal(void* signal, SignalWidth width, std::int64_t value, SignalOp op, int pe,
+                StreamHandle stream) override {
+    return host_.Signal(signal, width, value, op, pe, stream);
+  }
+  Status WaitSignal(void* signal, SignalWidth width, CompareOp cmp, std::int64_t value,
+                    StreamHandle stream) override {
+    return host_.WaitSignal(signal, width, cmp, value, stream);
+  }
+  Status Reduce(void* dst, const void* src, std::size_t count, DataType dtype, ReduceOp op, const std::vector<int>& pes,
+                StreamHandle stream, KeepAlive keep) override {
+    return host_.Reduce(dst, src, count, dtype, op, pes, stream, std::move(keep));
+  }
+  Result<void*> PeerAddress(const void* symmetric, int pe) const override { return host_.PeerAddress(symmetric, pe); }
+  Status Barrier(StreamHandle stream) override { return host_.Barrier(stream); }
+  Result<StreamHandle> CreateStream() override { return host_.CreateStream(); }
+  Status DestroyStream(StreamHandle stream) override { return host_.DestroyStream(stream); }
+  Status SynchronizeStream(StreamHandle stream) override { return host_.SynchronizeStream(stream); }
+  Status StreamWaitStream(StreamHandle waiter, StreamHandle waited) override {
+    return host_.StreamWaitStream(waiter, waited);
+  }
+  Status Quiesce() override { return host_.Quiesce(); }
+
+ protected:
+  host::HostDevice& host() { return host_; }
+
+ private:
+  host::HostDevice host_;
+};
+
+}  // namespace hp::shmem::testutil
