@@ -44,6 +44,19 @@ void InitSinglePe(std::int64_t heap_bytes = 2 << 20) {
   ASSERT_EQ(aclshmemx_init_attr(ACLSHMEMX_INIT_WITH_UNIQUEID, &attr), ACLSHMEM_SUCCESS);
 }
 
+// PE `rank` of `n_pes` on npu:`rank`, with rank 0's unique id carried into `uid` over `bootstrap`: the init
+// attributes (a 2 MiB heap) for the test to adjust before aclshmemx_init_attr. `attr` points at `uid`, as the
+// real library's do: keep it alive until then.
+void PrepareUniqueIdPe(int rank, int n_pes, shmem::Bootstrap& bootstrap, aclshmemx_uniqueid_t* uid,
+                       aclshmemx_init_attr_t* attr) {
+  ASSERT_EQ(aclrtSetDevice(rank), ACL_SUCCESS);
+  if (rank == 0) {
+    ASSERT_EQ(aclshmemx_get_uniqueid(uid), ACLSHMEM_SUCCESS);
+  }
+  *uid = shmem::testutil::GatherValue(bootstrap, *uid)[0];
+  ASSERT_EQ(aclshmemx_set_attr_uniqueid_args(rank, n_pes, 2 << 20, uid, attr), ACLSHMEM_SUCCESS);
+}
+
 // Copies between the host and NPU memory, which the host cannot dereference.
 void Upload(void* npu, const void* host, std::size_t bytes) {
   ASSERT_EQ(aclrtMemcpy(npu, bytes, host, bytes, ACL_MEMCPY_HOST_TO_DEVICE), ACL_SUCCESS);
@@ -142,14 +155,9 @@ TEST_F(CannFakesTest, StreamsRunInOrderAndReportInjectedFailuresAtSynchronize) {
 
 TEST_F(CannFakesTest, PesOfOneUniqueIdShareASessionAndTranslateAddresses) {
   shmem::testutil::RunRanks(2, [](int rank, shmem::Bootstrap& bootstrap) {
-    ASSERT_EQ(aclrtSetDevice(rank), ACL_SUCCESS);
     aclshmemx_uniqueid_t uid{};
-    if (rank == 0) {
-      ASSERT_EQ(aclshmemx_get_uniqueid(&uid), ACLSHMEM_SUCCESS);
-    }
-    uid = shmem::testutil::GatherValue(bootstrap, uid)[0];
     aclshmemx_init_attr_t attr{};
-    ASSERT_EQ(aclshmemx_set_attr_uniqueid_args(rank, 2, 2 << 20, &uid, &attr), ACLSHMEM_SUCCESS);
+    ASSERT_NO_FATAL_FAILURE(PrepareUniqueIdPe(rank, 2, bootstrap, &uid, &attr));
     ASSERT_EQ(aclshmemx_init_attr(ACLSHMEMX_INIT_WITH_UNIQUEID, &attr), ACLSHMEM_SUCCESS);
     EXPECT_EQ(aclshmem_my_pe(), rank);
     EXPECT_EQ(aclshmem_n_pes(), 2);
@@ -305,14 +313,9 @@ TEST_F(CannFakesTest, InitTakesAbout5MiBOfTheHeapAndAllocationEndsInAControlBarr
 TEST_F(CannFakesTest, AMallocOnOnePeWaitsForEveryPeUpToCannsOwnTimeout) {
   FakeCann::SetCannDefaultTimeout(std::chrono::milliseconds(200));
   shmem::testutil::RunRanks(2, [](int rank, shmem::Bootstrap& bootstrap) {
-    ASSERT_EQ(aclrtSetDevice(rank), ACL_SUCCESS);
     aclshmemx_uniqueid_t uid{};
-    if (rank == 0) {
-      ASSERT_EQ(aclshmemx_get_uniqueid(&uid), ACLSHMEM_SUCCESS);
-    }
-    uid = shmem::testutil::GatherValue(bootstrap, uid)[0];
     aclshmemx_init_attr_t attr{};
-    ASSERT_EQ(aclshmemx_set_attr_uniqueid_args(rank, 2, 2 << 20, &uid, &attr), ACLSHMEM_SUCCESS);
+    ASSERT_NO_FATAL_FAILURE(PrepareUniqueIdPe(rank, 2, bootstrap, &uid, &attr));
     attr.option_attr.shm_init_timeout = 3600;   // ignored in unique-id mode
     ASSERT_EQ(aclshmemx_init_attr(ACLSHMEMX_INIT_WITH_UNIQUEID, &attr), ACLSHMEM_SUCCESS);
     EXPECT_EQ(FakeCann::LastInit()->init_timeout_s, 120u);
@@ -364,15 +367,10 @@ TEST_F(CannFakesTest, PesOnAnotherHostNeedRoce) {
   for (const int engines : {static_cast<int>(ACLSHMEM_DATA_OP_MTE), ACLSHMEM_DATA_OP_MTE | ACLSHMEM_DATA_OP_ROCE}) {
     FakeCann::Reset();
     shmem::testutil::RunRanks(2, [engines](int rank, shmem::Bootstrap& bootstrap) {
-      ASSERT_EQ(aclrtSetDevice(rank), ACL_SUCCESS);
-      FakeCann::SetNode("host" + std::to_string(rank));
       aclshmemx_uniqueid_t uid{};
-      if (rank == 0) {
-        ASSERT_EQ(aclshmemx_get_uniqueid(&uid), ACLSHMEM_SUCCESS);
-      }
-      uid = shmem::testutil::GatherValue(bootstrap, uid)[0];
       aclshmemx_init_attr_t attr{};
-      ASSERT_EQ(aclshmemx_set_attr_uniqueid_args(rank, 2, 2 << 20, &uid, &attr), ACLSHMEM_SUCCESS);
+      ASSERT_NO_FATAL_FAILURE(PrepareUniqueIdPe(rank, 2, bootstrap, &uid, &attr));
+      FakeCann::SetNode("host" + std::to_string(rank));
       attr.option_attr.data_op_engine_type = static_cast<data_op_engine_type_t>(engines);
       ASSERT_EQ(aclshmemx_init_attr(ACLSHMEMX_INIT_WITH_UNIQUEID, &attr), ACLSHMEM_SUCCESS);
       void* target = aclshmem_malloc(8);
