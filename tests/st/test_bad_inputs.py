@@ -105,27 +105,26 @@ def _case_one_sided_sweep() -> dict:
         ranks = st.one_of(st.just(rank), st.just(rank), _RANKS_OF_NOBODY)
         outcomes = {"refused": 0, "done": 0}
 
-        @_SETTINGS
-        @given(target=symmetric, target_offset=_COUNTS, src=ordinary_src, src_offset=_COUNTS, size=_COUNTS,
-               target_rank=ranks)
-        def put(target, target_offset, src, src_offset, size, target_rank) -> None:
+        def transfer(call, target, target_offset, src, src_offset, size, target_rank) -> None:
+            """``call`` (shmem_put or shmem_get) writes ``src[src_offset:+size]`` at ``target_offset`` of
+            ``target``, or refuses."""
             initial = reset()
             (target_name, target_tensor, target_start), (_, src_tensor, _) = target, src
             offset, values = addressed(src_tensor, target_offset, src_offset, size)
-            start = target_start + offset
-            check(lambda: symm.shmem_put(target_tensor, target_offset, src_tensor, src_offset, size, target_rank),
-                  initial, target_name, start, values)
+            check(lambda: call(target_tensor, target_offset, src_tensor, src_offset, size, target_rank),
+                  initial, target_name, target_start + offset, values)
+
+        @_SETTINGS
+        @given(target=symmetric, target_offset=_COUNTS, src=ordinary_src, src_offset=_COUNTS, size=_COUNTS,
+               target_rank=ranks)
+        def put(**arguments) -> None:
+            transfer(symm.shmem_put, **arguments)
 
         @_SETTINGS
         @given(target=ordinary_dst, target_offset=_COUNTS, src=symmetric, src_offset=_COUNTS, size=_COUNTS,
                target_rank=ranks)
-        def get(target, target_offset, src, src_offset, size, target_rank) -> None:
-            initial = reset()
-            (target_name, target_tensor, target_start), (_, src_tensor, _) = target, src
-            offset, values = addressed(src_tensor, target_offset, src_offset, size)
-            start = target_start + offset
-            check(lambda: symm.shmem_get(target_tensor, target_offset, src_tensor, src_offset, size, target_rank),
-                  initial, target_name, start, values)
+        def get(**arguments) -> None:
+            transfer(symm.shmem_get, **arguments)
 
         @_SETTINGS
         @given(signal_offset=_COUNTS, value=_COUNTS, op=st.sampled_from([0, 1, 2, -1, "set", None, 1.0]),
