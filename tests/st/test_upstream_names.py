@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 import hyper_parallel
 from hyper_parallel.core.multicore import shmem
-from st_cases import assert_clean, restored_env, run_case
+from st_cases import assert_clean, expect_error, restored_env, run_case
 
 HEAP_VAR = "HYPER_PARALLEL_SHMEM_HEAP_SIZE"
 ENV = {HEAP_VAR: "16M", "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC": "20"}
@@ -298,6 +298,20 @@ def _case_put_get() -> None:
     shmem.get(local_destination, remote_source, next_pe)
     assert torch.equal(local_destination, torch.full_like(local_destination, next_pe + 11))
     shmem.barrier()
+    # Upstream's parameter names, as its callers write them.
+    put_destination.zero_()
+    shmem.barrier()
+    shmem.put(remote_dst=put_destination, local_src=local_source, target_pe=next_pe)
+    shmem.barrier()
+    assert torch.equal(put_destination, torch.full_like(put_destination, previous_pe + 1))
+    local_destination.zero_()
+    shmem.get(local_dst=local_destination, remote_src=remote_source, source_pe=next_pe)
+    assert torch.equal(local_destination, torch.full_like(local_destination, next_pe + 11))
+    expect_error(TypeError, lambda: shmem.put(put_destination, local_source, next_pe, target_pe=next_pe),
+                 "`pe` and `target_pe` must not both be given")
+    expect_error(TypeError, lambda: shmem.get(local_destination, source_pe=next_pe),
+                 "`src` must be a torch.Tensor, but got NoneType")
+    shmem.barrier()
     shmem.free(put_destination)
     shmem.free(remote_source)
     shmem.release()
@@ -365,7 +379,7 @@ def _case_signal_and_pull() -> None:
     signal_storage.zero_()
     shmem.barrier()
 
-    shmem.signal(signal_word, rank + 1, next_pe, operation="set")
+    shmem.signal(remote_signal=signal_word, value=rank + 1, target_pe=next_pe, operation="set")
     shmem.wait_signal(signal_word, previous_pe + 1)
     shmem.get(local_destination, remote_source, previous_pe)
     assert torch.equal(local_destination, torch.full_like(local_destination, previous_pe + 11))

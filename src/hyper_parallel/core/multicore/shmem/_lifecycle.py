@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from hyper_parallel.core.multicore.shmem._binding import C
-from hyper_parallel.core.multicore.shmem.errors import ShmemStateError, ShmemTimeoutError
+from hyper_parallel.core.multicore.shmem.errors import ShmemStateError, ShmemTimeoutError, attach_fields
 
 _lock = threading.RLock()
 
@@ -161,7 +161,11 @@ class Handle:
                 self._closed = True
                 return
             all_gather, barrier = _local_bootstrap() if root.group is None else _bootstrap(root.group, "shutdown")
-            C.shutdown(root.rank, len(root.ranks), all_gather, barrier)
+            try:
+                C.shutdown(root.rank, len(root.ranks), all_gather, barrier)
+            except Exception as error:
+                attach_fields(error, "shutdown")
+                raise
             root.references = 0
             _root = None
             self._closed = True

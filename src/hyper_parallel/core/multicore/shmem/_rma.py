@@ -23,7 +23,9 @@ _COMPARE_OPS = {"eq": 0, "ne": 1, "gt": 2, "ge": 3, "lt": 4, "le": 5}
 _REDUCE_OPS = {"sum": 0, "avg": 1, "max": 2, "min": 3}
 
 
-def put(dst: torch.Tensor, src: torch.Tensor, pe: int) -> None:
+def put(dst: Optional[torch.Tensor] = None, src: Optional[torch.Tensor] = None, pe: Optional[int] = None, *,
+        remote_dst: Optional[torch.Tensor] = None, local_src: Optional[torch.Tensor] = None,
+        target_pe: Optional[int] = None) -> None:
     """Writes ``src`` into the copy of the symmetric tensor ``dst`` that lives on ``pe``.
 
     Args:
@@ -31,40 +33,72 @@ def put(dst: torch.Tensor, src: torch.Tensor, pe: int) -> None:
             is written.
         src: any contiguous CPU tensor with as many bytes as ``dst``.
         pe: the target rank inside the root.
+        remote_dst, local_src, target_pe: upstream hyper-parallel's names of ``dst``, ``src`` and ``pe``; give
+            one name of each.
 
     Raises:
-        TypeError: an argument of the wrong type.
+        TypeError: an argument of the wrong type, or given under both names.
         ValueError: ``pe`` out of range, byte counts that differ, a non-contiguous tensor, a ``dst`` outside the
             symmetric heap or running past its allocation. Nothing is written.
         ShmemStateError: a freed tensor, or no runtime.
     """
     try:
+        if dst is None or src is None or pe is None or remote_dst is not None or local_src is not None \
+                or target_pe is not None:  # not the common call: an argument missing, or under upstream's name
+            dst, src, pe = _upstream_names((("dst", dst, "remote_dst", remote_dst),
+                                            ("src", src, "local_src", local_src),
+                                            ("pe", pe, "target_pe", target_pe)))
         C.put(dst, src, pe, current_handle())
     except Exception as error:
         attach_fields(error, "put")
         raise
 
 
-def get(dst: torch.Tensor, src: torch.Tensor, pe: int) -> None:
+def get(dst: Optional[torch.Tensor] = None, src: Optional[torch.Tensor] = None, pe: Optional[int] = None, *,
+        local_dst: Optional[torch.Tensor] = None, remote_src: Optional[torch.Tensor] = None,
+        source_pe: Optional[int] = None) -> None:
     """Reads the copy of the symmetric tensor ``src`` that lives on ``pe`` into ``dst``.
 
     Args:
         dst: any contiguous CPU tensor with as many bytes as ``src``.
         src: a symmetric tensor; the same location on ``pe`` is read.
         pe: the source rank inside the root.
+        local_dst, remote_src, source_pe: upstream hyper-parallel's names of ``dst``, ``src`` and ``pe``.
 
     Raises:
         TypeError, ValueError, ShmemStateError: as :func:`put`, with the roles of ``dst`` and ``src`` swapped.
     """
     try:
+        if dst is None or src is None or pe is None or local_dst is not None or remote_src is not None \
+                or source_pe is not None:
+            dst, src, pe = _upstream_names((("dst", dst, "local_dst", local_dst),
+                                            ("src", src, "remote_src", remote_src),
+                                            ("pe", pe, "source_pe", source_pe)))
         C.get(dst, src, pe, current_handle())
     except Exception as error:
         attach_fields(error, "get")
         raise
 
 
-def signal(signal_tensor: torch.Tensor, value: int, pe: int, *, op: Optional[str] = None,
-           operation: Optional[str] = None) -> None:
+def _upstream_names(arguments: tuple) -> list:
+    """The values of arguments that upstream hyper-parallel names otherwise (None where neither name was given:
+    the binding then says what the argument must be).
+
+    Args:
+        arguments: ``(name, value, upstream name, upstream value)`` for each argument, None where not given.
+
+    Returns:
+        The values, in order.
+
+    Raises:
+        ShmemTypeError: an argument given under both names.
+    """
+    return [keyword_alias(name, value, alias, alias_value, None)[1] for name, value, alias, alias_value in arguments]
+
+
+def signal(signal_tensor: Optional[torch.Tensor] = None, value: Optional[int] = None, pe: Optional[int] = None, *,
+           op: Optional[str] = None, operation: Optional[str] = None, remote_signal: Optional[torch.Tensor] = None,
+           target_pe: Optional[int] = None) -> None:
     """Atomically sets or adds ``value`` to the signal on ``pe``, after everything enqueued before it is visible.
 
     Args:
@@ -72,10 +106,11 @@ def signal(signal_tensor: torch.Tensor, value: int, pe: int, *, op: Optional[str
         value: the value to set or add; it must fit the signal's dtype.
         pe: the target rank inside the root.
         op: ``"set"`` (the default) or ``"add"``.
-        operation: upstream hyper-parallel's name of ``op``; give one of the two.
+        operation, remote_signal, target_pe: upstream hyper-parallel's names of ``op``, ``signal_tensor`` and
+            ``pe``; give one name of each.
 
     Raises:
-        TypeError: a signal of another dtype, a non-int value or pe; both ``op`` and ``operation``.
+        TypeError: a signal of another dtype, a non-int value or pe; an argument under both names.
         ValueError: a signal of another size or misaligned, an unknown op, ``pe`` out of range.
         ShmemStateError: a freed signal, or no runtime.
     """
@@ -83,6 +118,10 @@ def signal(signal_tensor: torch.Tensor, value: int, pe: int, *, op: Optional[str
         # The common call names neither or `op`: no helper call on this hot path.
         name, chosen = ("op", "set" if op is None else op) if operation is None else keyword_alias(
             "op", op, "operation", operation, "set")
+        if signal_tensor is None or value is None or pe is None or remote_signal is not None or target_pe is not None:
+            signal_tensor, value, pe = _upstream_names((
+                ("signal_tensor", signal_tensor, "remote_signal", remote_signal), ("value", value, "value", None),
+                ("pe", pe, "target_pe", target_pe)))
         C.signal(signal_tensor, value, pe, check_choice(name, chosen, _SIGNAL_OPS), current_handle())
     except Exception as error:
         attach_fields(error, "signal")
