@@ -334,6 +334,28 @@ def test_mpi_checks_every_reduction_and_type(tmp_path) -> None:
             assert all(dict(zip(columns, row))["mpi.#wrong"] == "0" for row in rows), (op, args, rows)
 
 
+@needs_mpi
+@needs_symmetric_memory
+@pytest.mark.parametrize("nranks", [3, 8])
+def test_mpi_in_an_odd_and_an_oversubscribed_world(nranks: int, tmp_path) -> None:
+    """3 ranks (send_recv's last rank idles on every side) and 8 ranks on this machine's 2 cores."""
+    json_path = tmp_path / "rows.json"
+    ops = ["barrier", "all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv"]
+    # 96 B and 6 KiB of float split into whole blocks at 3 and at 8 ranks.
+    result = perf("--op", ",".join(ops), "--baseline", "gloo,mpi", "-b", "96", "-e", "6K", "-f", "64", "-n", "2",
+                  "-w", "1", "-r", "1", "--progress", "off", "--json", str(json_path),
+                  launcher=(MPIEXEC, "-n", str(nranks)))
+    expect_success(result)
+    document = json.loads(json_path.read_text())
+    assert document["settings"]["nranks"] == nranks
+    rows = document["rows"]
+    assert [(row["op"], row["size"]) for row in rows] == [("barrier", 0)] + [
+        (op, size) for op in ops[1:] for size in (96, 6144)]
+    for row in rows:
+        assert row["wrong"] == 0 and row["mpi_wrong"] == 0 and row["mpi_time_us"] > 0, row
+        assert row["mpi_busbw"] == pytest.approx(row["mpi_algbw"] * OPS[row["op"]].bus_factor(nranks))
+
+
 @pytest.mark.parametrize(
     "args, env, message",
     [(["--nproc", "2"], {}, "`--baseline mpi` must run under mpiexec (mpiexec -n N python -m hyper_parallel.perf "
