@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -36,27 +37,37 @@ FUSED_OPS = ["fused_all_gather_matmul", "fused_matmul_reduce_scatter"]
 needs_symmetric_memory = pytest.mark.skipif(
     importlib.util.find_spec(SYMMETRIC_MEMORY) is None, reason=f"{SYMMETRIC_MEMORY} is not installed"
 )
+# MPICH's mpiexec from the `mpi` extra (`make deps` installs it) sits beside this interpreter.
+MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+needs_mpi = pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None or MPIEXEC is None,
+                               reason="mpi4py and mpiexec are not installed (pip install 'hyper-parallel-shmem[mpi]')")
+MPI_COLUMNS = ["mpi.time", "mpi.algbw", "mpi.busbw", "mpi.#wrong", "mpi.speedup"]
+MPI_IN_PLACE_SPEEDUP_COLUMNS = ["mpi.in.speedup"]
 
 
-def perf(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Runs ``python -m hyper_parallel.perf ARGS`` and returns its completed process (text output)."""
+def perf(*args: str, env: dict[str, str] | None = None, launcher: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """Runs ``[LAUNCHER] python -m hyper_parallel.perf ARGS`` and returns its completed process (text output)."""
     environment = dict(os.environ)
     environment.setdefault("HYPER_PARALLEL_SHMEM_TIMEOUT_SEC", "60")
+    if launcher:  # mpiexec ends every rank after this long: no rank outlives a run that timed out
+        environment.setdefault("MPIEXEC_TIMEOUT", str(RUN_TIMEOUT_S - 20))
     environment.update(env or {})
-    return subprocess.run([sys.executable, "-m", "hyper_parallel.perf", *args], capture_output=True, text=True,
-                          timeout=RUN_TIMEOUT_S, env=environment)
+    return subprocess.run([*launcher, sys.executable, "-m", "hyper_parallel.perf", *args], capture_output=True,
+                          text=True, timeout=RUN_TIMEOUT_S, env=environment)
 
 
 def expect_success(result: subprocess.CompletedProcess) -> None:
     assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
 
 
-def layout(spec: OpSpec, baseline: bool = True) -> list[str]:
-    """The names of ``spec``'s columns, in the table's order."""
+def layout(spec: OpSpec, baseline: bool = True, mpi: bool = False) -> list[str]:
+    """The names of ``spec``'s columns, in the table's order (``mpi``: with MPI's group, where the op has one)."""
     in_place = spec.in_place is not InPlace.ABSENT
     columns = COLUMNS + (IN_PLACE_COLUMNS if in_place else [])
     if baseline:
         columns += BASELINE_COLUMNS + (IN_PLACE_SPEEDUP_COLUMNS if in_place else [])
+    if mpi and spec.mpi is not None:
+        columns += MPI_COLUMNS + (MPI_IN_PLACE_SPEEDUP_COLUMNS if in_place else [])
     return columns + (MEMCPY_COLUMNS if spec.memcpy_reference else [])
 
 
@@ -116,7 +127,7 @@ def test_every_op_reports_every_format_with_no_wrong_elements(tmp_path) -> None:
     assert result.stdout.count("# Out of bounds values : 0 OK") == len(EVERY_OP)
 
     document = json.loads(json_path.read_text())
-    assert document["tool"] == "hp-shmem-perf" and document["schema"] == 3
+    assert document["tool"] == "hp-shmem-perf" and document["schema"] == 4
     settings = document["settings"]
     assert (settings["ops"], settings["nranks"], settings["type"], settings["iterations"], settings["baseline"]) == (
         EVERY_OP, 2, "float", 2, "gloo")
@@ -140,6 +151,7 @@ def test_every_op_reports_every_format_with_no_wrong_elements(tmp_path) -> None:
             assert entry["memcpy_fraction"] == pytest.approx(entry["memcpy_time_us"] / entry["time_us"])
         else:
             assert entry["memcpy_time_us"] is None and entry["memcpy_fraction"] is None
+        assert [entry[key] for key in ("mpi_time_us", "mpi_wrong", "mpi_speedup")] == [None] * 3  # MPI not asked for
     assert plot_path.read_bytes()[:8] == PNG_MAGIC
 
 
@@ -246,6 +258,139 @@ def test_without_baseline_or_check_the_gloo_columns_go(tmp_path) -> None:
         assert all(row[index] == "N/A" for row in rows for index in wrong_columns), op
     assert "# Out of bounds values : N/A (check off)" in result.stdout
     assert plot_path.read_bytes()[:8] == PNG_MAGIC
+
+
+# --------------------------------------------------------------------------
+# MPI beside gloo, under mpiexec.
+# --------------------------------------------------------------------------
+
+MPI_OPS = ["barrier", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "signal_pingpong", "put"]
+
+
+@needs_mpi
+@needs_symmetric_memory
+def test_mpi_is_timed_beside_gloo_under_mpiexec_with_no_wrong_elements(tmp_path) -> None:
+    """``mpiexec -n 2 ... --baseline gloo,mpi``: the ops with an MPI side get MPI's group of columns, checked
+    against gloo's output; the one-sided ops have none; the JSON and the plot carry MPI's values."""
+    json_path, plot_path = tmp_path / "mpi.json", tmp_path / "mpi.png"
+    result = perf("--op", ",".join(MPI_OPS), "--baseline", "gloo,mpi", "-b", "8", "-e", "64K", "-f", "64", "-n", "2",
+                  "-w", "1", "-r", "1", "--progress", "off", "--json", str(json_path), "--plot", str(plot_path),
+                  launcher=(MPIEXEC, "-n", "2"))
+    expect_success(result)
+    assert re.search(r"  baseline gloo  mpi MPICH \S+$", result.stdout.splitlines()[0])
+    blocks = tables(result.stdout)
+    assert list(blocks) == MPI_OPS
+    for op, (titles, rows) in blocks.items():
+        spec = OPS[op]
+        columns = layout(spec, mpi=True)
+        assert titles == titles_of(columns), op
+        assert rows, op
+        for row in rows:
+            cells = dict(zip(columns, row))
+            assert len(row) == len(columns), row
+            assert cells["#wrong"] == "0" and cells.get("in.#wrong", "0") == "0", f"wrong elements in {op}: {row}"
+            if spec.mpi is not None:
+                assert cells["mpi.#wrong"] == "0", f"MPI's wrong elements in {op}: {row}"
+                assert float(cells["mpi.time"]) > 0 and cells["mpi.speedup"].endswith("x")
+        assert (f"# MPI, out of place: {spec.mpi}" in result.stdout or f"# MPI: {spec.mpi}" in result.stdout) == (
+            spec.mpi is not None), op
+    assert result.stdout.count("# Out of bounds values : 0 OK") == len(MPI_OPS)
+    assert result.stdout.count("# Avg bus bandwidth of MPI : ") == len([op for op in MPI_OPS if OPS[op].mpi])
+
+    document = json.loads(json_path.read_text())
+    assert document["schema"] == 4
+    assert document["settings"]["mpi"] is True and document["settings"]["mpi_library"].startswith("MPICH")
+    assert document["settings"]["nranks"] == 2
+    for entry in document["rows"]:
+        spec = OPS[entry["op"]]
+        assert entry["wrong"] == 0 and entry["baseline_time_us"] > 0
+        if spec.mpi is None:
+            assert [entry[key] for key in ("mpi_time_us", "mpi_busbw", "mpi_wrong", "mpi_speedup")] == [None] * 4
+            continue
+        assert entry["mpi_wrong"] == 0 and entry["mpi_time_us"] > 0
+        assert entry["mpi_busbw"] == pytest.approx(entry["mpi_algbw"] * spec.bus_factor(2))
+        if entry["size"]:
+            assert entry["mpi_algbw"] == pytest.approx(entry["size"] / entry["mpi_time_us"] / 1e3)
+        assert entry["mpi_speedup"] == pytest.approx(entry["mpi_time_us"] / entry["time_us"])
+        if spec.in_place is InPlace.SUPPORTED:
+            assert entry["in_place_wrong"] == 0
+            assert entry["mpi_in_place_speedup"] == pytest.approx(entry["mpi_time_us"] / entry["in_place_time_us"])
+    assert {entry["op"] for entry in document["rows"] if entry["mpi_time_us"] is not None} == {
+        op for op in MPI_OPS if OPS[op].mpi}
+    assert plot_path.read_bytes()[:8] == PNG_MAGIC
+
+
+@needs_mpi
+@needs_symmetric_memory
+def test_mpi_checks_every_reduction_and_type(tmp_path) -> None:
+    """MPI's reductions (avg: a sum, then a division) and a 16-bit type give gloo's result."""
+    for args in (["-o", "avg", "-d", "half"], ["-o", "max", "-d", "int32"], ["-o", "min", "-d", "double"]):
+        result = perf("--op", "all_reduce,reduce_scatter", "--baseline", "gloo,mpi", *QUICK, *args,
+                      launcher=(MPIEXEC, "-n", "2"))
+        expect_success(result)
+        for op, (titles, rows) in tables(result.stdout).items():
+            columns = layout(OPS[op], mpi=True)
+            assert titles == titles_of(columns), (op, args)
+            assert all(dict(zip(columns, row))["mpi.#wrong"] == "0" for row in rows), (op, args, rows)
+
+
+@needs_mpi
+@needs_symmetric_memory
+@pytest.mark.parametrize("nranks", [3, 8])
+def test_mpi_in_an_odd_and_an_oversubscribed_world(nranks: int, tmp_path) -> None:
+    """3 ranks (send_recv's last rank idles on every side) and 8 ranks on this machine's 2 cores."""
+    json_path = tmp_path / "rows.json"
+    ops = ["barrier", "all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv"]
+    # 96 B and 6 KiB of float split into whole blocks at 3 and at 8 ranks.
+    result = perf("--op", ",".join(ops), "--baseline", "gloo,mpi", "-b", "96", "-e", "6K", "-f", "64", "-n", "2",
+                  "-w", "1", "-r", "1", "--progress", "off", "--json", str(json_path),
+                  launcher=(MPIEXEC, "-n", str(nranks)))
+    expect_success(result)
+    document = json.loads(json_path.read_text())
+    assert document["settings"]["nranks"] == nranks
+    rows = document["rows"]
+    assert [(row["op"], row["size"]) for row in rows] == [("barrier", 0)] + [
+        (op, size) for op in ops[1:] for size in (96, 6144)]
+    for row in rows:
+        assert row["wrong"] == 0 and row["mpi_wrong"] == 0 and row["mpi_time_us"] > 0, row
+        assert row["mpi_busbw"] == pytest.approx(row["mpi_algbw"] * OPS[row["op"]].bus_factor(nranks))
+
+
+@pytest.mark.parametrize(
+    "args, env, message",
+    [(["--nproc", "2"], {}, "`--baseline mpi` must run under mpiexec (mpiexec -n N python -m hyper_parallel.perf "
+                            "...), but got `--nproc 2`"),
+     ([], {"RANK": "0", "WORLD_SIZE": "2"}, "`--baseline mpi` must run under mpiexec (mpiexec -n N python -m "
+                                            "hyper_parallel.perf ...), but got a launcher's RANK and WORLD_SIZE")],
+)
+@needs_mpi
+def test_mpi_outside_mpiexec_is_refused_before_any_rank_starts(args: list[str], env: dict[str, str],
+                                                                message: str) -> None:
+    result = perf("--op", "barrier", "--baseline", "gloo,mpi", *args, env=env)
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"hp-shmem-perf: error: {message}"
+    assert result.stdout == ""
+
+
+@needs_mpi
+def test_nproc_must_match_mpiexecs_world_size() -> None:
+    result = perf("--op", "barrier", "--nproc", "3", launcher=(MPIEXEC, "-n", "2"))
+    assert result.returncode == 2
+    assert result.stderr.count("hp-shmem-perf: error: `--nproc` must match mpiexec's world size (2), but got 3") == 1
+
+
+@needs_mpi
+@needs_symmetric_memory
+def test_without_mpi_baseline_mpiexec_only_starts_the_ranks(tmp_path) -> None:
+    """Under mpiexec without ``--baseline gloo,mpi``, the ranks meet through MPI and the table has no MPI group."""
+    json_path = tmp_path / "rows.json"
+    result = perf("--op", "barrier,all_gather", *QUICK, "--json", str(json_path), launcher=(MPIEXEC, "-n", "2"))
+    expect_success(result)
+    blocks = tables(result.stdout)
+    assert blocks["all_gather"][0] == titles_of(layout(OPS["all_gather"]))
+    document = json.loads(json_path.read_text())
+    assert document["settings"]["nranks"] == 2 and document["settings"]["mpi"] is False
+    assert all(entry["mpi_time_us"] is None and entry["wrong"] == 0 for entry in document["rows"])
 
 
 # --------------------------------------------------------------------------

@@ -12,10 +12,12 @@ import pytest
 import torch
 
 from hyper_parallel.perf.cases import CASES, InPlaceCase, count_wrong, input_pattern
+from hyper_parallel.perf import config as config_module
 from hyper_parallel.perf.config import build_parser, config_from_args, parse_config
+from hyper_parallel.perf.mpi import under_mpiexec
 from hyper_parallel.perf.ops import OPS, InPlace
 from hyper_parallel.perf.progress import render_bar
-from hyper_parallel.perf.report import Row, Table, footer, format_time_us, write_json
+from hyper_parallel.perf.report import Row, Table, footer, format_time_us, write_json, write_plot
 from hyper_parallel.perf.timing import time_per_operation_us
 from hyper_parallel.perf.units import format_size, parse_size, size_sweep
 
@@ -200,7 +202,15 @@ def test_op_lists_keep_their_order_and_all_means_the_whole_table() -> None:
      (["-o", "xor"], "`-o` must be one of sum, min, max, avg, but got 'xor'"),
      (["-o", "avg", "-d", "int32"], "`-o avg` must have a floating-point `-d`, but got int32"),
      (["-c", "2"], "`-c` must be one of 0, 1, but got '2'"),
-     (["--baseline", "mpi"], "`--baseline` must be one of gloo, none, but got 'mpi'"),
+     (["--baseline", "ucx"], "`--baseline` must be none or a comma-separated list of gloo, mpi, but got 'ucx'"),
+     (["--baseline", "gloo,none"], "`--baseline` must be none or a comma-separated list of gloo, mpi, "
+                                   "but got 'none'"),
+     (["--baseline", "mpi"], "`--baseline mpi` must come with gloo (`--baseline gloo,mpi`), but got 'mpi'"),
+     (["--op", "put,fused_all_gather_matmul", "--baseline", "gloo,mpi"],
+      "`--baseline mpi` must come with `--op` barrier, all_gather, all_reduce, reduce_scatter, all_to_all, "
+      "send_recv, but got put,fused_all_gather_matmul"),
+     (["--baseline", "gloo,mpi", "-d", "bfloat16"], "`--baseline mpi` must have a `-d` that numpy has, "
+                                                    "but got bfloat16"),
      (["--progress", "yes"], "`--progress` must be one of auto, on, off, but got 'yes'"),
      (["--op", "barrier,put", "--nproc", "1"], "`--nproc` must be at least 2, but got 1"),
      (["--mm-k", "0"], "`--mm-k` must be at least 1, but got 0"),
@@ -270,6 +280,43 @@ def test_config_from_args_raises_value_error_for_programmatic_use() -> None:
     args = build_parser().parse_args(["-f", "0"])
     with pytest.raises(ValueError, match=r"^`-f` must be at least 2, but got 0$"):
         config_from_args(args)
+
+
+def test_mpi_is_timed_in_addition_to_gloo_and_is_a_setting() -> None:
+    for spelling in ("gloo,mpi", "mpi,gloo", "gloo, mpi", "gloo,mpi,gloo"):
+        config = parse_config(["--op", "all_reduce,put", "--baseline", spelling])
+        assert (config.baseline, config.mpi) == ("gloo", True), spelling
+        assert (config.settings(2)["baseline"], config.settings(2)["mpi"]) == ("gloo", True)
+    assert (parse_config([]).mpi, parse_config([]).settings(2)["mpi"]) == (False, False)
+    assert (parse_config(["--baseline", "none"]).baseline, parse_config(["--baseline", "none"]).mpi) == (None, False)
+    assert parse_config(["--baseline", "gloo,gloo"]).baseline == "gloo"
+    assert [name for name, op in OPS.items() if op.mpi is not None] == [
+        "barrier", "all_gather", "all_reduce", "reduce_scatter", "all_to_all", "send_recv"]
+
+
+def test_mpi_without_mpi4py_is_refused(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    real_find_spec = config_module.importlib.util.find_spec
+    monkeypatch.setattr(config_module.importlib.util, "find_spec",
+                        lambda name, *args: None if name == "mpi4py" else real_find_spec(name, *args))
+    with pytest.raises(SystemExit):
+        parse_config(["--baseline", "gloo,mpi"])
+    assert capsys.readouterr().err.rstrip().endswith(
+        "hp-shmem-perf: error: `--baseline mpi` must have mpi4py installed (pip install 'hyper-parallel-shmem[mpi]'), "
+        "but got none")
+    assert not parse_config([]).mpi  # gloo alone never needs it
+
+
+@pytest.mark.parametrize(
+    "environ, expected",
+    [({"PMI_RANK": "0", "PMI_SIZE": "2"}, True),  # MPICH's hydra, Intel MPI
+     ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}, True),  # Open MPI
+     ({"PMIX_RANK": "0", "PMIX_SIZE": "4"}, True),
+     ({"PMI_RANK": "0"}, False),
+     ({"RANK": "0", "WORLD_SIZE": "2"}, False),  # torchrun
+     ({}, False)],
+)
+def test_under_mpiexec_reads_the_launchers_variables(environ: dict[str, str], expected: bool) -> None:
+    assert under_mpiexec(environ) is expected
 
 
 def test_settings_are_plain_values() -> None:
@@ -381,6 +428,67 @@ def test_json_rows_carry_the_low_precision_fields(tmp_path) -> None:
     assert [plain[key] for key in ("low_precision_time_us", "low_precision_wrong", "low_precision_gain")] == [None] * 3
 
 
+def _mpi_row(**overrides) -> Row:
+    fields = dict(mpi_time_us=9000.0, mpi_algbw=7.46, mpi_busbw=3.73, mpi_wrong=0)
+    fields.update(overrides)
+    return _collective_row(**fields)
+
+
+def test_mpi_group_follows_the_baseline_with_a_speedup_for_each_of_ours() -> None:
+    table = Table("gloo", memcpy=False, in_place=True, mpi=True)
+    groups, titles, units = table.header()
+    assert titles[1:].split()[17:] == ["time", "algbw", "busbw", "#wrong", "speedup", "speedup"]
+    assert units[1:].split()[13:] == ["(us)", "(GB/s)", "(GB/s)", "(out)", "(in)"]
+    assert groups[1:].split()[-2:] == ["MPI,", "out-of-place"]
+    line = table.line(_mpi_row())
+    assert line.split()[17:] == ["9000.0", "7.46", "3.73", "0", "1.2x", "1.5x"]
+    assert len(line) == len(titles) == len(units)
+    assert _mpi_row().mpi_speedup == pytest.approx(9000.0 / 7815.5)
+    assert _mpi_row().mpi_in_place_speedup == pytest.approx(9000.0 / 5895.9)
+    assert _collective_row().mpi_speedup is None and _collective_row().mpi_in_place_speedup is None
+
+
+def test_mpi_group_without_an_in_place_form_has_one_speedup_and_n_a_unchecked() -> None:
+    table = Table("gloo", memcpy=False, mpi=True)
+    groups, titles, _ = table.header()
+    assert titles[1:].split()[8:] == ["time", "algbw", "busbw", "speedup", "time", "algbw", "busbw", "#wrong",
+                                      "speedup"]
+    assert groups[1:].split() == ["hyper_parallel.shmem", "gloo", "MPI"]
+    row = _row(op="send_recv", memcpy_time_us=None, memcpy_algbw=None, mpi_time_us=15631.0, mpi_algbw=4.29,
+               mpi_busbw=4.29, mpi_wrong=None)
+    assert table.line(row).split()[12:] == ["15631", "4.29", "4.29", "N/A", "2.0x"]
+
+
+def test_footer_counts_mpi_wrong_values_and_averages_mpi_bus_bandwidth() -> None:
+    assert footer([_mpi_row(mpi_wrong=2, mpi_busbw=1.0), _mpi_row(mpi_busbw=3.0)]) == [
+        "# Out of bounds values : 2 FAILED", "# Avg bus bandwidth    : 8.59 GB/s",
+        "# Avg bus bandwidth in place : 5.69 GB/s", "# Avg bus bandwidth of the baseline : 2.28 GB/s",
+        "# Avg bus bandwidth of MPI : 2 GB/s"]
+
+
+def test_json_rows_carry_the_mpi_fields(tmp_path) -> None:
+    path = tmp_path / "rows.json"
+    write_json(str(path), {"mpi": True}, [_mpi_row(), _row()])
+    with_mpi, without = json.loads(path.read_text())["rows"]
+    assert (with_mpi["mpi_time_us"], with_mpi["mpi_algbw"], with_mpi["mpi_busbw"], with_mpi["mpi_wrong"]) == (
+        9000.0, 7.46, 3.73, 0)
+    assert with_mpi["mpi_speedup"] == pytest.approx(9000.0 / 7815.5)
+    assert with_mpi["mpi_in_place_speedup"] == pytest.approx(9000.0 / 5895.9)
+    assert [without[key] for key in ("mpi_time_us", "mpi_algbw", "mpi_busbw", "mpi_wrong", "mpi_speedup",
+                                     "mpi_in_place_speedup")] == [None] * 6
+
+
+def test_plot_draws_mpi_and_leaves_out_its_missing_latency_bar(tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "mpi.png"
+    barrier = _row(op="barrier", size=0, count=0, algbw=0.0, busbw=0.0, time_us=4.0, baseline_time_us=250.0,
+                   baseline_algbw=0.0, baseline_busbw=0.0, memcpy_time_us=None, memcpy_algbw=None, mpi_time_us=9.0,
+                   mpi_algbw=0.0, mpi_busbw=0.0, mpi_wrong=0)
+    pingpong = _row(op="signal_pingpong", size=8, count=1, memcpy_time_us=None, memcpy_algbw=None)  # no MPI side
+    write_plot(str(path), "mpi", [_mpi_row(), _mpi_row(size=1024), barrier, pingpong], "gloo")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_in_place_wrong_is_n_a_in_capitals_when_the_check_is_off() -> None:
     table = Table(None, memcpy=False, in_place=True)
     assert table.header()[1][1:].split()[-4:] == ["time", "algbw", "busbw", "#wrong"]
@@ -416,7 +524,7 @@ def test_json_has_settings_and_every_row(tmp_path) -> None:
     path = tmp_path / "rows.json"
     write_json(str(path), {"op": "put", "nranks": 2}, [_row(), _row(size=8)])
     document = json.loads(path.read_text())
-    assert document["tool"] == "hp-shmem-perf" and document["schema"] == 3
+    assert document["tool"] == "hp-shmem-perf" and document["schema"] == 4
     assert document["settings"] == {"op": "put", "nranks": 2}
     first = document["rows"][0]
     assert first["size"] == 67108864 and first["wrong"] == 0

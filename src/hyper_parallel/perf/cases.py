@@ -6,6 +6,8 @@ copy-free path, like nccl-tests' registered buffers); the gloo side works on ord
 and the same contents. ``fill`` puts identical inputs into both, and ``wrong_elements`` compares our output with
 gloo's after one operation of each; ``prepare_in_place`` then lays the same inputs out for the in-place form, and
 ``wrong_elements_in_place`` compares its output with the same gloo output (gloo runs out of place only).
+With ``--baseline gloo,mpi`` the ops that have an MPI side (``OpSpec.mpi``) also run it through mpi4py on numpy
+views of gloo's input tensors, into outputs of its own that ``wrong_elements_mpi`` compares with gloo's.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ import abc
 
 import importlib
 from types import ModuleType
-from typing import Callable, ClassVar, NamedTuple, Optional
+from typing import Any, Callable, ClassVar, NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
 
 from hyper_parallel.core.multicore import shmem
+from hyper_parallel.perf.mpi import MpiSide
 from hyper_parallel.perf.ops import OPS, InPlace, OpSpec
 
 SYMMETRIC_MEMORY_MODULE = "hyper_parallel.core.symmetric_memory"
@@ -152,16 +155,21 @@ class Case(abc.ABC):
     buffers (views of them), so it costs no heap. Ops with a memcpy reference define ``run_memcpy``.
     Every rank calls every method the same number of times (ranks with no part in an op return at once), so
     that collectives, signal epochs and point-to-point pairs stay matched.
+
+    Ops with an MPI side (``OpSpec.mpi``) define ``setup_mpi`` (numpy views of gloo's inputs, outputs of its own
+    from :meth:`mpi_output`) and ``run_mpi``; they run only when the case is given an :class:`MpiSide`.
     """
 
     spec: ClassVar[OpSpec]
 
-    def __init__(self, info: RankInfo, count: int) -> None:
+    def __init__(self, info: RankInfo, count: int, mpi: Optional[MpiSide] = None) -> None:
         """Allocates the case's buffers (collective).
 
         Args:
             info: the rank and the run's dtype and reduction.
             count: the row's element count (``OpSpec.element_count``).
+            mpi: MPI's communicator and reduction, to time MPI as well (``--baseline gloo,mpi``); ignored by the
+                ops that have no MPI side.
 
         Raises:
             PerfSetupError: the op needs an API that is missing.
@@ -173,7 +181,11 @@ class Case(abc.ABC):
         self.inputs: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.outputs: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.in_place_outputs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.mpi_outputs: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.setup()
+        self.mpi = mpi if self.spec.mpi is not None else None
+        if self.mpi is not None:
+            self.setup_mpi()
 
     @property
     def block(self) -> int:
@@ -196,6 +208,13 @@ class Case(abc.ABC):
         self.outputs.append(pair)
         return pair
 
+    def mpi_output(self, baseline: torch.Tensor) -> torch.Tensor:
+        """An ordinary tensor like gloo's output ``baseline``, for MPI's result, that ``wrong_elements_mpi``
+        compares with it."""
+        tensor = torch.zeros_like(baseline)
+        self.mpi_outputs.append((tensor, baseline))
+        return tensor
+
     @abc.abstractmethod
     def setup(self) -> None:
         """Allocates the pairs (and anything else the op needs)."""
@@ -205,7 +224,7 @@ class Case(abc.ABC):
 
         In that order, so that an in-place op's buffer, both input and output, ends up holding the inputs.
         """
-        for ours, baseline in self.outputs:
+        for ours, baseline in self.outputs + self.mpi_outputs:
             ours.zero_()
             baseline.zero_()
         for salt, (ours, baseline) in enumerate(self.inputs):
@@ -232,6 +251,16 @@ class Case(abc.ABC):
         Bit for bit, except floating-point sums and averages, whose order of additions may differ.
         """
         return self._count_wrong(self.outputs)
+
+    def wrong_elements_mpi(self) -> int:
+        """Wrong elements of MPI's outputs against gloo's, after one ``run_baseline`` and one ``run_mpi`` (the same
+        rules as :meth:`wrong_elements`)."""
+        return self._count_wrong(self.mpi_outputs)
+
+    def _mpi_average(self, output: torch.Tensor) -> None:
+        """``-o avg``: MPI has no average, so its sum is divided here (a view of the numpy buffer MPI wrote)."""
+        if self.mpi.average:
+            output.div_(self.info.nranks)
 
     def close(self) -> None:
         """Frees the symmetric tensors (collective)."""
@@ -409,6 +438,12 @@ class BarrierCase(Case):
     def run_baseline(self) -> None:
         dist.barrier()
 
+    def setup_mpi(self) -> None:
+        pass
+
+    def run_mpi(self) -> None:
+        self.mpi.comm.Barrier()
+
 
 class AllGatherCase(InPlaceCase):
     """``all_gather``: a block per rank into an output of n blocks; in place, the input is this rank's block of
@@ -434,6 +469,12 @@ class AllGatherCase(InPlaceCase):
 
     def run_baseline(self) -> None:
         dist.all_gather_single(self.base_output, self.base_input)
+
+    def setup_mpi(self) -> None:
+        self.mpi_input, self.mpi_receive = self.base_input.numpy(), self.mpi_output(self.base_output).numpy()
+
+    def run_mpi(self) -> None:
+        self.mpi.comm.Allgather(self.mpi_input, self.mpi_receive)
 
 
 class AllReduceCase(LowPrecisionCase):
@@ -474,6 +515,14 @@ class AllReduceCase(LowPrecisionCase):
         self.base_output.copy_(self.base_input)
         dist.all_reduce(self.base_output, op=DIST_REDUCE_OPS[self.info.redop])
 
+    def setup_mpi(self) -> None:
+        self.mpi_result = self.mpi_output(self.base_output)
+        self.mpi_input, self.mpi_receive = self.base_input.numpy(), self.mpi_result.numpy()
+
+    def run_mpi(self) -> None:  # MPI reduces out of place itself: no copy
+        self.mpi.comm.Allreduce(self.mpi_input, self.mpi_receive, op=self.mpi.op)
+        self._mpi_average(self.mpi_result)
+
 
 class ReduceScatterCase(LowPrecisionCase):
     """``reduce_scatter``: n blocks per rank in, the reduction of block i out on rank i; in place, the output is
@@ -511,6 +560,14 @@ class ReduceScatterCase(LowPrecisionCase):
     def run_baseline(self) -> None:
         dist.reduce_scatter_single(self.base_output, self.base_input, op=DIST_REDUCE_OPS[self.info.redop])
 
+    def setup_mpi(self) -> None:
+        self.mpi_result = self.mpi_output(self.base_output)
+        self.mpi_input, self.mpi_receive = self.base_input.numpy(), self.mpi_result.numpy()
+
+    def run_mpi(self) -> None:
+        self.mpi.comm.Reduce_scatter_block(self.mpi_input, self.mpi_receive, op=self.mpi.op)
+        self._mpi_average(self.mpi_result)
+
 
 class AllToAllCase(InPlaceCase):
     """``all_to_all``: block j of rank i's send buffer lands in block i of rank j's output; in place, the send
@@ -538,6 +595,12 @@ class AllToAllCase(InPlaceCase):
     def run_baseline(self) -> None:
         dist.all_to_all_single(self.base_receive, self.base_send)
 
+    def setup_mpi(self) -> None:
+        self.mpi_send, self.mpi_receive = self.base_send.numpy(), self.mpi_output(self.base_receive).numpy()
+
+    def run_mpi(self) -> None:
+        self.mpi.comm.Alltoall(self.mpi_send, self.mpi_receive)
+
 
 class SendRecvCase(Case):
     """``send_recv``: ranks 2i and 2i+1 exchange a message; with an odd world the last rank idles."""
@@ -549,8 +612,9 @@ class SendRecvCase(Case):
         self.send, self.base_send = self.input_pair(self.count)
         self.receive, self.base_receive = self.output_pair(self.count)
 
-    def _exchange(self, send: Callable[[torch.Tensor, int], None], recv: Callable[[torch.Tensor, int], None],
-                  send_buffer: torch.Tensor, receive_buffer: torch.Tensor) -> None:
+    def _exchange(self, send: Callable[[Any, int], None], recv: Callable[[Any, int], None],
+                  send_buffer: Any, receive_buffer: Any) -> None:
+        """The pair's exchange with any transport's send and recv (torch tensors, or numpy arrays for MPI)."""
         if self.peer >= self.info.nranks:
             return
         if self.info.rank % 2 == 0:
@@ -565,6 +629,15 @@ class SendRecvCase(Case):
 
     def run_baseline(self) -> None:
         self._exchange(dist.send, dist.recv, self.base_send, self.base_receive)
+
+    def setup_mpi(self) -> None:
+        self.mpi_send, self.mpi_receive = self.base_send.numpy(), self.mpi_output(self.base_receive).numpy()
+        comm = self.mpi.comm
+        self._mpi_send = lambda buffer, peer: comm.Send(buffer, dest=peer)
+        self._mpi_recv = lambda buffer, peer: comm.Recv(buffer, source=peer)
+
+    def run_mpi(self) -> None:
+        self._exchange(self._mpi_send, self._mpi_recv, self.mpi_send, self.mpi_receive)
 
 
 class _FusedCase(Case):
@@ -670,3 +743,5 @@ assert all(issubclass(case, LowPrecisionCase) == case.spec.low_precision
            for case in CASES.values()), "exactly the ops that run in low precision have a low-precision form"
 assert all(hasattr(case, "run_memcpy") == case.spec.memcpy_reference
            for case in CASES.values()), "exactly the ops with a memcpy reference time one"
+assert all(hasattr(case, "run_mpi") == hasattr(case, "setup_mpi") == (case.spec.mpi is not None)
+           for case in CASES.values()), "exactly the ops with an MPI side run one"

@@ -2,6 +2,8 @@
 
 * ``--nproc N`` (default 2) outside a launcher: start N local ranks and wait for them.
 * Under torchrun (RANK and WORLD_SIZE set), or as a rank the tool started: run the benchmark here.
+* Under mpiexec: run the benchmark here, rank and world size from MPI, the gloo group met through a FileStore
+  whose path rank 0 broadcasts over MPI. ``--baseline gloo,mpi`` (MPI's columns) runs only so.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Optional, Sequence
 
 from hyper_parallel.perf.config import PROG, Config, parse_config
 from hyper_parallel.perf.launch import PARENT_ENV, STORE_ENV, launch_local
+from hyper_parallel.perf.mpi import MPIEXEC_HINT, join_mpi_world, remove_store, under_mpiexec
 
 DEFAULT_NPROC = 2
 _PARENT_POLL_S = 1.0
@@ -57,6 +60,26 @@ def _run_as_rank(config: Config) -> int:
     return 0
 
 
+def _run_under_mpiexec(config: Config) -> int:
+    """Runs as one rank of mpiexec's world: joins it, points the gloo group at rank 0's FileStore, runs, cleans up."""
+    if importlib.util.find_spec("mpi4py") is None:
+        print(f"{PROG}: error: a run under mpiexec must have mpi4py installed "
+              "(pip install 'hyper-parallel-shmem[mpi]'), but got none", file=sys.stderr)
+        return 2
+    world = join_mpi_world()
+    if config.nproc is not None and config.nproc != world.size:
+        if world.rank == 0:
+            print(f"{PROG}: error: `--nproc` must match mpiexec's world size ({world.size}), but got {config.nproc}",
+                  file=sys.stderr)
+        remove_store(world)
+        return 2
+    os.environ.update({STORE_ENV: world.store_path, "RANK": str(world.rank), "WORLD_SIZE": str(world.size),
+                       "MASTER_ADDR": "127.0.0.1"})
+    status = _run_as_rank(config)
+    remove_store(world)
+    return status
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The console script.
 
@@ -68,6 +91,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """
     arguments = list(sys.argv[1:] if argv is None else argv)
     config = parse_config(arguments)
+    if STORE_ENV not in os.environ and under_mpiexec():
+        return _run_under_mpiexec(config)
+    if config.mpi:
+        started = ("a launcher's RANK and WORLD_SIZE" if "RANK" in os.environ and "WORLD_SIZE" in os.environ
+                   else f"`--nproc {config.nproc or DEFAULT_NPROC}`")
+        print(f"{PROG}: error: `--baseline mpi` must run under mpiexec ({MPIEXEC_HINT}), but got {started}",
+              file=sys.stderr)
+        return 2
     under_launcher = STORE_ENV in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
     if under_launcher:
         world = int(os.environ["WORLD_SIZE"])

@@ -19,7 +19,7 @@ from hyper_parallel.perf.units import (
 )
 
 PROG = "hp-shmem-perf"
-BASELINES = ("gloo", "none")
+BASELINES = ("gloo", "mpi")  # --baseline: a comma-separated list of these, or none
 PROGRESS_MODES = ("auto", "on", "off")
 
 
@@ -38,6 +38,7 @@ class Config:
         redop: the reduction (``-o``).
         check: whether to count wrong elements (``-c``).
         baseline: ``"gloo"`` or None.
+        mpi: ``--baseline gloo,mpi``: MPI is timed too (through mpi4py, under mpiexec), beside gloo.
         json_path, plot_path: where to write the rows and the plot, or None.
         progress: ``"auto"`` (a terminal), ``"on"`` or ``"off"``.
         mm_k, mm_n: the fused ops' matmul dimensions (``--mm-k``, ``--mm-n``): all-gather + matmul multiplies
@@ -68,6 +69,7 @@ class Config:
     mm_n: int = 2048
     low_precision: Optional[str] = None
     ordinary_tensors: bool = False
+    mpi: bool = False
 
     @property
     def element_bytes(self) -> int:
@@ -117,6 +119,7 @@ class Config:
             "mm_n": self.mm_n,
             "low_precision": self.low_precision,
             "ordinary_tensors": self.ordinary_tensors,
+            "mpi": self.mpi,
         }
 
 
@@ -137,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         allow_abbrev=False,
         description="nccl-tests-style bandwidth and latency of HyperParallel SHMEM, "
-        "with torch.distributed's gloo measured beside it in the same processes.",
+        "with torch.distributed's gloo (and, under mpiexec, MPI) measured beside it in the same processes.",
         epilog="ops: " + "; ".join(f"{spec.name}: {spec.summary}" for spec in OPS.values()),
     )
     parser.add_argument("--op", default="all_reduce", metavar="OP[,OP...]",
@@ -163,8 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"reduction of all_reduce and reduce_scatter: {', '.join(REDUCE_OPS)} (default sum)")
     parser.add_argument("-c", "--check", type=int, default=1, metavar="0|1",
                         help="count wrong elements against gloo once per size, outside the timing (default 1)")
-    parser.add_argument("--baseline", default="gloo", metavar="NAME",
-                        help="the transport timed beside ours: gloo or none (default gloo)")
+    parser.add_argument("--baseline", default="gloo", metavar="NAME[,NAME]",
+                        help="the transports timed beside ours: gloo, gloo,mpi (MPI as well, under mpiexec; "
+                             "needs mpi4py) or none (default gloo)")
     parser.add_argument("--mm-k", dest="mm_k", type=int, default=2048, metavar="K",
                         help="fused ops: the inner matmul dimension; a row of fused_all_gather_matmul's size "
                              "(the gathered matrix) has K elements (default 2048)")
@@ -209,6 +213,36 @@ def _ops(text: str) -> tuple[OpSpec, ...]:
     return tuple(OPS[name] for name in dict.fromkeys(names))
 
 
+def _baselines(text: str, ops: tuple[OpSpec, ...], dtype: str) -> tuple[Optional[str], bool]:
+    """The ``--baseline`` list: ``none``, ``gloo`` or ``gloo,mpi`` (in any order).
+
+    Returns:
+        ``(gloo or None, whether MPI is timed)``.
+    """
+    if text == "none":
+        return None, False
+    names = [name.strip() for name in text.split(",")]
+    for name in names:
+        if name not in BASELINES:
+            raise ValueError(f"`--baseline` must be none or a comma-separated list of {', '.join(BASELINES)}, "
+                             f"but got {name!r}")
+    if "mpi" not in names:
+        return "gloo", False
+    # MPI's #wrong is counted against gloo's output, and its columns sit beside gloo's.
+    if "gloo" not in names:
+        raise ValueError(f"`--baseline mpi` must come with gloo (`--baseline gloo,mpi`), but got {text!r}")
+    takers = [op.name for op in OPS.values() if op.mpi is not None]
+    if not any(op.mpi is not None for op in ops):
+        raise ValueError(f"`--baseline mpi` must come with `--op` {', '.join(takers)}, "
+                         f"but got {','.join(op.name for op in ops)}")
+    if dtype == "bfloat16":  # numpy, through which mpi4py reads torch's tensors, has no bfloat16
+        raise ValueError(f"`--baseline mpi` must have a `-d` that numpy has, but got {dtype}")
+    if importlib.util.find_spec("mpi4py") is None:
+        raise ValueError("`--baseline mpi` must have mpi4py installed (pip install 'hyper-parallel-shmem[mpi]'), "
+                         "but got none")
+    return "gloo", True
+
+
 def _check_low_precision(name: str, ops: tuple[OpSpec, ...], dtype: str, redop: str) -> None:
     """Raises ValueError unless ``--low-precision NAME`` can apply: an op that runs in it, ``-o`` sum or avg, and a
     floating-point ``-d`` wider than it (what ``low_precision_dtype`` accepts)."""
@@ -238,7 +272,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     ops = _ops(args.op)
     dtype = DTYPES[_choice("-d", args.datatype, list(DTYPES))]
     redop = _choice("-o", args.redop, REDUCE_OPS)
-    baseline = _choice("--baseline", args.baseline, BASELINES)
+    baseline, mpi = _baselines(args.baseline, ops, dtype)
     progress = _choice("--progress", args.progress, PROGRESS_MODES)
     if args.nproc is not None:
         _at_least("--nproc", args.nproc, max(op.min_ranks for op in ops))
@@ -278,7 +312,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         dtype=dtype,
         redop=redop,
         check=args.check == 1,
-        baseline=None if baseline == "none" else baseline,
+        baseline=baseline,
         json_path=args.json_path,
         plot_path=args.plot_path,
         progress=progress,
@@ -286,6 +320,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         mm_n=args.mm_n,
         low_precision=args.low_precision,
         ordinary_tensors=args.ordinary_tensors,
+        mpi=mpi,
     )
 
 

@@ -29,7 +29,8 @@ baseline is the unfused sequence on this library, not gloo, and ``--op all`` lea
 matmuls: seconds each at the sizes the collectives sweep to).
 
 The collectives also have nccl-tests' in-place group of columns (:class:`InPlace`): all_gather, all_reduce and
-reduce_scatter and all_to_all run in place as well.
+reduce_scatter and all_to_all run in place as well. With ``--baseline gloo,mpi`` the collectives, barrier and
+send_recv also time MPI (``OpSpec.mpi``) on gloo's ordinary tensors, out of place.
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ class OpSpec:
             transport: ``"unfused"`` for the fused ops, whose baseline is the unfused sequence on this library.
         in_all: whether ``--op all`` runs it.
         low_precision: whether ``--low-precision`` adds a group of columns: the op run in place in that dtype.
+        mpi: what the MPI columns run (``--baseline gloo,mpi``, through mpi4py on gloo's ordinary tensors), or None
+            for the ops that have no MPI columns (the one-sided ops and the fused ones).
     """
 
     name: str
@@ -110,6 +113,7 @@ class OpSpec:
     baseline_label: str | None = None
     in_all: bool = True
     low_precision: bool = False
+    mpi: str | None = None
 
     @property
     def fused(self) -> bool:
@@ -191,6 +195,7 @@ OPS: dict[str, OpSpec] = {
             name="barrier",
             summary="a barrier over all ranks",
             baseline="dist.barrier",
+            mpi="MPI_Barrier",
             bus_factor=_unit_factor,
             fixed_bytes=0,
         ),
@@ -198,6 +203,7 @@ OPS: dict[str, OpSpec] = {
             name="all_gather",
             summary="every rank's block into every rank's output",
             baseline="dist.all_gather_single",
+            mpi="MPI_Allgather",
             bus_factor=_ring_factor,
             split_by_ranks=True,
             needs_symmetric_memory=True,
@@ -208,6 +214,7 @@ OPS: dict[str, OpSpec] = {
             name="all_reduce",
             summary="reduction of every rank's input into its output: a copy, then shmem_allreduce (in place only)",
             baseline="a copy into the output, then dist.all_reduce on it",
+            mpi="MPI_Allreduce from the input into the output (avg: MPI_SUM, then a division)",
             bus_factor=_ring_reduce_factor,
             needs_symmetric_memory=True,
             reduces=True,
@@ -219,6 +226,7 @@ OPS: dict[str, OpSpec] = {
             name="reduce_scatter",
             summary="reduction of every rank's input, block i to rank i",
             baseline="dist.reduce_scatter_single",
+            mpi="MPI_Reduce_scatter_block (avg: MPI_SUM, then a division)",
             bus_factor=_ring_factor,
             split_by_ranks=True,
             needs_symmetric_memory=True,
@@ -231,6 +239,7 @@ OPS: dict[str, OpSpec] = {
             name="all_to_all",
             summary="block j of rank i's send buffer to block i of rank j's output",
             baseline="dist.all_to_all_single",
+            mpi="MPI_Alltoall",
             bus_factor=_ring_factor,
             split_by_ranks=True,
             needs_symmetric_memory=True,
@@ -241,6 +250,7 @@ OPS: dict[str, OpSpec] = {
             name="send_recv",
             summary="pairs (2i, 2i+1) exchange a message: the even rank sends then receives, the odd one the reverse",
             baseline="dist.send/dist.recv in the same order",
+            mpi="MPI_Send/MPI_Recv in the same order",
             bus_factor=_unit_factor,
             min_ranks=2,
             needs_symmetric_memory=True,

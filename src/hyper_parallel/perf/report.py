@@ -11,8 +11,8 @@ from typing import Any, Callable, NamedTuple, Optional, TextIO
 
 from hyper_parallel.perf.ops import OPS, InPlace, OpSpec
 
-SCHEMA_VERSION = 3  # 2: the in_place_* fields; all_reduce's out-of-place row is a copy, then the reduction
-# 3: the low_precision_* fields (--low-precision)
+SCHEMA_VERSION = 4  # 2: the in_place_* fields; all_reduce's out-of-place row is a copy, then the reduction
+# 3: the low_precision_* fields (--low-precision); 4: the mpi_* fields (--baseline gloo,mpi)
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,9 @@ class Row:
     ops with no in-place form); ``baseline_*`` gloo's, out of place (None without a baseline); ``memcpy_*`` the
     single-core copy (None for ops without a memcpy reference); ``low_precision_*`` ours in place travelling in
     ``--low-precision`` (None without it), whose ``low_precision_wrong`` counts elements beyond the documented
-    error bound. The ``wrong`` fields are None when the check was off.
+    error bound; ``mpi_*`` MPI's, out of place (None without ``--baseline gloo,mpi`` and for the ops that have no
+    MPI side), whose ``mpi_wrong`` counts its elements that differ from gloo's. The ``wrong`` fields are None when
+    the check was off.
     """
 
     op: str
@@ -48,6 +50,10 @@ class Row:
     low_precision_algbw: Optional[float] = None
     low_precision_busbw: Optional[float] = None
     low_precision_wrong: Optional[int] = None
+    mpi_time_us: Optional[float] = None
+    mpi_algbw: Optional[float] = None
+    mpi_busbw: Optional[float] = None
+    mpi_wrong: Optional[int] = None
 
     @property
     def speedup(self) -> Optional[float]:
@@ -60,6 +66,16 @@ class Row:
         return _time_ratio(self.baseline_time_us, self.in_place_time_us)
 
     @property
+    def mpi_speedup(self) -> Optional[float]:
+        """MPI's time over ours out of place (above 1: ours is faster)."""
+        return _time_ratio(self.mpi_time_us, self.time_us)
+
+    @property
+    def mpi_in_place_speedup(self) -> Optional[float]:
+        """MPI's (out-of-place) time over ours in place."""
+        return _time_ratio(self.mpi_time_us, self.in_place_time_us)
+
+    @property
     def low_precision_gain(self) -> Optional[float]:
         """Ours in place at full precision over ours in place in low precision (above 1: low precision is faster)."""
         return _time_ratio(self.in_place_time_us, self.low_precision_time_us)
@@ -70,9 +86,11 @@ class Row:
         return _time_ratio(self.memcpy_time_us, self.time_us)
 
     def to_json(self) -> dict[str, Any]:
-        """Every field, plus ``speedup``, ``in_place_speedup``, ``low_precision_gain`` and ``memcpy_fraction``."""
+        """Every field, plus ``speedup``, ``in_place_speedup``, ``low_precision_gain``, ``memcpy_fraction``,
+        ``mpi_speedup`` and ``mpi_in_place_speedup``."""
         return {**asdict(self), "speedup": self.speedup, "in_place_speedup": self.in_place_speedup,
-                "low_precision_gain": self.low_precision_gain, "memcpy_fraction": self.memcpy_fraction}
+                "low_precision_gain": self.low_precision_gain, "memcpy_fraction": self.memcpy_fraction,
+                "mpi_speedup": self.mpi_speedup, "mpi_in_place_speedup": self.mpi_in_place_speedup}
 
 
 def _time_ratio(numerator_us: Optional[float], denominator_us: Optional[float]) -> Optional[float]:
@@ -158,6 +176,18 @@ _SPEEDUPS = [
     _SPEEDUP._replace(unit="(out)", width=9),
     Column("speedup", "(in)", 9, _in_place(_ratio, "in_place_speedup")),
 ]
+# MPI, out of place, and its time over ours out of place (and over ours in place, where the op has that form).
+_MPI = [
+    Column("time", "(us)", 9, _in_place(format_time_us, "mpi_time_us")),
+    Column("algbw", "(GB/s)", 7, _in_place(_fixed2, "mpi_algbw")),
+    Column("busbw", "(GB/s)", 7, _in_place(_fixed2, "mpi_busbw")),
+    Column("#wrong", "", 9, _in_place(_wrong, "mpi_wrong")),
+]
+_MPI_SPEEDUP = Column("speedup", "", 8, _in_place(_ratio, "mpi_speedup"))
+_MPI_SPEEDUPS = [
+    _MPI_SPEEDUP._replace(unit="(out)", width=9),
+    Column("speedup", "(in)", 9, _in_place(_ratio, "mpi_in_place_speedup")),
+]
 _MEMCPY = [
     Column("time", "(us)", 9, lambda row: format_time_us(row.memcpy_time_us)),
     Column("algbw", "(GB/s)", 7, lambda row: _fixed2(row.memcpy_algbw)),
@@ -177,10 +207,12 @@ class Table:
             (ours in place in that dtype, and full precision's in-place time over it), or None.
         ordinary_tensors: whether the in-place and low-precision groups ran on ordinary tensors
             (``--ordinary-tensors``); their names say so.
+        mpi: whether rows carry MPI's group (``--baseline gloo,mpi``, an op with an MPI side): after the
+            baseline's, with a speedup for each of our groups as the baseline has.
     """
 
     def __init__(self, baseline: Optional[str], memcpy: bool, in_place: bool = False,
-                 low_precision: Optional[str] = None, ordinary_tensors: bool = False) -> None:
+                 low_precision: Optional[str] = None, ordinary_tensors: bool = False, mpi: bool = False) -> None:
         self.groups: list[tuple[str, list[Column]]] = [("", _LEADING)]
         in_place_name = "shmem, in-place, ordinary" if ordinary_tensors else "shmem, in-place"
         if in_place:
@@ -194,6 +226,11 @@ class Table:
                 self.groups.append((f"{baseline}, out-of-place", _BASELINE + _SPEEDUPS))
             else:
                 self.groups.append((baseline, _BASELINE + [_SPEEDUP]))
+        if mpi:
+            if in_place:
+                self.groups.append(("MPI, out-of-place", _MPI + _MPI_SPEEDUPS))
+            else:
+                self.groups.append(("MPI", _MPI + [_MPI_SPEEDUP]))
         if memcpy:
             self.groups.append(("memcpy, 1 core", _MEMCPY))
 
@@ -219,9 +256,10 @@ class Table:
 
 
 def footer(rows: list[Row]) -> list[str]:
-    """nccl-tests' closing lines: wrong values (out of place and in place) and the average bus bandwidth (ours out
-    of place, ours in place where the op has that form, and the baseline's)."""
-    wrong = sum((row.wrong or 0) + (row.in_place_wrong or 0) + (row.low_precision_wrong or 0) for row in rows)
+    """nccl-tests' closing lines: wrong values (out of place, in place, low precision, MPI) and the average bus
+    bandwidth (ours out of place, ours in place where the op has that form, the baseline's, MPI's)."""
+    wrong = sum((row.wrong or 0) + (row.in_place_wrong or 0) + (row.low_precision_wrong or 0) + (row.mpi_wrong or 0)
+                for row in rows)
     checked = any(row.wrong is not None for row in rows)
     lines = [f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}" if checked
              else "# Out of bounds values : N/A (check off)"]
@@ -236,13 +274,16 @@ def footer(rows: list[Row]) -> list[str]:
         if rows[0].baseline_busbw is not None:
             baseline_avg = sum(row.baseline_busbw for row in rows) / len(rows)
             lines.append(f"# Avg bus bandwidth of the baseline : {baseline_avg:.4g} GB/s")
+        if rows[0].mpi_busbw is not None:
+            mpi_avg = sum(row.mpi_busbw for row in rows) / len(rows)
+            lines.append(f"# Avg bus bandwidth of MPI : {mpi_avg:.4g} GB/s")
     return lines
 
 
 def write_json(path: str, settings: dict[str, Any], rows: list[Row]) -> None:
     """Writes the run's settings and every row to ``path``.
 
-    Schema: ``{"tool": "hp-shmem-perf", "schema": 3, "settings": {...}, "rows": [Row.to_json(), ...]}``.
+    Schema: ``{"tool": "hp-shmem-perf", "schema": 4, "settings": {...}, "rows": [Row.to_json(), ...]}``.
 
     Args:
         path: the file to (over)write.
@@ -270,8 +311,8 @@ class _Series(NamedTuple):
 
 
 def _series(rows: list[Row], baseline: Optional[str]) -> list[_Series]:
-    """The lines for ours (out of place, and in place where the op runs in place), the baseline and memcpy, where
-    the rows have them."""
+    """The lines for ours (out of place, and in place where the op runs in place), the baseline, MPI and memcpy,
+    where the rows have them."""
     if rows and rows[0].in_place_time_us is not None:
         series = [
             _Series("shmem, out-of-place", "C0", lambda row: row.busbw, lambda row: row.time_us),
@@ -284,6 +325,8 @@ def _series(rows: list[Row], baseline: Optional[str]) -> list[_Series]:
                               lambda row: row.low_precision_time_us))
     if baseline is not None:
         series.append(_Series(baseline, "C1", lambda row: row.baseline_busbw, lambda row: row.baseline_time_us))
+    if any(row.mpi_time_us is not None for row in rows):
+        series.append(_Series("MPI", "C5", lambda row: row.mpi_busbw, lambda row: row.mpi_time_us))
     if rows and rows[0].memcpy_time_us is not None:
         series.append(_Series("memcpy, 1 core", "C2", lambda row: row.memcpy_algbw, lambda row: row.memcpy_time_us))
     return series
@@ -315,8 +358,10 @@ def _draw_latencies(rows: list[Row], baseline: Optional[str], axes: Any) -> None
     series = _series(rows, baseline)
     width = 0.8 / len(series)
     for index, line in enumerate(series):
-        positions = [position + index * width for position in range(len(rows))]
-        values = [line.time_us(row) for row in rows]
+        # A latency op without this side (signal_pingpong has no MPI bar) leaves its place empty.
+        bars = [(position + index * width, line.time_us(row)) for position, row in enumerate(rows)
+                if line.time_us(row) is not None]
+        positions, values = [position for position, _ in bars], [value for _, value in bars]
         axes.bar(positions, values, width=width, label=line.label, color=line.color)
         for position, value in zip(positions, values):
             axes.annotate(format_time_us(value), (position, value), ha="center", va="bottom", fontsize="small")
@@ -329,7 +374,7 @@ def _draw_latencies(rows: list[Row], baseline: Optional[str], axes: Any) -> None
 
 def write_plot(path: str, title: str, rows: list[Row], baseline: Optional[str]) -> None:
     """Draws, per op, bus bandwidth and time against size (log-log), ours (out of place, and in place where the op
-    runs in place) beside the baseline (and memcpy).
+    runs in place) beside the baseline (and MPI, and memcpy).
 
     Ops of one fixed size (barrier, signal_pingpong) share a bar chart of their times instead.
 
@@ -415,6 +460,7 @@ class Reporter:
             f"# hp-shmem-perf: nranks {settings['nranks']}  type {settings['type']}"
             f"  iterations {settings['iterations']}  warmup {settings['warmup']}  repeat {settings['repeat']}"
             f"  baseline {settings['baseline'] or 'none'}"
+            + (f"  mpi {settings.get('mpi_library', 'on')}" if settings.get("mpi") else "")
             + (f"  low precision {settings['low_precision']}" if settings.get("low_precision") else "")
             + ("  ordinary tensors" if settings.get("ordinary_tensors") else ""),
             "# time: the median over repeats of the slowest rank's time per operation",
@@ -426,8 +472,9 @@ class Reporter:
         baseline = _baseline_name(self.baseline, op)
         low_precision = self.settings.get("low_precision") if op.low_precision else None
         ordinary = bool(self.settings.get("ordinary_tensors")) and op.low_precision
+        mpi = bool(self.settings.get("mpi")) and op.mpi is not None
         self._table = Table(baseline, op.memcpy_reference, in_place=has_in_place, low_precision=low_precision,
-                            ordinary_tensors=ordinary)
+                            ordinary_tensors=ordinary, mpi=mpi)
         self._op_rows = []
         lines = ["#", f"# {op.name}: {op.summary}"]
         if ordinary:
@@ -440,6 +487,9 @@ class Reporter:
                          f"low_precision_dtype={low_precision}; #wrong: elements beyond its documented error bound")
         if baseline is not None:
             lines.append(f"# {baseline}{', out of place' if has_in_place else ''}: {op.baseline}")
+        if mpi:
+            moves = f", on gloo's input tensors; #wrong: its elements that differ from gloo's" if op.sized else ""
+            lines.append(f"# MPI{', out of place' if has_in_place else ''}: {op.mpi}{moves}")
         self._print(lines + self._table.header())
 
     def add(self, row: Row) -> None:

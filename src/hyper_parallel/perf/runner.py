@@ -28,6 +28,7 @@ from hyper_parallel.perf.cases import (
 )
 from hyper_parallel.perf.config import Config
 from hyper_parallel.perf.launch import STORE_ENV
+from hyper_parallel.perf.mpi import MpiSide, comm_world, library_version, mpi_side
 from hyper_parallel.perf.ops import OpSpec
 from hyper_parallel.perf.progress import Progress
 from hyper_parallel.perf.report import Reporter, Row
@@ -35,7 +36,7 @@ from hyper_parallel.perf.timing import Side, measure, slowest_rank, time_per_ope
 from hyper_parallel.perf.units import format_size
 
 HEAP_SIZE_ENV = "HYPER_PARALLEL_SHMEM_HEAP_SIZE"
-OURS, IN_PLACE, MEMCPY = "ours", "in_place", "memcpy"  # the sides' names (the baseline's is its own)
+OURS, IN_PLACE, MEMCPY, MPI = "ours", "in_place", "memcpy", "mpi"  # the sides' names (the baseline's is its own)
 LOW_PRECISION = "low_precision"
 TIMEOUT_ENV = "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC"
 _DEFAULT_TIMEOUT_SEC = 120.0
@@ -84,10 +85,12 @@ def init_process_group() -> None:
 def _check(case: Case, low_precision: bool = False) -> list[int]:
     """This rank's wrong elements (collective): ours out of place against gloo on the same inputs, then, where the
     op runs in place, ours in place against the same gloo output, then (``low_precision``) ours in place in low
-    precision against the exact result within the documented bound.
+    precision against the exact result within the documented bound, then (a case with an MPI side) MPI against
+    the same gloo output.
 
     Returns:
-        ``[out-of-place wrong]``, ``[out-of-place wrong, in-place wrong]``, or those and the low-precision wrong.
+        ``[out-of-place wrong]``, ``[out-of-place wrong, in-place wrong]``, or those and the low-precision wrong;
+        MPI's wrong last where the case has an MPI side.
     """
     case.fill()
     shmem.barrier()  # no rank writes into a peer's buffers before that peer has filled them
@@ -95,6 +98,10 @@ def _check(case: Case, low_precision: bool = False) -> list[int]:
     shmem.barrier()  # one-sided writes by other ranks are visible after it
     case.run_baseline()
     wrong = [case.wrong_elements()]
+    mpi_wrong = []
+    if case.mpi is not None:  # now, while gloo's output is the one of these inputs (a later fill zeroes it)
+        case.run_mpi()
+        mpi_wrong.append(case.wrong_elements_mpi())
     if isinstance(case, InPlaceCase):
         case.prepare_in_place()
         shmem.barrier()  # as above, for the in-place layout
@@ -108,7 +115,7 @@ def _check(case: Case, low_precision: bool = False) -> list[int]:
         case.run_ours_low_precision()
         shmem.barrier()
         wrong.append(case.wrong_elements_low_precision())
-    return wrong
+    return wrong + mpi_wrong
 
 
 def _sum_over_ranks(values: list[int]) -> list[int]:
@@ -117,7 +124,8 @@ def _sum_over_ranks(values: list[int]) -> list[int]:
     return [int(total) for total in totals.tolist()]
 
 
-def measure_row(config: Config, spec: OpSpec, info: RankInfo, nbytes: int, progress: Progress) -> Optional[Row]:
+def measure_row(config: Config, spec: OpSpec, info: RankInfo, nbytes: int, progress: Progress,
+                mpi: Optional[MpiSide] = None) -> Optional[Row]:
     """Measures one op at one size on every rank (collective).
 
     Args:
@@ -126,6 +134,7 @@ def measure_row(config: Config, spec: OpSpec, info: RankInfo, nbytes: int, progr
         info: this rank.
         nbytes: the requested size; it is rounded down as nccl-tests rounds it.
         progress: advanced once per timed round.
+        mpi: MPI's side (``--baseline gloo,mpi``), timed and checked for the ops that have one; None: no MPI.
 
     Returns:
         The row (the same on every rank), or None when the size rounds down to nothing.
@@ -138,7 +147,7 @@ def measure_row(config: Config, spec: OpSpec, info: RankInfo, nbytes: int, progr
         progress.advance(config.repeat)
         return None
     row_bytes = count * config.element_bytes if spec.sized else spec.fixed_bytes
-    case = CASES[spec.name](info, count)
+    case = CASES[spec.name](info, count, mpi)
     low_precision = info.low_precision is not None and isinstance(case, LowPrecisionCase)
     try:
         wrong = _check(case, low_precision) if config.check else []
@@ -150,6 +159,8 @@ def measure_row(config: Config, spec: OpSpec, info: RankInfo, nbytes: int, progr
         if config.baseline is not None:
             # The fused ops' baseline is the unfused sequence on this library: lined up by its own barrier too.
             sides.append(Side(config.baseline, case.run_baseline, shmem.barrier if spec.fused else dist.barrier))
+        if case.mpi is not None:
+            sides.append(Side(MPI, case.run_mpi, case.mpi.comm.Barrier))
         if spec.memcpy_reference:
             sides.append(Side(MEMCPY, case.run_memcpy, shmem.barrier))
         slowest = slowest_rank(measure(sides, config.iterations, config.warmup, config.repeat, progress.advance))
@@ -177,6 +188,9 @@ def measure_row(config: Config, spec: OpSpec, info: RankInfo, nbytes: int, progr
         fields.update(low_precision_wrong=wrong[2] if wrong else None)
     if config.baseline is not None:
         fields.update(zip(("baseline_time_us", "baseline_algbw", "baseline_busbw"), timed(config.baseline)))
+    if MPI in times:
+        fields.update(zip(("mpi_time_us", "mpi_algbw", "mpi_busbw"), timed(MPI)))
+        fields.update(mpi_wrong=wrong[-1] if wrong else None)
     if MEMCPY in times:
         fields.update(zip(("memcpy_time_us", "memcpy_algbw"), timed(MEMCPY)))
     return Row(op=spec.name, size=row_bytes, count=count, type=config.dtype_label(spec), redop=config.redop_label(spec),
@@ -193,14 +207,22 @@ def run_rank(config: Config) -> list[Row]:
         The rows (on every rank).
 
     Raises:
-        PerfSetupError: too few ranks, or an op needs an API that is missing (the same on every rank).
-        ShmemError, RuntimeError: a failure of either transport.
+        PerfSetupError: too few ranks, an op needs an API that is missing, or (``config.mpi``) MPI's world is not
+            gloo's (the same on every rank).
+        ShmemError, RuntimeError: a failure of any transport.
     """
     init_process_group()
     rank, nranks = dist.get_rank(), dist.get_world_size()
     if nranks < config.min_ranks:
         names = ", ".join(op.name for op in config.ops if op.min_ranks > nranks)
         raise PerfSetupError(f"`--op {names}` must run on at least {config.min_ranks} ranks, but got {nranks}")
+    mpi = None
+    if config.mpi:
+        world = comm_world()
+        if (world.Get_rank(), world.Get_size()) != (rank, nranks):
+            raise PerfSetupError(f"`--baseline mpi` must run in MPI's world (rank {world.Get_rank()} of "
+                                 f"{world.Get_size()}), but got gloo's rank {rank} of {nranks}")
+        mpi = mpi_side(config.redop)
     for spec in config.ops:
         if spec.needs_symmetric_memory:
             symmetric_memory_api(spec.name)  # fail before any allocation, on every rank alike
@@ -216,8 +238,10 @@ def run_rank(config: Config) -> list[Row]:
     progress = Progress(total=steps, enabled=progress_on)
     reporter = None
     if rank == 0:
-        reporter = Reporter(config.settings(nranks), config.json_path, config.plot_path, sys.stdout,
-                            before_line=progress.clear)
+        settings = config.settings(nranks)
+        if config.mpi:
+            settings["mpi_library"] = library_version()
+        reporter = Reporter(settings, config.json_path, config.plot_path, sys.stdout, before_line=progress.clear)
         reporter.start()
 
     handle = shmem.acquire_shmem()
@@ -227,7 +251,7 @@ def run_rank(config: Config) -> list[Row]:
             reporter.start_op(spec)
         for nbytes in config.sizes(spec):
             progress.set_label(f"{spec.name} {format_size(nbytes)}B")
-            row = measure_row(config, spec, info, nbytes, progress)
+            row = measure_row(config, spec, info, nbytes, progress, mpi)
             if row is None:
                 continue
             rows.append(row)

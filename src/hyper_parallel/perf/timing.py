@@ -1,8 +1,8 @@
-"""The one timing loop that serves every side of a row (ours, gloo, memcpy), and how its times are combined.
+"""The one timing loop that serves every side of a row (ours, gloo, MPI, memcpy), and how its times are combined.
 
 A timed loop is: the side's own barrier, a high-resolution clock started when the barrier returns on this rank,
 ``iterations`` back-to-back operations (each complete when it returns: the host device's default stream is the
-calling thread, and gloo's calls wait for their work), the clock stopped. Repetitions alternate the sides, so
+calling thread, and gloo's and MPI's calls wait for their work), the clock stopped. Repetitions alternate the sides, so
 that noise on this shared machine hits all of them alike. The reported time of a side is the median over
 repetitions of the slowest rank's loop time, divided by ``iterations`` (and by the op's ``time_divisor``).
 """
@@ -21,7 +21,7 @@ class Side(NamedTuple):
     """One implementation of a row's operation.
 
     Attributes:
-        name: ``"ours"``, ``"gloo"`` or ``"memcpy"``.
+        name: ``"ours"``, ``"in_place"``, ``"low_precision"``, ``"gloo"``, ``"mpi"`` or ``"memcpy"``.
         run: one operation.
         barrier: the barrier that lines the ranks up before its loop (the side's own).
     """
