@@ -3,7 +3,10 @@
 // It resolves tensors to addresses and byte counts, keeps tensors alive for operations queued on a stream, and
 // releases the GIL around everything that may wait. Argument rules that need no torch live in the runtime.
 #include <torch/csrc/Dtype.h>
+#include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
+
+#include <cstring>
 
 #include <limits>
 #include <map>
@@ -489,14 +492,126 @@ void Barrier(StreamHandle stream) {
   ThrowIfError(R().Barrier(OnStream(stream)));
 }
 
-void AllGather(py::handle output_arg, py::handle input_arg, StreamHandle stream) {
-  const at::Tensor& output = TensorArg(output_arg, "output");
-  const at::Tensor& input = TensorArg(input_arg, "input");
-  void* out_ptr = DataPointer(output, "output");
-  const void* in_ptr = DataPointer(input, "input");
+// ---- teams and their collectives (runtime/team.h, runtime/collectives.h) ----
+
+// A tensor's element type as the engine names it in fingerprints ("float32").
+ElementType ElementTypeOf(const at::Tensor& tensor) {
+  ElementType type;
+  type.name = DtypeName(tensor.scalar_type());
+  if (type.name.rfind("torch.", 0) == 0) type.name = type.name.substr(6);
+  type.bytes = static_cast<std::size_t>(tensor.element_size());
+  return type;
+}
+
+std::uint64_t TeamCreate(py::handle pes_arg, int group_rank, py::object all_gather, py::object barrier) {
+  const std::vector<int> pes = PesArg(pes_arg);
+  PyBootstrap bootstrap(group_rank, static_cast<int>(pes.size()), std::move(all_gather), std::move(barrier));
+  Result<std::uint64_t> team = StateError("team was not created");
+  {
+    py::gil_scoped_release nogil;   // the bootstrap takes the GIL back for each exchange
+    team = R().CreateTeam(pes, bootstrap);
+  }
+  return ValueOrThrow(std::move(team));
+}
+
+py::tuple TeamDescribe(std::uint64_t team) {
+  const TeamView view = ValueOrThrow(R().DescribeTeam(team));
+  return py::make_tuple(view.pes, view.me, view.slot, view.staging_bytes);
+}
+
+// The team's staging area on `group_rank`, as a uint8 CPU tensor over that memory (the host device maps every
+// rank's heap). It stays mapped for the lifecycle: after shutdown it reads zeros.
+at::Tensor TeamStaging(std::uint64_t team, int group_rank) {
+  const TeamView view = ValueOrThrow(R().DescribeTeam(team));
+  void* address = ValueOrThrow(R().TeamStaging(team, group_rank));
+  return at::from_blob(address, {static_cast<std::int64_t>(view.staging_bytes)}, at::TensorOptions().dtype(at::kByte));
+}
+
+void TeamBarrier(std::uint64_t team, StreamHandle stream) {
+  py::gil_scoped_release nogil;
+  ThrowIfError(R().TeamBarrier(team, OnStream(stream)));
+}
+
+void TeamAllGather(std::uint64_t team, py::handle output_arg, py::handle input_arg, StreamHandle stream) {
+  const at::Tensor& output = TensorArg(output_arg, "output_tensor");
+  const at::Tensor& input = TensorArg(input_arg, "input_tensor");
+  const ElementType type = ElementTypeOf(input);
+  void* out_ptr = DataPointer(output, "output_tensor");
+  const void* in_ptr = DataPointer(input, "input_tensor");
   KeepAlive keep = Keep(stream, {output, input});
   py::gil_scoped_release nogil;
-  ThrowIfError(R().AllGather(out_ptr, ByteSize(output), in_ptr, ByteSize(input), OnStream(stream), std::move(keep)));
+  ThrowIfError(R().AllGather(team, out_ptr, ByteSize(output), in_ptr, ByteSize(input), type, OnStream(stream),
+                             std::move(keep)));
+}
+
+void TeamAllReduce(std::uint64_t team, py::handle tensor_arg, int op, StreamHandle stream) {
+  const at::Tensor& tensor = TensorArg(tensor_arg, "tensor");
+  const DataType dtype = ReduceDtypeArg(tensor, tensor);
+  void* ptr = DataPointer(tensor, "tensor");
+  KeepAlive keep = Keep(stream, {tensor});
+  py::gil_scoped_release nogil;
+  ThrowIfError(R().AllReduce(team, ptr, ByteSize(tensor), dtype, static_cast<ReduceOp>(op), OnStream(stream),
+                             std::move(keep)));
+}
+
+void TeamReduceScatter(std::uint64_t team, py::handle output_arg, py::handle input_arg, int op, StreamHandle stream) {
+  const at::Tensor& output = TensorArg(output_arg, "output_tensor");
+  const at::Tensor& input = TensorArg(input_arg, "input_tensor");
+  const DataType dtype = ReduceDtypeArg(output, input);
+  void* out_ptr = DataPointer(output, "output_tensor");
+  const void* in_ptr = DataPointer(input, "input_tensor");
+  KeepAlive keep = Keep(stream, {output, input});
+  py::gil_scoped_release nogil;
+  ThrowIfError(R().ReduceScatter(team, out_ptr, ByteSize(output), in_ptr, ByteSize(input), dtype,
+                                 static_cast<ReduceOp>(op), OnStream(stream), std::move(keep)));
+}
+
+void TeamAllToAll(std::uint64_t team, const std::vector<at::Tensor>& sends, py::handle receive_arg,
+                  const std::vector<std::uint64_t>& receive_counts, StreamHandle stream) {
+  const at::Tensor& receive = TensorArg(receive_arg, "receive_tensor");
+  const ElementType type = ElementTypeOf(receive);
+  std::vector<std::pair<const void*, std::size_t>> views;
+  views.reserve(sends.size());
+  for (const at::Tensor& send : sends) views.emplace_back(send.data_ptr(), ByteSize(send));
+  void* out_ptr = DataPointer(receive, "receive_tensor");
+  KeepAlive keep = stream == kDefaultStream ? nullptr : std::make_shared<const std::vector<at::Tensor>>(sends);
+  py::gil_scoped_release nogil;
+  ThrowIfError(R().AllToAll(team, views, out_ptr, ByteSize(receive), receive_counts, type, OnStream(stream),
+                            std::move(keep)));
+}
+
+void TeamSend(std::uint64_t team, py::handle tensor_arg, int peer, StreamHandle stream) {
+  const at::Tensor& tensor = TensorArg(tensor_arg, "tensor");
+  const void* ptr = DataPointer(tensor, "tensor");
+  KeepAlive keep = Keep(stream, {tensor});
+  py::gil_scoped_release nogil;
+  ThrowIfError(R().Send(team, ptr, ByteSize(tensor), peer, OnStream(stream), std::move(keep)));
+}
+
+void TeamRecv(std::uint64_t team, py::handle tensor_arg, int peer, StreamHandle stream) {
+  const at::Tensor& tensor = TensorArg(tensor_arg, "tensor");
+  void* ptr = DataPointer(tensor, "tensor");
+  KeepAlive keep = Keep(stream, {tensor});
+  py::gil_scoped_release nogil;
+  ThrowIfError(R().Recv(team, ptr, ByteSize(tensor), peer, OnStream(stream), std::move(keep)));
+}
+
+std::vector<std::vector<std::int64_t>> TeamAgree(std::uint64_t team, int collective, const std::string& dtype,
+                                                 std::uint64_t count, int reduce_op, int wire, int peer,
+                                                 const std::vector<std::int64_t>& values, StreamHandle stream) {
+  Fingerprint fingerprint{};
+  fingerprint.collective = static_cast<std::uint32_t>(collective);
+  fingerprint.reduce_op = static_cast<std::uint32_t>(reduce_op);
+  fingerprint.wire = static_cast<std::uint32_t>(wire);
+  fingerprint.peer = peer;
+  fingerprint.count = count;
+  std::strncpy(fingerprint.dtype, dtype.c_str(), sizeof(fingerprint.dtype) - 1);
+  Result<std::vector<std::vector<std::int64_t>>> rows = StateError("agree did not run");
+  {
+    py::gil_scoped_release nogil;
+    rows = R().Agree(team, fingerprint, values, OnStream(stream));
+  }
+  return ValueOrThrow(std::move(rows));
 }
 
 py::dict AllocationDict(const AllocationInfo& info) {
@@ -606,7 +721,30 @@ PYBIND11_MODULE(_shmem_torch, m) {
   m.def("reduce_encoded", &ReduceEncoded, py::arg("out"), py::arg("own"), py::arg("sources"), py::arg("op"),
         py::arg("reencode"));
   m.attr("scale_block") = ops::kScaleBlock;
-  m.def("all_gather", &AllGather, py::arg("output"), py::arg("input"), py::arg("stream"));
+  m.def("team_create", &TeamCreate, py::arg("pes"), py::arg("group_rank"), py::arg("all_gather"), py::arg("barrier"));
+  m.def("team_release", [](std::uint64_t team) { ThrowIfError(R().ReleaseTeam(team)); }, py::arg("team"));
+  m.def("team_describe", &TeamDescribe, py::arg("team"));
+  m.def("team_staging", &TeamStaging, py::arg("team"), py::arg("group_rank"));
+  m.def("team_barrier", &TeamBarrier, py::arg("team"), py::arg("stream"));
+  m.def("all_gather", &TeamAllGather, py::arg("team"), py::arg("output"), py::arg("input"), py::arg("stream"));
+  m.def("all_reduce", &TeamAllReduce, py::arg("team"), py::arg("tensor"), py::arg("op"), py::arg("stream"));
+  m.def("reduce_scatter", &TeamReduceScatter, py::arg("team"), py::arg("output"), py::arg("input"), py::arg("op"),
+        py::arg("stream"));
+  m.def("all_to_all", &TeamAllToAll, py::arg("team"), py::arg("sends"), py::arg("receive"), py::arg("receive_counts"),
+        py::arg("stream"));
+  m.def("send", &TeamSend, py::arg("team"), py::arg("tensor"), py::arg("peer"), py::arg("stream"));
+  m.def("recv", &TeamRecv, py::arg("team"), py::arg("tensor"), py::arg("peer"), py::arg("stream"));
+  m.def("agree", &TeamAgree, py::arg("team"), py::arg("collective"), py::arg("dtype"), py::arg("count"),
+        py::arg("reduce_op"), py::arg("wire"), py::arg("peer"), py::arg("values"), py::arg("stream"));
+  m.def("collectives", [] {
+    py::dict d;
+    for (Collective c : {Collective::kBarrier, Collective::kAllGather, Collective::kAllReduce, Collective::kReduceScatter,
+                         Collective::kAllToAll, Collective::kFusedAllGatherMatmul,
+                         Collective::kFusedMatmulReduceScatter, Collective::kRelease}) {
+      d[CollectiveName(c)] = static_cast<int>(c);
+    }
+    return d;
+  });
   m.def("create_stream", [] { return ValueOrThrow(Runtime::Instance().CreateStream()); });
   m.def("destroy_stream", [](StreamHandle s) {
     py::gil_scoped_release nogil;

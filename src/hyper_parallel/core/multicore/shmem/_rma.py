@@ -16,6 +16,7 @@ from hyper_parallel.core.multicore.shmem._binding import C
 from hyper_parallel.core.multicore.shmem._checks import check_choice, keyword_alias
 from hyper_parallel.core.multicore.shmem._lifecycle import require_root
 from hyper_parallel.core.multicore.shmem._streams import current_handle
+from hyper_parallel.core.multicore.shmem._teams import root_team
 from hyper_parallel.core.multicore.shmem.errors import ShmemTypeError, attach_fields
 
 _SIGNAL_OPS = {"set": 0, "add": 1}
@@ -245,7 +246,7 @@ def all_gather(output: torch.Tensor, input: torch.Tensor) -> None:
             # 0 == world_size * 0 bytes: with no byte to place, the output need not be symmetric.
             require_root("all_gather")
             return
-        C.all_gather(output, input, current_handle())
+        root_team().all_gather(output, input)
     except Exception as error:
         attach_fields(error, "all_gather")
         raise
