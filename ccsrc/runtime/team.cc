@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "ops/host/codec.h"
 #include "runtime/logging.h"
 
 namespace hp::shmem {
@@ -32,8 +33,8 @@ std::size_t RoundDown(std::size_t value, std::size_t unit) { return value / unit
 std::size_t Clamp(std::size_t value, std::size_t lo, std::size_t hi) { return std::max(lo, std::min(hi, value)); }
 
 const char* WireName(std::uint32_t wire) {
-  static const char* const kNames[] = {"full", "float8_e4m3fn", "float8_e5m2", "float16", "bfloat16"};
-  return wire < sizeof(kNames) / sizeof(kNames[0]) ? kNames[wire] : "?";
+  if (wire == kWireFull) return "full";
+  return wire <= 4 ? ops::LowFormatName(static_cast<ops::LowFormat>(wire - 1)) : "?";
 }
 
 const char* ReduceName(std::uint32_t op) {

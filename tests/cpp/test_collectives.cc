@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "collective_cases.h"
+#include "runtime/device_factory.h"
 #include "runtime/host/host_device.h"
 #include "runtime/logging.h"
 #include "runtime/runtime.h"
@@ -177,6 +178,16 @@ TEST(TeamTest, BadArgumentsAreRefusedBeforeAnySync) {
     EXPECT_TRUE(IsOk(runtime.TeamBarrier(team.value(), kDefaultStream)));
     EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
   });
+}
+
+TEST(DeviceFactoryTest, TheConfigurationChoosesTheDevice) {
+  Config config;
+  auto host = MakeDevice(config);
+  ASSERT_TRUE(host.ok()) << host.status().ToString();
+  EXPECT_STREQ(host.value()->name(), "host");
+  config.device = "ascend";   // only a build against a real CANN installation carries it, never the fakes
+  EXPECT_TRUE(HasError(MakeDevice(config).status(), StatusCode::kStateError,
+                       "device is not built into this module: device=ascend built=host"));
 }
 
 }  // namespace

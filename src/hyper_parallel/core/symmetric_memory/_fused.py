@@ -38,8 +38,6 @@ import torch
 import torch.distributed as dist
 
 from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.multicore.shmem._checks import type_name
-from hyper_parallel.core.multicore.shmem._lifecycle import root_info
 from hyper_parallel.core.symmetric_memory import _args, _autograd, _context
 from hyper_parallel.core.symmetric_memory._context import GroupChannel, heap_offset, is_symmetric
 
@@ -79,7 +77,7 @@ def _comm_stream(ch: GroupChannel) -> Optional[shmem.Stream]:
     """
     on_stream = _push_on_stream
     if on_stream is None:
-        local_ranks = len(root_info().ranks)
+        local_ranks = len(shmem.debug_state()["root_ranks"])
         on_stream = _cores() > local_ranks * torch.get_num_threads()
     if not on_stream:
         return None
@@ -156,7 +154,7 @@ def _block_rows(block_size: object, m: int, row_bytes: int, columns: int) -> int
         at_least = max(-(-_MIN_AUTO_BLOCK_BYTES // max(row_bytes, 1)), columns)
         return max(1, -(-m // _AUTO_BLOCKS_PER_RANK), at_least)
     if isinstance(block_size, bool) or not isinstance(block_size, int):
-        raise TypeError(f"`block_size` must be a positive int or None, but got {type_name(block_size)}")
+        raise TypeError(f"`block_size` must be a positive int or None, but got {_args.type_name(block_size)}")
     if block_size <= 0:
         raise ValueError(f"`block_size` must be a positive int or None, but got {block_size}")
     return block_size

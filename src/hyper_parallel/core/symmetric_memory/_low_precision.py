@@ -65,7 +65,7 @@ the first error carried into it). Non-finite inputs, float16 overflow and the Na
 bound. :func:`error_bound` computes it.
 
 **Speed.** Everything runs on the calling thread, a piece at a time (it stays in cache), in the host codec
-(:mod:`hyper_parallel.core.multicore.shmem._codec`: vectorised C++, bit-identical to torch's casts on the same
+(:mod:`hyper_parallel.core.multicore.shmem.codec`: vectorised C++, bit-identical to torch's casts on the same
 definition): one pass to encode, one for the owner's decode-sum-re-encode step, one per peer to decode. The codec
 writes the slots with non-temporal stores, so that a peer on another die reads them from memory instead of pulling
 each line out of this core's cache. On the host device, whose "link" is the same memory the casts read and write,
@@ -88,7 +88,7 @@ from typing import Optional
 import torch
 
 from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.multicore.shmem import _codec as wire
+from hyper_parallel.core.multicore.shmem import codec as wire
 from hyper_parallel.core.multicore.shmem.errors import ShmemStateError
 from hyper_parallel.core.symmetric_memory import _context
 from hyper_parallel.core.symmetric_memory._context import GroupChannel, flush_for_host_read
@@ -252,7 +252,7 @@ class _Codec:
     """Encodes values into a slot and names a slot's encoded run, for one (group, low dtype).
 
     A slot is a uint8 tensor: for fp8, ``scale_bytes`` of float32 block scales then the fp8 bytes; for float16 and
-    bfloat16, the 16-bit codes. The host codec (:mod:`hyper_parallel.core.multicore.shmem._codec`) encodes,
+    bfloat16, the 16-bit codes. The host codec (:mod:`hyper_parallel.core.multicore.shmem.codec`) encodes,
     decodes, and sums (``reduce_encoded``).
     """
 
@@ -433,13 +433,9 @@ def reduce_scatter(out: torch.Tensor, src: torch.Tensor, op: str, ch: GroupChann
     ch.sync()  # peers are done with this rank's staging before the group's next call writes it
 
 
-# The wire formats' numbers in fingerprints: the runtime's LowFormat + 1 (0 is full precision).
-_WIRE = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2, torch.float16: 3, torch.bfloat16: 4}
-
-
 def _open(ch: GroupChannel, collective: str, dtype: torch.dtype, count: int, op: str, precision: torch.dtype) -> None:
     """The call's first sync: every rank of the group agrees on the collective, dtype, count, op and wire format
     (a rank in full precision, or in another low dtype, makes every rank raise ShmemMismatchError), and every rank
     has finished the group's previous call, so the staging area is free."""
     flush_for_host_read()  # the host writes the staging next: earlier work of the stream first
-    ch.team.agree(collective, dtype=str(dtype).replace("torch.", ""), count=count, op=op, wire=_WIRE[precision])
+    ch.team.agree(collective, dtype=dtype, count=count, op=op, wire=precision)

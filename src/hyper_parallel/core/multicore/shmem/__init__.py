@@ -18,7 +18,7 @@ reference count as handles), ``host_barrier()``, ``barrier(blocking=...)``, ``si
 """
 
 from hyper_parallel.core.multicore.shmem._debug import DebugState, Failure, StateName, debug_state
-from hyper_parallel.core.multicore.shmem._lifecycle import Handle
+from hyper_parallel.core.multicore.shmem._lifecycle import Handle, device_available
 from hyper_parallel.core.multicore.shmem._memory import empty, free, peer_tensor
 from hyper_parallel.core.multicore.shmem._references import acquire, acquire_shmem, host_barrier, release
 from hyper_parallel.core.multicore.shmem._rma import all_gather, barrier, get, put, reduce, signal, wait_signal
@@ -60,6 +60,7 @@ __all__ = [
     "current_stream",
     "debug_state",
     "default_stream",
+    "device_available",
     "empty",
     "free",
     "get",

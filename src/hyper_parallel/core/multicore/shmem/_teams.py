@@ -24,7 +24,9 @@ from hyper_parallel.core.multicore.shmem.errors import attach_fields
 
 # The numberings are the runtime's (runtime/team.h, ops/reduce_op.h): exported once, never retyped.
 COLLECTIVES: dict = dict(C.collectives())
-REDUCE_OPS = {"sum": 0, "avg": 1, "max": 2, "min": 3}
+REDUCE_OPS: dict = dict(C.reduce_ops())
+#: A fingerprint's wire format: "full", or a low-precision dtype's name.
+WIRE_FORMATS: dict = dict(C.wire_formats())
 
 
 class Team:
@@ -120,16 +122,30 @@ class Team:
         """Receives the next message of member ``peer`` into ``tensor`` (of the message's byte size)."""
         self._call("recv", C.recv, tensor, peer)
 
-    def agree(self, collective: str, values: Sequence[int] = (), dtype: str = "", count: int = 0,
-              op: Optional[str] = None, wire: int = 0, peer: int = -1) -> list:
+    def agree(self, collective: str, values: Sequence[int] = (), dtype: Optional[torch.dtype] = None, count: int = 0,
+              op: Optional[str] = None, wire: Optional[torch.dtype] = None, peer: int = -1) -> list:
         """A fingerprinted sync for algorithms written over the primitives: every member's ``values`` (at most
-        2 x root size + 1 ints), after checking that every member calls the same thing.
+        2 x root size + 1 ints), after checking that every member makes the same call.
+
+        Args:
+            collective: a name of :data:`COLLECTIVES`.
+            values: what this member publishes.
+            dtype, count, op: the call's element type, element count and reduce op ('sum', 'avg', 'max', 'min').
+            wire: the low-precision dtype the data travels in (None: the tensor's own).
+            peer: the call's root or peer, -1 for none.
+
+        Returns:
+            Every member's ``values``, in group-rank order.
 
         Raises:
             ShmemMismatchError: members disagree on the call (every member raises).
+            ShmemTimeoutError: a member did not arrive in time.
         """
-        return self._call("agree", C.agree, COLLECTIVES[collective], dtype, count,
-                          0 if op is None else REDUCE_OPS[op] + 1, wire, peer, list(values))
+        dtype_name = "" if dtype is None else str(dtype).replace("torch.", "")
+        wire_name = "full" if wire is None else str(wire).replace("torch.", "")
+        return self._call("agree", C.agree, COLLECTIVES[collective], dtype_name,
+                          0 if dtype is None else dtype.itemsize, count, 0 if op is None else REDUCE_OPS[op] + 1,
+                          WIRE_FORMATS[wire_name], peer, list(values))
 
     def staging(self, member: int) -> torch.Tensor:
         """Member ``member``'s staging area of this team, as a uint8 tensor over that memory (host device)."""
