@@ -21,7 +21,7 @@ ordinary tensors (staged through the library's symmetric workspace) and take a c
 peers must address is symmetric. Every call takes ``group=``: any ProcessGroup of ranks inside the root, with
 ranks counted inside that group. Runs on the runtime :mod:`hyper_parallel.core.multicore.shmem`.
 
-Every call but ``empty``, ``free`` and ``shutdown`` runs as a torch operator of the namespace
+The collectives, the primitives and the fused ops run as torch operators of the namespace
 ``hyper_parallel_shmem`` (:mod:`~hyper_parallel.core.symmetric_memory._ops`): ``torch.compile(fullgraph=True)``
 traces code that calls them.
 
