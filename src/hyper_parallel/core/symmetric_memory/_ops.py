@@ -13,9 +13,10 @@ as one operator with a schema, the way it sees its own ``symm_mem`` and ``_c10d_
   overlaps), then call the algorithms: ``_collectives._all_reduce`` and its siblings, ``_fused._all_gather_matmul``
   and ``_fused._matmul_reduce_scatter``, the runtime's put/get/signal/wait. An eager call with nothing to dispatch
   (no grad, no tracing, no dispatch mode) goes straight to the implementation (``_autograd.call``).
-* **written arguments are the caller's.** Ops that need a symmetric tensor (the fused ops, the primitives) check
-  it when they run: where AOTAutograd's functionalization hands them a copy (``aot_eager``; inductor writes in
-  place where it can) they raise ``ValueError`` instead of computing on the copy.
+* **written arguments are the caller's.** Ops that write a symmetric tensor (the fused ops, ``put_``,
+  ``signal_``, ``put_with_signal_``) check it when they run: where AOTAutograd's functionalization hands them a
+  copy (``aot_eager``; inductor writes in place where it can) they raise ``ValueError`` instead of computing on
+  the copy. The collectives are correct on copies (the staged path).
 * **fake kernels** give torch.compile the outputs' shapes without running anything.
 * **autograd kernels** (dispatch key ``Autograd``) run the differentiable ops through the functions of
   :mod:`~hyper_parallel.core.symmetric_memory._autograd`, whose backward passes call these operators again, so
@@ -25,30 +26,14 @@ as one operator with a schema, the way it sees its own ``symm_mem`` and ``_c10d_
 Operators with no tensor result and nothing written locally (send, recv of a new tensor, barrier, the signal
 wait) are registered as side effects, so that no graph pass drops them.
 
-Operators (all return nothing unless noted):
+Operators (schemas in :data:`SCHEMAS`; ``*``: an autograd kernel, :data:`_autograd.KERNELS`):
 
-========================================================================================================  =========
-schema                                                                                                    autograd
-========================================================================================================  =========
-``all_reduce_(Tensor(a!) tensor, str op, str group_name, str low_precision_dtype, str backward)``          yes
-``all_gather_(Tensor(a!) output, Tensor input, str group_name)``                                           yes
-``reduce_scatter_(Tensor(a!) output, Tensor input, str op, str group_name, str low_precision_dtype)``      yes
-``all_to_all_(Tensor(a!) receive, Tensor[] sends, int[] receive_counts, str group_name)``                  yes
-``send(Tensor tensor, int dst, str group_name) -> Tensor`` (a zero scalar: the gradient's token)           yes
-``recv_(Tensor(a!) tensor, int src, str group_name)``                                                       no
-``recv(Tensor tensor, int src, str group_name) -> Tensor`` (a new tensor like ``tensor``)                  yes
-``barrier(str group_name)``                                                                                 no
-``put_(Tensor(a!) target, Tensor src, int target_rank, str group_name)``                                    no
-``get_(Tensor(a!) target, Tensor src, int target_rank, str group_name)``                                    no
-``signal_(Tensor(a!) signal, int value, str op, int target_rank, str group_name)``                          no
-``put_with_signal_(Tensor(a!) target, Tensor src, Tensor(b!) signal, int value, str op, int target_rank,
-str group_name)``                                                                                           no
-``wait_for_signal(Tensor(a!)? depend_tensor, Tensor signal, int compare_value, str compare_op)``            no
-``fused_all_gather_matmul_(Tensor a, Tensor b, Tensor(a!) c, Tensor(b!) gather_out, Tensor(c!) signal,
-int block_size, str group_name)``                                                                           yes
-``fused_matmul_reduce_scatter(Tensor x1, Tensor x2, Tensor(a!) symm_tensor, Tensor(b!) signal,
-str reduce_op, str group_name) -> Tensor``                                                                  yes
-========================================================================================================  =========
+* collectives: ``all_reduce_`` *, ``all_gather_`` *, ``reduce_scatter_`` *, ``all_to_all_`` *, ``barrier``;
+* point to point: ``send`` * (returns the gradient's token, a zero scalar), ``recv_`` (into the caller's
+  tensor), ``recv`` * (into a new tensor, the differentiable form);
+* primitives: ``put_``, ``get_``, ``signal_``, ``put_with_signal_``, ``wait_for_signal``;
+* fused: ``fused_all_gather_matmul_`` * (writes ``c`` and ``gather_out``), ``fused_matmul_reduce_scatter`` *
+  (returns the new result).
 
 The primitives take the windows the public functions cut (``target[target_offset : +size]``), one element for
 a signal. ``wait_for_signal`` marks ``depend_tensor`` written: the data a signal guards is read after the wait.
