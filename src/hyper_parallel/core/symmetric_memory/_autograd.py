@@ -52,11 +52,13 @@ def tracks(*tensors: object) -> bool:
 
 def direct(*tensors: object) -> bool:
     """Whether a call may run its operator's implementation without the dispatcher: eager (not traced by
-    torch.compile, no dispatch mode such as a fake-tensor mode active), plain tensors, nothing that tracks grad.
+    torch.compile, no dispatch mode such as a fake-tensor mode, no torch.func transform), plain tensors, nothing
+    that tracks grad.
 
     This is what the dispatcher would run for such a call, minus the cost of entering two Python kernels.
     """
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
+            or torch._C._are_functorch_transforms_active()):
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:  # (a loop: this runs on every small collective)
