@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.symmetric_memory import _args, _autograd, _context, _low_precision
+from hyper_parallel.core.symmetric_memory import _args, _autograd, _context, _groups, _low_precision
 from hyper_parallel.core.symmetric_memory._context import GroupChannel
 
 
@@ -35,6 +35,28 @@ def _check_group_multiple(whole: torch.Tensor, whole_name: str, part: torch.Tens
         raise ValueError(
             f"`{whole_name}.numel()` must be {n} x {part_name}.numel() ({n * part.numel()}), but got {whole.numel()}"
         )
+
+
+def _is_part(part: torch.Tensor, whole: torch.Tensor, index: int) -> bool:
+    """Whether the non-empty ``part`` is exactly part ``index`` of ``whole`` (contiguous tensors), judged from their
+    views' metadata alone (torch.compile traces it; the operators check addresses)."""
+    def root(t: torch.Tensor) -> torch.Tensor:
+        return t if t._base is None else t._base
+
+    if not part.numel() or root(part) is not root(whole):
+        return False
+    offset = part.storage_offset() * part.element_size() - whole.storage_offset() * whole.element_size()
+    return offset == index * part.numel() * part.element_size()
+
+
+def _precision_name(low_precision_dtype: object, dtype: torch.dtype, op: str) -> str:
+    """``low_precision_dtype`` as the operators take it, checked: "" (None) leaves the environment's default to
+    the operator, which reads it (environment reads stay out of traced code); an explicit value is checked here,
+    before anything runs."""
+    if low_precision_dtype is None:
+        return ""
+    precision = _low_precision.resolve(low_precision_dtype, dtype, op)
+    return "none" if precision is None else str(precision).removeprefix("torch.")
 
 
 def shmem_allgather(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
@@ -58,22 +80,35 @@ def shmem_allgather(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
     output = _args.tensor(output_tensor, "output_tensor")
     data = _args.tensor(input_tensor, "input_tensor")
     _args.same_dtype(data, "input_tensor", output, "output_tensor")
-    ch = _context.channel(group, "shmem_allgather")
-    n = ch.size
-    _check_group_multiple(output, "output_tensor", data, "input_tensor", n)
+    group_name = _groups.name(group)
+    _check_group_multiple(output, "output_tensor", data, "input_tensor", _groups.size(group))
+    if _autograd.tracks(input_tensor) and _is_part(data, output, _groups.rank(group)):
+        raise ValueError("`input_tensor` must not be a view of `output_tensor` when it requires grad, but got "
+                         "this rank's part of it (autograd cannot differentiate an in-place all_gather)")
+    _autograd.call("all_gather_", _all_gather_op, (input_tensor,), output_tensor, input_tensor, group_name)
+    return output_tensor
+
+
+def _channel(group_name: str, op: str) -> GroupChannel:
+    """The channel of the group an operator was given by name, registering the group on its first collective."""
+    return _context.channel(_groups.resolve(group_name), op)
+
+
+def _all_gather_op(output: torch.Tensor, input: torch.Tensor, group_name: str) -> None:
+    """The operator ``all_gather_``: the checks that need the runtime or addresses, then :func:`_all_gather`."""
+    ch = _channel(group_name, "shmem_allgather")
+    _check_all_gather_overlap(output, input, ch.me)
+    _all_gather(output, input, ch)
+
+
+def _check_all_gather_overlap(output: torch.Tensor, data: torch.Tensor, me: int) -> None:
+    """Raises ValueError unless ``data`` is group rank ``me``'s part of ``output`` or lies outside it."""
     src, out = _bytes(data), _bytes(output)
     c = src.numel()
-    mine = out[ch.me * c:(ch.me + 1) * c]
+    mine = out[me * c:(me + 1) * c]
     if _args.overlaps(src, out) and src.data_ptr() != mine.data_ptr():
         raise ValueError("`input_tensor` must be this rank's part of `output_tensor` or not overlap it, but got "
                          f"an overlap at byte {src.data_ptr() - out.data_ptr()} of the output")
-    if _autograd.tracks(input_tensor):
-        if c and src.data_ptr() == mine.data_ptr():
-            raise ValueError("`input_tensor` must not be a view of `output_tensor` when it requires grad, but got "
-                             "this rank's part of it (autograd cannot differentiate an in-place all_gather)")
-        return _autograd.AllGather.apply(output_tensor, input_tensor, ch)
-    _all_gather(output, data, ch)
-    return output_tensor
 
 
 def _all_gather(output: torch.Tensor, data: torch.Tensor, ch: GroupChannel) -> None:
@@ -116,13 +151,17 @@ def shmem_allreduce(tensor: torch.Tensor, op: str = "sum", group: Optional[dist.
     """
     t = _args.tensor(tensor, "tensor")
     op = _args.reduce_op(op, t.dtype)
-    precision = _low_precision.resolve(low_precision_dtype, t.dtype, op)
+    precision = _precision_name(low_precision_dtype, t.dtype, op)
     mode = _autograd.backward_mode(backward)
-    ch = _context.channel(group, "shmem_allreduce")
-    if _autograd.tracks(tensor):
-        return _autograd.AllReduce.apply(tensor, op, ch, precision, mode)
-    _all_reduce(t, op, ch, precision)
+    _autograd.call("all_reduce_", _all_reduce_op, (tensor,), tensor, op, _groups.name(group), precision, mode)
     return tensor
+
+
+def _all_reduce_op(tensor: torch.Tensor, op: str, group_name: str, low_precision_dtype: str, backward: str) -> None:
+    """The operator ``all_reduce_`` (``backward`` is autograd's): the environment's low-precision default, the
+    channel, then :func:`_all_reduce`."""
+    precision = _low_precision.resolve(low_precision_dtype or None, tensor.dtype, op)
+    _all_reduce(tensor, op, _channel(group_name, "shmem_allreduce"), precision)
 
 
 def _all_reduce(t: torch.Tensor, op: str, ch: GroupChannel, precision: Optional[torch.dtype] = None) -> None:
@@ -160,20 +199,32 @@ def shmem_reduce_scatter(output_tensor: torch.Tensor, input_tensor: torch.Tensor
     data = _args.tensor(input_tensor, "input_tensor")
     _args.same_dtype(output, "output_tensor", data, "input_tensor")
     op = _args.reduce_op(op, data.dtype)
-    precision = _low_precision.resolve(low_precision_dtype, data.dtype, op)
-    ch = _context.channel(group, "shmem_reduce_scatter")
-    n = ch.size
-    _check_group_multiple(data, "input_tensor", output, "output_tensor", n)
+    precision = _precision_name(low_precision_dtype, data.dtype, op)
+    group_name = _groups.name(group)
+    _check_group_multiple(data, "input_tensor", output, "output_tensor", _groups.size(group))
+    _autograd.call("reduce_scatter_", _reduce_scatter_op, (input_tensor,), output_tensor, input_tensor, op,
+                   group_name, precision)
+    return output_tensor
+
+
+def _reduce_scatter_op(output: torch.Tensor, input: torch.Tensor, op: str, group_name: str,
+                       low_precision_dtype: str) -> None:
+    """The operator ``reduce_scatter_``: the low-precision default, the channel, the overlap check, then
+    :func:`_reduce_scatter`."""
+    precision = _low_precision.resolve(low_precision_dtype or None, input.dtype, op)
+    ch = _channel(group_name, "shmem_reduce_scatter")
+    _check_reduce_scatter_overlap(output, input, ch.me)
+    _reduce_scatter(output, input, op, ch, precision)
+
+
+def _check_reduce_scatter_overlap(output: torch.Tensor, data: torch.Tensor, me: int) -> None:
+    """Raises ValueError unless ``output`` is group rank ``me``'s part of ``data`` or lies outside it."""
     out, src = output.view(-1), data.view(-1)
     c = out.numel()
-    mine = src[ch.me * c:(ch.me + 1) * c]
+    mine = src[me * c:(me + 1) * c]
     if _args.overlaps(out, src) and out.data_ptr() != mine.data_ptr():
         raise ValueError("`output_tensor` must be this rank's part of `input_tensor` or not overlap it, but got an "
                          f"overlap at byte {out.data_ptr() - src.data_ptr()} of the input")
-    if _autograd.tracks(input_tensor):
-        return _autograd.ReduceScatter.apply(output_tensor, input_tensor, op, ch, precision)
-    _reduce_scatter(output, data, op, ch, precision)
-    return output_tensor
 
 
 def _reduce_scatter(output: torch.Tensor, data: torch.Tensor, op: str, ch: GroupChannel,
@@ -229,8 +280,8 @@ def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: tor
         ShmemTimeoutError: a rank did not take part in time.
     """
     receive = _args.tensor(receive_tensor, "receive_tensor")
-    ch = _context.channel(group, "shmem_alltoall")
-    n = ch.size
+    group_name = _groups.name(group)
+    n = _groups.size(group)
     if isinstance(send_tensor_list, torch.Tensor) or not isinstance(send_tensor_list, Sequence):
         raise TypeError(
             f"`send_tensor_list` must be a sequence of {n} tensors, but got {type(send_tensor_list).__name__}"
@@ -238,19 +289,22 @@ def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: tor
     if len(send_tensor_list) != n:
         raise ValueError(f"`send_tensor_list` must have one tensor per rank of the group ({n}), "
                          f"but got {len(send_tensor_list)}")
-    sends = []
     for j, t in enumerate(send_tensor_list):
         t = _args.tensor(t, f"send_tensor_list[{j}]")
         _args.same_dtype(t, f"send_tensor_list[{j}]", receive, "receive_tensor")
-        sends.append(_bytes(t))
     receives = _receive_counts(receive_list, n)
     if sum(receives) > receive.numel():
         raise ValueError(f"`sum(receive_list)` must be at most receive_tensor.numel() ({receive.numel()}), "
                          f"but got {sum(receives)}")
-    if _autograd.tracks(*send_tensor_list):
-        return _autograd.AllToAll.apply(receive_tensor, receives, ch, *send_tensor_list)
-    _all_to_all(sends, receive, receives, ch)
+    sends = list(send_tensor_list)
+    _autograd.call("all_to_all_", _all_to_all_op, sends, receive_tensor, sends, receives, group_name)
     return receive_tensor
+
+
+def _all_to_all_op(receive: torch.Tensor, sends: list, receive_counts: list, group_name: str) -> None:
+    """The operator ``all_to_all_``: the channel, then :func:`_all_to_all`."""
+    ch = _channel(group_name, "shmem_alltoall")
+    _all_to_all([_bytes(t) for t in sends], receive, list(receive_counts), ch)
 
 
 def _all_to_all(sends: list, receive: torch.Tensor, receives: list, ch: GroupChannel) -> None:
@@ -281,13 +335,18 @@ def shmem_send(tensor: torch.Tensor, dst_rank: int,
         ShmemStateError: ``group`` never ran a collective, so it has no channel.
         ShmemTimeoutError: the receiver did not drain a piece in time.
     """
-    data = _args.tensor(tensor, "tensor")
-    ch = _context.registered_channel(group, "shmem_send")
-    dst = _peer_rank(dst_rank, "dst_rank", ch)
-    if _autograd.tracks(tensor):
-        return _autograd.Send.apply(tensor, dst, ch)
-    _send(data, dst, ch)
-    return None
+    _args.tensor(tensor, "tensor")
+    dst = _args.integer(dst_rank, "dst_rank")
+    token = _autograd.call("send", _send_op, (tensor,), tensor, dst, _groups.name(group))
+    return token if _autograd.tracks(tensor) else None
+
+
+def _send_op(tensor: torch.Tensor, dst: int, group_name: str) -> torch.Tensor:
+    """The operator ``send``: the group's channel (it must exist), the peer check, :func:`_send`; returns the
+    gradient's token, a zero scalar."""
+    ch = _context.registered_channel(_groups.resolve(group_name), "shmem_send")
+    _send(tensor, _peer_rank(dst, "dst_rank", ch), ch)
+    return tensor.new_zeros(())
 
 
 def _send(tensor: torch.Tensor, dst: int, ch: GroupChannel) -> None:
@@ -304,9 +363,9 @@ def shmem_recv(tensor: torch.Tensor, src_rank: int, group: Optional[dist.Process
         group: a ProcessGroup inside the root (None: WORLD) that ran a collective (or ``barrier``) before.
 
     Returns:
-        ``tensor``. When ``tensor`` requires grad (a leaf made with ``requires_grad=True``), the result is in the
-        autograd graph: its backward sends the gradient back to ``src_rank`` (whose :func:`shmem_send` result
-        receives it) and leaves it in ``tensor.grad`` as well.
+        ``tensor``. When ``tensor`` requires grad (a leaf made with ``requires_grad=True``), a new tensor with the
+        message (``tensor`` holds it too) in the autograd graph instead: its backward sends the gradient back to
+        ``src_rank`` (whose :func:`shmem_send` result receives it) and leaves it in ``tensor.grad`` as well.
 
     Raises:
         ValueError: ``src_rank`` outside the group or this rank, or a message of another size (the message is
@@ -314,16 +373,32 @@ def shmem_recv(tensor: torch.Tensor, src_rank: int, group: Optional[dist.Process
         ShmemStateError: ``group`` never ran a collective.
         ShmemTimeoutError: nothing arrived in time.
     """
-    data = _args.tensor(tensor, "tensor")
-    ch = _context.registered_channel(group, "shmem_recv")
-    src = _peer_rank(src_rank, "src_rank", ch)
+    _args.tensor(tensor, "tensor")
+    src = _args.integer(src_rank, "src_rank")
+    group_name = _groups.name(group)
     if _autograd.tracks(tensor):
         if not tensor.is_leaf:
             raise ValueError("`tensor` must be a leaf (a receive buffer made with requires_grad=True) when it "
                              f"requires grad, but got the output of {type(tensor.grad_fn).__name__}")
-        return _autograd.Recv.apply(tensor, src, ch)
-    _recv(data, src, ch)
+        received = torch.ops.hyper_parallel_shmem.recv(tensor, src, group_name)
+        with torch.no_grad():
+            tensor.copy_(received)
+        return received
+    _autograd.call("recv_", _recv_op, (tensor,), tensor, src, group_name)
     return tensor
+
+
+def _recv_op(tensor: torch.Tensor, src: int, group_name: str) -> None:
+    """The operator ``recv_``: the group's channel (it must exist), the peer check, then :func:`_recv`."""
+    ch = _context.registered_channel(_groups.resolve(group_name), "shmem_recv")
+    _recv(tensor, _peer_rank(src, "src_rank", ch), ch)
+
+
+def _recv_new_op(like: torch.Tensor, src: int, group_name: str) -> torch.Tensor:
+    """The operator ``recv``: the message in a new tensor like ``like``."""
+    out = torch.empty_like(like)
+    _recv_op(out, src, group_name)
+    return out
 
 
 def _recv(tensor: torch.Tensor, src: int, ch: GroupChannel) -> None:
