@@ -80,6 +80,8 @@ class Device {
 
   // Largest byte count one Put/Get call may carry; 0 means no limit. The runtime splits larger transfers.
   virtual std::size_t max_transfer_bytes() const = 0;
+  // The signal width the device handles natively (CANN SHMEM's signals are int32): what internal protocols use.
+  virtual SignalWidth native_signal_width() const { return SignalWidth::k64; }
 
   // Data plane. `symmetric_*` pointers are local addresses inside the heap; the device addresses the same heap
   // offset on `pe`. Stream order is the only completion guarantee.
@@ -88,7 +90,8 @@ class Device {
   virtual Status Get(void* dst, const void* symmetric_src, std::size_t bytes, int pe, StreamHandle stream,
                      KeepAlive keep) = 0;
   // Atomically sets or adds `value` to the signal at the same offset on `pe`; everything enqueued on `stream`
-  // before it is visible on `pe` before the new signal value is.
+  // before it is visible (on whichever PE it was written) before the new signal value is, so that a chain of signals
+  // carries the visibility of every write before it (the team's dissemination barrier relies on it).
   virtual Status Signal(void* symmetric_signal, SignalWidth width, std::int64_t value, SignalOp op, int pe,
                         StreamHandle stream) = 0;
   // Waits until the local signal compares true against `value`, at most the configured timeout.

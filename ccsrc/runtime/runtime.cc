@@ -197,9 +197,10 @@ Result<std::vector<Runtime::CheckRecord>> Runtime::Exchange(CheckRecord mine) {
 }
 
 std::string Runtime::Describe(const CheckRecord& record) {
-  const char* op = record.op == static_cast<std::uint32_t>(CheckOp::kEmpty)  ? "Empty"
-                   : record.op == static_cast<std::uint32_t>(CheckOp::kFree) ? "Free"
-                                                                              : "Shutdown";
+  const char* op = record.op == static_cast<std::uint32_t>(CheckOp::kEmpty)      ? "Empty"
+                   : record.op == static_cast<std::uint32_t>(CheckOp::kFree)     ? "Free"
+                   : record.op == static_cast<std::uint32_t>(CheckOp::kTeamPool) ? "TeamPool"
+                                                                                  : "Shutdown";
   std::string text = std::string("op=") + op + " sequence=" + std::to_string(record.sequence);
   if (record.op == static_cast<std::uint32_t>(CheckOp::kShutdown)) {
     return text + " live_allocations=" + std::to_string(record.count) + " in_flight=" + std::to_string(record.in_flight);
@@ -470,39 +471,294 @@ Status Runtime::Barrier(StreamHandle stream) {
   return Record(device_->Barrier(stream));
 }
 
-Status Runtime::AllGather(const void* symmetric_output, std::size_t output_bytes, const void* input,
-                          std::size_t input_bytes, StreamHandle stream, KeepAlive keep) {
-  OperationScope scope(*this);
-  HP_RETURN_IF_ERROR(Record(RequireInitialized("all_gather")));
-  const std::size_t expected = input_bytes * static_cast<std::size_t>(world_size_);
-  if (expected / static_cast<std::size_t>(world_size_) != input_bytes || output_bytes != expected) {
-    return Record(InvalidArgument("`output` must have world_size * input bytes (" + std::to_string(world_size_) +
-                                  " * " + std::to_string(input_bytes) + " = " + std::to_string(expected) +
-                                  "), but got " + std::to_string(output_bytes)));
+Buffer Runtime::Resolve(const void* address, std::size_t bytes) const {
+  Buffer buffer{const_cast<void*>(address), bytes, -1};
+  auto found = registry_.FindActive(reinterpret_cast<std::uintptr_t>(address), bytes, "buffer");
+  if (found.ok() && bytes > 0) {
+    buffer.heap_offset = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(address) - device_->heap_base());
   }
-  HP_RETURN_IF_ERROR(Record(ResolveSymmetric(symmetric_output, output_bytes, "output").status()));
-  char* slot = static_cast<char*>(const_cast<void*>(symmetric_output)) + static_cast<std::size_t>(rank_) * input_bytes;
+  return buffer;
+}
+
+Status Runtime::ReserveTeamPool() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (teams_.ready()) return Status::Ok();
+  QuiesceBeforeCollective();
+  const TeamPoolLayout layout = TeamPoolLayout::For(device_->heap_size(), world_size_);
+  auto local = device_->Allocate(layout.total_bytes, 4096);
+  CheckRecord mine{};
+  mine.op = static_cast<std::uint32_t>(CheckOp::kTeamPool);
+  mine.status = static_cast<std::int32_t>(local.status().code());
+  mine.bytes = layout.total_bytes;
+  mine.alignment = 4096;
+  mine.offset = local.ok() ? reinterpret_cast<std::uintptr_t>(local.value()) - device_->heap_base() : 0;
+  auto undo = [&] {
+    if (local.ok()) (void)device_->Free(local.value());
+  };
+  auto all = Exchange(mine);
+  if (!all.ok()) {
+    undo();
+    return all.status();
+  }
+  mine.sequence = check_sequence_;
+  for (int r = 0; r < world_size_; ++r) {
+    const CheckRecord& theirs = all.value()[static_cast<std::size_t>(r)];
+    if (theirs.status != 0) {
+      undo();
+      return Status(static_cast<StatusCode>(theirs.status),
+                    "team pool does not fit the symmetric heap: rank=" + std::to_string(r) + " pool_bytes=" +
+                        std::to_string(layout.total_bytes) + " heap_size=" + std::to_string(device_->heap_size()) +
+                        " (raise HYPER_PARALLEL_SHMEM_HEAP_SIZE)");
+    }
+    if (theirs.op != mine.op || theirs.bytes != mine.bytes || theirs.offset != mine.offset) {
+      undo();
+      return Mismatch("ranks disagree on the team pool: rank=" + std::to_string(rank_) + " " + Describe(mine) +
+                      ", rank=" + std::to_string(r) + " " + Describe(theirs));
+    }
+  }
+  // Cleared through the device (the heap may be device memory), a piece at a time; the creation's exchange that
+  // follows orders it before any peer writes into it.
+  const std::vector<char> zeros(std::min<std::size_t>(layout.total_bytes, 1 << 20));
+  for (std::size_t off = 0; off < layout.total_bytes; off += zeros.size()) {
+    Status cleared = device_->CopyToHeap(static_cast<char*>(local.value()) + off, zeros.data(),
+                                         std::min(zeros.size(), layout.total_bytes - off));
+    if (!cleared.ok()) {
+      undo();
+      return cleared;
+    }
+  }
+  team_pool_ = local.value();
+  teams_.Reset(team_pool_, layout, lifecycle_.load());
+  {
+    std::lock_guard<std::mutex> identity_lock(identity_mu_);
+    identity_.internal_reserved += device_->ReservedBytes(team_pool_);
+  }
+  return Status::Ok();
+}
+
+Result<std::uint64_t> Runtime::CreateTeam(const std::vector<int>& pes, Bootstrap& bootstrap) {
+  OperationScope scope(*this);
+  HP_RETURN_IF_ERROR(Record(RequireInitialized("team_create")));
+  const auto n = static_cast<int>(pes.size());
+  if (n == 0) return Record(InvalidArgument("`pes` must name at least one pe, but got none"));
+  for (int i = 0; i < n; ++i) {
+    const int pe = pes[static_cast<std::size_t>(i)];
+    HP_RETURN_IF_ERROR(Record(CheckPe(pe, ("pes[" + std::to_string(i) + "]").c_str())));
+    for (int j = 0; j < i; ++j) {
+      if (pes[static_cast<std::size_t>(j)] == pe) {
+        return Record(InvalidArgument("`pes` must be distinct, but got " + std::to_string(pe) + " at positions " +
+                                      std::to_string(j) + " and " + std::to_string(i)));
+      }
+    }
+  }
+  if (bootstrap.world_size() != n || bootstrap.rank() < 0 || bootstrap.rank() >= n ||
+      pes[static_cast<std::size_t>(bootstrap.rank())] != rank_) {
+    return Record(InvalidArgument("`pes` must list this rank (" + std::to_string(rank_) + ") at the group rank of its "
+                                  "bootstrap (" + std::to_string(bootstrap.rank()) + " of " +
+                                  std::to_string(bootstrap.world_size()) + "), but got " + std::to_string(n) + " pes"));
+  }
+  if (!teams_.ready()) {
+    bool whole_root = n == world_size_;
+    for (int i = 0; i < n && whole_root; ++i) whole_root = pes[static_cast<std::size_t>(i)] == i;
+    if (!whole_root) {
+      return Record(StateError("the root team must be created first: op=team_create group_size=" + std::to_string(n) +
+                               " root_size=" + std::to_string(world_size_) +
+                               " (create the team of every rank, in root order, on every rank first)"));
+    }
+    HP_RETURN_IF_ERROR(Record(ReserveTeamPool()));
+  }
+  InterruptsBlocked no_interrupts;   // the bootstrap takes Python's lock: see interrupt.h
+  auto team = teams_.Create(*device_, pes, bootstrap.rank(), bootstrap, config_.timeout_sec);
+  if (!team.ok()) return Record(team.status());
+  return team.value()->id;
+}
+
+Status Runtime::ReleaseTeam(std::uint64_t team) {
+  OperationScope scope(*this);
+  HP_RETURN_IF_ERROR(Record(RequireInitialized("team_release")));
+  return Record(teams_.Release(*device_, team));
+}
+
+Result<std::shared_ptr<Team>> Runtime::LiveTeam(std::uint64_t team, const char* op) const {
+  HP_RETURN_IF_ERROR(RequireInitialized(op));
+  return teams_.Find(team);
+}
+
+Result<TeamView> Runtime::DescribeTeam(std::uint64_t team) const {
+  auto found = LiveTeam(team, "team");
+  if (!found.ok()) return Record(found.status());
+  const Team& t = *found.value();
+  return TeamView{t.pes, t.me, t.slot, t.staging_bytes()};
+}
+
+Result<void*> Runtime::TeamStaging(std::uint64_t team, int group_rank) const {
+  OperationScope scope(*this);
+  auto found = LiveTeam(team, "team_staging");
+  if (!found.ok()) return Record(found.status());
+  const Team& t = *found.value();
+  if (group_rank < 0 || group_rank >= t.size()) {
+    return Record(InvalidArgument("`group_rank` must be in [0, " + std::to_string(t.size()) + "), but got " +
+                                  std::to_string(group_rank)));
+  }
+  Result<void*> peer = device_->PeerAddress(t.Staging(), t.pes[static_cast<std::size_t>(group_rank)]);
+  if (!peer.ok()) return Record(peer.status());
+  return peer;
+}
+
+// Runs `body` on the live team with its lock held, counted as a call in flight.
+#define HP_WITH_TEAM(team_id, op, engine, stream, keep)                   \
+  OperationScope scope(*this);                                            \
+  auto hp_found = LiveTeam(team_id, op);                                  \
+  if (!hp_found.ok()) return Record(hp_found.status());                   \
+  std::lock_guard<std::mutex> hp_team_lock(hp_found.value()->mu);         \
+  CollectiveEngine engine(*device_, *hp_found.value(), stream, keep)
+
+Status Runtime::TeamBarrier(std::uint64_t team, StreamHandle stream) {
+  HP_WITH_TEAM(team, "team_barrier", engine, stream, nullptr);
+  return Record(engine.Barrier());
+}
+
+Status Runtime::AllGather(std::uint64_t team, void* output, std::size_t output_bytes, const void* input,
+                          std::size_t input_bytes, const ElementType& type, StreamHandle stream, KeepAlive keep) {
+  HP_WITH_TEAM(team, "all_gather", engine, stream, std::move(keep));
+  const auto n = static_cast<std::size_t>(hp_found.value()->size());
+  const std::size_t expected = input_bytes * n;
+  if (expected / n != input_bytes || output_bytes != expected) {
+    return Record(InvalidArgument("`output` must have group_size * input bytes (" + std::to_string(n) + " * " +
+                                  std::to_string(input_bytes) + " = " + std::to_string(expected) + "), but got " +
+                                  std::to_string(output_bytes)));
+  }
+  const auto* out = static_cast<const char*>(output);
   const auto* in = static_cast<const char*>(input);
-  const auto* out = static_cast<const char*>(symmetric_output);
+  const char* slot = out + static_cast<std::size_t>(hp_found.value()->me) * input_bytes;
   if (in != slot && in < out + output_bytes && out < in + input_bytes) {
-    // Peers write every other slot while this rank still reads its input: only its own slot is safe in place.
-    return Record(InvalidArgument("`input` must not overlap `output` except as this rank's own slot (offset " +
+    // Peers write every other part while this rank still reads its input: only its own part is safe in place.
+    return Record(InvalidArgument("`input` must not overlap `output` except as this rank's own part (offset " +
                                   std::to_string(slot - out) + "), but got an input at offset " +
                                   std::to_string(in - out) + " of the output"));
   }
-  if (input_bytes == 0) return Status::Ok();
-  // Push: every rank writes its block into every peer's output, starting with its right neighbour so that no
-  // two ranks write to the same peer at once. The first barrier makes sure no peer still uses its output.
-  HP_RETURN_IF_ERROR(Record(device_->Barrier(stream)));
-  for (int step = 0; step < world_size_; ++step) {
-    const int pe = (rank_ + 1 + step) % world_size_;
-    if (pe == rank_ && slot == input) continue;   // in place: our block is already there
-    HP_RETURN_IF_ERROR(Record(TransferChunks(input_bytes, [&](std::size_t offset, std::size_t n) {
-      return device_->Put(slot + offset, static_cast<const char*>(input) + offset, n, pe, stream, keep);
-    })));
-  }
-  return Record(device_->Barrier(stream));
+  return Record(engine.AllGather(Resolve(output, output_bytes), Resolve(input, input_bytes), type));
 }
+
+namespace {
+ElementType ReducibleType(DataType dtype) {
+  ElementType type;
+  type.name = DataTypeName(dtype);
+  type.bytes = DataTypeSize(dtype);
+  type.reducible = true;
+  type.reduce_type = dtype;
+  return type;
+}
+
+Status CheckReduceOp(DataType dtype, ReduceOp op) {
+  if (op == ReduceOp::kAvg && !IsFloatingPoint(dtype)) {
+    return InvalidArgument(std::string("`op` must be sum, max or min for ") + DataTypeName(dtype) + ", but got avg");
+  }
+  return Status::Ok();
+}
+
+Status CheckWholeElements(std::size_t bytes, DataType dtype, const char* what) {
+  if (bytes % DataTypeSize(dtype) == 0) return Status::Ok();
+  return InvalidArgument(std::string("`") + what + "` must hold whole " + DataTypeName(dtype) + " elements, but got " +
+                         std::to_string(bytes) + " bytes");
+}
+}  // namespace
+
+Status Runtime::AllReduce(std::uint64_t team, void* tensor, std::size_t bytes, DataType dtype, ReduceOp op,
+                          StreamHandle stream, KeepAlive keep) {
+  HP_WITH_TEAM(team, "all_reduce", engine, stream, std::move(keep));
+  HP_RETURN_IF_ERROR(Record(CheckReduceOp(dtype, op)));
+  HP_RETURN_IF_ERROR(Record(CheckWholeElements(bytes, dtype, "tensor")));
+  return Record(engine.AllReduce(Resolve(tensor, bytes), ReducibleType(dtype), op));
+}
+
+Status Runtime::ReduceScatter(std::uint64_t team, void* output, std::size_t output_bytes, const void* input,
+                              std::size_t input_bytes, DataType dtype, ReduceOp op, StreamHandle stream,
+                              KeepAlive keep) {
+  HP_WITH_TEAM(team, "reduce_scatter", engine, stream, std::move(keep));
+  HP_RETURN_IF_ERROR(Record(CheckReduceOp(dtype, op)));
+  HP_RETURN_IF_ERROR(Record(CheckWholeElements(output_bytes, dtype, "output")));
+  const Team& t = *hp_found.value();
+  const auto n = static_cast<std::size_t>(t.size());
+  if (input_bytes != n * output_bytes) {
+    return Record(InvalidArgument("`input` must have group_size * output bytes (" + std::to_string(n) + " * " +
+                                  std::to_string(output_bytes) + "), but got " + std::to_string(input_bytes)));
+  }
+  const auto* out = static_cast<const char*>(output);
+  const auto* in = static_cast<const char*>(input);
+  const char* mine = in + static_cast<std::size_t>(t.me) * output_bytes;
+  if (out != mine && out < in + input_bytes && in < out + output_bytes) {
+    return Record(InvalidArgument("`output` must be this rank's part of `input` or not overlap it, but got an overlap "
+                                  "at byte " + std::to_string(out - in) + " of the input"));
+  }
+  return Record(engine.ReduceScatter(Resolve(output, output_bytes), Resolve(input, input_bytes), ReducibleType(dtype), op));
+}
+
+Status Runtime::AllToAll(std::uint64_t team, const std::vector<std::pair<const void*, std::size_t>>& sends,
+                         void* receive, std::size_t receive_bytes, const std::vector<std::uint64_t>& receive_counts,
+                         const ElementType& type, StreamHandle stream, KeepAlive keep) {
+  HP_WITH_TEAM(team, "all_to_all", engine, stream, std::move(keep));
+  const auto n = static_cast<std::size_t>(hp_found.value()->size());
+  if (sends.size() != n || receive_counts.size() != n) {
+    return Record(InvalidArgument("`sends` and `receive_counts` must have one entry per group rank (" +
+                                  std::to_string(n) + "), but got " + std::to_string(sends.size()) + " and " +
+                                  std::to_string(receive_counts.size())));
+  }
+  std::uint64_t total = 0;
+  for (std::uint64_t c : receive_counts) total += c;
+  if (total * type.bytes > receive_bytes) {
+    return Record(InvalidArgument("`sum(receive_counts)` must fit the receive buffer (" +
+                                  std::to_string(receive_bytes / type.bytes) + " elements), but got " +
+                                  std::to_string(total)));
+  }
+  std::vector<Buffer> buffers;
+  buffers.reserve(n);
+  for (std::size_t j = 0; j < n; ++j) {
+    if (sends[j].second % type.bytes != 0) {
+      return Record(InvalidArgument("`sends[" + std::to_string(j) + "]` must hold whole " + type.name +
+                                    " elements, but got " + std::to_string(sends[j].second) + " bytes"));
+    }
+    buffers.push_back(Buffer{const_cast<void*>(sends[j].first), sends[j].second, -1});
+  }
+  return Record(engine.AllToAll(buffers, Resolve(receive, receive_bytes), receive_counts, type));
+}
+
+Status Runtime::Send(std::uint64_t team, const void* data, std::size_t bytes, int peer, StreamHandle stream,
+                     KeepAlive keep) {
+  HP_WITH_TEAM(team, "send", engine, stream, std::move(keep));
+  const Team& t = *hp_found.value();
+  if (peer < 0 || peer >= t.size() || peer == t.me) {
+    return Record(InvalidArgument("`peer` must be another group rank in [0, " + std::to_string(t.size()) +
+                                  ") than this one (" + std::to_string(t.me) + "), but got " + std::to_string(peer)));
+  }
+  return Record(engine.Send(Buffer{const_cast<void*>(data), bytes, -1}, peer));
+}
+
+Status Runtime::Recv(std::uint64_t team, void* data, std::size_t bytes, int peer, StreamHandle stream, KeepAlive keep) {
+  HP_WITH_TEAM(team, "recv", engine, stream, std::move(keep));
+  const Team& t = *hp_found.value();
+  if (peer < 0 || peer >= t.size() || peer == t.me) {
+    return Record(InvalidArgument("`peer` must be another group rank in [0, " + std::to_string(t.size()) +
+                                  ") than this one (" + std::to_string(t.me) + "), but got " + std::to_string(peer)));
+  }
+  return Record(engine.Recv(Buffer{data, bytes, -1}, peer));
+}
+
+Result<std::vector<std::vector<std::int64_t>>> Runtime::Agree(std::uint64_t team, const Fingerprint& fingerprint,
+                                                              const std::vector<std::int64_t>& values,
+                                                              StreamHandle stream) {
+  HP_WITH_TEAM(team, "agree", engine, stream, nullptr);
+  const std::size_t limit = 2 * static_cast<std::size_t>(world_size_) + 1;
+  if (values.size() > limit) {
+    return Record(InvalidArgument("`values` must have at most " + std::to_string(limit) + " entries, but got " +
+                                  std::to_string(values.size())));
+  }
+  auto rows = engine.Agree(fingerprint, values);
+  if (!rows.ok()) return Record(rows.status());
+  return rows;
+}
+
+#undef HP_WITH_TEAM
 
 Result<StreamHandle> Runtime::CreateStream() {
   OperationScope scope(*this);
@@ -582,6 +838,7 @@ Status Runtime::Shutdown(Bootstrap& bootstrap) {
   // 3. Release the device on every rank together.
   HP_RETURN_IF_ERROR(Record(bootstrap.Barrier()));
   reopen.done = true;   // past this point the lifecycle ends either way
+  teams_.Clear();
   Status finalized = device_->Finalize();
   if (!finalized.ok()) {
     state_.store(LifecycleState::kFailed);
@@ -591,6 +848,8 @@ Status Runtime::Shutdown(Bootstrap& bootstrap) {
   }
   device_.reset();
   control_ = nullptr;
+  teams_.Clear();
+  team_pool_ = nullptr;
   registry_.Reset();
   state_.store(LifecycleState::kUninitialized);
   closing_.store(false);
@@ -626,6 +885,7 @@ DebugSnapshot Runtime::Snapshot() const {
   snapshot.active = registry_.Active();
   snapshot.leaked = registry_.Leaked();
   snapshot.in_flight = in_flight_.load();
+  snapshot.live_teams = teams_.live_teams();
   std::lock_guard<std::mutex> failure_lock(failure_mu_);
   snapshot.latest_failure = latest_failure_;
   return snapshot;

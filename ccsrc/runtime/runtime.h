@@ -17,11 +17,13 @@
 #include <string>
 #include <vector>
 
+#include "runtime/collectives.h"
 #include "runtime/config.h"
 #include "runtime/device.h"
 #include "runtime/heap.h"
 #include "runtime/registry.h"
 #include "runtime/status.h"
+#include "runtime/team.h"
 
 namespace hp::shmem {
 
@@ -51,6 +53,15 @@ struct DebugSnapshot {
   std::vector<AllocationInfo> leaked;
   std::string latest_failure;   // "" when nothing failed
   std::uint64_t in_flight = 0;  // data-plane calls running inside the runtime right now (any thread)
+  std::size_t live_teams = 0;
+};
+
+// A live team as its creator sees it.
+struct TeamView {
+  std::vector<int> pes;   // PE of every group rank
+  int me = -1;            // this rank's group rank
+  int slot = -1;
+  std::size_t staging_bytes = 0;
 };
 
 class Runtime {
@@ -103,9 +114,34 @@ class Runtime {
   // Where [symmetric, symmetric + bytes), a range of one active allocation, lies on `pe` (rank inside the root),
   // for reading and writing a peer's copy directly; `what` names the argument in errors. Nothing is ordered.
   Result<void*> PeerAddress(const void* symmetric, std::size_t bytes, int pe, const char* what) const;
-  // output (symmetric) receives world_size * input_bytes: rank r's input at r * input_bytes, on every rank.
-  Status AllGather(const void* symmetric_output, std::size_t output_bytes, const void* input, std::size_t input_bytes,
+  // Teams (team.h) and their collectives (collectives.h). A team id names a team of this lifecycle.
+  //
+  // Collective over `bootstrap`, whose ranks are the members in group-rank order (`pes`: their PEs). The first team
+  // of a lifecycle must be the root team (every PE, in order): it reserves the team pool, collectively over the root.
+  Result<std::uint64_t> CreateTeam(const std::vector<int>& pes, Bootstrap& bootstrap);
+  // Local, never waits; calls of the team after it are refused.
+  Status ReleaseTeam(std::uint64_t team);
+  Result<TeamView> DescribeTeam(std::uint64_t team) const;
+  // The team's staging area on group rank `group_rank` (an address of this process), for the algorithms written over
+  // the primitives above the runtime (low precision); Agree's syncs order their accesses.
+  Result<void*> TeamStaging(std::uint64_t team, int group_rank) const;
+  // The collectives, each one call (collectives.h for the contracts). Buffers are local addresses; symmetric ones
+  // (inside an active allocation) let the engine take a copy-free path when every rank passes the same.
+  Status TeamBarrier(std::uint64_t team, StreamHandle stream);
+  Status AllGather(std::uint64_t team, void* output, std::size_t output_bytes, const void* input,
+                   std::size_t input_bytes, const ElementType& type, StreamHandle stream, KeepAlive keep);
+  Status AllReduce(std::uint64_t team, void* tensor, std::size_t bytes, DataType dtype, ReduceOp op,
                    StreamHandle stream, KeepAlive keep);
+  Status ReduceScatter(std::uint64_t team, void* output, std::size_t output_bytes, const void* input,
+                       std::size_t input_bytes, DataType dtype, ReduceOp op, StreamHandle stream, KeepAlive keep);
+  Status AllToAll(std::uint64_t team, const std::vector<std::pair<const void*, std::size_t>>& sends, void* receive,
+                  std::size_t receive_bytes, const std::vector<std::uint64_t>& receive_counts, const ElementType& type,
+                  StreamHandle stream, KeepAlive keep);
+  Status Send(std::uint64_t team, const void* data, std::size_t bytes, int peer, StreamHandle stream, KeepAlive keep);
+  Status Recv(std::uint64_t team, void* data, std::size_t bytes, int peer, StreamHandle stream, KeepAlive keep);
+  // A fingerprinted sync that publishes `values` (at most 2n + 1) and returns every member's.
+  Result<std::vector<std::vector<std::int64_t>>> Agree(std::uint64_t team, const Fingerprint& fingerprint,
+                                                       const std::vector<std::int64_t>& values, StreamHandle stream);
 
   Result<StreamHandle> CreateStream();
   Status DestroyStream(StreamHandle stream);
@@ -131,7 +167,7 @@ class Runtime {
     std::uint64_t reserved;
   };
   static_assert(sizeof(CheckRecord) == 64, "a check record fills one cache line");
-  enum class CheckOp : std::uint32_t { kEmpty = 1, kFree = 2, kShutdown = 3 };
+  enum class CheckOp : std::uint32_t { kEmpty = 1, kFree = 2, kShutdown = 3, kTeamPool = 4 };
 
   // Counts a data-plane call while it runs, for Shutdown: the heap must not be unmapped under it. Taken before
   // RequireInitialized, which Shutdown's `closing_` fails from then on, so no call slips past the count.
@@ -161,6 +197,12 @@ class Runtime {
   // Publishes `mine` to every rank and returns every rank's record (index = rank).
   Result<std::vector<CheckRecord>> Exchange(CheckRecord mine);
   static std::string Describe(const CheckRecord& record);
+  // Reserves and clears the team pool (collective over the root, under mu_).
+  Status ReserveTeamPool();
+  // The live team `team` for `op`, with its lock held by the caller.
+  Result<std::shared_ptr<Team>> LiveTeam(std::uint64_t team, const char* op) const;
+  // The buffer [address, address + bytes) with its heap offset when it lies inside one active allocation.
+  Buffer Resolve(const void* address, std::size_t bytes) const;
   Status TransferChunks(std::size_t bytes, const std::function<Status(std::size_t offset, std::size_t n)>& fn);
 
   mutable std::mutex mu_;   // lifecycle, allocation and the check exchange
@@ -175,6 +217,8 @@ class Runtime {
   AllocationRegistry registry_;
   void* control_ = nullptr;            // 2 * world_size CheckRecords, the first allocation of every lifecycle
   std::uint64_t check_sequence_ = 0;
+  TeamPool teams_;
+  void* team_pool_ = nullptr;
   // What Snapshot shows of the lifecycle, under a lock of its own (set at Init, cleared at Shutdown).
   struct Identity {
     int rank = -1;

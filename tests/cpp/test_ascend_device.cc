@@ -733,28 +733,6 @@ TEST_F(AscendDeviceTest, TimeoutsAndStreamFailuresKeepTheCannCode) {
   });
 }
 
-TEST_F(AscendDeviceTest, AllGatherIsBuiltFromPutsAndBarriers) {
-  RunNpuRanks(3, [](int rank, Bootstrap& bootstrap) {
-    Runtime runtime;
-    ASSERT_TRUE(IsOk(runtime.Init(AscendConfig(), std::make_unique<AscendDevice>(), bootstrap)));
-    auto output = runtime.Allocate(3 * 256, 0, "test");
-    ASSERT_TRUE(output.ok());
-    const NpuBuffer input(std::vector<char>(256, static_cast<char>('A' + rank)));
-    ASSERT_TRUE(IsOk(runtime.AllGather(reinterpret_cast<void*>(output->base), 3 * 256, input.data(), 256,
-                                       kDefaultStream, nullptr)));
-    const std::vector<char> out = ReadNpu(reinterpret_cast<const void*>(output->base), 3 * 256);
-    for (int r = 0; r < 3; ++r) {
-      EXPECT_EQ(std::count(out.begin() + r * 256, out.begin() + (r + 1) * 256, static_cast<char>('A' + r)), 256)
-          << "slot " << r;
-    }
-    EXPECT_EQ(CallsOf(rank, "aclshmemx_putmem_on_stream").size() >= 3, true);
-    EXPECT_GE(CallsOf(rank, "aclshmemx_barrier_all_on_stream").size(), 2u);
-    ASSERT_TRUE(IsOk(runtime.Free(output->id, "test")));
-    ASSERT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
-  });
-}
-
-
 // ---- CANN SHMEM v1.5.1 as it really behaves (third_party/shmem_patches/README.md) ----
 
 template <typename T>

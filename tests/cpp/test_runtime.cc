@@ -252,8 +252,8 @@ TEST(RuntimeStateTest, OpsBeforeInitAreRejected) {
   EXPECT_TRUE(IsError(runtime.WaitSignal(buffer, SignalWidth::k64, CompareOp::kEq, 1, kDefaultStream),
                       StatusCode::kStateError, rejected("wait_signal")));
   EXPECT_TRUE(IsError(runtime.Barrier(kDefaultStream), StatusCode::kStateError, rejected("barrier")));
-  EXPECT_TRUE(IsError(runtime.AllGather(buffer, 8, buffer, 8, kDefaultStream, nullptr), StatusCode::kStateError,
-                      rejected("all_gather")));
+  EXPECT_TRUE(IsError(runtime.AllGather(1, buffer, 8, buffer, 8, ElementType{}, kDefaultStream, nullptr),
+                      StatusCode::kStateError, rejected("all_gather")));
   EXPECT_TRUE(IsError(runtime.CreateStream().status(), StatusCode::kStateError, rejected("Stream")));
   EXPECT_TRUE(IsError(runtime.SynchronizeStream(kDefaultStream), StatusCode::kStateError, rejected("synchronize")));
   EXPECT_TRUE(
@@ -1017,7 +1017,7 @@ TEST(RuntimeTest, AllocationTimeoutNamesTheCollective) {
 TEST(RuntimeTest, MisalignedSignalsAndOverlappingAllGatherInputsAreRejected) {
   RunRanks(2, [](int rank, Bootstrap& bootstrap) {
     Runtime runtime;
-    ASSERT_TRUE(IsOk(InitHost(runtime, bootstrap)));
+    ASSERT_TRUE(IsOk(InitHost(runtime, bootstrap, TestConfig(4 * kMiB))));
     const AllocationInfo buffer = MustAllocate(runtime, 256);
     void* odd = Address(buffer, 2);
     const std::string misaligned = "`signal_tensor` must be aligned to 4 bytes, but got address " +
@@ -1026,12 +1026,14 @@ TEST(RuntimeTest, MisalignedSignalsAndOverlappingAllGatherInputsAreRejected) {
                         StatusCode::kInvalidArgument, misaligned));
     EXPECT_TRUE(IsError(runtime.WaitSignal(odd, SignalWidth::k32, CompareOp::kEq, 1, kDefaultStream),
                         StatusCode::kInvalidArgument, misaligned));
-    // The input is the other rank's slot of the output: peers would overwrite it while it is read.
+    // The input is the other rank's part of the output: peers would overwrite it while it is read.
+    auto team = runtime.CreateTeam({0, 1}, bootstrap);
+    ASSERT_TRUE(team.ok()) << team.status().ToString();
     const std::size_t other_slot = static_cast<std::size_t>(1 - rank) * 128;
-    EXPECT_TRUE(IsError(runtime.AllGather(Address(buffer), 256, Address(buffer, other_slot), 128, kDefaultStream,
-                                          nullptr),
+    EXPECT_TRUE(IsError(runtime.AllGather(team.value(), Address(buffer), 256, Address(buffer, other_slot), 128,
+                                          ElementType{}, kDefaultStream, nullptr),
                         StatusCode::kInvalidArgument,
-                        "`input` must not overlap `output` except as this rank's own slot (offset " +
+                        "`input` must not overlap `output` except as this rank's own part (offset " +
                             std::to_string(rank * 128) + "), but got an input at offset " +
                             std::to_string(other_slot) + " of the output"));
     EXPECT_TRUE(IsOk(runtime.Free(buffer.id, "test")));
@@ -1063,7 +1065,11 @@ TEST_P(RuntimeRanksTest, AllGather) {
   const int world = GetParam();
   RunRanks(world, [world](int rank, Bootstrap& bootstrap) {
     Runtime runtime;
-    ASSERT_TRUE(IsOk(InitHost(runtime, bootstrap)));
+    ASSERT_TRUE(IsOk(InitHost(runtime, bootstrap, TestConfig(4 * kMiB))));
+    std::vector<int> pes;
+    for (int pe = 0; pe < world; ++pe) pes.push_back(pe);
+    auto team = runtime.CreateTeam(pes, bootstrap);
+    ASSERT_TRUE(team.ok()) << team.status().ToString();
     constexpr std::size_t kBlock = 1000;
     const std::size_t total = kBlock * static_cast<std::size_t>(world);
     const AllocationInfo output = MustAllocate(runtime, total);
@@ -1073,26 +1079,28 @@ TEST_P(RuntimeRanksTest, AllGather) {
       const std::vector<unsigned char> block = Pattern(kBlock, r);
       expected.insert(expected.end(), block.begin(), block.end());
     }
+    const ElementType bytes{"uint8", 1, true, DataType::kUInt8};
 
     const std::vector<unsigned char> input = Pattern(kBlock, rank);
-    ASSERT_TRUE(IsOk(runtime.AllGather(Address(output), total, input.data(), kBlock, kDefaultStream, nullptr)));
+    ASSERT_TRUE(IsOk(runtime.AllGather(team.value(), Address(output), total, input.data(), kBlock, bytes, kDefaultStream,
+                                       nullptr)));
     EXPECT_EQ(std::memcmp(Address(output), expected.data(), total), 0);
 
     // In place: the input is our own block of the output.
     std::memset(Address(output), 0, total);
     std::memcpy(Address(output, static_cast<std::size_t>(rank) * kBlock), input.data(), kBlock);
-    ASSERT_TRUE(IsOk(runtime.AllGather(Address(output), total, Address(output, static_cast<std::size_t>(rank) * kBlock),
-                                       kBlock, kDefaultStream, nullptr)));
+    ASSERT_TRUE(IsOk(runtime.AllGather(team.value(), Address(output), total,
+                                       Address(output, static_cast<std::size_t>(rank) * kBlock), kBlock, bytes,
+                                       kDefaultStream, nullptr)));
     EXPECT_EQ(std::memcmp(Address(output), expected.data(), total), 0);
 
     // Sizes must match; zero bytes are a no-op.
-    EXPECT_TRUE(IsError(runtime.AllGather(Address(output), total, input.data(), kBlock - 1, kDefaultStream, nullptr),
+    EXPECT_TRUE(IsError(runtime.AllGather(team.value(), Address(output), total, input.data(), kBlock - 1, bytes,
+                                          kDefaultStream, nullptr),
                         StatusCode::kInvalidArgument,
-                        "`output` must have world_size * input bytes (" + std::to_string(world) + " * 999 = " +
+                        "`output` must have group_size * input bytes (" + std::to_string(world) + " * 999 = " +
                             std::to_string(999 * world) + "), but got " + std::to_string(total)));
-    EXPECT_TRUE(IsOk(runtime.AllGather(Address(output), 0, input.data(), 0, kDefaultStream, nullptr)));
-    EXPECT_TRUE(HasError(runtime.AllGather(input.data(), total, input.data(), kBlock, kDefaultStream, nullptr),
-                         StatusCode::kInvalidArgument, "`output` must be a symmetric tensor"));
+    EXPECT_TRUE(IsOk(runtime.AllGather(team.value(), Address(output), 0, input.data(), 0, bytes, kDefaultStream, nullptr)));
     EXPECT_EQ(std::memcmp(Address(output), expected.data(), total), 0);
     EXPECT_TRUE(IsOk(runtime.Free(output.id, "test")));
     EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
@@ -1187,10 +1195,13 @@ TEST(RuntimeTest, NoDeviceTransferExceedsTheLimitInternalOnesIncluded) {
     Runtime runtime;
     auto faults = std::make_shared<Faults>();
     faults->max_transfer_bytes = 100;
-    ASSERT_TRUE(IsOk(runtime.Init(TestConfig(), std::make_unique<FaultyDevice>(faults), bootstrap)));
+    ASSERT_TRUE(IsOk(runtime.Init(TestConfig(4 * kMiB), std::make_unique<FaultyDevice>(faults), bootstrap)));
+    auto team = runtime.CreateTeam({0, 1, 2, 3}, bootstrap);
+    ASSERT_TRUE(team.ok()) << team.status().ToString();
     const AllocationInfo buffer = MustAllocate(runtime, 400 * 4);   // the allocation check exchanges records
     const std::vector<unsigned char> input = Pattern(400, rank);
-    ASSERT_TRUE(IsOk(runtime.AllGather(Address(buffer), 1600, input.data(), 400, kDefaultStream, nullptr)));
+    ASSERT_TRUE(IsOk(runtime.AllGather(team.value(), Address(buffer), 1600, input.data(), 400,
+                                       ElementType{"uint8", 1, true, DataType::kUInt8}, kDefaultStream, nullptr)));
     for (int r = 0; r < 4; ++r) {
       EXPECT_EQ(std::memcmp(Address(buffer, 400 * static_cast<std::size_t>(r)), Pattern(400, r).data(), 400), 0);
     }
@@ -1314,12 +1325,15 @@ TEST(RuntimeTest, StreamWaitStreamOrdersTwoStreams) {
 TEST(RuntimeTest, BarrierAndAllGatherOnAStream) {
   RunRanks(2, [](int rank, Bootstrap& bootstrap) {
     Runtime runtime;
-    ASSERT_TRUE(IsOk(InitHost(runtime, bootstrap)));
+    ASSERT_TRUE(IsOk(InitHost(runtime, bootstrap, TestConfig(4 * kMiB))));
+    auto team = runtime.CreateTeam({0, 1}, bootstrap);
+    ASSERT_TRUE(team.ok()) << team.status().ToString();
     const AllocationInfo output = MustAllocate(runtime, 128);
     Result<StreamHandle> stream = runtime.CreateStream();
     ASSERT_TRUE(stream.ok());
     auto input = std::make_shared<std::vector<unsigned char>>(Pattern(64, rank));
-    ASSERT_TRUE(IsOk(runtime.AllGather(Address(output), 128, input->data(), 64, stream.value(), input)));
+    ASSERT_TRUE(IsOk(runtime.AllGather(team.value(), Address(output), 128, input->data(), 64,
+                                       ElementType{"uint8", 1, true, DataType::kUInt8}, stream.value(), input)));
     ASSERT_TRUE(IsOk(runtime.Barrier(stream.value())));
     ASSERT_TRUE(IsOk(runtime.SynchronizeStream(stream.value())));
     EXPECT_EQ(std::memcmp(Address(output), Pattern(64, 0).data(), 64), 0);

@@ -47,6 +47,7 @@ FIELDS = [
     "leaked_allocations",
     "latest_failure",
     "calls_in_flight",
+    "live_teams",
     # upstream hyper-parallel's keys the project's vocabulary names otherwise (test_upstream_names.py)
     "root_rank",
     "root_size",

@@ -169,14 +169,14 @@ def _case_sub_group_timeout_names_the_group_the_op_and_the_rank() -> dict:
             if rank == 1:
                 out["allreduce"] = expect_error(shmem.ShmemTimeoutError, lambda: symm.shmem_allreduce(torch.ones(4),
                                                                                                     group=pair),
-                                                "group sync timed out: op=shmem_allreduce", "group_ranks=[1, 2]",
+                                                "team sync timed out: op=all_reduce", "team_ranks=[1,2]",
                                                 "missing_ranks=[2]", "signal wait timed out")
                 out["recv"] = expect_error(shmem.ShmemTimeoutError,
                                            lambda: symm.shmem_recv(torch.empty(4), 1, group=pair),
-                                           "shmem_recv timed out waiting for a peer", "group_ranks=[1, 2]",
+                                           "recv timed out waiting for a peer", "team_ranks=[1,2]",
                                            "missing_ranks=[2]")
                 out["world_recv"] = expect_error(shmem.ShmemTimeoutError, lambda: symm.shmem_recv(torch.empty(4), 0),
-                                                 "shmem_recv timed out waiting for a peer", "group_ranks=[0, 1, 2]",
+                                                 "recv timed out waiting for a peer", "team_ranks=[0,1,2]",
                                                  "missing_ranks=[0]")
         dist.barrier()  # rank 1 timed out three times meanwhile; the WORLD's channel is still in step
     return out

@@ -252,15 +252,27 @@ def _case_one_sided_calls_never_acquire() -> None:
     assert shmem.debug_state()["state"] == "uninitialized"
 
 
-def _case_slots_run_out() -> None:
-    """A rank in more groups than the workspace has slots: the group beyond them is refused on all its ranks."""
-    groups = [dist.new_group([0, 1]) for _ in range(16)]
+def _case_team_slots_and_churn() -> None:
+    """64 groups live at once besides WORLD; the next is refused on all its ranks; destroyed groups give their
+    slots back, so that a layout that creates and destroys groups for ever never runs out."""
+    groups = [dist.new_group([0, 1]) for _ in range(65)]
     with symm_session():
-        symm.barrier()  # WORLD takes slot 0
-        for group in groups[:15]:
+        symm.barrier()  # WORLD's team is the root team
+        for group in groups[:64]:
             symm.barrier(group)
-        expect_error(shmem.ShmemStateError, lambda: symm.barrier(groups[15]),
-                     "every workspace slot is taken by another group: slots=16 group_ranks=[0, 1]")
+        expect_error(shmem.ShmemStateError, lambda: symm.barrier(groups[64]),
+                     "every team slot is taken on some member: slots=64")
+        for group in groups[:64]:
+            dist.destroy_process_group(group)
+        for group in groups[64:]:
+            symm.barrier(group)  # the destroyed groups' teams were released: slots are free again
+        for round_ in range(150):
+            group = dist.new_group([0, 1])
+            value = torch.full((4,), float(dist.get_rank() + round_))
+            symm.shmem_allreduce(value, group=group)
+            assert value.tolist() == [float(1 + 2 * round_)] * 4, (round_, value)
+            dist.destroy_process_group(group)
+        assert shmem.debug_state()["live_teams"] <= 3, shmem.debug_state()["live_teams"]
 
 
 def _case_heap_alias() -> None:
@@ -320,8 +332,8 @@ def test_one_sided_calls_never_acquire_the_runtime(world_factory) -> None:
     run_case(world_factory(2, _ENV), _case_one_sided_calls_never_acquire)
 
 
-def test_workspace_slots_run_out_with_a_clear_error(world_factory) -> None:
-    run_case(world_factory(2, _ENV), _case_slots_run_out)
+def test_team_slots_run_out_with_a_clear_error_and_are_reused(world_factory) -> None:
+    run_case(world_factory(2, _ENV), _case_team_slots_and_churn)
 
 
 def test_heap_size_alias(world_factory) -> None:

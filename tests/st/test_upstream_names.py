@@ -435,7 +435,7 @@ def _case_all_gather_output_size_mismatch_rejected() -> None:
     shmem.acquire()
     input_tensor = torch.ones(16, dtype=torch.uint8)
     output = shmem.empty(15, dtype=torch.uint8)
-    with pytest.raises(RuntimeError, match=r"world_size \* input bytes") as info:
+    with pytest.raises(RuntimeError, match=r"group_size \* input bytes") as info:
         shmem.all_gather(output, input_tensor)
     _assert_fields(info.value, "INVALID_ARGUMENT", "all_gather")
     shmem.free(output)
@@ -459,7 +459,7 @@ def _case_all_gather_boundary_matrix() -> None:
             shmem.all_gather(torch.empty(2, 0), torch.empty(0, 3))  # zero bytes of any shape
             shmem.free(symmetric)
             assert shmem.debug_state()["latest_failure"] == before  # a no-op records no failure
-            with pytest.raises(ValueError, match="world_size \\* input bytes"):
+            with pytest.raises(ValueError, match="group_size \\* input bytes"):
                 shmem.all_gather(torch.empty(1, dtype=torch.uint8), input_tensor)  # zero input, non-empty output
             continue
         output = shmem.empty(byte_count * world, dtype=torch.uint8)

@@ -1,4 +1,4 @@
-"""Unit tests of the host codec (``shmem._codec``): bit identity with torch's casts, and its argument checks.
+"""Unit tests of the host codec (``shmem.codec``): bit identity with torch's casts, and its argument checks.
 
 The fp8 reference is the codec low precision used before the C++ kernels, in torch ops: a block absmax, ``frexp``
 of ``absmax / fp8_max`` for the scale, torch's cast of ``x * (1 / scale)`` to fp8; decoding through float16 bit
@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hyper_parallel.core.multicore.shmem import _codec as codec
+from hyper_parallel.core.multicore.shmem import codec
 from hyper_parallel.core.symmetric_memory import _low_precision
 
 BLOCK = 128

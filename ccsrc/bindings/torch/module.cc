@@ -3,7 +3,10 @@
 // It resolves tensors to addresses and byte counts, keeps tensors alive for operations queued on a stream, and
 // releases the GIL around everything that may wait. Argument rules that need no torch live in the runtime.
 #include <torch/csrc/Dtype.h>
+#include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
+
+#include <cstring>
 
 #include <limits>
 #include <map>
@@ -19,8 +22,8 @@
 #include "bindings/torch/tensor_device.h"
 #include "ops/host/codec.h"
 #include "runtime/config.h"
+#include "runtime/device_factory.h"
 #include "runtime/interrupt.h"
-#include "runtime/host/host_device.h"
 #ifdef HP_WITH_ASCEND_DEVICE
 #include "bindings/torch/npu/npu_tensors.h"
 #include "runtime/ascend/ascend_device.h"
@@ -94,16 +97,6 @@ SignalWidth WidthOf(const at::Tensor& signal) {
   return signal.element_size() == 8 ? SignalWidth::k64 : SignalWidth::k32;
 }
 
-std::unique_ptr<Device> MakeDevice(const Config& config) {
-  if (config.device == "host") return std::make_unique<host::HostDevice>();
-#ifdef HP_WITH_ASCEND_DEVICE
-  if (config.device == "ascend") return std::make_unique<ascend::AscendDevice>(ascend::AscendDeviceOptions{config.tls_info});
-#endif
-  // Only a build against a real CANN installation carries the ascend device; the fakes never reach a wheel.
-  throw StatusError(StateError("device is not built into this module: device=" + config.device +
-                               " built=host (build with -DHP_ASCEND_REAL_CANN=ON where CANN is installed)"));
-}
-
 // The tensor device of `device`, which Init has just initialised (the ascend device's NPU is known only then).
 const TensorDevice& TensorDeviceOf([[maybe_unused]] const Device& device) {
 #ifdef HP_WITH_ASCEND_DEVICE
@@ -116,7 +109,7 @@ const TensorDevice& TensorDeviceOf([[maybe_unused]] const Device& device) {
 
 void Init(int rank, int world_size, py::object all_gather, py::object barrier) {
   Config config = ValueOrThrow(ParseConfig(ProcessEnv()));
-  std::unique_ptr<Device> device = MakeDevice(config);
+  std::unique_ptr<Device> device = ValueOrThrow(MakeDevice(config));
   const Device& initialised = *device;   // the runtime owns it from here on: alive once Init has succeeded
   PyBootstrap bootstrap(rank, world_size, std::move(all_gather), std::move(barrier));
   Status status;
@@ -489,14 +482,128 @@ void Barrier(StreamHandle stream) {
   ThrowIfError(R().Barrier(OnStream(stream)));
 }
 
-void AllGather(py::handle output_arg, py::handle input_arg, StreamHandle stream) {
+// ---- teams and their collectives (runtime/team.h, runtime/collectives.h) ----
+
+// A tensor's element type as the engine names it in fingerprints ("float32").
+ElementType ElementTypeOf(const at::Tensor& tensor) {
+  ElementType type;
+  type.name = DtypeName(tensor.scalar_type());
+  if (type.name.rfind("torch.", 0) == 0) type.name = type.name.substr(6);
+  type.bytes = static_cast<std::size_t>(tensor.element_size());
+  return type;
+}
+
+std::uint64_t TeamCreate(py::handle pes_arg, int group_rank, py::object all_gather, py::object barrier) {
+  const std::vector<int> pes = PesArg(pes_arg);
+  PyBootstrap bootstrap(group_rank, static_cast<int>(pes.size()), std::move(all_gather), std::move(barrier));
+  Result<std::uint64_t> team = StateError("team was not created");
+  {
+    py::gil_scoped_release nogil;   // the bootstrap takes the GIL back for each exchange
+    team = R().CreateTeam(pes, bootstrap);
+  }
+  return ValueOrThrow(std::move(team));
+}
+
+py::tuple TeamDescribe(std::uint64_t team) {
+  const TeamView view = ValueOrThrow(R().DescribeTeam(team));
+  return py::make_tuple(view.pes, view.me, view.slot, view.staging_bytes);
+}
+
+// The team's staging area on `group_rank`, as a uint8 CPU tensor over that memory (the host device maps every
+// rank's heap). It stays mapped for the lifecycle: after shutdown it reads zeros.
+at::Tensor TeamStaging(std::uint64_t team, int group_rank) {
+  const TeamView view = ValueOrThrow(R().DescribeTeam(team));
+  void* address = ValueOrThrow(R().TeamStaging(team, group_rank));
+  return at::from_blob(address, {static_cast<std::int64_t>(view.staging_bytes)}, at::TensorOptions().dtype(at::kByte));
+}
+
+void TeamBarrier(std::uint64_t team, StreamHandle stream) {
+  py::gil_scoped_release nogil;
+  ThrowIfError(R().TeamBarrier(team, OnStream(stream)));
+}
+
+void TeamAllGather(std::uint64_t team, py::handle output_arg, py::handle input_arg, StreamHandle stream) {
   const at::Tensor& output = TensorArg(output_arg, "output");
   const at::Tensor& input = TensorArg(input_arg, "input");
+  const ElementType type = ElementTypeOf(input);
   void* out_ptr = DataPointer(output, "output");
   const void* in_ptr = DataPointer(input, "input");
   KeepAlive keep = Keep(stream, {output, input});
   py::gil_scoped_release nogil;
-  ThrowIfError(R().AllGather(out_ptr, ByteSize(output), in_ptr, ByteSize(input), OnStream(stream), std::move(keep)));
+  ThrowIfError(R().AllGather(team, out_ptr, ByteSize(output), in_ptr, ByteSize(input), type, OnStream(stream),
+                             std::move(keep)));
+}
+
+void TeamAllReduce(std::uint64_t team, py::handle tensor_arg, int op, StreamHandle stream) {
+  const at::Tensor& tensor = TensorArg(tensor_arg, "tensor");
+  const DataType dtype = ReduceDtypeArg(tensor, tensor);
+  void* ptr = DataPointer(tensor, "tensor");
+  KeepAlive keep = Keep(stream, {tensor});
+  py::gil_scoped_release nogil;
+  ThrowIfError(R().AllReduce(team, ptr, ByteSize(tensor), dtype, static_cast<ReduceOp>(op), OnStream(stream),
+                             std::move(keep)));
+}
+
+void TeamReduceScatter(std::uint64_t team, py::handle output_arg, py::handle input_arg, int op, StreamHandle stream) {
+  const at::Tensor& output = TensorArg(output_arg, "output");
+  const at::Tensor& input = TensorArg(input_arg, "input");
+  const DataType dtype = ReduceDtypeArg(output, input);
+  void* out_ptr = DataPointer(output, "output");
+  const void* in_ptr = DataPointer(input, "input");
+  KeepAlive keep = Keep(stream, {output, input});
+  py::gil_scoped_release nogil;
+  ThrowIfError(R().ReduceScatter(team, out_ptr, ByteSize(output), in_ptr, ByteSize(input), dtype,
+                                 static_cast<ReduceOp>(op), OnStream(stream), std::move(keep)));
+}
+
+void TeamAllToAll(std::uint64_t team, const std::vector<at::Tensor>& sends, py::handle receive_arg,
+                  const std::vector<std::uint64_t>& receive_counts, StreamHandle stream) {
+  const at::Tensor& receive = TensorArg(receive_arg, "receive");
+  const ElementType type = ElementTypeOf(receive);
+  std::vector<std::pair<const void*, std::size_t>> views;
+  views.reserve(sends.size());
+  for (const at::Tensor& send : sends) views.emplace_back(send.data_ptr(), ByteSize(send));
+  void* out_ptr = DataPointer(receive, "receive");
+  KeepAlive keep = stream == kDefaultStream ? nullptr : std::make_shared<const std::vector<at::Tensor>>(sends);
+  py::gil_scoped_release nogil;
+  ThrowIfError(R().AllToAll(team, views, out_ptr, ByteSize(receive), receive_counts, type, OnStream(stream),
+                            std::move(keep)));
+}
+
+void TeamSend(std::uint64_t team, py::handle tensor_arg, int peer, StreamHandle stream) {
+  const at::Tensor& tensor = TensorArg(tensor_arg, "tensor");
+  const void* ptr = DataPointer(tensor, "tensor");
+  KeepAlive keep = Keep(stream, {tensor});
+  py::gil_scoped_release nogil;
+  ThrowIfError(R().Send(team, ptr, ByteSize(tensor), peer, OnStream(stream), std::move(keep)));
+}
+
+void TeamRecv(std::uint64_t team, py::handle tensor_arg, int peer, StreamHandle stream) {
+  const at::Tensor& tensor = TensorArg(tensor_arg, "tensor");
+  void* ptr = DataPointer(tensor, "tensor");
+  KeepAlive keep = Keep(stream, {tensor});
+  py::gil_scoped_release nogil;
+  ThrowIfError(R().Recv(team, ptr, ByteSize(tensor), peer, OnStream(stream), std::move(keep)));
+}
+
+std::vector<std::vector<std::int64_t>> TeamAgree(std::uint64_t team, int collective, const std::string& dtype,
+                                                 std::uint64_t element_bytes, std::uint64_t count, int reduce_op,
+                                                 int wire, int peer, const std::vector<std::int64_t>& values,
+                                                 StreamHandle stream) {
+  Fingerprint fingerprint{};
+  fingerprint.collective = static_cast<std::uint32_t>(collective);
+  fingerprint.reduce_op = static_cast<std::uint32_t>(reduce_op);
+  fingerprint.wire = static_cast<std::uint32_t>(wire);
+  fingerprint.peer = peer;
+  fingerprint.count = count;
+  fingerprint.element_bytes = element_bytes;
+  std::strncpy(fingerprint.dtype, dtype.c_str(), sizeof(fingerprint.dtype) - 1);
+  Result<std::vector<std::vector<std::int64_t>>> rows = StateError("agree did not run");
+  {
+    py::gil_scoped_release nogil;
+    rows = R().Agree(team, fingerprint, values, OnStream(stream));
+  }
+  return ValueOrThrow(std::move(rows));
 }
 
 py::dict AllocationDict(const AllocationInfo& info) {
@@ -554,6 +661,7 @@ py::dict DebugState() {
   d["leaked_allocations"] = leaked;
   d["latest_failure"] = s.latest_failure;
   d["calls_in_flight"] = s.in_flight;
+  d["live_teams"] = s.live_teams;
   return d;
 }
 
@@ -606,7 +714,61 @@ PYBIND11_MODULE(_shmem_torch, m) {
   m.def("reduce_encoded", &ReduceEncoded, py::arg("out"), py::arg("own"), py::arg("sources"), py::arg("op"),
         py::arg("reencode"));
   m.attr("scale_block") = ops::kScaleBlock;
-  m.def("all_gather", &AllGather, py::arg("output"), py::arg("input"), py::arg("stream"));
+  m.def("team_create", &TeamCreate, py::arg("pes"), py::arg("group_rank"), py::arg("all_gather"), py::arg("barrier"));
+  m.def("team_release", [](std::uint64_t team) { ThrowIfError(R().ReleaseTeam(team)); }, py::arg("team"));
+  m.def("team_describe", &TeamDescribe, py::arg("team"));
+  m.def("team_staging", &TeamStaging, py::arg("team"), py::arg("group_rank"));
+  m.def("team_barrier", &TeamBarrier, py::arg("team"), py::arg("stream"));
+  m.def("all_gather", &TeamAllGather, py::arg("team"), py::arg("output"), py::arg("input"), py::arg("stream"));
+  m.def("all_reduce", &TeamAllReduce, py::arg("team"), py::arg("tensor"), py::arg("op"), py::arg("stream"));
+  m.def("reduce_scatter", &TeamReduceScatter, py::arg("team"), py::arg("output"), py::arg("input"), py::arg("op"),
+        py::arg("stream"));
+  m.def("all_to_all", &TeamAllToAll, py::arg("team"), py::arg("sends"), py::arg("receive"), py::arg("receive_counts"),
+        py::arg("stream"));
+  m.def("send", &TeamSend, py::arg("team"), py::arg("tensor"), py::arg("peer"), py::arg("stream"));
+  m.def("recv", &TeamRecv, py::arg("team"), py::arg("tensor"), py::arg("peer"), py::arg("stream"));
+  m.def("agree", &TeamAgree, py::arg("team"), py::arg("collective"), py::arg("dtype"), py::arg("element_bytes"),
+        py::arg("count"),
+        py::arg("reduce_op"), py::arg("wire"), py::arg("peer"), py::arg("values"), py::arg("stream"));
+  // The enum numberings, defined once in the runtime: the Python layers read them from here.
+  m.def("reduce_ops", [] {
+    py::dict d;
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+      d[ReduceOpName(op)] = static_cast<int>(op);
+    }
+    return d;
+  });
+  m.def("compare_ops", [] {
+    py::dict d;
+    for (CompareOp op : {CompareOp::kEq, CompareOp::kNe, CompareOp::kGt, CompareOp::kGe, CompareOp::kLt, CompareOp::kLe}) {
+      d[CompareOpName(op)] = static_cast<int>(op);
+    }
+    return d;
+  });
+  m.def("signal_ops", [] {
+    py::dict d;
+    for (SignalOp op : {SignalOp::kSet, SignalOp::kAdd}) d[SignalOpName(op)] = static_cast<int>(op);
+    return d;
+  });
+  // A fingerprint's wire format: 0 for full precision, else the low format + 1 (runtime/team.h).
+  m.def("wire_formats", [] {
+    py::dict d;
+    d["full"] = static_cast<int>(kWireFull);
+    for (ops::LowFormat f : {ops::LowFormat::kFloat8E4M3Fn, ops::LowFormat::kFloat8E5M2, ops::LowFormat::kFloat16,
+                             ops::LowFormat::kBFloat16}) {
+      d[ops::LowFormatName(f)] = static_cast<int>(f) + 1;
+    }
+    return d;
+  });
+  m.def("collectives", [] {
+    py::dict d;
+    for (Collective c : {Collective::kBarrier, Collective::kAllGather, Collective::kAllReduce, Collective::kReduceScatter,
+                         Collective::kAllToAll, Collective::kFusedAllGatherMatmul,
+                         Collective::kFusedMatmulReduceScatter, Collective::kRelease}) {
+      d[CollectiveName(c)] = static_cast<int>(c);
+    }
+    return d;
+  });
   m.def("create_stream", [] { return ValueOrThrow(Runtime::Instance().CreateStream()); });
   m.def("destroy_stream", [](StreamHandle s) {
     py::gil_scoped_release nogil;

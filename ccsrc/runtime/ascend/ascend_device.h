@@ -87,6 +87,7 @@ class AscendDevice final : public Device {
   Status CopyToHeap(void* symmetric_dst, const void* host_src, std::size_t bytes) override;
   Status CopyFromHeap(void* host_dst, const void* symmetric_src, std::size_t bytes) override;
   std::size_t max_transfer_bytes() const override { return options_.max_transfer_bytes; }
+  SignalWidth native_signal_width() const override { return SignalWidth::k32; }
 
   Status Put(void* symmetric_dst, const void* src, std::size_t bytes, int pe, StreamHandle stream,
              KeepAlive keep) override;

@@ -21,6 +21,10 @@ ordinary tensors (staged through the library's symmetric workspace) and take a c
 peers must address is symmetric. Every call takes ``group=``: any ProcessGroup of ranks inside the root, with
 ranks counted inside that group. Runs on the runtime :mod:`hyper_parallel.core.multicore.shmem`.
 
+The collectives, the primitives and the fused ops run as torch operators of the namespace
+``hyper_parallel_shmem`` (:mod:`~hyper_parallel.core.symmetric_memory._ops`): ``torch.compile(fullgraph=True)``
+traces code that calls them.
+
 Upstream hyper-parallel's setup calls exist too: ``is_shmem_available()``, ``rendezvous(tensor, group)`` (a
 handle over every rank's copy), and ``set_signal_pad_size``/``get_signal_pad_size`` (NotImplementedError, as
 upstream: signals are symmetric tensors here).
@@ -53,6 +57,7 @@ from hyper_parallel.core.symmetric_memory._primitives import (
     shmem_wait_for_signal,
     shutdown,
 )
+from hyper_parallel.core.symmetric_memory import _ops  # noqa: F401  (registers the torch operators)
 
 __all__ = [
     "SymmetricMemory",

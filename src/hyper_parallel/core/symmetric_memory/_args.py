@@ -9,7 +9,6 @@ from typing import Union
 
 import torch
 
-from hyper_parallel.core.multicore.shmem._checks import type_name
 from hyper_parallel.core.symmetric_memory import _context
 
 Count = Union[int, torch.Tensor]
@@ -19,6 +18,11 @@ REDUCIBLE_DTYPES = (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int32, torch.int64
 )
 REDUCE_OPS = ("sum", "avg", "max", "min")
+
+
+def type_name(value: object) -> str:
+    """The short type name used in error messages."""
+    return type(value).__name__
 
 
 def integer(value: Count, name: str) -> int:

@@ -1,7 +1,9 @@
-"""Autograd for the collectives and fused ops (seed 004 §1.5.3).
+"""Autograd for the collectives and fused ops (seed 004 §1.5.3), registered on their torch operators.
 
-Each differentiable call is an ``autograd.Function`` whose forward is the non-differentiable implementation
-and whose backward is its dual collective, on the same group channel:
+Each differentiable operator of :mod:`~hyper_parallel.core.symmetric_memory._ops` has a kernel here for the
+``Autograd`` dispatch key (:data:`KERNELS`). When nothing requires grad it runs the operator below autograd; else
+it runs an ``autograd.Function`` whose forward is the operator below autograd and whose backward is its dual
+collective, on the same group, again through the operators (so that a compiled backward traces them):
 
 =====================================  ==============================================================
 forward                                backward
@@ -18,27 +20,66 @@ fused_matmul_reduce_scatter(x1, x2)    grad_x1 = all_gather(grad_y) @ x2^T, grad
 =====================================  ==============================================================
 
 The collectives write into caller-provided outputs, so the forward marks them dirty: the output tensor itself
-joins the graph (in-place ops in torch behave the same way). Backward passes are collectives too: every rank of
-the group must run them, in the same order, as with ``torch.distributed.nn``. Their gradients travel through the
-staged paths (gradients are ordinary tensors).
+joins the graph (in-place ops in torch behave the same way). ``torch.library.register_autograd`` cannot express
+that: it takes only operators that write nothing. Backward passes are collectives too: every rank of the group
+must run them, in the same order, as with ``torch.distributed.nn``. Their gradients travel in full precision
+through the staged paths (gradients are ordinary tensors).
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
 
 import torch
 from torch.autograd import Function
 
-from hyper_parallel.core.symmetric_memory import _collectives, _fused
+from hyper_parallel.core.symmetric_memory import _groups
 
 BACKWARD_MODES = ("identity", "allreduce")
 _DIFFERENTIABLE_OPS = ("sum", "avg")
+_FULL_PRECISION = "none"
+
+
+def _ops():
+    return torch.ops.hyper_parallel_shmem
 
 
 def tracks(*tensors: object) -> bool:
     """Whether autograd records a call on these inputs (grad mode on and one of them requires grad)."""
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def direct(*tensors: object) -> bool:
+    """Whether a call may run its operator's implementation without the dispatcher: eager (not traced by
+    torch.compile, no dispatch mode such as a fake-tensor mode, no torch.func transform), plain tensors, nothing
+    that tracks grad.
+
+    This is what the dispatcher would run for such a call, minus the cost of entering two Python kernels.
+    """
+    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
+            or torch._C._are_functorch_transforms_active()):
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:  # (a loop: this runs on every small collective)
+        if type(t) is not torch.Tensor or (grad and t.requires_grad):
+            return False
+    return True
+
+
+def call(op_name: str, implementation: Callable, grad_inputs: Sequence, *args: object) -> Any:
+    """Runs ``torch.ops.hyper_parallel_shmem.<op_name>(*args)``, straight through ``implementation`` (its
+    ``CompositeExplicitAutograd`` kernel) where :func:`direct` allows it.
+
+    Args:
+        op_name: the operator's name.
+        implementation: its implementation.
+        grad_inputs: the differentiable tensor arguments (also checked to be plain tensors).
+        args: the operator's arguments.
+    """
+    if direct(*grad_inputs):
+        return implementation(*args)
+    return getattr(_ops(), op_name)(*args)
 
 
 def backward_mode(value: object) -> str:
@@ -52,7 +93,8 @@ def backward_mode(value: object) -> str:
     return value
 
 
-def _differentiable(op: str, name: str) -> None:
+def differentiable(op: str, name: str) -> None:
+    """Raises ValueError unless ``op`` has a gradient (checked by the public functions before any op runs)."""
     if op not in _DIFFERENTIABLE_OPS:
         raise ValueError(f"`op` must be 'sum' or 'avg' when `{name}` requires grad, but got {op!r}")
 
@@ -61,61 +103,77 @@ def _scaled(grad: torch.Tensor, op: str, n: int) -> torch.Tensor:
     return grad / n if op == "avg" else grad
 
 
-def _gathered(grad: torch.Tensor, ch) -> torch.Tensor:
+def _size(group_name: str) -> int:
+    return _groups.size(_groups.resolve(group_name))
+
+
+def _gathered(grad: torch.Tensor, group_name: str) -> torch.Tensor:
     """all_gather of a gradient along dim 0, into a new tensor."""
     grad = grad.contiguous()
-    full = grad.new_empty((ch.size * grad.shape[0], *grad.shape[1:]))
-    _collectives._all_gather(full, grad, ch)
+    full = grad.new_empty((_size(group_name) * grad.shape[0], *grad.shape[1:]))
+    _ops().all_gather_(full, grad, group_name)
     return full
 
 
-def _scattered(grad: torch.Tensor, shape: torch.Size, ch) -> torch.Tensor:
+def _scattered(grad: torch.Tensor, shape: torch.Size, group_name: str) -> torch.Tensor:
     """reduce_scatter (sum) of a gradient into a new tensor of ``shape``."""
     part = grad.new_empty(shape)
-    _collectives._reduce_scatter(part, grad.contiguous(), "sum", ch)
+    _ops().reduce_scatter_(part, grad.contiguous(), "sum", group_name, _FULL_PRECISION)
     return part
+
+
+class _Below:
+    """Runs operators below the autograd kernels (their implementations, or torch.compile's fake kernels)."""
+
+    def __enter__(self) -> None:
+        self._guard = torch._C._AutoDispatchBelowAutograd()
+        self._guard.__enter__()
+
+    def __exit__(self, *exc) -> None:
+        self._guard.__exit__(*exc)
 
 
 class AllGather(Function):
     """all_gather into ``output``; backward: reduce_scatter of the output's gradient."""
 
     @staticmethod
-    def forward(ctx, output: torch.Tensor, data: torch.Tensor, ch) -> torch.Tensor:
-        ctx.ch, ctx.shape = ch, data.shape
-        _collectives._all_gather(output, data, ch)
+    def forward(ctx, output: torch.Tensor, data: torch.Tensor, group_name: str) -> torch.Tensor:
+        ctx.group_name, ctx.shape = group_name, data.shape
+        with _Below():
+            _ops().all_gather_(output, data, group_name)
         ctx.mark_dirty(output)
         return output
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return None, _scattered(grad, ctx.shape, ctx.ch), None
+        return None, _scattered(grad, ctx.shape, ctx.group_name), None
 
 
 class ReduceScatter(Function):
     """reduce_scatter into ``output``; backward: all_gather of the output's gradient."""
 
     @staticmethod
-    def forward(ctx, output: torch.Tensor, data: torch.Tensor, op: str, ch, precision: Optional[torch.dtype]):
-        _differentiable(op, "input_tensor")
-        ctx.ch, ctx.op, ctx.shape = ch, op, data.shape
-        _collectives._reduce_scatter(output, data, op, ch, precision)
+    def forward(ctx, output: torch.Tensor, data: torch.Tensor, op: str, group_name: str, precision: str):
+        ctx.group_name, ctx.op, ctx.shape = group_name, op, data.shape
+        with _Below():
+            _ops().reduce_scatter_(output, data, op, group_name, precision)
         ctx.mark_dirty(output)
         return output
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        full = _gathered(grad.reshape(-1), ctx.ch).view(ctx.shape)
-        return None, _scaled(full, ctx.op, ctx.ch.size), None, None, None
+        full = _gathered(grad.reshape(-1), ctx.group_name).view(ctx.shape)
+        return None, _scaled(full, ctx.op, _size(ctx.group_name)), None, None, None
 
 
 class AllReduce(Function):
     """all_reduce in place; backward: identity, or all_reduce of the gradient (``mode``)."""
 
     @staticmethod
-    def forward(ctx, tensor: torch.Tensor, op: str, ch, precision: Optional[torch.dtype], mode: str):
-        _differentiable(op, "tensor")
-        ctx.ch, ctx.op, ctx.mode = ch, op, mode
-        _collectives._all_reduce(tensor, op, ch, precision)
+    def forward(ctx, tensor: torch.Tensor, op: str, group_name: str, precision: str, mode: str):
+        ctx.group_name, ctx.op, ctx.mode = group_name, op, mode
+        with _Below():
+            _ops().all_reduce_(tensor, op, group_name, precision, mode)
         ctx.mark_dirty(tensor)
         return tensor
 
@@ -123,9 +181,9 @@ class AllReduce(Function):
     def backward(ctx, grad: torch.Tensor):
         if ctx.mode == "allreduce":
             grad = grad.contiguous().clone()
-            _collectives._all_reduce(grad, ctx.op, ctx.ch)
+            _ops().all_reduce_(grad, ctx.op, ctx.group_name, _FULL_PRECISION, ctx.mode)
         else:
-            grad = _scaled(grad, ctx.op, ctx.ch.size)
+            grad = _scaled(grad, ctx.op, _size(ctx.group_name))
         return grad, None, None, None, None
 
 
@@ -133,21 +191,22 @@ class AllToAll(Function):
     """all_to_all into ``receive``; backward: every part of the gradient goes back to the rank that sent it."""
 
     @staticmethod
-    def forward(ctx, receive: torch.Tensor, receives: list, ch, *sends: torch.Tensor) -> torch.Tensor:
-        ctx.ch, ctx.receives = ch, receives
+    def forward(ctx, receive: torch.Tensor, receives: list, group_name: str, *sends: torch.Tensor) -> torch.Tensor:
+        ctx.group_name, ctx.receives = group_name, list(receives)
         ctx.send_shapes = [t.shape for t in sends]
-        _collectives._all_to_all([_collectives._bytes(t) for t in sends], receive, receives, ch)
+        with _Below():
+            _ops().all_to_all_(receive, list(sends), list(receives), group_name)
         ctx.mark_dirty(receive)
         return receive
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         flat = grad.contiguous().view(-1)
-        starts = [sum(ctx.receives[:i]) for i in range(ctx.ch.size)]
-        parts = [_collectives._bytes(flat[s:s + count]) for s, count in zip(starts, ctx.receives)]
+        starts = [sum(ctx.receives[:i]) for i in range(len(ctx.receives))]
+        parts = [flat[s:s + count] for s, count in zip(starts, ctx.receives)]
         sizes = [shape.numel() for shape in ctx.send_shapes]
         back = flat.new_empty(sum(sizes))
-        _collectives._all_to_all(parts, back, sizes, ctx.ch)
+        _ops().all_to_all_(back, parts, sizes, ctx.group_name)
         grads = [piece.view(shape) for piece, shape in zip(back.split(sizes), ctx.send_shapes)]
         return (None, None, None, *grads)
 
@@ -156,31 +215,31 @@ class Send(Function):
     """send; its output (a zero scalar) receives the tensor's gradient from the destination in backward."""
 
     @staticmethod
-    def forward(ctx, tensor: torch.Tensor, dst: int, ch) -> torch.Tensor:
-        ctx.ch, ctx.dst, ctx.shape, ctx.dtype = ch, dst, tensor.shape, tensor.dtype
-        _collectives._send(tensor, dst, ch)
-        return tensor.new_zeros(())
+    def forward(ctx, tensor: torch.Tensor, dst: int, group_name: str) -> torch.Tensor:
+        ctx.group_name, ctx.dst, ctx.shape, ctx.dtype = group_name, dst, tensor.shape, tensor.dtype
+        with _Below():
+            return _ops().send(tensor, dst, group_name)
 
     @staticmethod
-    def backward(ctx, _token_grad: torch.Tensor):
-        grad = torch.empty(ctx.shape, dtype=ctx.dtype, device=_token_grad.device)
-        _collectives._recv(grad, ctx.dst, ctx.ch)
+    def backward(ctx, token_grad: torch.Tensor):
+        grad = torch.empty(ctx.shape, dtype=ctx.dtype, device=token_grad.device)
+        _ops().recv_(grad, ctx.dst, ctx.group_name)
         return grad, None, None
 
 
 class Recv(Function):
-    """recv into a leaf that requires grad; backward sends the gradient back to the source."""
+    """recv into a new tensor like a leaf that requires grad; backward sends the gradient back to the source."""
 
     @staticmethod
-    def forward(ctx, tensor: torch.Tensor, src: int, ch) -> torch.Tensor:
-        ctx.ch, ctx.src = ch, src
-        _collectives._recv(tensor, src, ch)
-        return tensor
+    def forward(ctx, tensor: torch.Tensor, src: int, group_name: str) -> torch.Tensor:
+        ctx.group_name, ctx.src = group_name, src
+        with _Below():
+            return _ops().recv(tensor, src, group_name)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         grad = grad.contiguous()
-        _collectives._send(grad, ctx.src, ctx.ch)
+        _ops().send(grad, ctx.src, ctx.group_name)
         return grad, None, None
 
 
@@ -189,9 +248,10 @@ class FusedAllGatherMatmul(Function):
 
     @staticmethod
     def forward(ctx, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, gather_out: torch.Tensor,
-                signal: torch.Tensor, block_size: int, ch):
-        _fused._all_gather_matmul(a, b, c, gather_out, signal, block_size, ch)
-        ctx.ch, ctx.a_shape = ch, a.shape
+                signal: torch.Tensor, block_size: int, group_name: str):
+        with _Below():
+            _ops().fused_all_gather_matmul_(a, b, c, gather_out, signal, block_size, group_name)
+        ctx.group_name, ctx.a_shape = group_name, a.shape
         ctx.mark_dirty(c, gather_out)
         ctx.save_for_backward(gather_out, b)
         return gather_out, c
@@ -204,7 +264,7 @@ class FusedAllGatherMatmul(Function):
             grad_rows = grad_gather_out if grad_rows is None else grad_rows + grad_gather_out
         grad_a = None
         if ctx.needs_input_grad[0] and grad_rows is not None:
-            grad_a = _scattered(grad_rows, ctx.a_shape, ctx.ch)
+            grad_a = _scattered(grad_rows, ctx.a_shape, ctx.group_name)
         grad_b = None
         if ctx.needs_input_grad[1] and grad_c is not None:
             grad_b = gather_out.t() @ grad_c
@@ -216,16 +276,97 @@ class FusedMatmulReduceScatter(Function):
 
     @staticmethod
     def forward(ctx, x1: torch.Tensor, x2: torch.Tensor, symm_tensor: torch.Tensor, signal: torch.Tensor,
-                op: str, ch) -> torch.Tensor:
-        out = _fused._matmul_reduce_scatter(x1, x2, symm_tensor, signal, op, ch)
-        ctx.ch, ctx.op = ch, op
+                op: str, group_name: str) -> torch.Tensor:
+        with _Below():
+            out = _ops().fused_matmul_reduce_scatter(x1, x2, symm_tensor, signal, op, group_name)
+        ctx.group_name, ctx.op = group_name, op
         ctx.save_for_backward(x1, x2)
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         x1, x2 = ctx.saved_tensors
-        full = _scaled(_gathered(grad, ctx.ch), ctx.op, ctx.ch.size)
+        full = _scaled(_gathered(grad, ctx.group_name), ctx.op, _size(ctx.group_name))
         grad_x1 = full @ x2.t() if ctx.needs_input_grad[0] else None
         grad_x2 = x1.t() @ full if ctx.needs_input_grad[1] else None
         return grad_x1, grad_x2, None, None, None, None
+
+
+# --------------------------------------------------------------------------
+# The Autograd kernels: the operator below autograd when nothing requires grad, else its Function.
+# --------------------------------------------------------------------------
+
+
+def _all_reduce_kernel(tensor, op, group_name, low_precision_dtype, backward) -> None:
+    if tracks(tensor):
+        differentiable(op, "tensor")
+        AllReduce.apply(tensor, op, group_name, low_precision_dtype, backward)
+        return
+    with _Below():
+        _ops().all_reduce_(tensor, op, group_name, low_precision_dtype, backward)
+
+
+def _all_gather_kernel(output, input, group_name) -> None:
+    if tracks(input):
+        AllGather.apply(output, input, group_name)
+        return
+    with _Below():
+        _ops().all_gather_(output, input, group_name)
+
+
+def _reduce_scatter_kernel(output, input, op, group_name, low_precision_dtype) -> None:
+    if tracks(input):
+        differentiable(op, "input_tensor")
+        ReduceScatter.apply(output, input, op, group_name, low_precision_dtype)
+        return
+    with _Below():
+        _ops().reduce_scatter_(output, input, op, group_name, low_precision_dtype)
+
+
+def _all_to_all_kernel(receive, sends, receive_counts, group_name) -> None:
+    if tracks(*sends):
+        AllToAll.apply(receive, list(receive_counts), group_name, *sends)
+        return
+    with _Below():
+        _ops().all_to_all_(receive, sends, receive_counts, group_name)
+
+
+def _send_kernel(tensor, dst, group_name) -> torch.Tensor:
+    if tracks(tensor):
+        return Send.apply(tensor, dst, group_name)
+    with _Below():
+        return _ops().send(tensor, dst, group_name)
+
+
+def _recv_kernel(tensor, src, group_name) -> torch.Tensor:
+    if tracks(tensor):
+        return Recv.apply(tensor, src, group_name)
+    with _Below():
+        return _ops().recv(tensor, src, group_name)
+
+
+def _all_gather_matmul_kernel(a, b, c, gather_out, signal, block_size, group_name) -> None:
+    if tracks(a, b):
+        FusedAllGatherMatmul.apply(a, b, c, gather_out, signal, block_size, group_name)
+        return
+    with _Below():
+        _ops().fused_all_gather_matmul_(a, b, c, gather_out, signal, block_size, group_name)
+
+
+def _matmul_reduce_scatter_kernel(x1, x2, symm_tensor, signal, reduce_op, group_name) -> torch.Tensor:
+    if tracks(x1, x2):
+        return FusedMatmulReduceScatter.apply(x1, x2, symm_tensor, signal, reduce_op, group_name)
+    with _Below():
+        return _ops().fused_matmul_reduce_scatter(x1, x2, symm_tensor, signal, reduce_op, group_name)
+
+
+KERNELS = {
+    "all_reduce_": _all_reduce_kernel,
+    "all_gather_": _all_gather_kernel,
+    "reduce_scatter_": _reduce_scatter_kernel,
+    "all_to_all_": _all_to_all_kernel,
+    "send": _send_kernel,
+    "recv": _recv_kernel,
+    "fused_all_gather_matmul_": _all_gather_matmul_kernel,
+    "fused_matmul_reduce_scatter": _matmul_reduce_scatter_kernel,
+}

@@ -1,22 +1,13 @@
-"""Collectives (seeds 000 and 004) written over the runtime's one-sided primitives.
+"""Collectives (seeds 000 and 004): argument translation over the runtime's teams.
 
-Every algorithm picks one of three paths, the same on every rank:
+Every collective is one call into the runtime's collective engine (``shmem.Team``), which picks the path (one step
+for small messages, copy-free when every rank passes the same symmetric tensor, staged otherwise) and checks with
+the call's first sync that every rank of the group runs the same call: ranks that disagree (another collective, count,
+dtype, op or wire format) all raise ``ShmemMismatchError`` and the group stays usable. Low-precision communication
+(:mod:`._low_precision`) runs over the team's fingerprinted syncs and staging area.
 
-* **one step** for small messages: each rank stages its data in the half of its slot's staging area that the
-  previous small op left alone, one sync, then peers pull from it or reduce straight from it;
-* **copy-free** when every rank passes the same symmetric tensor (ranks publish its heap offset with the op's
-  first sync, ``GroupChannel.publish``): peers push into it, pull from it or reduce straight from it;
-* **staged** otherwise: ranks copy their data into their staging area and peers read it from there, in pieces
-  of the staging size.
-
-A rank only writes into a peer's memory, or reads it, between two syncs of the group (``GroupChannel.sync``):
-the first says every rank has entered the op (so its buffers are free and its inputs ready), the last says
-every rank is done with its peers' memory. The one-step path skips the closing sync by alternating between
-the two halves of the staging area (``flip``).
-
-Every call is enqueued on the current SHMEM stream. The calls that read what peers published (large
-collectives choosing their path, all_to_all's counts, recv's message size) first wait for that stream. A
-group's collectives must not run on two streams at once.
+Every call is enqueued on the current SHMEM stream; the engine waits for that stream where it reads what peers
+published. A group's collectives must not run on two streams at once.
 """
 
 from __future__ import annotations
@@ -28,21 +19,14 @@ import torch
 import torch.distributed as dist
 
 from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.symmetric_memory import _args, _autograd, _context, _low_precision
-from hyper_parallel.core.symmetric_memory._context import MAILBOX_SLOTS, GroupChannel, heap_offset, is_symmetric
+from hyper_parallel.core.symmetric_memory import _args, _autograd, _context, _groups, _low_precision
+from hyper_parallel.core.symmetric_memory._context import GroupChannel
 
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     """The flat bytes of a contiguous tensor."""
     return t.reshape(-1).view(torch.uint8)
-
-
-def _chunk(count: int, parts: int, index: int) -> tuple:
-    """Bounds of part ``index`` when ``count`` elements are cut into ``parts`` near-equal parts."""
-    step = -(-count // parts)
-    lo = min(index * step, count)
-    return lo, min(lo + step, count)
 
 
 def _check_group_multiple(whole: torch.Tensor, whole_name: str, part: torch.Tensor, part_name: str, n: int) -> None:
@@ -53,21 +37,26 @@ def _check_group_multiple(whole: torch.Tensor, whole_name: str, part: torch.Tens
         )
 
 
-def _same_symmetric(rows: list, column: int) -> bool:
-    """Whether every rank published the same heap offset (not -1: an ordinary tensor) in ``column``: only then may
-    peers address each other's copies of it."""
-    first = rows[0][column]
-    return first >= 0 and all(row[column] == first for row in rows)
+def _is_part(part: torch.Tensor, whole: torch.Tensor, index: int) -> bool:
+    """Whether the non-empty ``part`` is exactly part ``index`` of ``whole`` (contiguous tensors), judged from their
+    views' metadata alone (torch.compile traces it; the operators check addresses)."""
+    def root(t: torch.Tensor) -> torch.Tensor:
+        return t if t._base is None else t._base
+
+    if not part.numel() or root(part) is not root(whole):
+        return False
+    offset = part.storage_offset() * part.element_size() - whole.storage_offset() * whole.element_size()
+    return offset == index * part.numel() * part.element_size()
 
 
-def _copy_local(dst: torch.Tensor, src: torch.Tensor, ch: GroupChannel) -> None:
-    """A stream-ordered local copy between tensors of which one is symmetric."""
-    if dst.data_ptr() == src.data_ptr():
-        return
-    if is_symmetric(dst):
-        shmem.put(dst, src, ch.my_pe)
-    else:
-        shmem.get(dst, src, ch.my_pe)
+def _precision_name(low_precision_dtype: object, dtype: torch.dtype, op: str) -> str:
+    """``low_precision_dtype`` as the operators take it, checked: "" (None) leaves the environment's default to
+    the operator, which reads it (environment reads stay out of traced code); an explicit value is checked here,
+    before anything runs."""
+    if low_precision_dtype is None:
+        return ""
+    precision = _low_precision.resolve(low_precision_dtype, dtype, op)
+    return "none" if precision is None else str(precision).removeprefix("torch.")
 
 
 def shmem_allgather(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
@@ -91,60 +80,40 @@ def shmem_allgather(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
     output = _args.tensor(output_tensor, "output_tensor")
     data = _args.tensor(input_tensor, "input_tensor")
     _args.same_dtype(data, "input_tensor", output, "output_tensor")
-    ch = _context.channel(group, "shmem_allgather")
-    n = ch.size
-    _check_group_multiple(output, "output_tensor", data, "input_tensor", n)
-    src, out = _bytes(data), _bytes(output)
-    c = src.numel()
-    mine = out[ch.me * c:(ch.me + 1) * c]
-    if _args.overlaps(src, out) and src.data_ptr() != mine.data_ptr():
-        raise ValueError("`input_tensor` must be this rank's part of `output_tensor` or not overlap it, but got "
-                         f"an overlap at byte {src.data_ptr() - out.data_ptr()} of the output")
-    if _autograd.tracks(input_tensor):
-        if c and src.data_ptr() == mine.data_ptr():
-            raise ValueError("`input_tensor` must not be a view of `output_tensor` when it requires grad, but got "
-                             "this rank's part of it (autograd cannot differentiate an in-place all_gather)")
-        return _autograd.AllGather.apply(output_tensor, input_tensor, ch)
-    _all_gather(output, data, ch)
+    group_name = _groups.name(group)
+    _check_group_multiple(output, "output_tensor", data, "input_tensor", _groups.size(group))
+    if _autograd.tracks(input_tensor) and _is_part(data, output, _groups.rank(group)):
+        raise ValueError("`input_tensor` must not be a view of `output_tensor` when it requires grad, but got "
+                         "this rank's part of it (autograd cannot differentiate an in-place all_gather)")
+    _autograd.call("all_gather_", _all_gather_op, (input_tensor,), output_tensor, input_tensor, group_name)
     return output_tensor
 
 
-def _all_gather(output: torch.Tensor, data: torch.Tensor, ch: GroupChannel) -> None:
-    """all_gather on checked arguments."""
+def _channel(group_name: str, op: str) -> GroupChannel:
+    """The channel of the group an operator was given by name, registering the group on its first collective."""
+    return _context.channel(_groups.resolve(group_name), op)
+
+
+def _all_gather_op(output: torch.Tensor, input: torch.Tensor, group_name: str) -> None:
+    """The operator ``all_gather_``: the checks that need the runtime or addresses, then :func:`_all_gather`."""
+    ch = _channel(group_name, "shmem_allgather")
+    _check_all_gather_overlap(output, input, ch.me)
+    _all_gather(output, input, ch)
+
+
+def _check_all_gather_overlap(output: torch.Tensor, data: torch.Tensor, me: int) -> None:
+    """Raises ValueError unless ``data`` is group rank ``me``'s part of ``output`` or lies outside it."""
     src, out = _bytes(data), _bytes(output)
     c = src.numel()
-    mine = out[ch.me * c:(ch.me + 1) * c]
-    if c == 0:
-        return
-    ring = ch.peers + (ch.me,)
-    if c <= ch.one_shot_bytes:  # one sync: stage in the half the next small op leaves alone, peers pull from it
-        stage = ch.one_shot_stage(torch.uint8, c)
-        shmem.put(stage, src, ch.my_pe)
-        ch.sync()
-        for p in ring:
-            if p != ch.me or src.data_ptr() != mine.data_ptr():
-                shmem.get(out[p * c:(p + 1) * c], stage, ch.pes[p])
-        return
-    where = ch.publish(ch.flip(), [heap_offset(out), heap_offset(src)])  # also: every rank has entered
-    if _same_symmetric(where, 0):  # push into the peers' outputs
-        for p in ch.peers:
-            shmem.put(mine, src, ch.pes[p])
-        _copy_local(mine, src, ch)
-        ch.sync()
-    elif _same_symmetric(where, 1):  # pull from the peers' inputs
-        for p in ring:
-            shmem.get(out[p * c:(p + 1) * c], src, ch.pes[p])
-        ch.sync()
-    else:
-        piece = ch.staging.numel()
-        for off in range(0, c, piece):
-            length = min(piece, c - off)
-            stage = ch.staging[:length]
-            shmem.put(stage, src[off:off + length], ch.my_pe)
-            ch.sync()
-            for p in ring:
-                shmem.get(out[p * c + off:p * c + off + length], stage, ch.pes[p])
-            ch.sync()
+    mine = out[me * c:(me + 1) * c]
+    if _args.overlaps(src, out) and src.data_ptr() != mine.data_ptr():
+        raise ValueError("`input_tensor` must be this rank's part of `output_tensor` or not overlap it, but got "
+                         f"an overlap at byte {src.data_ptr() - out.data_ptr()} of the output")
+
+
+def _all_gather(output: torch.Tensor, data: torch.Tensor, ch: GroupChannel) -> None:
+    """all_gather on checked arguments: one call of the engine."""
+    ch.team.all_gather(output, data)
 
 
 def shmem_allreduce(tensor: torch.Tensor, op: str = "sum", group: Optional[dist.ProcessGroup] = None,
@@ -182,62 +151,25 @@ def shmem_allreduce(tensor: torch.Tensor, op: str = "sum", group: Optional[dist.
     """
     t = _args.tensor(tensor, "tensor")
     op = _args.reduce_op(op, t.dtype)
-    precision = _low_precision.resolve(low_precision_dtype, t.dtype, op)
+    precision = _precision_name(low_precision_dtype, t.dtype, op)
     mode = _autograd.backward_mode(backward)
-    ch = _context.channel(group, "shmem_allreduce")
-    if _autograd.tracks(tensor):
-        return _autograd.AllReduce.apply(tensor, op, ch, precision, mode)
-    _all_reduce(t, op, ch, precision)
+    _autograd.call("all_reduce_", _all_reduce_op, (tensor,), tensor, op, _groups.name(group), precision, mode)
     return tensor
+
+
+def _all_reduce_op(tensor: torch.Tensor, op: str, group_name: str, low_precision_dtype: str, backward: str) -> None:
+    """The operator ``all_reduce_`` (``backward`` is autograd's): the environment's low-precision default, the
+    channel, then :func:`_all_reduce`."""
+    precision = _low_precision.resolve(low_precision_dtype or None, tensor.dtype, op)
+    _all_reduce(tensor, op, _channel(group_name, "shmem_allreduce"), precision)
 
 
 def _all_reduce(t: torch.Tensor, op: str, ch: GroupChannel, precision: Optional[torch.dtype] = None) -> None:
     """all_reduce on checked arguments (``precision``: the low-precision dtype to travel in, or None)."""
-    count = t.numel()
-    if count == 0 or ch.size == 1:
-        return
-    if precision is not None:
+    if precision is not None and t.numel() > 0 and ch.size > 1:
         _low_precision.all_reduce(t, op, ch, precision)
         return
-    if t.nbytes <= ch.one_shot_bytes:
-        stage = ch.one_shot_stage(t.dtype, count)
-        shmem.put(stage, t, ch.my_pe)
-        ch.sync()
-        shmem.reduce(t, stage, ch.pes, op=op)
-        return
-    flat = t.view(-1)
-    if _same_symmetric(ch.publish(ch.flip(), [heap_offset(flat)]), 0):  # also: every rank has entered
-        _reduce_mine_and_share(flat, ch, op)
-        ch.sync()
-        return
-    # Staged: each piece is reduced part by part in the ranks' staging areas, then every rank pulls the reduced
-    # parts straight into its tensor (one copy less than pushing them back and copying the piece out).
-    piece = ch.staging.numel() // t.element_size()
-    for off in range(0, count, piece):
-        length = min(piece, count - off)
-        stage = ch.staging_view(t.dtype, 0, length)
-        shmem.put(stage, flat[off:off + length], ch.my_pe)
-        ch.sync()
-        lo, hi = _chunk(length, ch.size, ch.me)
-        if hi > lo:
-            shmem.reduce(stage[lo:hi], stage[lo:hi], ch.pes, op=op)
-        ch.sync()
-        for p in ch.peers + (ch.me,):
-            lo, hi = _chunk(length, ch.size, p)
-            if hi > lo:
-                shmem.get(flat[off + lo:off + hi], stage[lo:hi], ch.pes[p])
-        ch.sync()
-
-
-def _reduce_mine_and_share(buffer: torch.Tensor, ch: GroupChannel, op: str) -> None:
-    """Two-shot on a symmetric tensor: reduce this rank's part from every peer in place, push it to them."""
-    lo, hi = _chunk(buffer.numel(), ch.size, ch.me)
-    if hi == lo:
-        return
-    part = buffer[lo:hi]
-    shmem.reduce(part, part, ch.pes, op=op)
-    for p in ch.peers:
-        shmem.put(part, part, ch.pes[p])
+    ch.team.all_reduce(t, op)
 
 
 def shmem_reduce_scatter(output_tensor: torch.Tensor, input_tensor: torch.Tensor, op: str = "sum",
@@ -267,53 +199,41 @@ def shmem_reduce_scatter(output_tensor: torch.Tensor, input_tensor: torch.Tensor
     data = _args.tensor(input_tensor, "input_tensor")
     _args.same_dtype(output, "output_tensor", data, "input_tensor")
     op = _args.reduce_op(op, data.dtype)
-    precision = _low_precision.resolve(low_precision_dtype, data.dtype, op)
-    ch = _context.channel(group, "shmem_reduce_scatter")
-    n = ch.size
-    _check_group_multiple(data, "input_tensor", output, "output_tensor", n)
+    precision = _precision_name(low_precision_dtype, data.dtype, op)
+    group_name = _groups.name(group)
+    _check_group_multiple(data, "input_tensor", output, "output_tensor", _groups.size(group))
+    _autograd.call("reduce_scatter_", _reduce_scatter_op, (input_tensor,), output_tensor, input_tensor, op,
+                   group_name, precision)
+    return output_tensor
+
+
+def _reduce_scatter_op(output: torch.Tensor, input: torch.Tensor, op: str, group_name: str,
+                       low_precision_dtype: str) -> None:
+    """The operator ``reduce_scatter_``: the low-precision default, the channel, the overlap check, then
+    :func:`_reduce_scatter`."""
+    precision = _low_precision.resolve(low_precision_dtype or None, input.dtype, op)
+    ch = _channel(group_name, "shmem_reduce_scatter")
+    _check_reduce_scatter_overlap(output, input, ch.me)
+    _reduce_scatter(output, input, op, ch, precision)
+
+
+def _check_reduce_scatter_overlap(output: torch.Tensor, data: torch.Tensor, me: int) -> None:
+    """Raises ValueError unless ``output`` is group rank ``me``'s part of ``data`` or lies outside it."""
     out, src = output.view(-1), data.view(-1)
     c = out.numel()
-    mine = src[ch.me * c:(ch.me + 1) * c]
+    mine = src[me * c:(me + 1) * c]
     if _args.overlaps(out, src) and out.data_ptr() != mine.data_ptr():
         raise ValueError("`output_tensor` must be this rank's part of `input_tensor` or not overlap it, but got an "
                          f"overlap at byte {out.data_ptr() - src.data_ptr()} of the input")
-    if _autograd.tracks(input_tensor):
-        return _autograd.ReduceScatter.apply(output_tensor, input_tensor, op, ch, precision)
-    _reduce_scatter(output, data, op, ch, precision)
-    return output_tensor
 
 
 def _reduce_scatter(output: torch.Tensor, data: torch.Tensor, op: str, ch: GroupChannel,
                     precision: Optional[torch.dtype] = None) -> None:
     """reduce_scatter on checked arguments (``precision`` as in :func:`_all_reduce`)."""
-    n = ch.size
-    out, src = output.view(-1), data.view(-1)
-    c = out.numel()
-    if c == 0:
+    if precision is not None and output.numel() > 0:
+        _low_precision.reduce_scatter(output.view(-1), data.view(-1), op, ch, precision)
         return
-    if precision is not None:
-        _low_precision.reduce_scatter(out, src, op, ch, precision)
-        return
-    mine = src[ch.me * c:(ch.me + 1) * c]
-    if src.numel() * data.element_size() <= ch.one_shot_bytes:  # one sync, as in all_reduce
-        stage = ch.one_shot_stage(data.dtype, src.numel())
-        shmem.put(stage, src, ch.my_pe)
-        ch.sync()
-        shmem.reduce(out, stage[ch.me * c:(ch.me + 1) * c], ch.pes, op=op)
-        return
-    if _same_symmetric(ch.publish(ch.flip(), [heap_offset(src)]), 0):  # reduce straight from the peers' inputs
-        shmem.reduce(out, mine, ch.pes, op=op)
-        ch.sync()
-        return
-    region = (ch.staging.numel() // n) // 64 * 64
-    piece = region // data.element_size()
-    for off in range(0, c, piece):
-        length = min(piece, c - off)
-        for j in range(n):
-            shmem.put(ch.staging_view(data.dtype, j * region, length), src[j * c + off:j * c + off + length], ch.my_pe)
-        ch.sync()
-        shmem.reduce(out[off:off + length], ch.staging_view(data.dtype, ch.me * region, length), ch.pes, op=op)
-        ch.sync()
+    ch.team.reduce_scatter(output, data, op)
 
 
 def _receive_counts(receive_list: object, n: int) -> list:
@@ -360,8 +280,8 @@ def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: tor
         ShmemTimeoutError: a rank did not take part in time.
     """
     receive = _args.tensor(receive_tensor, "receive_tensor")
-    ch = _context.channel(group, "shmem_alltoall")
-    n = ch.size
+    group_name = _groups.name(group)
+    n = _groups.size(group)
     if isinstance(send_tensor_list, torch.Tensor) or not isinstance(send_tensor_list, Sequence):
         raise TypeError(
             f"`send_tensor_list` must be a sequence of {n} tensors, but got {type(send_tensor_list).__name__}"
@@ -369,109 +289,27 @@ def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: tor
     if len(send_tensor_list) != n:
         raise ValueError(f"`send_tensor_list` must have one tensor per rank of the group ({n}), "
                          f"but got {len(send_tensor_list)}")
-    sends = []
     for j, t in enumerate(send_tensor_list):
         t = _args.tensor(t, f"send_tensor_list[{j}]")
         _args.same_dtype(t, f"send_tensor_list[{j}]", receive, "receive_tensor")
-        sends.append(_bytes(t))
     receives = _receive_counts(receive_list, n)
     if sum(receives) > receive.numel():
         raise ValueError(f"`sum(receive_list)` must be at most receive_tensor.numel() ({receive.numel()}), "
                          f"but got {sum(receives)}")
-    if _autograd.tracks(*send_tensor_list):
-        return _autograd.AllToAll.apply(receive_tensor, receives, ch, *send_tensor_list)
-    _all_to_all(sends, receive, receives, ch)
+    sends = list(send_tensor_list)
+    _autograd.call("all_to_all_", _all_to_all_op, sends, receive_tensor, sends, receives, group_name)
     return receive_tensor
+
+
+def _all_to_all_op(receive: torch.Tensor, sends: list, receive_counts: list, group_name: str) -> None:
+    """The operator ``all_to_all_``: the channel, then :func:`_all_to_all`."""
+    ch = _channel(group_name, "shmem_alltoall")
+    _all_to_all([_bytes(t) for t in sends], receive, list(receive_counts), ch)
 
 
 def _all_to_all(sends: list, receive: torch.Tensor, receives: list, ch: GroupChannel) -> None:
     """all_to_all on checked arguments: ``sends`` as flat bytes, ``receives`` as element counts."""
-    n, me = ch.size, ch.me
-    esize = receive.element_size()
-    out = _bytes(receive)
-    # Where the receive tensor lies: -1 when it is an ordinary tensor, else 2 x its heap offset, plus 1 when the
-    # send tensors alias it block for block (in place). Peers may address it only if every rank's is the same.
-    starts = [sum(receives[:i]) * esize for i in range(n)]
-    where = -1
-    if is_symmetric(out):
-        in_place = all(sends[j].numel() == receives[j] * esize and sends[j].data_ptr() == out.data_ptr() + starts[j]
-                       for j in range(n))
-        where = 2 * (out.data_ptr() - _context.state().heap_base) + int(in_place)
-    parity = ch.flip()
-    # Small parts travel with the counts (one sync in all): into the receiver's staging half of this parity, in a
-    # region per sender. They are used only if every rank's parts fit.
-    eager = max(t.numel() for t in sends) <= ch.eager_region_bytes
-    region_of_mine = ch.eager_regions[parity][me]
-    if eager:
-        for p in ch.peers + (me,):
-            shmem.put(region_of_mine[:sends[p].numel()], sends[p], ch.pes[p])
-    table = ch.publish(parity, [t.numel() // esize for t in sends] + receives + [where])
-    sent = [r[:n] for r in table]  # sent[i][j]: elements rank i sends to rank j
-    expected = [r[n:2 * n] for r in table]  # expected[j][i]: elements rank j expects from rank i
-    wheres = {r[2 * n] for r in table}
-    for i in range(n):
-        for j in range(n):
-            if sent[i][j] != expected[j][i]:
-                raise ValueError(f"`send_tensor_list[{j}]` of rank {i} must have the {expected[j][i]} elements rank "
-                                 f"{j} expects in its receive_list[{i}], but got {sent[i][j]}")
-    ring = ch.peers + (me,)
-    if max(max(r) for r in sent) * esize <= ch.eager_region_bytes:
-        for i in ring:
-            length = sent[i][me] * esize
-            if length:
-                shmem.get(out[starts[i]:starts[i] + length], ch.eager_regions[parity][i][:length], ch.my_pe)
-        return
-    same_tensor = min(wheres) >= 0 and len({w // 2 for w in wheres}) == 1
-    if same_tensor and wheres == {max(wheres) | 1}:  # in place everywhere
-        _swap_blocks(out, starts, expected, sent, esize, ch)
-    elif same_tensor and wheres == {min(wheres) & ~1}:  # the same symmetric tensor everywhere: push into it
-        for j in ring:
-            start = sum(expected[j][:me]) * esize
-            shmem.put(out[start:start + sends[j].numel()], sends[j], ch.pes[j])
-    else:  # staged (also safe where the send tensors alias the receive tensor: parts are staged before use)
-        region = (ch.staging.numel() // n) // 64 * 64
-        largest = max(max(r) for r in sent) * esize
-        for off in range(0, largest, region):
-            for j in ring:
-                piece = sends[j][off:off + region]
-                shmem.put(ch.staging[me * region:me * region + piece.numel()], piece, ch.pes[j])
-            ch.sync()
-            for i in ring:
-                length = max(0, min(region, sent[i][me] * esize - off))
-                if length:
-                    shmem.get(out[starts[i] + off:starts[i] + off + length],
-                              ch.staging[i * region:i * region + length], ch.my_pe)
-            ch.sync()
-        return
-    ch.sync()
-
-
-# Bytes one swap step holds in the staging area: small enough to stay in the core's cache between its two copies.
-_SWAP_CHUNK_BYTES = 256 << 10
-
-
-def _swap_blocks(out: torch.Tensor, starts: list, expected: list, sent: list, esize: int, ch: GroupChannel) -> None:
-    """In-place all_to_all: block j of this rank and block ``me`` of rank j trade places, for every peer j.
-
-    Each pair of ranks splits the work: the lower rank swaps the first half of the two blocks, the higher one
-    the second half, through a cache-sized chunk of its staging area. Every byte is read once and written once,
-    half the traffic of an out-of-place exchange.
-    """
-    me = ch.me
-    chunk = min(_SWAP_CHUNK_BYTES, ch.staging.numel())
-    for j in ch.peers:
-        length = sent[me][j] * esize
-        mine = out[starts[j]:starts[j] + length]
-        theirs_start = sum(expected[j][:me]) * esize  # my block's place in rank j's copy of the tensor
-        theirs = out[theirs_start:theirs_start + length]
-        half = length // 2
-        lo, hi = (0, half) if me < j else (half, length)
-        for a in range(lo, hi, chunk):
-            b = min(a + chunk, hi)
-            held = ch.staging[:b - a]
-            shmem.put(held, mine[a:b], ch.my_pe)
-            shmem.get(mine[a:b], theirs[a:b], ch.pes[j])
-            shmem.put(theirs[a:b], held, ch.pes[j])
+    ch.team.all_to_all(sends, receive, receives)
 
 
 def shmem_send(tensor: torch.Tensor, dst_rank: int,
@@ -497,32 +335,23 @@ def shmem_send(tensor: torch.Tensor, dst_rank: int,
         ShmemStateError: ``group`` never ran a collective, so it has no channel.
         ShmemTimeoutError: the receiver did not drain a piece in time.
     """
-    data = _args.tensor(tensor, "tensor")
-    ch = _context.registered_channel(group, "shmem_send")
-    dst = _peer_rank(dst_rank, "dst_rank", ch)
-    if _autograd.tracks(tensor):
-        return _autograd.Send.apply(tensor, dst, ch)
-    _send(data, dst, ch)
-    return None
+    _args.tensor(tensor, "tensor")
+    dst = _args.integer(dst_rank, "dst_rank")
+    token = _autograd.call("send", _send_op, (tensor,), tensor, dst, _groups.name(group))
+    return token if _autograd.tracks(tensor) else None
+
+
+def _send_op(tensor: torch.Tensor, dst: int, group_name: str) -> torch.Tensor:
+    """The operator ``send``: the group's channel (it must exist), the peer check, :func:`_send`; returns the
+    gradient's token, a zero scalar."""
+    ch = _context.registered_channel(_groups.resolve(group_name), "shmem_send")
+    _send(tensor, _peer_rank(dst, "dst_rank", ch), ch)
+    return tensor.new_zeros(())
 
 
 def _send(tensor: torch.Tensor, dst: int, ch: GroupChannel) -> None:
     """send on checked arguments (``dst``: a group rank)."""
-    data = _bytes(tensor)
-    pe = ch.pes[dst]
-    total = data.numel()
-    header_value = torch.tensor([total], dtype=torch.int64, device=data.device)
-    seq = ch.sent_messages[dst]
-    for off in range(0, max(total, 1), ch.mailbox_payload_bytes):
-        seq += 1
-        # The slot is free once the receiver acknowledged the piece that used it MAILBOX_SLOTS pieces ago.
-        ch.wait_for_peer(ch.acked[dst], seq - MAILBOX_SLOTS, dst)
-        header, payload = ch.mailbox_slot(ch.me, seq)
-        piece = data[off:off + ch.mailbox_payload_bytes]
-        shmem.put(header, header_value, pe)
-        shmem.put(payload[:piece.numel()], piece, pe)
-        shmem.signal(ch.sent[ch.me], seq, pe)
-    ch.sent_messages[dst] = seq
+    ch.team.send(_bytes(tensor), dst)
 
 
 def shmem_recv(tensor: torch.Tensor, src_rank: int, group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
@@ -534,9 +363,9 @@ def shmem_recv(tensor: torch.Tensor, src_rank: int, group: Optional[dist.Process
         group: a ProcessGroup inside the root (None: WORLD) that ran a collective (or ``barrier``) before.
 
     Returns:
-        ``tensor``. When ``tensor`` requires grad (a leaf made with ``requires_grad=True``), the result is in the
-        autograd graph: its backward sends the gradient back to ``src_rank`` (whose :func:`shmem_send` result
-        receives it) and leaves it in ``tensor.grad`` as well.
+        ``tensor``. When ``tensor`` requires grad (a leaf made with ``requires_grad=True``), a new tensor with the
+        message (``tensor`` holds it too) in the autograd graph instead: its backward sends the gradient back to
+        ``src_rank`` (whose :func:`shmem_send` result receives it) and leaves it in ``tensor.grad`` as well.
 
     Raises:
         ValueError: ``src_rank`` outside the group or this rank, or a message of another size (the message is
@@ -544,40 +373,37 @@ def shmem_recv(tensor: torch.Tensor, src_rank: int, group: Optional[dist.Process
         ShmemStateError: ``group`` never ran a collective.
         ShmemTimeoutError: nothing arrived in time.
     """
-    data = _args.tensor(tensor, "tensor")
-    ch = _context.registered_channel(group, "shmem_recv")
-    src = _peer_rank(src_rank, "src_rank", ch)
+    _args.tensor(tensor, "tensor")
+    src = _args.integer(src_rank, "src_rank")
+    group_name = _groups.name(group)
     if _autograd.tracks(tensor):
         if not tensor.is_leaf:
             raise ValueError("`tensor` must be a leaf (a receive buffer made with requires_grad=True) when it "
                              f"requires grad, but got the output of {type(tensor.grad_fn).__name__}")
-        return _autograd.Recv.apply(tensor, src, ch)
-    _recv(data, src, ch)
+        received = torch.ops.hyper_parallel_shmem.recv(tensor, src, group_name)
+        with torch.no_grad():
+            tensor.copy_(received)
+        return received
+    _autograd.call("recv_", _recv_op, (tensor,), tensor, src, group_name)
     return tensor
+
+
+def _recv_op(tensor: torch.Tensor, src: int, group_name: str) -> None:
+    """The operator ``recv_``: the group's channel (it must exist), the peer check, then :func:`_recv`."""
+    ch = _context.registered_channel(_groups.resolve(group_name), "shmem_recv")
+    _recv(tensor, _peer_rank(src, "src_rank", ch), ch)
+
+
+def _recv_new_op(like: torch.Tensor, src: int, group_name: str) -> torch.Tensor:
+    """The operator ``recv``: the message in a new tensor like ``like``."""
+    out = torch.empty_like(like)
+    _recv_op(out, src, group_name)
+    return out
 
 
 def _recv(tensor: torch.Tensor, src: int, ch: GroupChannel) -> None:
     """recv on checked arguments (``src``: a group rank)."""
-    data = _bytes(tensor)
-    pe = ch.pes[src]
-    seq = ch.received_messages[src] + 1
-    ch.wait_for_peer(ch.sent[src], seq, src)
-    _context.flush_for_host_read()
-    header, _ = ch.mailbox_slot(src, seq)
-    total = int(header.item())
-    fits = total == data.numel()
-    for index, off in enumerate(range(0, max(total, 1), ch.mailbox_payload_bytes)):
-        if index:
-            seq += 1
-            ch.wait_for_peer(ch.sent[src], seq, src)
-        _, payload = ch.mailbox_slot(src, seq)
-        length = min(ch.mailbox_payload_bytes, total - off)
-        if fits and length > 0:
-            shmem.get(data[off:off + length], payload[:length], ch.my_pe)
-        shmem.signal(ch.acked[ch.me], seq, pe)
-    ch.received_messages[src] = seq
-    if not fits:
-        raise ValueError(f"`tensor` must have the {total} bytes rank {src} sent, but got {data.numel()} bytes")
+    ch.team.recv(_bytes(tensor), src)
 
 
 def _peer_rank(value: object, name: str, ch: GroupChannel) -> int:

@@ -38,9 +38,7 @@ import torch
 import torch.distributed as dist
 
 from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.multicore.shmem._checks import type_name
-from hyper_parallel.core.multicore.shmem._lifecycle import root_info
-from hyper_parallel.core.symmetric_memory import _args, _autograd, _context
+from hyper_parallel.core.symmetric_memory import _args, _autograd, _context, _groups
 from hyper_parallel.core.symmetric_memory._context import GroupChannel, heap_offset, is_symmetric
 
 MATMUL_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -79,7 +77,7 @@ def _comm_stream(ch: GroupChannel) -> Optional[shmem.Stream]:
     """
     on_stream = _push_on_stream
     if on_stream is None:
-        local_ranks = len(root_info().ranks)
+        local_ranks = len(shmem.debug_state()["root_ranks"])
         on_stream = _cores() > local_ranks * torch.get_num_threads()
     if not on_stream:
         return None
@@ -126,14 +124,20 @@ def _symmetric(t: torch.Tensor, name: str) -> None:
                          f"{t.data_ptr():#x}")
 
 
-def _signal(value: object, n: int) -> torch.Tensor:
-    """A symmetric int32/int64 tensor with an entry per group rank."""
+def _signal_shape(value: object, n: int) -> torch.Tensor:
+    """An int32/int64 tensor with an entry per group rank (what its metadata tells)."""
     signal = _args.tensor(value, "signal")
     if signal.dtype not in SIGNAL_DTYPES:
         raise TypeError(f"`signal` must have dtype torch.int32 or torch.int64, but got {signal.dtype}")
-    _symmetric(signal, "signal")
     if signal.numel() < n:
         raise ValueError(f"`signal.numel()` must be at least the group size ({n}), but got {signal.numel()}")
+    return signal
+
+
+def _signal(value: object, n: int) -> torch.Tensor:
+    """A symmetric int32/int64 tensor with an entry per group rank: its first ``n`` entries."""
+    signal = _signal_shape(value, n)
+    _symmetric(signal, "signal")
     return signal.view(-1)[:n]
 
 
@@ -156,7 +160,7 @@ def _block_rows(block_size: object, m: int, row_bytes: int, columns: int) -> int
         at_least = max(-(-_MIN_AUTO_BLOCK_BYTES // max(row_bytes, 1)), columns)
         return max(1, -(-m // _AUTO_BLOCKS_PER_RANK), at_least)
     if isinstance(block_size, bool) or not isinstance(block_size, int):
-        raise TypeError(f"`block_size` must be a positive int or None, but got {type_name(block_size)}")
+        raise TypeError(f"`block_size` must be a positive int or None, but got {_args.type_name(block_size)}")
     if block_size <= 0:
         raise ValueError(f"`block_size` must be a positive int or None, but got {block_size}")
     return block_size
@@ -235,28 +239,44 @@ def fused_all_gather_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g
     out = _matrix(gather_out, "gather_out")
     for t, name in ((b_, "b"), (c_, "c"), (out, "gather_out")):
         _args.same_dtype(t, name, a_, "a")
-    ch = _context.channel(group, "fused_all_gather_matmul")
-    n = ch.size
+    group_name = _groups.name(group)
+    n = _groups.size(group)
     m, k = a_.shape
     if b_.shape[0] != k:
         raise ValueError(f"`b.shape[0]` must equal a.shape[1] ({k}), but got {b_.shape[0]}")
     columns = b_.shape[1]
     _shape(out, "gather_out", (n * m, k), "group size x a.shape[0], a.shape[1]")
     _shape(c_, "c", (n * m, columns), "group size x a.shape[0], b.shape[1]")
-    _symmetric(out, "gather_out")
-    sig = _signal(signal, n)
-    own_rows = out[ch.me * m:(ch.me + 1) * m]
-    if _args.overlaps(a_, out) and a_.data_ptr() != own_rows.data_ptr():
-        raise ValueError("`a` must be this rank's rows of `gather_out` or not overlap it, but got an overlap at "
-                         f"byte {a_.data_ptr() - out.data_ptr()} of `gather_out`")
-    _disjoint(c_, "c", {"a": a_, "b": b_, "gather_out": out, "signal": sig})
-    _disjoint(out, "gather_out", {"b": b_, "signal": sig})
-    _disjoint(sig, "signal", {"a": a_, "b": b_})
+    _signal_shape(signal, n)
     block = _block_rows(block_size, m, k * a_.element_size(), columns)
-    if _autograd.tracks(a, b):
-        return _autograd.FusedAllGatherMatmul.apply(a, b, c, gather_out, signal, block, ch)
-    _all_gather_matmul(a_, b_, c_, out, sig, block, ch)
+    _autograd.call("fused_all_gather_matmul_", _all_gather_matmul_op, (a, b), a, b, c, gather_out, signal, block,
+                   group_name)
     return gather_out, c
+
+
+def _all_gather_matmul_op(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, gather_out: torch.Tensor,
+                          signal: torch.Tensor, block_size: int, group_name: str) -> None:
+    """The operator ``fused_all_gather_matmul_``: the channel, the placement checks, then
+    :func:`_all_gather_matmul`."""
+    ch = _context.channel(_groups.resolve(group_name), "fused_all_gather_matmul")
+    sig = _signal(signal, ch.size)
+    _check_all_gather_matmul_placement(a, b, c, gather_out, sig, ch.me)
+    _all_gather_matmul(a, b, c, gather_out, sig, block_size, ch)
+
+
+def _check_all_gather_matmul_placement(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, gather_out: torch.Tensor,
+                                       signal: torch.Tensor, me: int) -> None:
+    """Raises ValueError unless ``gather_out`` (and ``signal``, checked by :func:`_signal`) lie in the symmetric
+    heap and no two tensors overlap, except ``a`` being group rank ``me``'s rows of ``gather_out``."""
+    _symmetric(gather_out, "gather_out")
+    m = a.shape[0]
+    own_rows = gather_out[me * m:(me + 1) * m]
+    if _args.overlaps(a, gather_out) and a.data_ptr() != own_rows.data_ptr():
+        raise ValueError("`a` must be this rank's rows of `gather_out` or not overlap it, but got an overlap at "
+                         f"byte {a.data_ptr() - gather_out.data_ptr()} of `gather_out`")
+    _disjoint(c, "c", {"a": a, "b": b, "gather_out": gather_out, "signal": signal})
+    _disjoint(gather_out, "gather_out", {"b": b, "signal": signal})
+    _disjoint(signal, "signal", {"a": a, "b": b})
 
 
 def _all_gather_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, gather_out: torch.Tensor,
@@ -352,8 +372,8 @@ def fused_matmul_reduce_scatter(x1: torch.Tensor, x2: torch.Tensor, symm_tensor:
     _args.same_dtype(scratch, "symm_tensor", x1_, "x1")
     if reduce_op not in FUSED_REDUCE_OPS:
         raise ValueError(f"`reduce_op` must be one of 'sum', 'avg', but got {reduce_op!r}")
-    ch = _context.channel(group, "fused_matmul_reduce_scatter")
-    n = ch.size
+    group_name = _groups.name(group)
+    n = _groups.size(group)
     rows, k = x1_.shape
     if rows % n:
         raise ValueError(f"`x1.shape[0]` must be a multiple of the group size ({n}), but got {rows}")
@@ -363,13 +383,28 @@ def fused_matmul_reduce_scatter(x1: torch.Tensor, x2: torch.Tensor, symm_tensor:
     if scratch.numel() != rows * columns:
         raise ValueError(f"`symm_tensor.numel()` must be x1.shape[0] x x2.shape[1] ({rows * columns}), "
                          f"but got {scratch.numel()}")
-    _symmetric(scratch, "symm_tensor")
-    sig = _signal(signal, n)
-    _disjoint(scratch, "symm_tensor", {"x1": x1_, "x2": x2_, "signal": sig})
-    _disjoint(sig, "signal", {"x1": x1_, "x2": x2_})
-    if _autograd.tracks(x1, x2):
-        return _autograd.FusedMatmulReduceScatter.apply(x1, x2, symm_tensor, signal, reduce_op, ch)
-    return _matmul_reduce_scatter(x1_, x2_, scratch, sig, reduce_op, ch)
+    _signal_shape(signal, n)
+    return _autograd.call("fused_matmul_reduce_scatter", _matmul_reduce_scatter_op, (x1, x2), x1, x2, symm_tensor,
+                          signal, reduce_op, group_name)
+
+
+def _matmul_reduce_scatter_op(x1: torch.Tensor, x2: torch.Tensor, symm_tensor: torch.Tensor, signal: torch.Tensor,
+                              reduce_op: str, group_name: str) -> torch.Tensor:
+    """The operator ``fused_matmul_reduce_scatter``: the channel, the placement checks, then
+    :func:`_matmul_reduce_scatter`."""
+    ch = _context.channel(_groups.resolve(group_name), "fused_matmul_reduce_scatter")
+    sig = _signal(signal, ch.size)
+    _check_matmul_reduce_scatter_placement(x1, x2, symm_tensor, sig)
+    return _matmul_reduce_scatter(x1, x2, symm_tensor, sig, reduce_op, ch)
+
+
+def _check_matmul_reduce_scatter_placement(x1: torch.Tensor, x2: torch.Tensor, symm_tensor: torch.Tensor,
+                                           signal: torch.Tensor) -> None:
+    """Raises ValueError unless ``symm_tensor`` (and ``signal``, checked by :func:`_signal`) lie in the symmetric
+    heap and overlap neither each other nor the inputs."""
+    _symmetric(symm_tensor, "symm_tensor")
+    _disjoint(symm_tensor, "symm_tensor", {"x1": x1, "x2": x2, "signal": signal})
+    _disjoint(signal, "signal", {"x1": x1, "x2": x2})
 
 
 def _matmul_reduce_scatter(x1: torch.Tensor, x2: torch.Tensor, symm_tensor: torch.Tensor, signal: torch.Tensor,

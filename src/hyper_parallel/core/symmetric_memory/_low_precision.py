@@ -65,7 +65,7 @@ the first error carried into it). Non-finite inputs, float16 overflow and the Na
 bound. :func:`error_bound` computes it.
 
 **Speed.** Everything runs on the calling thread, a piece at a time (it stays in cache), in the host codec
-(:mod:`hyper_parallel.core.multicore.shmem._codec`: vectorised C++, bit-identical to torch's casts on the same
+(:mod:`hyper_parallel.core.multicore.shmem.codec`: vectorised C++, bit-identical to torch's casts on the same
 definition): one pass to encode, one for the owner's decode-sum-re-encode step, one per peer to decode. The codec
 writes the slots with non-temporal stores, so that a peer on another die reads them from memory instead of pulling
 each line out of this core's cache. On the host device, whose "link" is the same memory the casts read and write,
@@ -88,7 +88,7 @@ from typing import Optional
 import torch
 
 from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.multicore.shmem import _codec as wire
+from hyper_parallel.core.multicore.shmem import codec as wire
 from hyper_parallel.core.multicore.shmem.errors import ShmemStateError
 from hyper_parallel.core.symmetric_memory import _context
 from hyper_parallel.core.symmetric_memory._context import GroupChannel, flush_for_host_read
@@ -252,7 +252,7 @@ class _Codec:
     """Encodes values into a slot and names a slot's encoded run, for one (group, low dtype).
 
     A slot is a uint8 tensor: for fp8, ``scale_bytes`` of float32 block scales then the fp8 bytes; for float16 and
-    bfloat16, the 16-bit codes. The host codec (:mod:`hyper_parallel.core.multicore.shmem._codec`) encodes,
+    bfloat16, the 16-bit codes. The host codec (:mod:`hyper_parallel.core.multicore.shmem.codec`) encodes,
     decodes, and sums (``reduce_encoded``).
     """
 
@@ -312,8 +312,8 @@ def _codec(ch: GroupChannel, low: torch.dtype) -> _Codec:
         codec.slots = [[ch.staging[parity * half + index * slot_bytes:][:slot_bytes] for index in range(ch.size)]
                        for parity in (0, 1)]
         # And every peer's copy of them, which the decoders read in place (no copy into this rank first).
-        codec.peer_slots = [[[shmem.peer_tensor(slot, ch.pes[peer]) for peer in range(ch.size)] for slot in slots]
-                            for slots in codec.slots]
+        codec.peer_slots = [[[ch.peer_staging(peer)[parity * half + index * slot_bytes:][:slot_bytes]
+                              for peer in range(ch.size)] for index in range(ch.size)] for parity in (0, 1)]
         codecs[key] = codec
     return codec
 
@@ -346,11 +346,12 @@ def all_reduce(t: torch.Tensor, op: str, ch: GroupChannel, precision: torch.dtyp
     """
     flat = t.view(-1)
     codec = _codec(ch, precision)
-    flush_for_host_read()  # the host writes the staging below: earlier work of the stream first
+    _open(ch, "all_reduce", t.dtype, flat.numel(), op, precision)
     if t.nbytes <= ch.one_shot_bytes and flat.numel() <= codec.capacity:
         _all_reduce_one_step(flat, op, ch, codec)
     else:
         _all_reduce_two_shot(flat, op, ch, codec)
+    ch.sync()  # peers are done with this rank's staging before the group's next call writes it
 
 
 def _all_reduce_one_step(flat: torch.Tensor, op: str, ch: GroupChannel, codec: _Codec) -> None:
@@ -419,7 +420,7 @@ def reduce_scatter(out: torch.Tensor, src: torch.Tensor, op: str, ch: GroupChann
             out.copy_(mine)
         return
     codec = _codec(ch, precision)
-    flush_for_host_read()
+    _open(ch, "reduce_scatter", out.dtype, c, op, precision)
     for off in range(0, c, codec.capacity):
         length = min(codec.capacity, c - off)
         parity = ch.flip()
@@ -429,3 +430,12 @@ def reduce_scatter(out: torch.Tensor, src: torch.Tensor, op: str, ch: GroupChann
         flush_for_host_read()
         sources = [codec.run(_peer_slot(codec, parity, me, p), length) for p in ch.peers]
         wire.reduce_encoded(out[off:off + length], mine[off:off + length], sources, op=op)
+    ch.sync()  # peers are done with this rank's staging before the group's next call writes it
+
+
+def _open(ch: GroupChannel, collective: str, dtype: torch.dtype, count: int, op: str, precision: torch.dtype) -> None:
+    """The call's first sync: every rank of the group agrees on the collective, dtype, count, op and wire format
+    (a rank in full precision, or in another low dtype, makes every rank raise ShmemMismatchError), and every rank
+    has finished the group's previous call, so the staging area is free."""
+    flush_for_host_read()  # the host writes the staging next: earlier work of the stream first
+    ch.team.agree(collective, dtype=dtype, count=count, op=op, wire=precision)

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.symmetric_memory import _args, _context
+from hyper_parallel.core.symmetric_memory import _args, _autograd, _context, _groups
 from hyper_parallel.core.symmetric_memory._args import Count
 
 _SIGNAL_OPS = {0: "set", 1: "add"}
@@ -107,8 +107,8 @@ def shmem_put(target: torch.Tensor, target_offset: Count, src: torch.Tensor, src
         ValueError: ranges past a tensor's end, a rank outside the group, ``target`` not symmetric.
     """
     dst, source = _windows(target, target_offset, src, src_offset, size)
-    _require_symmetric(target, "target")
-    shmem.put(dst, source, _pe(target_rank, group))
+    rank = _args.integer(target_rank, "target_rank")
+    _autograd.call("put_", _put_op, (), dst, source, rank, _groups.name(group))
 
 
 def shmem_get(target: torch.Tensor, target_offset: Count, src: torch.Tensor, src_offset: Count, size: Count,
@@ -131,8 +131,8 @@ def shmem_get(target: torch.Tensor, target_offset: Count, src: torch.Tensor, src
         TypeError, ValueError: as :func:`shmem_put`, with ``src`` the symmetric side.
     """
     dst, source = _windows(target, target_offset, src, src_offset, size)
-    _require_symmetric(src, "src")
-    shmem.get(dst, source, _pe(target_rank, group))
+    rank = _args.integer(target_rank, "target_rank")
+    _autograd.call("get_", _get_op, (), dst, source, rank, _groups.name(group))
 
 
 def _require_symmetric(t: torch.Tensor, name: str) -> None:
@@ -142,10 +142,10 @@ def _require_symmetric(t: torch.Tensor, name: str) -> None:
 
 
 def _signal_element(signal: torch.Tensor, signal_offset: Count) -> torch.Tensor:
+    """The element ``signal[signal_offset]`` of an int32/int64 tensor (the operators check that it is symmetric)."""
     signal = _args.tensor(signal, "signal")
     if signal.dtype not in _SIGNAL_DTYPES:
         raise TypeError(f"`signal` must have dtype torch.int32 or torch.int64, but got {signal.dtype}")
-    _require_symmetric(signal, "signal")
     return _args.window(signal, "signal", _args.count(signal_offset, "signal_offset"), 1, "signal_offset")
 
 
@@ -175,7 +175,9 @@ def shmem_signal_op(signal: torch.Tensor, signal_offset: Count, signal_value: Co
     """
     element = _signal_element(signal, signal_offset)
     op = _choice(signal_op, "signal_op", _SIGNAL_OPS)
-    shmem.signal(element, _args.integer(signal_value, "signal_value"), _pe(target_rank, group), op=op)
+    value = _args.integer(signal_value, "signal_value")
+    rank = _args.integer(target_rank, "target_rank")
+    _autograd.call("signal_", _signal_op, (), element, value, op, rank, _groups.name(group))
 
 
 def shmem_wait_for_signal(depend_tensor: Optional[torch.Tensor], signal: torch.Tensor, signal_offset: Count,
@@ -199,7 +201,8 @@ def shmem_wait_for_signal(depend_tensor: Optional[torch.Tensor], signal: torch.T
         raise TypeError(f"`depend_tensor` must be a torch.Tensor or None, but got {type(depend_tensor).__name__}")
     element = _signal_element(signal, signal_offset)
     cmp = _choice(compare_op, "compare_op", _COMPARE_OPS)
-    shmem.wait_signal(element, _args.integer(compare_value, "compare_value"), cmp=cmp)
+    value = _args.integer(compare_value, "compare_value")
+    _autograd.call("wait_for_signal", _wait_for_signal_op, (), depend_tensor, element, value, cmp)
 
 
 def shmem_put_with_signal(target: torch.Tensor, target_offset: Count, src: torch.Tensor, src_offset: Count,
@@ -217,13 +220,12 @@ def shmem_put_with_signal(target: torch.Tensor, target_offset: Count, src: torch
         TypeError, ValueError: a bad argument; every argument is checked before anything is written.
     """
     dst, source = _windows(target, target_offset, src, src_offset, size)
-    _require_symmetric(target, "target")
     element = _signal_element(signal, signal_offset)
     op = _choice(signal_op, "signal_op", _SIGNAL_OPS)
     value = _args.integer(signal_value, "signal_value")
-    pe = _pe(target_rank, group)
-    shmem.put(dst, source, pe)
-    shmem.signal(element, value, pe, op=op)
+    rank = _args.integer(target_rank, "target_rank")
+    _autograd.call("put_with_signal_", _put_with_signal_op, (), dst, source, element, value, op, rank,
+                   _groups.name(group))
 
 
 def barrier(group: Optional[dist.ProcessGroup] = None) -> None:
@@ -236,4 +238,44 @@ def barrier(group: Optional[dist.ProcessGroup] = None) -> None:
     Raises:
         ShmemTimeoutError: a rank did not arrive within ``HYPER_PARALLEL_SHMEM_TIMEOUT_SEC``.
     """
-    _context.channel(group).sync()
+    _autograd.call("barrier", _barrier_op, (), _groups.name(group))
+
+
+# --------------------------------------------------------------------------
+# The operators' implementations (:mod:`~hyper_parallel.core.symmetric_memory._ops`): the checks that need the
+# runtime or the tensors' addresses, then the runtime's calls. The public functions cut the windows.
+# --------------------------------------------------------------------------
+
+
+def _put_op(target: torch.Tensor, src: torch.Tensor, target_rank: int, group_name: str) -> None:
+    _require_symmetric(target, "target")
+    shmem.put(target, src, _pe(target_rank, _groups.resolve(group_name)))
+
+
+def _get_op(target: torch.Tensor, src: torch.Tensor, target_rank: int, group_name: str) -> None:
+    _require_symmetric(src, "src")
+    shmem.get(target, src, _pe(target_rank, _groups.resolve(group_name)))
+
+
+def _signal_op(signal: torch.Tensor, value: int, op: str, target_rank: int, group_name: str) -> None:
+    _require_symmetric(signal, "signal")
+    shmem.signal(signal, value, _pe(target_rank, _groups.resolve(group_name)), op=op)
+
+
+def _put_with_signal_op(target: torch.Tensor, src: torch.Tensor, signal: torch.Tensor, value: int, op: str,
+                        target_rank: int, group_name: str) -> None:
+    _require_symmetric(target, "target")
+    _require_symmetric(signal, "signal")
+    pe = _pe(target_rank, _groups.resolve(group_name))  # every check before anything is written
+    shmem.put(target, src, pe)
+    shmem.signal(signal, value, pe, op=op)
+
+
+def _wait_for_signal_op(depend_tensor: Optional[torch.Tensor], signal: torch.Tensor, compare_value: int,
+                        compare_op: str) -> None:
+    _require_symmetric(signal, "signal")
+    shmem.wait_signal(signal, compare_value, cmp=compare_op)
+
+
+def _barrier_op(group_name: str) -> None:
+    _context.channel(_groups.resolve(group_name)).sync()

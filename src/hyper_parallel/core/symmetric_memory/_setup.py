@@ -15,7 +15,6 @@ import torch
 import torch.distributed as dist
 
 from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.multicore.shmem._binding import C
 from hyper_parallel.core.symmetric_memory import _args, _context
 
 _SIGNAL_PADS = ("signal pads are not part of this library: a signal is a symmetric tensor like any other "
@@ -33,11 +32,7 @@ def is_shmem_available() -> bool:
     Returns:
         True when the first ``symm.empty`` can start the runtime, as far as this process can tell alone.
     """
-    try:
-        device = C.read_config()["device"]
-    except ValueError:
-        return False
-    return device in C.built_devices
+    return shmem.device_available()
 
 
 class SymmetricMemory:

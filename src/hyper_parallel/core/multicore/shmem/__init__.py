@@ -18,11 +18,12 @@ reference count as handles), ``host_barrier()``, ``barrier(blocking=...)``, ``si
 """
 
 from hyper_parallel.core.multicore.shmem._debug import DebugState, Failure, StateName, debug_state
-from hyper_parallel.core.multicore.shmem._lifecycle import Handle
+from hyper_parallel.core.multicore.shmem._lifecycle import Handle, device_available
 from hyper_parallel.core.multicore.shmem._memory import empty, free, peer_tensor
 from hyper_parallel.core.multicore.shmem._references import acquire, acquire_shmem, host_barrier, release
 from hyper_parallel.core.multicore.shmem._rma import all_gather, barrier, get, put, reduce, signal, wait_signal
 from hyper_parallel.core.multicore.shmem._streams import Stream, current_stream, default_stream, stream
+from hyper_parallel.core.multicore.shmem._teams import COLLECTIVES, REDUCE_OPS, Team, root_team
 from hyper_parallel.core.multicore.shmem.errors import (
     ShmemDeviceError,
     ShmemError,
@@ -35,6 +36,10 @@ from hyper_parallel.core.multicore.shmem.errors import (
 )
 
 __all__ = [
+    "COLLECTIVES",
+    "REDUCE_OPS",
+    "Team",
+    "root_team",
     "DebugState",
     "Failure",
     "Handle",
@@ -55,6 +60,7 @@ __all__ = [
     "current_stream",
     "debug_state",
     "default_stream",
+    "device_available",
     "empty",
     "free",
     "get",

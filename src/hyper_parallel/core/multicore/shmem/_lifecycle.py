@@ -312,3 +312,20 @@ def acquire_local(op: str) -> Handle:
         C.init(0, 1, all_gather, barrier)
         _root = _Root(group=None, ranks=(0,), rank=0, lifecycle=C.lifecycle(), references=1)
         return Handle(_root.lifecycle)
+
+
+def device_available() -> bool:
+    """Whether the configured device is built into this installation (``HYPER_PARALLEL_SHMEM_DEVICE``: ``host``
+    by default, built everywhere; ``ascend`` only in a build against CANN).
+
+    Never raises and starts nothing: a malformed ``HYPER_PARALLEL_SHMEM_*`` variable answers False (the first
+    acquire raises the error naming it).
+
+    Returns:
+        True when a runtime could start here on the configured device, as far as this process can tell alone.
+    """
+    try:
+        device = C.read_config()["device"]
+    except ValueError:
+        return False
+    return device in C.built_devices

@@ -14,13 +14,15 @@ import torch
 
 from hyper_parallel.core.multicore.shmem._binding import C
 from hyper_parallel.core.multicore.shmem._checks import check_choice, keyword_alias
-from hyper_parallel.core.multicore.shmem._lifecycle import require_root
+from hyper_parallel.core.multicore.shmem._lifecycle import require_root, root_info
 from hyper_parallel.core.multicore.shmem._streams import current_handle
+from hyper_parallel.core.multicore.shmem._teams import root_team
 from hyper_parallel.core.multicore.shmem.errors import ShmemTypeError, attach_fields
 
-_SIGNAL_OPS = {"set": 0, "add": 1}
-_COMPARE_OPS = {"eq": 0, "ne": 1, "gt": 2, "ge": 3, "lt": 4, "le": 5}
-_REDUCE_OPS = {"sum": 0, "avg": 1, "max": 2, "min": 3}
+# The runtime's numberings (ops/reduce_op.h, runtime/device.h), read once from the binding.
+_SIGNAL_OPS = dict(C.signal_ops())
+_COMPARE_OPS = dict(C.compare_ops())
+_REDUCE_OPS = dict(C.reduce_ops())
 
 
 def put(dst: Optional[torch.Tensor] = None, src: Optional[torch.Tensor] = None, pe: Optional[int] = None, *,
@@ -225,18 +227,21 @@ def _numel(value: object) -> Optional[int]:
 def all_gather(output: torch.Tensor, input: torch.Tensor) -> None:
     """Gathers every rank's ``input`` into ``output`` in rank order (collective over the root).
 
-    A zero-byte call (an input and an output without elements) is a validated no-op (seed 001): it checks the
-    types and that a runtime is active, moves nothing and waits for no rank; its output may then be an ordinary
-    tensor such as ``torch.empty(0)``.
+    One call of the runtime's collective engine on the root team (:func:`root_team`): the call is checked against
+    every rank's (a rank calling another collective, or another size or dtype, makes every rank raise
+    :class:`ShmemMismatchError`). A zero-byte call (an input and an output without elements) is a validated no-op
+    (seed 001): it checks the types and that a runtime is active, moves nothing and waits for no rank.
 
     Args:
-        output: a symmetric tensor of world_size times the input's bytes.
-        input: any contiguous CPU tensor (it may be this rank's slice of ``output``).
+        output: world_size times the input's bytes: a symmetric tensor (peers write into it directly) or any
+            contiguous tensor of the device (filled through the engine's staging area).
+        input: any contiguous tensor of the device (it may be this rank's slice of ``output``).
 
     Raises:
         TypeError: an argument that is not a tensor.
-        ValueError: ``output`` is not world_size times the input's bytes, not symmetric, or overlapped by
-            ``input`` other than at this rank's own slot.
+        ValueError: ``output`` is not world_size times the input's bytes, or is overlapped by ``input`` other than
+            at this rank's own slot.
+        ShmemMismatchError: the ranks do not all call all_gather with the same size and dtype.
         ShmemTimeoutError: a rank did not arrive in time.
         ShmemStateError: a freed tensor, or no runtime.
     """
@@ -245,7 +250,10 @@ def all_gather(output: torch.Tensor, input: torch.Tensor) -> None:
             # 0 == world_size * 0 bytes: with no byte to place, the output need not be symmetric.
             require_root("all_gather")
             return
-        C.all_gather(output, input, current_handle())
+        if root_info() is None:
+            # Raises: the binding checks the arguments first, then finds no runtime (team 0 is never a team).
+            C.all_gather(0, output, input, current_handle())
+        root_team().all_gather(output, input)
     except Exception as error:
         attach_fields(error, "all_gather")
         raise

@@ -87,7 +87,7 @@ def decode(src: EncodedRun, out: torch.Tensor, *, accumulate: bool) -> None:
     C.decode(src, out, accumulate)
 
 
-_REDUCE_OPS = {"sum": 0, "avg": 1}
+_REDUCE_OPS = {name: number for name, number in C.reduce_ops().items() if name in ("sum", "avg")}
 
 
 def reduce_encoded(out: torch.Tensor, own: Optional[torch.Tensor], sources: Sequence[EncodedRun], *, op: str,

@@ -1,0 +1,170 @@
+"""Teams: ranks of the root that run collectives together, each collective one call into the runtime's engine.
+
+A :class:`Team` is made collectively from a ProcessGroup inside the root (every member calls ``Team(group)`` in the
+same order). It owns a slot of the runtime's team pool (a workspace laid out once) and the epoch protocol that keeps
+its members in step. Every collective's first sync carries a fingerprint of the call (collective, dtype, element
+count, reduce op, wire format, peer): members that disagree all raise :class:`ShmemMismatchError` naming both calls,
+before any data moves, and the team stays usable. Creation is bounded by ``HYPER_PARALLEL_SHMEM_TIMEOUT_SEC`` and
+names the ranks that did not arrive. :meth:`Team.release` is local and never waits; its slot is reused once every
+member has released it (64 teams may live at once besides the root's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from hyper_parallel.core.multicore.shmem._binding import C
+from hyper_parallel.core.multicore.shmem._lifecycle import _bootstrap, _local_bootstrap, require_root
+from hyper_parallel.core.multicore.shmem._streams import current_handle
+from hyper_parallel.core.multicore.shmem.errors import attach_fields
+
+# The numberings are the runtime's (runtime/team.h, ops/reduce_op.h): exported once, never retyped.
+COLLECTIVES: dict = dict(C.collectives())
+REDUCE_OPS: dict = dict(C.reduce_ops())
+#: A fingerprint's wire format: "full", or a low-precision dtype's name.
+WIRE_FORMATS: dict = dict(C.wire_formats())
+
+
+class Team:
+    """A team of PEs over a ProcessGroup inside the root (collective over the group to make).
+
+    Args:
+        group: a ProcessGroup whose ranks all lie in the root, or None for the root itself.
+
+    Raises:
+        ValueError: the group does not contain this rank, or has ranks outside the root.
+        ShmemStateError: no runtime, every team slot is taken, or the root team was not made first.
+        ShmemTimeoutError: a member did not arrive in time (the message names it).
+    """
+
+    def __init__(self, group: Optional[dist.ProcessGroup] = None) -> None:
+        root = require_root("team_create")
+        if group is None or group is dist.group.WORLD and root.group is dist.group.WORLD:
+            pes = tuple(range(len(root.ranks)))
+            me = root.rank
+            bootstrap = _local_bootstrap() if root.group is None else _bootstrap(root.group, "team_create")
+        else:
+            if group is dist.GroupMember.NON_GROUP_MEMBER or not isinstance(group, dist.ProcessGroup):
+                raise ValueError(f"`group` must be a ProcessGroup containing this rank, but got {group!r}")
+            ranks = dist.get_process_group_ranks(group)
+            outside = [r for r in ranks if r not in root.ranks]
+            if outside:
+                raise ValueError(f"`group` must lie inside the SHMEM root {list(root.ranks)}, but got ranks {list(ranks)}")
+            pes = tuple(root.ranks.index(r) for r in ranks)
+            me = dist.get_rank(group)
+            bootstrap = _bootstrap(group, "team_create")
+        try:
+            self._id = C.team_create(list(pes), me, *bootstrap)
+        except Exception as error:
+            attach_fields(error, "team_create")
+            raise
+        self.pes = pes
+        self.rank = me
+        self.size = len(pes)
+        self.staging_bytes = C.team_describe(self._id)[3]
+        self._released = False
+
+    def __repr__(self) -> str:
+        return f"Team(pes={list(self.pes)}, rank={self.rank}{', released' if self._released else ''})"
+
+    def release(self) -> None:
+        """Lets go of the team on this rank (local, never waits; idempotent). Later calls on it raise."""
+        if self._released:
+            return
+        self._released = True
+        if C.state() == "initialized":
+            try:
+                C.team_release(self._id)
+            except Exception:  # its lifecycle already ended: nothing of it is left to release
+                pass
+
+    def _call(self, name: str, fn, *args):
+        try:
+            return fn(self._id, *args, current_handle())
+        except Exception as error:
+            attach_fields(error, name)
+            raise
+
+    def barrier(self) -> None:
+        """Every member arrives; everything enqueued before it is visible to every member."""
+        self._call("team_barrier", C.team_barrier)
+
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        """``output`` (size x input's bytes) receives member r's ``input`` at r x its bytes.
+
+        ``input`` may be this member's part of ``output``. The same symmetric ``output`` (or ``input``) on every
+        member takes the copy-free path.
+        """
+        self._call("all_gather", C.all_gather, output, input)
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> None:
+        """Reduces ``tensor`` in place ('sum', 'avg', 'max', 'min'); every member ends with bit-identical values."""
+        self._call("all_reduce", C.all_reduce, tensor, REDUCE_OPS[op])
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum") -> None:
+        """``output`` receives part ``rank`` of ``input`` reduced across the members."""
+        self._call("reduce_scatter", C.reduce_scatter, output, input, REDUCE_OPS[op])
+
+    def all_to_all(self, sends: Sequence[torch.Tensor], receive: torch.Tensor, receive_counts: Sequence[int]) -> None:
+        """``sends[j]`` goes to member j; ``receive`` gets member i's part after the counts of members < i
+        (elements of ``receive``'s dtype). The counts are checked across members before anything is written."""
+        self._call("all_to_all", C.all_to_all, list(sends), receive, list(receive_counts))
+
+    def send(self, tensor: torch.Tensor, peer: int) -> None:
+        """Sends ``tensor`` to member ``peer`` (point to point; messages arrive in order)."""
+        self._call("send", C.send, tensor, peer)
+
+    def recv(self, tensor: torch.Tensor, peer: int) -> None:
+        """Receives the next message of member ``peer`` into ``tensor`` (of the message's byte size)."""
+        self._call("recv", C.recv, tensor, peer)
+
+    def agree(self, collective: str, values: Sequence[int] = (), dtype: Optional[torch.dtype] = None, count: int = 0,
+              op: Optional[str] = None, wire: Optional[torch.dtype] = None, peer: int = -1) -> list:
+        """A fingerprinted sync for algorithms written over the primitives: every member's ``values`` (at most
+        2 x root size + 1 ints), after checking that every member makes the same call.
+
+        Args:
+            collective: a name of :data:`COLLECTIVES`.
+            values: what this member publishes.
+            dtype, count, op: the call's element type, element count and reduce op ('sum', 'avg', 'max', 'min').
+            wire: the low-precision dtype the data travels in (None: the tensor's own).
+            peer: the call's root or peer, -1 for none.
+
+        Returns:
+            Every member's ``values``, in group-rank order.
+
+        Raises:
+            ShmemMismatchError: members disagree on the call (every member raises).
+            ShmemTimeoutError: a member did not arrive in time.
+        """
+        dtype_name = "" if dtype is None else str(dtype).replace("torch.", "")
+        wire_name = "full" if wire is None else str(wire).replace("torch.", "")
+        return self._call("agree", C.agree, COLLECTIVES[collective], dtype_name,
+                          0 if dtype is None else dtype.itemsize, count, 0 if op is None else REDUCE_OPS[op] + 1,
+                          WIRE_FORMATS[wire_name], peer, list(values))
+
+    def staging(self, member: int) -> torch.Tensor:
+        """Member ``member``'s staging area of this team, as a uint8 tensor over that memory (host device)."""
+        return C.team_staging(self._id, member)
+
+
+_root_team: Optional[Team] = None
+_root_team_lifecycle = -1
+
+
+def root_team() -> Team:
+    """The team of every PE of the root, made on first use in each lifecycle (collective over the root then).
+
+    Raises:
+        ShmemStateError: no runtime is active.
+    """
+    global _root_team, _root_team_lifecycle
+    root = require_root("team_create")
+    if _root_team is None or _root_team_lifecycle != root.lifecycle:
+        _root_team = Team(None)
+        _root_team_lifecycle = root.lifecycle
+    return _root_team

@@ -1,0 +1,287 @@
+// The collective engine's cases, written once and run on every device: threads as ranks, buffers the host may not
+// touch (the ascend fakes' heap and NPU memory are reached only through copies).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/runtime.h"
+#include "test_support.h"
+#include "thread_bootstrap.h"
+
+namespace hp::shmem::testutil {
+
+// How a case reaches a device's memory from the host, and makes the device.
+struct CollectiveBackend {
+  std::function<std::unique_ptr<Device>()> make_device;
+  std::function<Config()> config;
+  std::function<void*(std::size_t)> alloc_local;   // memory outside the heap, as a framework tensor holds it
+  std::function<void(void*)> free_local;
+  std::function<void(void*, const void*, std::size_t)> write;   // host -> device memory (heap or local)
+  std::function<void(void*, const void*, std::size_t)> read;    // device memory -> host
+  std::function<void(int rank)> enter_rank = [](int) {};
+};
+
+// A team over a subset of the world, with every world rank calling AllGather at once: each rank keeps its group's
+// rows (splitting the world, as a framework's new_group would on every rank).
+class SplitBootstrap final : public Bootstrap {
+ public:
+  SplitBootstrap(Bootstrap& world, std::vector<int> members)
+      : world_(world), members_(std::move(members)) {}
+  int rank() const override {
+    for (std::size_t i = 0; i < members_.size(); ++i) {
+      if (members_[i] == world_.rank()) return static_cast<int>(i);
+    }
+    return -1;
+  }
+  int world_size() const override { return static_cast<int>(members_.size()); }
+  Status AllGather(const void* in, std::size_t bytes, void* out) override {
+    std::vector<char> all(bytes * static_cast<std::size_t>(world_.world_size()));
+    HP_RETURN_IF_ERROR(world_.AllGather(in, bytes, all.data()));
+    for (std::size_t i = 0; i < members_.size(); ++i) {
+      std::memcpy(static_cast<char*>(out) + i * bytes, all.data() + static_cast<std::size_t>(members_[i]) * bytes, bytes);
+    }
+    return Status::Ok();
+  }
+  Status Barrier() override { return world_.Barrier(); }
+
+ private:
+  Bootstrap& world_;
+  std::vector<int> members_;
+};
+
+inline ElementType Float32() { return ElementType{"float32", 4, true, DataType::kFloat32}; }
+inline ElementType Int32() { return ElementType{"int32", 4, true, DataType::kInt32}; }
+
+inline std::vector<int> AllPes(int world) {
+  std::vector<int> pes(static_cast<std::size_t>(world));
+  for (int i = 0; i < world; ++i) pes[static_cast<std::size_t>(i)] = i;
+  return pes;
+}
+
+// A float32 buffer in device memory: symmetric (from the runtime) or local.
+class DeviceFloats {
+ public:
+  DeviceFloats(const CollectiveBackend& backend, Runtime& runtime, std::size_t count, bool symmetric)
+      : backend_(backend), runtime_(runtime), count_(count) {
+    if (symmetric) {
+      auto info = runtime.Allocate(std::max<std::size_t>(count * 4, 4), 64, "test");
+      EXPECT_TRUE(info.ok()) << info.status().ToString();
+      allocation_ = info->id;
+      data_ = reinterpret_cast<void*>(info->base);
+    } else {
+      data_ = backend.alloc_local(std::max<std::size_t>(count * 4, 4));
+    }
+  }
+  ~DeviceFloats() {
+    if (allocation_ != 0) {
+      EXPECT_TRUE(runtime_.Free(allocation_, "test").ok());
+    } else {
+      backend_.free_local(data_);
+    }
+  }
+  DeviceFloats(const DeviceFloats&) = delete;
+  DeviceFloats& operator=(const DeviceFloats&) = delete;
+  void* data() const { return data_; }
+  float* at(std::size_t i) const { return static_cast<float*>(data_) + i; }
+  std::size_t bytes() const { return count_ * 4; }
+  void Set(const std::vector<float>& values) const { backend_.write(data_, values.data(), values.size() * 4); }
+  std::vector<float> Get() const {
+    std::vector<float> values(count_);
+    backend_.read(values.data(), data_, count_ * 4);
+    return values;
+  }
+
+ private:
+  const CollectiveBackend& backend_;
+  Runtime& runtime_;
+  std::size_t count_;
+  std::uint64_t allocation_ = 0;
+  void* data_ = nullptr;
+};
+
+// Values that sum exactly in any order: small integers.
+inline float Value(int rank, std::size_t i) { return static_cast<float>((rank + 1) * 3 + static_cast<int>(i % 97)); }
+
+// Every collective against values computed here, on the small (one step), copy-free and staged paths.
+inline void RunEveryCollective(const CollectiveBackend& backend, int world) {
+  RunRanks(world, [&](int rank, Bootstrap& bootstrap) {
+    backend.enter_rank(rank);
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(backend.config(), backend.make_device(), bootstrap)));
+    auto team = runtime.CreateTeam(AllPes(world), bootstrap);
+    ASSERT_TRUE(team.ok()) << team.status().ToString();
+    const std::uint64_t t = team.value();
+    const auto n = static_cast<std::size_t>(world);
+    for (std::size_t count : {std::size_t{24}, std::size_t{40000}}) {   // 96 B (one step) and 160 KB
+      for (bool symmetric : {false, true}) {
+        SCOPED_TRACE("count=" + std::to_string(count) + " symmetric=" + std::to_string(symmetric));
+        // all_reduce (sum, in place)
+        DeviceFloats tensor(backend, runtime, count, symmetric);
+        std::vector<float> mine(count), sum(count, 0.0f);
+        for (std::size_t i = 0; i < count; ++i) {
+          mine[i] = Value(rank, i);
+          for (int r = 0; r < world; ++r) sum[i] += Value(r, i);
+        }
+        tensor.Set(mine);
+        ASSERT_TRUE(IsOk(runtime.AllReduce(t, tensor.data(), tensor.bytes(), DataType::kFloat32, ReduceOp::kSum,
+                                           kDefaultStream, nullptr)));
+        EXPECT_EQ(tensor.Get(), sum);
+        // all_gather
+        DeviceFloats input(backend, runtime, count, false);
+        DeviceFloats output(backend, runtime, count * n, symmetric);
+        input.Set(mine);
+        ASSERT_TRUE(IsOk(runtime.AllGather(t, output.data(), output.bytes(), input.data(), input.bytes(), Float32(),
+                                           kDefaultStream, nullptr)));
+        std::vector<float> gathered;
+        for (int r = 0; r < world; ++r) {
+          for (std::size_t i = 0; i < count; ++i) gathered.push_back(Value(r, i));
+        }
+        EXPECT_EQ(output.Get(), gathered);
+        // reduce_scatter of every rank's gathered copy (scaled by its rank + 1)
+        DeviceFloats whole(backend, runtime, count * n, symmetric);
+        DeviceFloats part(backend, runtime, count, false);
+        std::vector<float> scaled(gathered);
+        for (float& v : scaled) v *= static_cast<float>(rank + 1);
+        whole.Set(scaled);
+        ASSERT_TRUE(IsOk(runtime.ReduceScatter(t, part.data(), part.bytes(), whole.data(), whole.bytes(),
+                                               DataType::kFloat32, ReduceOp::kSum, kDefaultStream, nullptr)));
+        std::vector<float> expected(count);
+        const float factor = static_cast<float>(world * (world + 1) / 2);
+        for (std::size_t i = 0; i < count; ++i) expected[i] = gathered[static_cast<std::size_t>(rank) * count + i] * factor;
+        EXPECT_EQ(part.Get(), expected);
+        // all_to_all with uneven parts: rank i sends (i + j + 1) * count / 8 elements to rank j
+        auto length = [&](int from, int to) { return static_cast<std::size_t>(from + to + 1) * count / 8; };
+        std::vector<std::unique_ptr<DeviceFloats>> sends;
+        std::vector<std::pair<const void*, std::size_t>> send_views;
+        std::vector<std::uint64_t> receive_counts;
+        std::size_t receive_total = 0;
+        std::vector<float> received_expected;
+        for (int j = 0; j < world; ++j) {
+          std::vector<float> values(length(rank, j));
+          for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(rank * 1000 + j * 100) + Value(rank, i);
+          sends.push_back(std::make_unique<DeviceFloats>(backend, runtime, values.size(), false));
+          sends.back()->Set(values);
+          send_views.emplace_back(sends.back()->data(), values.size() * 4);
+          receive_counts.push_back(length(j, rank));
+          receive_total += length(j, rank);
+          for (std::size_t i = 0; i < length(j, rank); ++i) {
+            received_expected.push_back(static_cast<float>(j * 1000 + rank * 100) + Value(j, i));
+          }
+        }
+        std::size_t largest_total = 0;   // a symmetric buffer has one size on every rank
+        for (int r = 0; r < world; ++r) {
+          std::size_t total = 0;
+          for (int j = 0; j < world; ++j) total += length(j, r);
+          largest_total = std::max(largest_total, total);
+        }
+        DeviceFloats receive(backend, runtime, largest_total, symmetric);
+        ASSERT_TRUE(IsOk(runtime.AllToAll(t, send_views, receive.data(), receive.bytes(), receive_counts, Float32(),
+                                          kDefaultStream, nullptr)));
+        std::vector<float> received = receive.Get();
+        received.resize(receive_total);
+        EXPECT_EQ(received, received_expected);
+        // send/recv around the ring
+        if (world > 1) {
+          DeviceFloats message(backend, runtime, count, false);
+          DeviceFloats arrived(backend, runtime, count, false);
+          message.Set(mine);
+          const int next = (rank + 1) % world;
+          const int previous = (rank + world - 1) % world;
+          // Rank 0 starts the ring: a message larger than the mailbox's window waits for its receiver.
+          if (rank == 0) {
+            ASSERT_TRUE(IsOk(runtime.Send(t, message.data(), message.bytes(), next, kDefaultStream, nullptr)));
+          }
+          ASSERT_TRUE(IsOk(runtime.Recv(t, arrived.data(), arrived.bytes(), previous, kDefaultStream, nullptr)));
+          if (rank != 0) {
+            ASSERT_TRUE(IsOk(runtime.Send(t, message.data(), message.bytes(), next, kDefaultStream, nullptr)));
+          }
+          std::vector<float> theirs(count);
+          for (std::size_t i = 0; i < count; ++i) theirs[i] = Value(previous, i);
+          EXPECT_EQ(arrived.Get(), theirs);
+        }
+        ASSERT_TRUE(IsOk(runtime.TeamBarrier(t, kDefaultStream)));
+      }
+    }
+    EXPECT_TRUE(IsOk(runtime.ReleaseTeam(t)));
+    EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+  });
+}
+
+// Ranks that call different collectives (or the same with other arguments) all fail with kMismatch naming both calls,
+// nothing is written, and the next matching call works.
+inline void RunMismatches(const CollectiveBackend& backend, int world) {
+  RunRanks(world, [&](int rank, Bootstrap& bootstrap) {
+    backend.enter_rank(rank);
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(backend.config(), backend.make_device(), bootstrap)));
+    auto team = runtime.CreateTeam(AllPes(world), bootstrap);
+    ASSERT_TRUE(team.ok()) << team.status().ToString();
+    const std::uint64_t t = team.value();
+    DeviceFloats tensor(backend, runtime, 16, false);
+    DeviceFloats gathered(backend, runtime, 16 * static_cast<std::size_t>(world), false);
+    const std::vector<float> ones(16, 1.0f);
+    const bool odd = rank == world - 1;   // the last rank calls something else
+    struct Case {
+      const char* what;
+      std::function<Status()> common;
+      std::function<Status()> other;
+      const char* field;
+    };
+    const std::vector<Case> cases = {
+        {"all_reduce vs barrier",
+         [&] { return runtime.AllReduce(t, tensor.data(), 64, DataType::kFloat32, ReduceOp::kSum, kDefaultStream, nullptr); },
+         [&] { return runtime.TeamBarrier(t, kDefaultStream); }, "(collective)"},
+        {"count",
+         [&] { return runtime.AllReduce(t, tensor.data(), 64, DataType::kFloat32, ReduceOp::kSum, kDefaultStream, nullptr); },
+         [&] { return runtime.AllReduce(t, tensor.data(), 32, DataType::kFloat32, ReduceOp::kSum, kDefaultStream, nullptr); },
+         "(count)"},
+        {"dtype",
+         [&] { return runtime.AllReduce(t, tensor.data(), 64, DataType::kFloat32, ReduceOp::kSum, kDefaultStream, nullptr); },
+         [&] { return runtime.AllReduce(t, tensor.data(), 64, DataType::kInt32, ReduceOp::kSum, kDefaultStream, nullptr); },
+         "(dtype)"},
+        {"op",
+         [&] { return runtime.AllReduce(t, tensor.data(), 64, DataType::kFloat32, ReduceOp::kSum, kDefaultStream, nullptr); },
+         [&] { return runtime.AllReduce(t, tensor.data(), 64, DataType::kFloat32, ReduceOp::kMax, kDefaultStream, nullptr); },
+         "(op)"},
+        {"all_gather vs all_reduce",
+         [&] {
+           return runtime.AllGather(t, gathered.data(), gathered.bytes(), tensor.data(), 64, Float32(), kDefaultStream,
+                                    nullptr);
+         },
+         [&] { return runtime.AllReduce(t, tensor.data(), 64, DataType::kFloat32, ReduceOp::kSum, kDefaultStream, nullptr); },
+         "(collective)"},
+        {"all_gather count",
+         [&] {
+           return runtime.AllGather(t, gathered.data(), gathered.bytes(), tensor.data(), 64, Float32(), kDefaultStream,
+                                    nullptr);
+         },
+         [&] {
+           return runtime.AllGather(t, gathered.data(), gathered.bytes() / 2, tensor.data(), 32, Float32(), kDefaultStream,
+                                    nullptr);
+         },
+         "(count)"},
+    };
+    for (const Case& c : cases) {
+      SCOPED_TRACE(c.what);
+      tensor.Set(ones);
+      const Status status = odd ? c.other() : c.common();
+      EXPECT_EQ(status.code(), StatusCode::kMismatch) << status.ToString();
+      EXPECT_TRUE(Contains(status.message(), std::string("ranks disagree on a collective ") + c.field)) << status.message();
+      EXPECT_TRUE(Contains(status.message(), "rank " + std::to_string(world - 1) + " calls")) << status.message();
+      EXPECT_EQ(tensor.Get(), ones);   // nothing was reduced into it
+      // The team is still in step: a matching call works on every rank.
+      ASSERT_TRUE(IsOk(runtime.AllReduce(t, tensor.data(), 64, DataType::kFloat32, ReduceOp::kSum, kDefaultStream, nullptr)));
+      EXPECT_EQ(tensor.Get(), std::vector<float>(16, static_cast<float>(world)));
+    }
+    EXPECT_TRUE(IsOk(runtime.ReleaseTeam(t)));
+    EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+  });
+}
+
+}  // namespace hp::shmem::testutil

@@ -1,0 +1,194 @@
+// The collective engine on the host device: every collective, mismatches, sub-teams, churn, timeouts and retries.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collective_cases.h"
+#include "runtime/device_factory.h"
+#include "runtime/host/host_device.h"
+#include "runtime/logging.h"
+#include "runtime/runtime.h"
+#include "test_support.h"
+#include "thread_bootstrap.h"
+
+namespace hp::shmem {
+namespace {
+
+using testutil::AllPes;
+using testutil::Contains;
+using testutil::HasError;
+using testutil::IsOk;
+using testutil::kMiB;
+using testutil::DeviceFloats;
+using testutil::RunRanks;
+using testutil::SplitBootstrap;
+
+Config HostConfig(double timeout_sec = 10.0) {
+  Config config;
+  config.heap_size = 8 * kMiB;
+  config.timeout_sec = timeout_sec;
+  config.log_level = LogLevel::kError;
+  return config;
+}
+
+testutil::CollectiveBackend HostBackend(double timeout_sec = 10.0) {
+  testutil::CollectiveBackend backend;
+  backend.make_device = [] { return std::make_unique<host::HostDevice>(); };
+  backend.config = [timeout_sec] { return HostConfig(timeout_sec); };
+  backend.alloc_local = [](std::size_t bytes) { return std::malloc(bytes); };
+  backend.free_local = [](void* p) { std::free(p); };
+  backend.write = [](void* dst, const void* src, std::size_t n) { std::memcpy(dst, src, n); };
+  backend.read = [](void* dst, const void* src, std::size_t n) { std::memcpy(dst, src, n); };
+  return backend;
+}
+
+class HostCollectivesTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(HostCollectivesTest, EveryCollectiveOnEveryPath) { testutil::RunEveryCollective(HostBackend(), GetParam()); }
+
+INSTANTIATE_TEST_SUITE_P(Ranks, HostCollectivesTest, ::testing::Values(1, 2, 3, 4));
+
+class HostMismatchTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(HostMismatchTest, MismatchesFailOnEveryRankAndTheTeamStaysInStep) {
+  testutil::RunMismatches(HostBackend(), GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, HostMismatchTest, ::testing::Values(2, 3, 4));
+
+TEST(TeamTest, SubTeamsRunSideBySideAndSlotsAreReused) {
+  RunRanks(4, [](int rank, Bootstrap& bootstrap) {
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(HostConfig(), std::make_unique<host::HostDevice>(), bootstrap)));
+    // The root team comes first: a sub-team before it is refused.
+    SplitBootstrap early(bootstrap, rank < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3});
+    EXPECT_TRUE(HasError(runtime.CreateTeam(rank < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3}, early).status(),
+                         StatusCode::kStateError, "the root team must be created first: op=team_create group_size=2"));
+    auto root = runtime.CreateTeam(AllPes(4), bootstrap);
+    ASSERT_TRUE(root.ok()) << root.status().ToString();
+    // 300 rounds of two disjoint pairs, then the pairs the other way: far more teams than slots over time.
+    for (int round = 0; round < 300; ++round) {
+      const bool halves = round % 2 == 0;
+      std::vector<int> members = halves ? (rank < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3})
+                                        : (rank % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3});
+      SplitBootstrap split(bootstrap, members);
+      auto team = runtime.CreateTeam(members, split);
+      ASSERT_TRUE(team.ok()) << "round " << round << ": " << team.status().ToString();
+      float value = static_cast<float>(rank + round);
+      ASSERT_TRUE(IsOk(runtime.AllReduce(team.value(), &value, 4, DataType::kFloat32, ReduceOp::kSum, kDefaultStream,
+                                         nullptr)));
+      EXPECT_EQ(value, static_cast<float>(members[0] + members[1] + 2 * round));
+      ASSERT_TRUE(IsOk(runtime.ReleaseTeam(team.value())));
+      EXPECT_TRUE(HasError(runtime.TeamBarrier(team.value(), kDefaultStream), StatusCode::kStateError,
+                           "team is not live: team_id=" + std::to_string(team.value())));
+    }
+    EXPECT_EQ(runtime.Snapshot().live_teams, 1u);
+    EXPECT_TRUE(IsOk(runtime.ReleaseTeam(root.value())));
+    EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+  });
+}
+
+TEST(TeamTest, SixtyFourLiveTeamsThenAClearRefusal) {
+  RunRanks(2, [](int, Bootstrap& bootstrap) {
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(HostConfig(), std::make_unique<host::HostDevice>(), bootstrap)));
+    auto root = runtime.CreateTeam(AllPes(2), bootstrap);
+    ASSERT_TRUE(root.ok());
+    std::vector<std::uint64_t> teams;
+    for (int i = 0; i < kSubTeamSlots; ++i) {
+      auto team = runtime.CreateTeam(AllPes(2), bootstrap);
+      ASSERT_TRUE(team.ok()) << i << ": " << team.status().ToString();
+      teams.push_back(team.value());
+    }
+    EXPECT_TRUE(HasError(runtime.CreateTeam(AllPes(2), bootstrap).status(), StatusCode::kStateError,
+                         "every team slot is taken on some member: slots=64 live_teams_here=65"));
+    // Every one of them works, each in its own slot.
+    for (std::uint64_t team : teams) {
+      std::int64_t value = 1;
+      ASSERT_TRUE(IsOk(runtime.AllReduce(team, &value, 8, DataType::kInt64, ReduceOp::kSum, kDefaultStream, nullptr)));
+      EXPECT_EQ(value, 2);
+    }
+    for (std::uint64_t team : teams) EXPECT_TRUE(IsOk(runtime.ReleaseTeam(team)));
+    auto again = runtime.CreateTeam(AllPes(2), bootstrap);
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+  });
+}
+
+TEST(TeamTest, ATimedOutRankThatRetriesStaysInStep) {
+  RunRanks(2, [](int rank, Bootstrap& bootstrap) {
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(HostConfig(0.2), std::make_unique<host::HostDevice>(), bootstrap)));
+    auto team = runtime.CreateTeam(AllPes(2), bootstrap);
+    ASSERT_TRUE(team.ok());
+    float value = static_cast<float>(rank + 1);
+    if (rank == 0) {
+      // Rank 1 is late: the first try times out naming it, the retry pairs with rank 1's call.
+      const Status late = runtime.AllReduce(team.value(), &value, 4, DataType::kFloat32, ReduceOp::kSum, kDefaultStream,
+                                            nullptr);
+      EXPECT_EQ(late.code(), StatusCode::kTimeout) << late.ToString();
+      EXPECT_TRUE(Contains(late.message(), "team sync timed out: op=all_reduce team_ranks=[0,1] epoch=1 missing_ranks=[1]"))
+          << late.message();
+      EXPECT_EQ(value, 1.0f);
+    }
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+    ASSERT_TRUE(IsOk(runtime.AllReduce(team.value(), &value, 4, DataType::kFloat32, ReduceOp::kSum, kDefaultStream,
+                                       nullptr)));
+    EXPECT_EQ(value, 3.0f);
+    // And the next calls still pair up.
+    ASSERT_TRUE(IsOk(runtime.AllReduce(team.value(), &value, 4, DataType::kFloat32, ReduceOp::kSum, kDefaultStream,
+                                       nullptr)));
+    EXPECT_EQ(value, 6.0f);
+    EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+  });
+}
+
+TEST(TeamTest, BadArgumentsAreRefusedBeforeAnySync) {
+  RunRanks(2, [](int rank, Bootstrap& bootstrap) {
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(HostConfig(), std::make_unique<host::HostDevice>(), bootstrap)));
+    EXPECT_TRUE(HasError(runtime.CreateTeam({0, 0}, bootstrap).status(), StatusCode::kInvalidArgument,
+                         "`pes` must be distinct, but got 0 at positions 0 and 1"));
+    EXPECT_TRUE(HasError(runtime.CreateTeam({0, 2}, bootstrap).status(), StatusCode::kInvalidArgument,
+                         "`pes[1]` must be in [0, 2), but got 2"));
+    auto team = runtime.CreateTeam(AllPes(2), bootstrap);
+    ASSERT_TRUE(team.ok());
+    float data[4] = {};
+    EXPECT_TRUE(HasError(runtime.AllGather(team.value(), data, 12, data, 4, testutil::Float32(), kDefaultStream, nullptr),
+                         StatusCode::kInvalidArgument, "`output` must have group_size * input bytes (2 * 4 = 8), but got 12"));
+    EXPECT_TRUE(HasError(runtime.AllReduce(team.value(), data, 8, DataType::kInt32, ReduceOp::kAvg, kDefaultStream, nullptr),
+                         StatusCode::kInvalidArgument, "`op` must be sum, max or min for int32, but got avg"));
+    EXPECT_TRUE(HasError(runtime.Send(team.value(), data, 4, rank, kDefaultStream, nullptr), StatusCode::kInvalidArgument,
+                         "`peer` must be another group rank in [0, 2) than this one"));
+    // A message of the wrong size is drained and refused; the next one arrives.
+    if (rank == 0) {
+      ASSERT_TRUE(IsOk(runtime.Send(team.value(), data, 16, 1, kDefaultStream, nullptr)));
+      data[0] = 7.0f;
+      ASSERT_TRUE(IsOk(runtime.Send(team.value(), data, 4, 1, kDefaultStream, nullptr)));
+    } else {
+      EXPECT_TRUE(HasError(runtime.Recv(team.value(), data, 8, 0, kDefaultStream, nullptr), StatusCode::kInvalidArgument,
+                           "`tensor` must have the 16 bytes rank 0 sent, but got 8 bytes"));
+      ASSERT_TRUE(IsOk(runtime.Recv(team.value(), data, 4, 0, kDefaultStream, nullptr)));
+      EXPECT_EQ(data[0], 7.0f);
+    }
+    EXPECT_TRUE(IsOk(runtime.TeamBarrier(team.value(), kDefaultStream)));
+    EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+  });
+}
+
+TEST(DeviceFactoryTest, TheConfigurationChoosesTheDevice) {
+  Config config;
+  auto host = MakeDevice(config);
+  ASSERT_TRUE(host.ok()) << host.status().ToString();
+  EXPECT_STREQ(host.value()->name(), "host");
+  config.device = "ascend";   // only a build against a real CANN installation carries it, never the fakes
+  EXPECT_TRUE(HasError(MakeDevice(config).status(), StatusCode::kStateError,
+                       "device is not built into this module: device=ascend built=host"));
+}
+
+}  // namespace
+}  // namespace hp::shmem
