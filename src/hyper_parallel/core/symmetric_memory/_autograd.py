@@ -34,6 +34,7 @@ from typing import Any, Optional
 import torch
 from torch.autograd import Function
 
+from hyper_parallel.core.multicore import shmem
 from hyper_parallel.core.symmetric_memory import _groups
 
 BACKWARD_MODES = ("identity", "allreduce")
@@ -57,14 +58,8 @@ def direct(*tensors: object) -> bool:
 
     This is what the dispatcher would run for such a call, minus the cost of entering two Python kernels.
     """
-    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
-            or torch._C._are_functorch_transforms_active()):
-        return False
-    grad = torch.is_grad_enabled()
-    for t in tensors:  # (a loop: this runs on every small collective)
-        if type(t) is not torch.Tensor or (grad and t.requires_grad):
-            return False
-    return True
+    # The rest in one call of the runtime face (a fake-tensor mode, a torch.func transform, subclasses, grad).
+    return not torch.compiler.is_compiling() and shmem.plain_eager(*tensors)
 
 
 def call(op_name: str, implementation: Callable, grad_inputs: Sequence, *args: object) -> Any:

@@ -59,6 +59,16 @@ def _precision_name(low_precision_dtype: object, dtype: torch.dtype, op: str) ->
     return "none" if precision is None else str(precision).removeprefix("torch.")
 
 
+def _fast_team(group: Optional[dist.ProcessGroup], *tensors: object) -> Optional["shmem.Team"]:
+    """The group's team when the call may go straight to the engine: eager, plain tensors, no grad tracked, and
+    the group already has a team; None otherwise (the call then takes the full checks and the operator)."""
+    return _context.cached_team(group) if _autograd.direct(*tensors) else None
+
+
+# The reductions an eager call may hand straight to the engine (others take the checks that name them).
+_FAST_OPS = frozenset(("sum", "avg", "max", "min"))
+
+
 def shmem_allgather(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                     group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
     """Gathers every rank's ``input_tensor`` into ``output_tensor``, in group-rank order (collective).
@@ -77,6 +87,13 @@ def shmem_allgather(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
         ValueError: sizes that do not match, or an input overlapping the output elsewhere than its own part.
         ShmemTimeoutError: a rank did not take part in time.
     """
+    team = _fast_team(group, output_tensor, input_tensor)
+    if team is not None and output_tensor.dtype is input_tensor.dtype:
+        try:
+            team.all_gather(output_tensor, input_tensor)
+            return output_tensor
+        except (ValueError, TypeError):
+            pass  # refused before any rank moved: the checks below name the argument as this API does
     output = _args.tensor(output_tensor, "output_tensor")
     data = _args.tensor(input_tensor, "input_tensor")
     _args.same_dtype(data, "input_tensor", output, "output_tensor")
@@ -149,6 +166,14 @@ def shmem_allreduce(tensor: torch.Tensor, op: str = "sum", group: Optional[dist.
             'max'/'min' on a tensor that requires grad.
         ShmemTimeoutError: a rank did not take part in time.
     """
+    if low_precision_dtype is None and backward in _autograd.BACKWARD_MODES and op in _FAST_OPS:
+        team = _fast_team(group, tensor)
+        if team is not None and _low_precision.resolve(None, tensor.dtype, op) is None:
+            try:
+                team.all_reduce(tensor, op)
+                return tensor
+            except (ValueError, TypeError):
+                pass  # refused before any rank moved: the checks below name the argument as this API does
     t = _args.tensor(tensor, "tensor")
     op = _args.reduce_op(op, t.dtype)
     precision = _precision_name(low_precision_dtype, t.dtype, op)
@@ -195,6 +220,14 @@ def shmem_reduce_scatter(output_tensor: torch.Tensor, input_tensor: torch.Tensor
             rank's part, a low-precision dtype that does not apply, 'max'/'min' on an input that requires grad.
         ShmemTimeoutError: a rank did not take part in time.
     """
+    if low_precision_dtype is None and op in _FAST_OPS:
+        team = _fast_team(group, output_tensor, input_tensor)
+        if team is not None and _low_precision.resolve(None, input_tensor.dtype, op) is None:
+            try:
+                team.reduce_scatter(output_tensor, input_tensor, op)
+                return output_tensor
+            except (ValueError, TypeError):
+                pass  # refused before any rank moved: the checks below name the argument as this API does
     output = _args.tensor(output_tensor, "output_tensor")
     data = _args.tensor(input_tensor, "input_tensor")
     _args.same_dtype(output, "output_tensor", data, "input_tensor")
@@ -279,6 +312,14 @@ def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: tor
             with what the senders send.
         ShmemTimeoutError: a rank did not take part in time.
     """
+    if type(send_tensor_list) in (list, tuple) and type(receive_list) in (list, tuple):
+        team = _fast_team(group, receive_tensor, *send_tensor_list)
+        if team is not None and all(t.dtype is receive_tensor.dtype for t in send_tensor_list):
+            try:
+                team.all_to_all(send_tensor_list, receive_tensor, receive_list)
+                return receive_tensor
+            except (ValueError, TypeError):
+                pass  # every rank refused alike: the checks below name the argument as this API does
     receive = _args.tensor(receive_tensor, "receive_tensor")
     group_name = _groups.name(group)
     n = _groups.size(group)

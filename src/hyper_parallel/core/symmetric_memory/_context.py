@@ -298,6 +298,16 @@ def _release_destroyed_groups(st: _State) -> None:
             st.rank_maps.pop(group, None)
 
 
+def cached_team(group: Optional[dist.ProcessGroup]) -> Optional["shmem.Team"]:
+    """The team of a group that already has one, else None. Never raises, never makes a team (the fast path of
+    the collectives: an eager call hands its tensors straight to the engine, which checks them itself)."""
+    st = _state
+    if st is None:
+        return None
+    ch = st.channels.get(group) if group is not None else st.channels[None]
+    return ch.team if ch is not None else None
+
+
 def registered_channel(group: Optional[dist.ProcessGroup], op: str) -> GroupChannel:
     """The channel of a group that already ran a collective (point-to-point calls cannot register one).
 

@@ -93,26 +93,44 @@ class Team:
         """Every member arrives; everything enqueued before it is visible to every member."""
         self._call("team_barrier", C.team_barrier)
 
+    # The collectives call the binding directly (not through _call): they sit on the small-message path.
+
     def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
         """``output`` (size x input's bytes) receives member r's ``input`` at r x its bytes.
 
         ``input`` may be this member's part of ``output``. The same symmetric ``output`` (or ``input``) on every
         member takes the copy-free path.
         """
-        self._call("all_gather", C.all_gather, output, input)
+        try:
+            C.all_gather(self._id, output, input, current_handle())
+        except Exception as error:
+            attach_fields(error, "all_gather")
+            raise
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> None:
         """Reduces ``tensor`` in place ('sum', 'avg', 'max', 'min'); every member ends with bit-identical values."""
-        self._call("all_reduce", C.all_reduce, tensor, REDUCE_OPS[op])
+        try:
+            C.all_reduce(self._id, tensor, _reduce_op(op), current_handle())
+        except Exception as error:
+            attach_fields(error, "all_reduce")
+            raise
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum") -> None:
         """``output`` receives part ``rank`` of ``input`` reduced across the members."""
-        self._call("reduce_scatter", C.reduce_scatter, output, input, REDUCE_OPS[op])
+        try:
+            C.reduce_scatter(self._id, output, input, _reduce_op(op), current_handle())
+        except Exception as error:
+            attach_fields(error, "reduce_scatter")
+            raise
 
     def all_to_all(self, sends: Sequence[torch.Tensor], receive: torch.Tensor, receive_counts: Sequence[int]) -> None:
         """``sends[j]`` goes to member j; ``receive`` gets member i's part after the counts of members < i
         (elements of ``receive``'s dtype). The counts are checked across members before anything is written."""
-        self._call("all_to_all", C.all_to_all, list(sends), receive, list(receive_counts))
+        try:
+            C.all_to_all(self._id, list(sends), receive, list(receive_counts), current_handle())
+        except Exception as error:
+            attach_fields(error, "all_to_all")
+            raise
 
     def send(self, tensor: torch.Tensor, peer: int) -> None:
         """Sends ``tensor`` to member ``peer`` (point to point; messages arrive in order)."""
@@ -151,6 +169,17 @@ class Team:
         """Member ``member``'s staging area of this team, as a uint8 tensor over that memory (host device)."""
         return C.team_staging(self._id, member)
 
+
+def _reduce_op(op: object) -> int:
+    number = REDUCE_OPS.get(op) if isinstance(op, str) else None
+    if number is None:
+        raise ValueError(f"`op` must be one of {', '.join(REDUCE_OPS)}, but got {op!r}")
+    return number
+
+
+#: Whether a call on these tensors may skip torch's dispatcher: plain tensors (no subclass), nothing autograd
+#: would record, no dispatch mode (fake tensors) and no torch.func transform active (one C++ call).
+plain_eager = C.plain_eager
 
 _root_team: Optional[Team] = None
 _root_team_lifecycle = -1
