@@ -376,6 +376,10 @@ def shmem_send(tensor: torch.Tensor, dst_rank: int,
         ShmemStateError: ``group`` never ran a collective, so it has no channel.
         ShmemTimeoutError: the receiver did not drain a piece in time.
     """
+    team = _fast_team(group, tensor)
+    if team is not None and type(dst_rank) is int and 0 <= dst_rank < team.size and dst_rank != team.rank:
+        team.send(tensor, dst_rank)  # the engine checks the tensor as this API does (its errors name `tensor`)
+        return None
     _args.tensor(tensor, "tensor")
     dst = _args.integer(dst_rank, "dst_rank")
     token = _autograd.call("send", _send_op, (tensor,), tensor, dst, _groups.name(group))
@@ -414,6 +418,10 @@ def shmem_recv(tensor: torch.Tensor, src_rank: int, group: Optional[dist.Process
         ShmemStateError: ``group`` never ran a collective.
         ShmemTimeoutError: nothing arrived in time.
     """
+    team = _fast_team(group, tensor)
+    if team is not None and type(src_rank) is int and 0 <= src_rank < team.size and src_rank != team.rank:
+        team.recv(tensor, src_rank)  # the engine checks the tensor and the message's size as this API does
+        return tensor
     _args.tensor(tensor, "tensor")
     src = _args.integer(src_rank, "src_rank")
     group_name = _groups.name(group)

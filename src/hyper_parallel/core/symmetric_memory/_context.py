@@ -226,14 +226,15 @@ def group_pes(group: Optional[dist.ProcessGroup]) -> tuple:
             call may, since every rank of the root must take part).
     """
     st = _state
+    if st is not None:
+        pes = st.rank_maps.get(_key(group))
+        if pes is not None:
+            return pes
     root_ranks = shmem.debug_state()["root_ranks"] if st is not None else []
     if st is None or not root_ranks:
         raise ShmemStateError("symmetric memory is not initialised: op=group_ranks (call symm.empty() on every rank "
                               "first)")
     group = _key(group)
-    pes = st.rank_maps.get(group)
-    if pes is not None:
-        return pes
     if group is None:
         pes = tuple(range(len(root_ranks)))
     else:
