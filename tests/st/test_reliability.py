@@ -161,6 +161,7 @@ def _case_ctrl_c_inside_a_collective_check() -> dict:
 def _case_sub_group_timeout_names_the_group_the_op_and_the_rank() -> dict:
     rank = dist.get_rank()
     pair = dist.new_group([1, 2])
+    never = dist.new_group([1, 2])  # rank 2 never runs a collective on it
     out: dict = {}
     with symm_session():
         symm.barrier()  # acquires the runtime, over WORLD
@@ -178,6 +179,11 @@ def _case_sub_group_timeout_names_the_group_the_op_and_the_rank() -> dict:
                 out["world_recv"] = expect_error(shmem.ShmemTimeoutError, lambda: symm.shmem_recv(torch.empty(4), 0),
                                                  "recv timed out waiting for a peer", "team_ranks=[0,1,2]",
                                                  "missing_ranks=[0]")
+                # Making a group's team is bounded too, and names the member that did not come.
+                started = time.monotonic()
+                out["team_create"] = expect_error(shmem.ShmemTimeoutError, lambda: symm.barrier(never),
+                                                  "bootstrap timed out: op=team_create", "missing_ranks=[2]")
+                assert time.monotonic() - started < 4 * _SHORT_TIMEOUT_S + 5, out
         dist.barrier()  # rank 1 timed out three times meanwhile; the WORLD's channel is still in step
     return out
 
@@ -232,4 +238,4 @@ def test_timeouts_of_sub_groups_and_send_recv_name_the_group_the_op_and_the_rank
     with World(3, env=_SHORT_ENV) as world:
         results = world.run(_case_sub_group_timeout_names_the_group_the_op_and_the_rank, timeout=90)
     assert results[0] == {} and results[2] == {}, results
-    assert set(results[1]) == {"allreduce", "recv", "world_recv"}, results[1]
+    assert set(results[1]) == {"allreduce", "recv", "world_recv", "team_create"}, results[1]

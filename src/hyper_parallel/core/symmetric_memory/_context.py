@@ -10,7 +10,6 @@ mailbox, laid out once in C++) and runs every collective in one call. Channels o
 from __future__ import annotations
 
 import os
-import socket
 import threading
 from dataclasses import dataclass, field
 from typing import Optional
@@ -275,15 +274,9 @@ def channel(group: Optional[dist.ProcessGroup], op: str = "barrier") -> GroupCha
         ch.op = op
         return ch
     with _lock:
-        pes = group_pes(group)
+        group_pes(group)  # argument errors first
         _release_destroyed_groups(st)
-        hosts: list = [None] * len(pes)
-        dist.all_gather_object(hosts, socket.gethostname(), group=group)
-        if len(set(hosts)) > 1:
-            raise ValueError(
-                f"`group` must lie on one machine (symmetric memory is node-local), but got hosts {sorted(set(hosts))}"
-            )
-        ch = GroupChannel(shmem.Team(group), whole_root=False)
+        ch = GroupChannel(shmem.Team(group), whole_root=False)  # bounded; checks that the group is on one machine
         ch.op = op
         st.channels[group] = ch
         return ch

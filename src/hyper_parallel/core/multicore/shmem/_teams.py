@@ -11,6 +11,7 @@ member has released it (64 teams may live at once besides the root's).
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Sequence
 from typing import Optional
 
@@ -20,7 +21,7 @@ import torch.distributed as dist
 from hyper_parallel.core.multicore.shmem._binding import C
 from hyper_parallel.core.multicore.shmem._lifecycle import _bootstrap, _local_bootstrap, require_root
 from hyper_parallel.core.multicore.shmem._streams import current_handle
-from hyper_parallel.core.multicore.shmem.errors import attach_fields
+from hyper_parallel.core.multicore.shmem.errors import ShmemTimeoutError, attach_fields
 
 # The numberings are the runtime's (runtime/team.h, ops/reduce_op.h): exported once, never retyped.
 COLLECTIVES: dict = dict(C.collectives())
@@ -36,7 +37,7 @@ class Team:
         group: a ProcessGroup whose ranks all lie in the root, or None for the root itself.
 
     Raises:
-        ValueError: the group does not contain this rank, or has ranks outside the root.
+        ValueError: the group does not contain this rank, has ranks outside the root, or spans machines.
         ShmemStateError: no runtime, every team slot is taken, or the root team was not made first.
         ShmemTimeoutError: a member did not arrive in time (the message names it).
     """
@@ -57,6 +58,7 @@ class Team:
             pes = tuple(root.ranks.index(r) for r in ranks)
             me = dist.get_rank(group)
             bootstrap = _bootstrap(group, "team_create")
+            _check_one_machine(bootstrap[0], len(pes))
         try:
             self._id = C.team_create(list(pes), me, *bootstrap)
         except Exception as error:
@@ -168,6 +170,19 @@ class Team:
     def staging(self, member: int) -> torch.Tensor:
         """Member ``member``'s staging area of this team, as a uint8 tensor over that memory (host device)."""
         return C.team_staging(self._id, member)
+
+
+def _check_one_machine(all_gather, members: int) -> None:
+    """Raises unless every member runs on this machine (symmetric memory is node-local), through the team's bounded
+    bootstrap: a member that does not come is named after the runtime's timeout."""
+    name = socket.gethostname().encode()[:255]
+    gathered = all_gather(bytes([len(name)]) + name.ljust(255, b"\0"))
+    if isinstance(gathered, str):
+        raise ShmemTimeoutError(gathered)
+    hosts = sorted({gathered[i * 256 + 1:i * 256 + 1 + gathered[i * 256]].decode(errors="replace")
+                    for i in range(members)})
+    if len(hosts) > 1:
+        raise ValueError(f"`group` must lie on one machine (symmetric memory is node-local), but got hosts {hosts}")
 
 
 def _reduce_op(op: object) -> int:
