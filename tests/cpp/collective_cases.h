@@ -105,18 +105,28 @@ class DeviceFloats {
   void* data_ = nullptr;
 };
 
-// Values that sum exactly in any order: small integers.
-inline float Value(int rank, std::size_t i) { return static_cast<float>((rank + 1) * 3 + static_cast<int>(i % 97)); }
-
-// Every collective against values computed here, on the small (one step), copy-free and staged paths.
-inline void RunEveryCollective(const CollectiveBackend& backend, int world) {
+// Runs body(rank, runtime, root team) on `world` thread-ranks of a runtime on the backend's device, then releases the
+// team and shuts the runtime down.
+template <typename Body>
+void RunOnRootTeam(const CollectiveBackend& backend, int world, Body&& body) {
   RunRanks(world, [&](int rank, Bootstrap& bootstrap) {
     backend.enter_rank(rank);
     Runtime runtime;
     ASSERT_TRUE(IsOk(runtime.Init(backend.config(), backend.make_device(), bootstrap)));
     auto team = runtime.CreateTeam(AllPes(world), bootstrap);
     ASSERT_TRUE(team.ok()) << team.status().ToString();
-    const std::uint64_t t = team.value();
+    body(rank, runtime, team.value());
+    EXPECT_TRUE(IsOk(runtime.ReleaseTeam(team.value())));
+    EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+  });
+}
+
+// Values that sum exactly in any order: small integers.
+inline float Value(int rank, std::size_t i) { return static_cast<float>((rank + 1) * 3 + static_cast<int>(i % 97)); }
+
+// Every collective against values computed here, on the small (one step), copy-free and staged paths.
+inline void RunEveryCollective(const CollectiveBackend& backend, int world) {
+  RunOnRootTeam(backend, world, [&](int rank, Runtime& runtime, std::uint64_t t) {
     const auto n = static_cast<std::size_t>(world);
     for (std::size_t count : {std::size_t{24}, std::size_t{40000}}) {   // 96 B (one step) and 160 KB
       for (bool symmetric : {false, true}) {
@@ -208,21 +218,13 @@ inline void RunEveryCollective(const CollectiveBackend& backend, int world) {
         ASSERT_TRUE(IsOk(runtime.TeamBarrier(t, kDefaultStream)));
       }
     }
-    EXPECT_TRUE(IsOk(runtime.ReleaseTeam(t)));
-    EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
   });
 }
 
 // Ranks that call different collectives (or the same with other arguments) all fail with kMismatch naming both calls,
 // nothing is written, and the next matching call works.
 inline void RunMismatches(const CollectiveBackend& backend, int world) {
-  RunRanks(world, [&](int rank, Bootstrap& bootstrap) {
-    backend.enter_rank(rank);
-    Runtime runtime;
-    ASSERT_TRUE(IsOk(runtime.Init(backend.config(), backend.make_device(), bootstrap)));
-    auto team = runtime.CreateTeam(AllPes(world), bootstrap);
-    ASSERT_TRUE(team.ok()) << team.status().ToString();
-    const std::uint64_t t = team.value();
+  RunOnRootTeam(backend, world, [&](int rank, Runtime& runtime, std::uint64_t t) {
     DeviceFloats tensor(backend, runtime, 16, false);
     DeviceFloats gathered(backend, runtime, 16 * static_cast<std::size_t>(world), false);
     const std::vector<float> ones(16, 1.0f);
@@ -279,8 +281,6 @@ inline void RunMismatches(const CollectiveBackend& backend, int world) {
       ASSERT_TRUE(IsOk(runtime.AllReduce(t, tensor.data(), 64, DataType::kFloat32, ReduceOp::kSum, kDefaultStream, nullptr)));
       EXPECT_EQ(tensor.Get(), std::vector<float>(16, static_cast<float>(world)));
     }
-    EXPECT_TRUE(IsOk(runtime.ReleaseTeam(t)));
-    EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
   });
 }
 
