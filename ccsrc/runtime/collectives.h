@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "ops/reduce_op.h"
+#include "ops/wire_format.h"
 #include "runtime/device.h"
 #include "runtime/team.h"
 
@@ -58,6 +59,16 @@ class CollectiveEngine {
   Status AllReduce(const Buffer& tensor, const ElementType& type, ReduceOp op);
   // input (n equal parts); output receives part `me` reduced. output may be this rank's part of input.
   Status ReduceScatter(const Buffer& output, const Buffer& input, const ElementType& type, ReduceOp op);
+  // Low-precision all_reduce in place ('sum' or 'avg' of a floating-point type wider than `format`): values travel
+  // encoded (Device::Encode) and are summed in full precision. Up to the one-step size each rank encodes its tensor
+  // once into its staging half and every rank sums every rank's codes in group-rank order; beyond it, two-shot: the
+  // owner of each part sums the peers' codes of it with its own values, encodes the result once more, and every rank
+  // decodes those codes. Either way every rank ends with bit-identical values. A team of one runs AllReduce.
+  Status AllReduceLowPrecision(const Buffer& tensor, const ElementType& type, ReduceOp op, ops::LowFormat format);
+  // Low-precision reduce_scatter: each rank encodes every part but its own into a slot for the part's owner, which
+  // sums them with its own part in full precision. A team of one runs ReduceScatter.
+  Status ReduceScatterLowPrecision(const Buffer& output, const Buffer& input, const ElementType& type, ReduceOp op,
+                                   ops::LowFormat format);
   // sends[j] goes to group rank j; receive gets rank i's part at the sum of receive_counts[<i] elements. Counts are
   // checked across ranks before anything is written.
   Status AllToAll(const std::vector<Buffer>& sends, const Buffer& receive, const std::vector<std::uint64_t>& receive_counts,

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ops/reduce_op.h"
+#include "ops/wire_format.h"
 #include "runtime/bootstrap.h"
 #include "runtime/status.h"
 
@@ -33,6 +34,13 @@ struct DeviceInitArgs {
   int world_size = 1;
   std::size_t heap_size = 0;
   double timeout_sec = 120.0;
+};
+
+// A run of encoded values (ops/wire_format.h) in this rank's heap: the block scales (fp8 formats; null for float16
+// and bfloat16), then the codes. A peer's copy of the run lies at the same heap offsets.
+struct WireRun {
+  void* scales = nullptr;
+  void* codes = nullptr;
 };
 
 // Keeps the buffers of an enqueued operation alive until it has run (e.g. torch tensors).
@@ -102,6 +110,27 @@ class Device {
   // range of `dst` must not overlap a source. The caller orders it after the peers' writes (signals).
   virtual Status Reduce(void* dst, const void* symmetric_src, std::size_t count, DataType dtype, ReduceOp op,
                         const std::vector<int>& pes, StreamHandle stream, KeepAlive keep) = 0;
+  // Low-precision communication: values travel encoded in an ops::LowFormat and are summed in full precision on
+  // arrival. Every rank encodes and decodes on its own device (host: the vectorised codec of ops/host/codec.h), so
+  // ranks that decode the same codes get bit-identical values.
+  //
+  // Whether this device encodes `format`: local and immediate. A refusal names what the device lacks.
+  virtual Status CheckWireFormat(ops::LowFormat format) const = 0;
+  // Encodes `count` values of `dtype` (floating point, wider than `format`) at `src` (this rank's memory or heap) into
+  // `dst` (this rank's heap, ScaleCount(count) scales for the fp8 formats), for peers to read after a signal.
+  virtual Status Encode(ops::LowFormat format, DataType dtype, const void* src, std::size_t count, WireRun dst,
+                        StreamHandle stream, KeepAlive keep) = 0;
+  // Decodes the `count` codes of the run at `symmetric_src`'s offsets on `pe` into `out` (local, `dtype`).
+  virtual Status Decode(ops::LowFormat format, WireRun symmetric_src, int pe, std::size_t count, DataType dtype,
+                        void* out, StreamHandle stream, KeepAlive keep) = 0;
+  // The owner's step of a low-precision reduction: out[i] = `own`[i] (when not null; `dtype`, may be `out` itself)
+  // plus the decoded run at `symmetric_src`'s offsets on every PE of `pes`, in that order, summed in float32 (float64
+  // for a float64 `dtype`) and divided by the number of terms for kAvg (kSum and kAvg only). When `reencode.codes` is
+  // set, the result is encoded into it (this rank's heap) and `out` receives the decoding of those codes: what every
+  // peer decodes. Ordered after the peers' writes by the caller (signals).
+  virtual Status ReduceEncoded(ops::LowFormat format, DataType dtype, ReduceOp op, const void* own,
+                               WireRun symmetric_src, const std::vector<int>& pes, std::size_t count, void* out,
+                               WireRun reencode, StreamHandle stream, KeepAlive keep) = 0;
   // The address of `symmetric`'s heap offset on `pe` (a local heap address in, an address on `pe` out), for
   // kernels and tensors that read or write a peer's memory directly. Not ordered with any stream: the caller
   // orders the accesses (signals, barriers).

@@ -591,20 +591,6 @@ Result<TeamView> Runtime::DescribeTeam(std::uint64_t team) const {
   return TeamView{t.pes, t.me, t.slot, t.staging_bytes()};
 }
 
-Result<void*> Runtime::TeamStaging(std::uint64_t team, int group_rank) const {
-  OperationScope scope(*this);
-  auto found = LiveTeam(team, "team_staging");
-  if (!found.ok()) return Record(found.status());
-  const Team& t = *found.value();
-  if (group_rank < 0 || group_rank >= t.size()) {
-    return Record(InvalidArgument("`group_rank` must be in [0, " + std::to_string(t.size()) + "), but got " +
-                                  std::to_string(group_rank)));
-  }
-  Result<void*> peer = device_->PeerAddress(t.Staging(), t.pes[static_cast<std::size_t>(group_rank)]);
-  if (!peer.ok()) return Record(peer.status());
-  return peer;
-}
-
 // Runs `body` on the live team with its lock held, counted as a call in flight.
 #define HP_WITH_TEAM(team_id, op, engine, stream, keep)                   \
   OperationScope scope(*this);                                            \
@@ -657,6 +643,17 @@ Status CheckReduceOp(DataType dtype, ReduceOp op) {
   return Status::Ok();
 }
 
+// The wire format must apply to the reduction and be one the device carries; checked alike on every rank.
+Status CheckWire(const Device& device, std::optional<ops::LowFormat> wire, DataType dtype, ReduceOp op) {
+  if (!wire.has_value()) return Status::Ok();
+  const std::string refusal = ops::LowFormatRefusal(*wire, dtype, op);
+  if (!refusal.empty()) {
+    return InvalidArgument("`low_precision_dtype` must be " + refusal + " (dtype=" + DataTypeName(dtype) +
+                           " op=" + ReduceOpName(op) + "), but got " + ops::LowFormatName(*wire));
+  }
+  return device.CheckWireFormat(*wire);
+}
+
 Status CheckWholeElements(std::size_t bytes, DataType dtype, const char* what) {
   if (bytes % DataTypeSize(dtype) == 0) return Status::Ok();
   return InvalidArgument(std::string("`") + what + "` must hold whole " + DataTypeName(dtype) + " elements, but got " +
@@ -665,18 +662,23 @@ Status CheckWholeElements(std::size_t bytes, DataType dtype, const char* what) {
 }  // namespace
 
 Status Runtime::AllReduce(std::uint64_t team, void* tensor, std::size_t bytes, DataType dtype, ReduceOp op,
-                          StreamHandle stream, KeepAlive keep) {
+                          StreamHandle stream, KeepAlive keep, std::optional<ops::LowFormat> wire) {
   HP_WITH_TEAM(team, "all_reduce", engine, stream, std::move(keep));
   HP_RETURN_IF_ERROR(Record(CheckReduceOp(dtype, op)));
+  HP_RETURN_IF_ERROR(Record(CheckWire(*device_, wire, dtype, op)));
   HP_RETURN_IF_ERROR(Record(CheckWholeElements(bytes, dtype, "tensor")));
+  if (wire.has_value()) {
+    return Record(engine.AllReduceLowPrecision(Resolve(tensor, bytes), ReducibleType(dtype), op, *wire));
+  }
   return Record(engine.AllReduce(Resolve(tensor, bytes), ReducibleType(dtype), op));
 }
 
 Status Runtime::ReduceScatter(std::uint64_t team, void* output, std::size_t output_bytes, const void* input,
                               std::size_t input_bytes, DataType dtype, ReduceOp op, StreamHandle stream,
-                              KeepAlive keep) {
+                              KeepAlive keep, std::optional<ops::LowFormat> wire) {
   HP_WITH_TEAM(team, "reduce_scatter", engine, stream, std::move(keep));
   HP_RETURN_IF_ERROR(Record(CheckReduceOp(dtype, op)));
+  HP_RETURN_IF_ERROR(Record(CheckWire(*device_, wire, dtype, op)));
   HP_RETURN_IF_ERROR(Record(CheckWholeElements(output_bytes, dtype, "output")));
   const Team& t = *hp_found.value();
   const auto n = static_cast<std::size_t>(t.size());
@@ -690,6 +692,10 @@ Status Runtime::ReduceScatter(std::uint64_t team, void* output, std::size_t outp
   if (out != mine && out < in + input_bytes && in < out + output_bytes) {
     return Record(InvalidArgument("`output` must be this rank's part of `input` or not overlap it, but got an overlap "
                                   "at byte " + std::to_string(out - in) + " of the input"));
+  }
+  if (wire.has_value()) {
+    return Record(engine.ReduceScatterLowPrecision(Resolve(output, output_bytes), Resolve(input, input_bytes),
+                                                   ReducibleType(dtype), op, *wire));
   }
   return Record(engine.ReduceScatter(Resolve(output, output_bytes), Resolve(input, input_bytes), ReducibleType(dtype), op));
 }

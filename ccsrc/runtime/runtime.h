@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -122,18 +123,18 @@ class Runtime {
   // Local, never waits; calls of the team after it are refused.
   Status ReleaseTeam(std::uint64_t team);
   Result<TeamView> DescribeTeam(std::uint64_t team) const;
-  // The team's staging area on group rank `group_rank` (an address of this process), for the algorithms written over
-  // the primitives above the runtime (low precision); Agree's syncs order their accesses.
-  Result<void*> TeamStaging(std::uint64_t team, int group_rank) const;
   // The collectives, each one call (collectives.h for the contracts). Buffers are local addresses; symmetric ones
   // (inside an active allocation) let the engine take a copy-free path when every rank passes the same.
   Status TeamBarrier(std::uint64_t team, StreamHandle stream);
   Status AllGather(std::uint64_t team, void* output, std::size_t output_bytes, const void* input,
                    std::size_t input_bytes, const ElementType& type, StreamHandle stream, KeepAlive keep);
+  // `wire`: the low-precision format the values travel in (sum or avg of a floating-point dtype wider than it, on a
+  // device that carries it), or none for the tensor's own dtype.
   Status AllReduce(std::uint64_t team, void* tensor, std::size_t bytes, DataType dtype, ReduceOp op,
-                   StreamHandle stream, KeepAlive keep);
+                   StreamHandle stream, KeepAlive keep, std::optional<ops::LowFormat> wire = std::nullopt);
   Status ReduceScatter(std::uint64_t team, void* output, std::size_t output_bytes, const void* input,
-                       std::size_t input_bytes, DataType dtype, ReduceOp op, StreamHandle stream, KeepAlive keep);
+                       std::size_t input_bytes, DataType dtype, ReduceOp op, StreamHandle stream, KeepAlive keep,
+                       std::optional<ops::LowFormat> wire = std::nullopt);
   Status AllToAll(std::uint64_t team, const std::vector<std::pair<const void*, std::size_t>>& sends, void* receive,
                   std::size_t receive_bytes, const std::vector<std::uint64_t>& receive_counts, const ElementType& type,
                   StreamHandle stream, KeepAlive keep);

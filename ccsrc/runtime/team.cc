@@ -4,7 +4,7 @@
 #include <atomic>
 #include <cstring>
 
-#include "ops/host/codec.h"
+#include "ops/wire_format.h"
 #include "runtime/logging.h"
 
 namespace hp::shmem {

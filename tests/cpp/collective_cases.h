@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -251,6 +253,13 @@ inline void RunMismatches(const CollectiveBackend& backend, int world) {
          [&] { return runtime.AllReduce(t, tensor.data(), 64, DataType::kFloat32, ReduceOp::kSum, kDefaultStream, nullptr); },
          [&] { return runtime.AllReduce(t, tensor.data(), 64, DataType::kFloat32, ReduceOp::kMax, kDefaultStream, nullptr); },
          "(op)"},
+        {"wire",
+         [&] {
+           return runtime.AllReduce(t, tensor.data(), 64, DataType::kFloat32, ReduceOp::kSum, kDefaultStream, nullptr,
+                                    ops::LowFormat::kFloat16);
+         },
+         [&] { return runtime.AllReduce(t, tensor.data(), 64, DataType::kFloat32, ReduceOp::kSum, kDefaultStream, nullptr); },
+         "(wire)"},
         {"all_gather vs all_reduce",
          [&] {
            return runtime.AllGather(t, gathered.data(), gathered.bytes(), tensor.data(), 64, Float32(), kDefaultStream,
@@ -281,6 +290,95 @@ inline void RunMismatches(const CollectiveBackend& backend, int world) {
       ASSERT_TRUE(IsOk(runtime.AllReduce(t, tensor.data(), 64, DataType::kFloat32, ReduceOp::kSum, kDefaultStream, nullptr)));
       EXPECT_EQ(tensor.Get(), std::vector<float>(16, static_cast<float>(world)));
     }
+  });
+}
+
+// The documented error bound of low-precision communication (symmetric_memory's _low_precision): u the format's unit
+// roundoff, `casts` the number of roundings to it on the way (two for the two-shot all_reduce, else one), A the sum
+// of the terms' magnitudes, M the largest A (the fp8 formats' underflow, per scale block, taken over the whole run).
+inline double LowPrecisionBound(ops::LowFormat format, int casts, int world, double a, double m) {
+  const double u = format == ops::LowFormat::kFloat16    ? std::ldexp(1.0, -11)
+                   : format == ops::LowFormat::kBFloat16 ? std::ldexp(1.0, -8)
+                   : format == ops::LowFormat::kFloat8E4M3Fn ? std::ldexp(1.0, -4)
+                                                            : std::ldexp(1.0, -3);
+  const double relative = (casts == 2 ? 2 * u + u * u : u) + 2 * world * std::ldexp(1.0, -23);
+  return relative * a + 2 * world * std::ldexp(1.0, -9) / 448 * m;
+}
+
+// Low-precision all_reduce (one step, and two-shot in several pieces) and reduce_scatter (several pieces) in every
+// format of `formats`: sums of small integers are exact in the 16-bit formats (every rank's part and every sum fits
+// their significand); every result is within the documented bound; a rank in full precision fails every rank.
+inline void RunLowPrecision(const CollectiveBackend& backend, int world, const std::vector<ops::LowFormat>& formats) {
+  RunOnRootTeam(backend, world, [&](int rank, Runtime& runtime, std::uint64_t t) {
+    const auto n = static_cast<std::size_t>(world);
+    auto value = [](int r, std::size_t i) { return static_cast<float>(r + 1 + static_cast<int>(i % 29)); };
+    for (ops::LowFormat format : formats) {
+      const bool exact = !ops::LowFormatScaled(format);
+      for (std::size_t count : {std::size_t{24}, std::size_t{100000}}) {   // one step; two-shot in pieces
+        for (bool symmetric : {false, true}) {
+          SCOPED_TRACE(std::string("format=") + ops::LowFormatName(format) + " count=" + std::to_string(count) +
+                       " symmetric=" + std::to_string(symmetric));
+          std::vector<float> mine(count);
+          std::vector<double> sum(count, 0.0);
+          double largest = 0;
+          for (std::size_t i = 0; i < count; ++i) {
+            mine[i] = value(rank, i);
+            for (int r = 0; r < world; ++r) sum[i] += value(r, i);
+            largest = std::max(largest, sum[i]);
+          }
+          for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+            DeviceFloats tensor(backend, runtime, count, symmetric);
+            tensor.Set(mine);
+            ASSERT_TRUE(IsOk(runtime.AllReduce(t, tensor.data(), tensor.bytes(), DataType::kFloat32, op, kDefaultStream,
+                                               nullptr, format)));
+            const std::vector<float> got = tensor.Get();
+            const int casts = count * 4 <= (256u << 10) && world > 1 ? 1 : 2;
+            const double divisor = op == ReduceOp::kAvg ? world : 1;
+            for (std::size_t i = 0; i < count; ++i) {
+              const double expected = sum[i] / divisor;
+              if (exact && op == ReduceOp::kSum) {
+                ASSERT_EQ(got[i], expected) << i;
+              } else {
+                ASSERT_LE(std::fabs(got[i] - expected),
+                          LowPrecisionBound(format, casts, world, expected, largest / divisor)) << i;
+              }
+            }
+          }
+          // reduce_scatter: every rank's part p of `whole` is value(rank, p * count + i).
+          DeviceFloats whole(backend, runtime, count * n, symmetric);
+          DeviceFloats part(backend, runtime, count, false);
+          std::vector<float> values(count * n);
+          for (std::size_t i = 0; i < values.size(); ++i) values[i] = value(rank, i);
+          whole.Set(values);
+          ASSERT_TRUE(IsOk(runtime.ReduceScatter(t, part.data(), part.bytes(), whole.data(), whole.bytes(),
+                                                 DataType::kFloat32, ReduceOp::kSum, kDefaultStream, nullptr, format)));
+          const std::vector<float> got = part.Get();
+          for (std::size_t i = 0; i < count; ++i) {
+            double expected = 0;
+            for (int r = 0; r < world; ++r) expected += value(r, static_cast<std::size_t>(rank) * count + i);
+            if (exact) {
+              ASSERT_EQ(got[i], expected) << i;
+            } else {
+              ASSERT_LE(std::fabs(got[i] - expected), LowPrecisionBound(format, 1, world, expected, largest)) << i;
+            }
+          }
+        }
+      }
+    }
+    // Refused before anything moves, alike on every rank: a format that cannot carry the reduction.
+    DeviceFloats tensor(backend, runtime, 16, false);
+    EXPECT_TRUE(HasError(runtime.AllReduce(t, tensor.data(), 64, DataType::kFloat32, ReduceOp::kMax, kDefaultStream,
+                                           nullptr, ops::LowFormat::kFloat16),
+                         StatusCode::kInvalidArgument,
+                         "`low_precision_dtype` must be used with sum or avg only (dtype=float32 op=max), but got "
+                         "float16"));
+    EXPECT_TRUE(HasError(runtime.AllReduce(t, tensor.data(), 64, DataType::kInt32, ReduceOp::kSum, kDefaultStream,
+                                           nullptr, ops::LowFormat::kFloat16),
+                         StatusCode::kInvalidArgument, "must be used with floating-point tensors only"));
+    EXPECT_TRUE(HasError(runtime.ReduceScatter(t, tensor.data(), 32, tensor.data(), 32 * n, DataType::kFloat16,
+                                               ReduceOp::kSum, kDefaultStream, nullptr, ops::LowFormat::kBFloat16),
+                         StatusCode::kInvalidArgument, "must be narrower than the tensor's dtype"));
+    ASSERT_TRUE(IsOk(runtime.TeamBarrier(t, kDefaultStream)));
   });
 }
 

@@ -44,6 +44,20 @@ class HostForwardingDevice : public Device {
                 StreamHandle stream, KeepAlive keep) override {
     return host_.Reduce(dst, src, count, dtype, op, pes, stream, std::move(keep));
   }
+  Status CheckWireFormat(ops::LowFormat format) const override { return host_.CheckWireFormat(format); }
+  Status Encode(ops::LowFormat format, DataType dtype, const void* src, std::size_t count, WireRun dst,
+                StreamHandle stream, KeepAlive keep) override {
+    return host_.Encode(format, dtype, src, count, dst, stream, std::move(keep));
+  }
+  Status Decode(ops::LowFormat format, WireRun src, int pe, std::size_t count, DataType dtype, void* out,
+                StreamHandle stream, KeepAlive keep) override {
+    return host_.Decode(format, src, pe, count, dtype, out, stream, std::move(keep));
+  }
+  Status ReduceEncoded(ops::LowFormat format, DataType dtype, ReduceOp op, const void* own, WireRun src,
+                       const std::vector<int>& pes, std::size_t count, void* out, WireRun reencode,
+                       StreamHandle stream, KeepAlive keep) override {
+    return host_.ReduceEncoded(format, dtype, op, own, src, pes, count, out, reencode, stream, std::move(keep));
+  }
   Result<void*> PeerAddress(const void* symmetric, int pe) const override { return host_.PeerAddress(symmetric, pe); }
   Status Barrier(StreamHandle stream) override { return host_.Barrier(stream); }
   Result<StreamHandle> CreateStream() override { return host_.CreateStream(); }

@@ -1044,37 +1044,84 @@ TEST_F(AscendDeviceTest, ReductionFailuresKeepTheAclnnStatusAndRejectBrokenContr
   });
 }
 
-TEST_F(AscendDeviceTest, WireCastsUseAclnnCastAndFp8IsRefusedNamingTheMissingKernel) {
+TEST_F(AscendDeviceTest, WireFormatsCastWithAclnnCastReadPeersInPlaceAndFp8IsRefusedNamingTheMissingKernel) {
+  constexpr std::size_t kCount = 8;
+  RunNpuRanks(2, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 2), bootstrap)));
+    auto codes = device.Allocate(kCount * 2, 16);
+    auto again = device.Allocate(kCount * 2, 16);
+    ASSERT_TRUE(codes.ok() && again.ok());
+    const NpuBuffer wide(kCount * 4), out(kCount * 4);
+    const int peer = 1 - rank;
+    // Quarters up to 8 are exact in float16: every sum below is exact, the casts round nothing.
+    auto value = [](int r, std::size_t i) { return static_cast<float>(r + 1) * (static_cast<float>(i) - 3.0f) * 0.25f; };
+    std::vector<float> mine(kCount);
+    for (std::size_t i = 0; i < kCount; ++i) mine[i] = value(rank, i);
+    WriteValues(wide.data(), mine);
+    const WireRun run{nullptr, codes.value()};
+    ASSERT_TRUE(IsOk(device.Encode(ops::LowFormat::kFloat16, DataType::kFloat32, wide.data(), kCount, run,
+                                   kDefaultStream, nullptr)));
+    ASSERT_TRUE(IsOk(device.Barrier(kDefaultStream)));
+    // Decode reads the peer's codes in place.
+    ASSERT_TRUE(IsOk(device.Decode(ops::LowFormat::kFloat16, run, peer, kCount, DataType::kFloat32, out.data(),
+                                   kDefaultStream, nullptr)));
+    auto decoded = ReadValues<float>(out.data(), kCount);
+    for (std::size_t i = 0; i < kCount; ++i) EXPECT_EQ(decoded[i], value(peer, i)) << i;
+    // The owner's step: own values plus the peer's codes, re-encoded, and out decoded from those codes.
+    const WireRun reencoded{nullptr, again.value()};
+    ASSERT_TRUE(IsOk(device.ReduceEncoded(ops::LowFormat::kFloat16, DataType::kFloat32, ReduceOp::kSum, wide.data(),
+                                          run, {peer}, kCount, out.data(), reencoded, kDefaultStream, nullptr)));
+    decoded = ReadValues<float>(out.data(), kCount);
+    for (std::size_t i = 0; i < kCount; ++i) EXPECT_EQ(decoded[i], value(0, i) + value(1, i)) << i;
+    EXPECT_EQ(ReadValues<std::uint16_t>(again.value(), 1)[0], 0xc080);   // -0.75 - 1.5 in float16
+    // Every rank's codes averaged in group-rank order, in place over own values: the same on both ranks.
+    ASSERT_TRUE(IsOk(device.ReduceEncoded(ops::LowFormat::kFloat16, DataType::kFloat32, ReduceOp::kAvg, nullptr, run,
+                                          {0, 1}, kCount, out.data(), WireRun{}, kDefaultStream, nullptr)));
+    decoded = ReadValues<float>(out.data(), kCount);
+    for (std::size_t i = 0; i < kCount; ++i) EXPECT_EQ(decoded[i], (value(0, i) + value(1, i)) / 2) << i;
+    ASSERT_TRUE(IsOk(device.ReduceEncoded(ops::LowFormat::kFloat16, DataType::kFloat32, ReduceOp::kSum, wide.data(),
+                                          run, {peer}, kCount, wide.data(), WireRun{}, kDefaultStream, nullptr)));
+    decoded = ReadValues<float>(wide.data(), kCount);
+    for (std::size_t i = 0; i < kCount; ++i) EXPECT_EQ(decoded[i], value(0, i) + value(1, i)) << i;
+    EXPECT_FALSE(CallsOf(rank, "aclnnCast").empty());
+    EXPECT_FALSE(CallsOf(rank, "aclnnInplaceDivs").empty());
+    ASSERT_TRUE(IsOk(device.Barrier(kDefaultStream)));
+    ASSERT_TRUE(bootstrap.Barrier().ok());
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
   RunNpuRanks(1, [](int rank, Bootstrap& bootstrap) {
     AscendDevice device;
     ASSERT_TRUE(IsOk(device.Init(Args(rank, 1), bootstrap)));
+    // Rounding to nearest even, like the NPU's cast; bfloat16 too.
     const std::vector<float> values = {1.0f, -2.5f, 65504.0f, 0.099975586f, 1.0f / 3.0f};
-    const NpuBuffer wide(values.size() * 4), narrow(values.size() * 2), back(values.size() * 4);
+    auto codes = device.Allocate(values.size() * 2, 16);
+    ASSERT_TRUE(codes.ok());
+    const NpuBuffer wide(values.size() * 4);
     WriteValues(wide.data(), values);
-    ASSERT_TRUE(IsOk(device.Cast(narrow.data(), DataType::kFloat16, wide.data(), DataType::kFloat32, values.size(),
-                                 kDefaultStream, nullptr)));
-    EXPECT_EQ(ReadValues<std::uint16_t>(narrow.data(), 4),
-              (std::vector<std::uint16_t>{0x3c00, 0xc100, 0x7bff, 0x2e66}));
-    ASSERT_TRUE(IsOk(device.Cast(back.data(), DataType::kFloat32, narrow.data(), DataType::kFloat16, values.size(),
-                                 kDefaultStream, nullptr)));
-    const auto round_trip = ReadValues<float>(back.data(), values.size());
-    for (std::size_t i = 0; i < values.size(); ++i) {
-      // float16 keeps 11 significant bits: half an ulp of 2^-10 relative.
-      EXPECT_NEAR(round_trip[i], values[i], std::ldexp(1.0, -11) * std::fabs(values[i])) << i;
-    }
-    ASSERT_TRUE(IsOk(device.Cast(narrow.data(), DataType::kBFloat16, wide.data(), DataType::kFloat32, values.size(),
-                                 kDefaultStream, nullptr)));
-    EXPECT_EQ(ReadValues<std::uint16_t>(narrow.data(), 2), (std::vector<std::uint16_t>{0x3f80, 0xc020}));
-    EXPECT_TRUE(HasError(device.Cast(narrow.data(), DataType::kInt8, wide.data(), DataType::kFloat32, 1,
-                                     kDefaultStream, nullptr),
-                         StatusCode::kInvalidArgument,
-                         "a wire cast must go between float32/float64 and float16/bfloat16, but got float32 to int8"));
-    EXPECT_TRUE(IsOk(AscendDevice::CheckWireFormat("bfloat16")));
-    EXPECT_TRUE(HasError(AscendDevice::CheckWireFormat("float8_e4m3fn"), StatusCode::kDeviceError,
+    const WireRun run{nullptr, codes.value()};
+    ASSERT_TRUE(IsOk(device.Encode(ops::LowFormat::kFloat16, DataType::kFloat32, wide.data(), values.size(), run,
+                                   kDefaultStream, nullptr)));
+    EXPECT_EQ(ReadValues<std::uint16_t>(codes.value(), 4), (std::vector<std::uint16_t>{0x3c00, 0xc100, 0x7bff, 0x2e66}));
+    ASSERT_TRUE(IsOk(device.Encode(ops::LowFormat::kBFloat16, DataType::kFloat32, wide.data(), values.size(), run,
+                                   kDefaultStream, nullptr)));
+    EXPECT_EQ(ReadValues<std::uint16_t>(codes.value(), 2), (std::vector<std::uint16_t>{0x3f80, 0xc020}));
+    EXPECT_TRUE(IsOk(device.CheckWireFormat(ops::LowFormat::kBFloat16)));
+    EXPECT_TRUE(HasError(device.CheckWireFormat(ops::LowFormat::kFloat8E4M3Fn), StatusCode::kDeviceError,
                          "low-precision communication in float8_e4m3fn needs a block-scaled fp8 cast kernel"));
-    EXPECT_TRUE(HasError(AscendDevice::CheckWireFormat("int4"), StatusCode::kInvalidArgument,
-                         "`low_precision_dtype` must be float16, bfloat16, float8_e4m3fn or float8_e5m2, but got "
-                         "int4"));
+    EXPECT_TRUE(HasError(device.Encode(ops::LowFormat::kFloat8E5M2, DataType::kFloat32, wide.data(), 1, run,
+                                       kDefaultStream, nullptr),
+                         StatusCode::kDeviceError, "float8_e5m2 needs a block-scaled fp8 cast kernel"));
+    EXPECT_TRUE(HasError(device.Encode(ops::LowFormat::kFloat16, DataType::kFloat16, wide.data(), 1, run,
+                                       kDefaultStream, nullptr),
+                         StatusCode::kInvalidArgument,
+                         "`dtype` must be a floating-point dtype wider than float16, but got float16"));
+    EXPECT_TRUE(HasError(device.ReduceEncoded(ops::LowFormat::kFloat16, DataType::kFloat32, ReduceOp::kMax, nullptr,
+                                              run, {0}, 1, wide.data(), WireRun{}, kDefaultStream, nullptr),
+                         StatusCode::kInvalidArgument, "`op` must be sum or avg, but got max"));
+    EXPECT_TRUE(HasError(device.Decode(ops::LowFormat::kFloat16, run, 1, 1, DataType::kFloat32, wide.data(),
+                                       kDefaultStream, nullptr),
+                         StatusCode::kInvalidArgument, "`pe` must be in [0, 1), but got 1"));
     ASSERT_TRUE(IsOk(device.Finalize()));
   });
 }

@@ -50,6 +50,12 @@ class HostCollectivesTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(HostCollectivesTest, EveryCollectiveOnEveryPath) { testutil::RunEveryCollective(HostBackend(), GetParam()); }
 
+TEST_P(HostCollectivesTest, LowPrecisionInEveryWireFormat) {
+  testutil::RunLowPrecision(HostBackend(), GetParam(),
+                            {ops::LowFormat::kFloat16, ops::LowFormat::kBFloat16, ops::LowFormat::kFloat8E4M3Fn,
+                             ops::LowFormat::kFloat8E5M2});
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, HostCollectivesTest, ::testing::Values(1, 2, 3, 4));
 
 class HostMismatchTest : public ::testing::TestWithParam<int> {};

@@ -86,6 +86,28 @@ void ExpectDecodes(HostIsa isa, LowFormat format, DataType dtype, const Encoded&
 
 // ---------------------------------------------------------------------------------------------------------------
 
+// A slot holds the scales of its capacity, aligned, then the codes; one more block would not fit.
+TEST(WireSlotLayoutTest, EverySlotSizeHoldsTheLargestWholeNumberOfBlocksThatFits) {
+  for (LowFormat format : {LowFormat::kFloat8E4M3Fn, LowFormat::kFloat8E5M2, LowFormat::kFloat16, LowFormat::kBFloat16}) {
+    const std::size_t code = LowFormatBytes(format);
+    auto bytes_for = [&](std::size_t values) {
+      const std::size_t scales = LowFormatScaled(format) ? ScaleCount(values) * sizeof(float) : 0;
+      const std::size_t aligned = (scales + WireSlotLayout::kSlotAlignment - 1) / WireSlotLayout::kSlotAlignment *
+                                  WireSlotLayout::kSlotAlignment;
+      return aligned + values * code;
+    };
+    for (std::size_t slot = 0; slot < (1u << 18); slot += 61) {
+      const WireSlotLayout layout = WireSlotLayout::For(format, slot);
+      SCOPED_TRACE(std::string(LowFormatName(format)) + " slot_bytes=" + std::to_string(slot));
+      ASSERT_EQ(layout.capacity % kScaleBlock, 0u);
+      ASSERT_EQ(layout.scale_bytes % WireSlotLayout::kSlotAlignment, 0u);
+      ASSERT_GE(layout.scale_bytes, LowFormatScaled(format) ? ScaleCount(layout.capacity) * sizeof(float) : 0);
+      ASSERT_LE(layout.scale_bytes + layout.capacity * code, slot);
+      ASSERT_GT(bytes_for(layout.capacity + kScaleBlock), slot);
+    }
+  }
+}
+
 TEST(HostCodecTest, EveryFormatAndSourceDtypeEncodesLikeTheReference) {
   std::mt19937_64 rng(20240611);
   for (HostIsa isa : AvailableIsas()) {

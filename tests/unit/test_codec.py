@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from hyper_parallel.core.multicore.shmem import codec
-from hyper_parallel.core.symmetric_memory import _low_precision
 
 BLOCK = 128
 LOWS = [torch.float8_e4m3fn, torch.float8_e5m2]
@@ -359,31 +358,6 @@ def test_fp8_codes_at_every_offset_are_written_whole_and_alone(low: torch.dtype)
             assert torch.equal(_bits(expected_data), buffer[offset:offset + count]), what
             assert bool((buffer[:offset] == 0xA5).all()), what
             assert bool((buffer[offset + count:] == 0xA5).all()), what
-
-
-@pytest.mark.parametrize("low", LOWS + PLAIN, ids=str)
-@pytest.mark.parametrize("acc", [torch.float32, torch.float64], ids=str)
-def test_low_precision_codec_round_trips_through_a_slot(low: torch.dtype, acc: torch.dtype) -> None:
-    """``_low_precision._Codec`` lays its run out in a slot (fp8: scales first, then the codes; 16-bit: the codes
-    alone) and decodes it like the reference."""
-    c = _low_precision._Codec(low, 64 * 1024)
-    values = random_values(c.capacity - 5, acc, seed=3)
-    slot = torch.zeros(c.slot_bytes, dtype=torch.uint8)
-    c.encode(values, slot)
-    scales, codes = c.run(slot, values.numel())
-    out = random_values(values.numel(), acc, seed=4)
-    if low in LOWS:
-        expected_scales, expected_codes = reference_encode(values, low)
-        assert torch.equal(_bits(scales), _bits(expected_scales))
-        assert torch.equal(_bits(slot[:expected_scales.numel() * 4].view(torch.float32)), _bits(expected_scales))
-        assert torch.equal(_bits(codes), _bits(expected_codes))
-        expected = reference_decode(expected_scales, expected_codes, out, False)
-    else:
-        assert scales is None
-        assert_same(plain_reference_encode(values, low), codes, f"{low} {acc}")
-        expected = plain_reference_decode(codes, out, False)
-    c.decode(slot, out)
-    assert_same(expected, out, f"{low} {acc}")
 
 
 # --------------------------------------------------------------------------

@@ -530,14 +530,6 @@ py::tuple TeamDescribe(std::uint64_t team) {
   return py::make_tuple(view.pes, view.me, view.slot, view.staging_bytes);
 }
 
-// The team's staging area on `group_rank`, as a uint8 CPU tensor over that memory (the host device maps every
-// rank's heap). It stays mapped for the lifecycle: after shutdown it reads zeros.
-at::Tensor TeamStaging(std::uint64_t team, int group_rank) {
-  const TeamView view = ValueOrThrow(R().DescribeTeam(team));
-  void* address = ValueOrThrow(R().TeamStaging(team, group_rank));
-  return at::from_blob(address, {static_cast<std::int64_t>(view.staging_bytes)}, at::TensorOptions().dtype(at::kByte));
-}
-
 void TeamBarrier(std::uint64_t team, StreamHandle stream) {
   py::gil_scoped_release nogil;
   ThrowIfError(R().TeamBarrier(team, OnStream(stream)));
@@ -555,26 +547,38 @@ void TeamAllGather(std::uint64_t team, py::handle output_arg, py::handle input_a
                              std::move(keep)));
 }
 
-void TeamAllReduce(std::uint64_t team, py::handle tensor_arg, int op, StreamHandle stream) {
+// A wire format as the Python side numbers it (WIRE_FORMATS: 0 the tensor's own dtype, else ops::LowFormat + 1).
+std::optional<ops::LowFormat> WireArg(int wire) {
+  if (wire == 0) return std::nullopt;
+  if (!ops::IsLowFormat(wire - 1)) {
+    throw StatusError(InvalidArgument("`wire` must be 0 or a low-precision format + 1, but got " + std::to_string(wire)));
+  }
+  return static_cast<ops::LowFormat>(wire - 1);
+}
+
+void TeamAllReduce(std::uint64_t team, py::handle tensor_arg, int op, StreamHandle stream, int wire) {
   const at::Tensor& tensor = TensorArg(tensor_arg, "tensor");
   const DataType dtype = ReduceDtypeArg(tensor, tensor);
+  const std::optional<ops::LowFormat> format = WireArg(wire);
   void* ptr = DataPointer(tensor, "tensor");
   KeepAlive keep = Keep(stream, {tensor});
   py::gil_scoped_release nogil;
   ThrowIfError(R().AllReduce(team, ptr, ByteSize(tensor), dtype, static_cast<ReduceOp>(op), OnStream(stream),
-                             std::move(keep)));
+                             std::move(keep), format));
 }
 
-void TeamReduceScatter(std::uint64_t team, py::handle output_arg, py::handle input_arg, int op, StreamHandle stream) {
+void TeamReduceScatter(std::uint64_t team, py::handle output_arg, py::handle input_arg, int op, StreamHandle stream,
+                       int wire) {
   const at::Tensor& output = TensorArg(output_arg, "output");
   const at::Tensor& input = TensorArg(input_arg, "input");
   const DataType dtype = ReduceDtypeArg(output, input);
+  const std::optional<ops::LowFormat> format = WireArg(wire);
   void* out_ptr = DataPointer(output, "output");
   const void* in_ptr = DataPointer(input, "input");
   KeepAlive keep = Keep(stream, {output, input});
   py::gil_scoped_release nogil;
   ThrowIfError(R().ReduceScatter(team, out_ptr, ByteSize(output), in_ptr, ByteSize(input), dtype,
-                                 static_cast<ReduceOp>(op), OnStream(stream), std::move(keep)));
+                                 static_cast<ReduceOp>(op), OnStream(stream), std::move(keep), format));
 }
 
 void TeamAllToAll(std::uint64_t team, const py::list& send_args, py::handle receive_arg,
@@ -746,12 +750,12 @@ PYBIND11_MODULE(_shmem_torch, m) {
   m.def("team_create", &TeamCreate, py::arg("pes"), py::arg("group_rank"), py::arg("all_gather"), py::arg("barrier"));
   m.def("team_release", [](std::uint64_t team) { ThrowIfError(R().ReleaseTeam(team)); }, py::arg("team"));
   m.def("team_describe", &TeamDescribe, py::arg("team"));
-  m.def("team_staging", &TeamStaging, py::arg("team"), py::arg("group_rank"));
   m.def("team_barrier", &TeamBarrier, py::arg("team"), py::arg("stream"));
   m.def("all_gather", &TeamAllGather, py::arg("team"), py::arg("output"), py::arg("input"), py::arg("stream"));
-  m.def("all_reduce", &TeamAllReduce, py::arg("team"), py::arg("tensor"), py::arg("op"), py::arg("stream"));
+  m.def("all_reduce", &TeamAllReduce, py::arg("team"), py::arg("tensor"), py::arg("op"), py::arg("stream"),
+        py::arg("wire") = 0);
   m.def("reduce_scatter", &TeamReduceScatter, py::arg("team"), py::arg("output"), py::arg("input"), py::arg("op"),
-        py::arg("stream"));
+        py::arg("stream"), py::arg("wire") = 0);
   m.def("all_to_all", &TeamAllToAll, py::arg("team"), py::arg("sends"), py::arg("receive"), py::arg("receive_counts"),
         py::arg("stream"));
   m.def("send", &TeamSend, py::arg("team"), py::arg("tensor"), py::arg("peer"), py::arg("stream"));

@@ -4,16 +4,6 @@
 
 namespace hp::shmem::ops {
 
-const char* LowFormatName(LowFormat format) {
-  switch (format) {
-    case LowFormat::kFloat8E4M3Fn: return "float8_e4m3fn";
-    case LowFormat::kFloat8E5M2: return "float8_e5m2";
-    case LowFormat::kFloat16: return "float16";
-    case LowFormat::kBFloat16: return "bfloat16";
-  }
-  return "?";
-}
-
 bool HostEncode(HostIsa isa, LowFormat format, DataType src_dtype, const void* src, std::size_t count,
                 MutableEncodedRun dst) {
   if (!HostIsaAvailable(isa)) return false;

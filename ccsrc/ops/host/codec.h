@@ -17,23 +17,9 @@
 
 #include "ops/host/isa.h"
 #include "ops/reduce_op.h"
+#include "ops/wire_format.h"
 
 namespace hp::shmem::ops {
-
-// The wire formats (with torch's names). The fp8 ones are block-scaled (below): e4m3fn has no infinity and one NaN
-// per sign (largest finite 448); e5m2 is float16's upper byte (largest finite 57344, with infinities and NaN).
-// float16 and bfloat16 travel as the plain cast (round to nearest even, like torch's), without scales.
-enum class LowFormat : int { kFloat8E4M3Fn = 0, kFloat8E5M2 = 1, kFloat16 = 2, kBFloat16 = 3 };
-const char* LowFormatName(LowFormat format);
-// Whether the format carries a scale per kScaleBlock values (the fp8 ones).
-constexpr bool LowFormatScaled(LowFormat format) {
-  return format == LowFormat::kFloat8E4M3Fn || format == LowFormat::kFloat8E5M2;
-}
-
-// Values per scale.
-constexpr std::size_t kScaleBlock = 128;
-// The scales a run of `count` values has.
-constexpr std::size_t ScaleCount(std::size_t count) { return (count + kScaleBlock - 1) / kScaleBlock; }
 
 // A run of `count` encoded values: ScaleCount(count) scales for the block-scaled formats (unused, and may be null,
 // for float16 and bfloat16), then the values.

@@ -650,21 +650,16 @@ Status AscendDevice::Reduce(void* dst, const void* symmetric_src, std::size_t co
   if (!out) return DeviceError("aclCreateTensor failed: " + what);
   for (std::size_t k = 0; k < sources.size(); ++k) {
     if (k == first) continue;
+    const std::string step = what + " source_pe=" + std::to_string(pes[k]);
+    if (op == ReduceOp::kSum || op == ReduceOp::kAvg) {
+      HP_RETURN_IF_ERROR(EnqueueAdd(dst, sources[k], count, dtype, acl_stream, step));
+      continue;
+    }
     std::shared_ptr<aclTensor> other = Tensor(sources[k], count, acl_dtype);
     if (!other) return DeviceError("aclCreateTensor failed: " + what);
     AclnnCall call;
     call.descriptors = {out, other};
-    if (op == ReduceOp::kSum || op == ReduceOp::kAvg) {
-      std::shared_ptr<aclScalar> alpha = IsFloatingPoint(dtype) ? Scalar(1.0f) : IntScalar(1);
-      if (!alpha) return DeviceError("aclCreateScalar failed: " + what);
-      call.descriptors.push_back(alpha);
-      call.prepare_name = "aclnnInplaceAddGetWorkspaceSize";
-      call.launch_name = "aclnnInplaceAdd";
-      call.prepare = [out, other, alpha](std::uint64_t* size, aclOpExecutor** executor) {
-        return aclnnInplaceAddGetWorkspaceSize(out.get(), other.get(), alpha.get(), size, executor);
-      };
-      call.launch = aclnnInplaceAdd;
-    } else if (op == ReduceOp::kMax) {
+    if (op == ReduceOp::kMax) {
       call.prepare_name = "aclnnMaximumGetWorkspaceSize";
       call.launch_name = "aclnnMaximum";
       call.prepare = [out, other](std::uint64_t* size, aclOpExecutor** executor) {
@@ -679,55 +674,57 @@ Status AscendDevice::Reduce(void* dst, const void* symmetric_src, std::size_t co
       };
       call.launch = aclnnMinimum;
     }
-    HP_RETURN_IF_ERROR(RunAclnn(call, acl_stream, what + " source_pe=" + std::to_string(pes[k])));
+    HP_RETURN_IF_ERROR(RunAclnn(call, acl_stream, step));
   }
   if (op == ReduceOp::kAvg) {
-    std::shared_ptr<aclScalar> divisor = Scalar(static_cast<float>(pes.size()));
-    if (!divisor) return DeviceError("aclCreateScalar failed: " + what);
-    AclnnCall call;
-    call.descriptors = {out, divisor};
-    call.prepare_name = "aclnnInplaceDivsGetWorkspaceSize";
-    call.launch_name = "aclnnInplaceDivs";
-    call.prepare = [out, divisor](std::uint64_t* size, aclOpExecutor** executor) {
-      return aclnnInplaceDivsGetWorkspaceSize(out.get(), divisor.get(), size, executor);
-    };
-    call.launch = aclnnInplaceDivs;
-    HP_RETURN_IF_ERROR(RunAclnn(call, acl_stream, what + " step=avg"));
+    HP_RETURN_IF_ERROR(EnqueueDivide(dst, count, dtype, static_cast<float>(pes.size()), acl_stream, what + " step=avg"));
   }
   return Completed(stream, acl_stream, std::move(keep), what);
 }
 
-Status AscendDevice::CheckWireFormat(const std::string& format) {
-  if (format == "float16" || format == "bfloat16") return Status::Ok();
-  if (format == "float8_e4m3fn" || format == "float8_e5m2") {
-    return DeviceError("low-precision communication in " + format +
-                       " needs a block-scaled fp8 cast kernel (a scale per block, then a cast to fp8) on the NPU, "
-                       "which CANN's operator library does not have (aclnnCast has no scale, and the Atlas A2/910B "
-                       "has no fp8 type): device=ascend format=" + format + " (use float16 or bfloat16)");
+// ---- low-precision wire formats: aclnnCast into and out of float16/bfloat16 -----------------------------------------
+
+Status AscendDevice::CheckWireFormat(ops::LowFormat format) const {
+  switch (format) {
+    case ops::LowFormat::kFloat16:
+    case ops::LowFormat::kBFloat16:
+      return Status::Ok();
+    case ops::LowFormat::kFloat8E4M3Fn:
+    case ops::LowFormat::kFloat8E5M2:
+      return DeviceError(std::string("low-precision communication in ") + ops::LowFormatName(format) +
+                         " needs a block-scaled fp8 cast kernel (a scale per block, then a cast to fp8) on the NPU, "
+                         "which CANN's operator library does not have (aclnnCast has no scale, and the Atlas A2/910B "
+                         "has no fp8 type): device=ascend format=" + ops::LowFormatName(format) +
+                         " (use float16 or bfloat16)");
   }
-  return InvalidArgument("`low_precision_dtype` must be float16, bfloat16, float8_e4m3fn or float8_e5m2, but got " +
-                         format);
+  return InvalidArgument("`format` must be a wire format, but got " + std::to_string(static_cast<int>(format)));
 }
 
-Status AscendDevice::Cast(void* dst, DataType dst_dtype, const void* src, DataType src_dtype, std::size_t count,
-                          StreamHandle stream, KeepAlive keep) {
-  HP_RETURN_IF_ERROR(RequireReady("Cast"));
-  const auto wide = [](DataType t) { return t == DataType::kFloat32 || t == DataType::kFloat64; };
-  const auto narrow = [](DataType t) { return t == DataType::kFloat16 || t == DataType::kBFloat16; };
-  if (!((wide(src_dtype) && narrow(dst_dtype)) || (narrow(src_dtype) && wide(dst_dtype)))) {
-    return InvalidArgument(std::string("a wire cast must go between float32/float64 and float16/bfloat16, but got ") +
-                           DataTypeName(src_dtype) + " to " + DataTypeName(dst_dtype));
+namespace {
+DataType WireDataType(ops::LowFormat format) {
+  return format == ops::LowFormat::kBFloat16 ? DataType::kBFloat16 : DataType::kFloat16;   // CheckWireFormat's
+}
+}  // namespace
+
+// The checks every wire operation shares: ready, a format this device carries, a dtype wider than it.
+Status AscendDevice::CheckWireCall(const char* op, ops::LowFormat format, DataType dtype) const {
+  HP_RETURN_IF_ERROR(RequireReady(op));
+  HP_RETURN_IF_ERROR(CheckWireFormat(format));
+  if (*ops::LowFormatRefusal(format, dtype, ReduceOp::kSum) != '\0') {
+    return InvalidArgument(std::string("`dtype` must be a floating-point dtype wider than ") +
+                           ops::LowFormatName(format) + ", but got " + DataTypeName(dtype));
   }
-  if (count == 0) return Status::Ok();
+  return Status::Ok();
+}
+
+Status AscendDevice::EnqueueCast(void* dst, DataType to_dtype, const void* src, DataType from_dtype,
+                                 std::size_t count, void* acl_stream, const std::string& what) {
   aclDataType from = ACL_DT_UNDEFINED, to = ACL_DT_UNDEFINED;
-  (void)ToAclDataType(src_dtype, &from);
-  (void)ToAclDataType(dst_dtype, &to);
-  const std::string what = std::string("op=Cast from=") + DataTypeName(src_dtype) + " to=" + DataTypeName(dst_dtype) +
-                           " count=" + std::to_string(count);
+  (void)ToAclDataType(from_dtype, &from);
+  (void)ToAclDataType(to_dtype, &to);
   std::shared_ptr<aclTensor> in = Tensor(const_cast<void*>(src), count, from);
   std::shared_ptr<aclTensor> out = Tensor(dst, count, to);
   if (!in || !out) return DeviceError("aclCreateTensor failed: " + what);
-  void* acl_stream = Resolve(stream);
   AclnnCall call;
   call.descriptors = {in, out};
   call.prepare_name = "aclnnCastGetWorkspaceSize";
@@ -736,7 +733,136 @@ Status AscendDevice::Cast(void* dst, DataType dst_dtype, const void* src, DataTy
     return aclnnCastGetWorkspaceSize(in.get(), to, out.get(), size, executor);
   };
   call.launch = aclnnCast;
-  HP_RETURN_IF_ERROR(RunAclnn(call, acl_stream, what));
+  return RunAclnn(call, acl_stream, what);
+}
+
+Status AscendDevice::EnqueueAdd(void* out, const void* other, std::size_t count, DataType dtype, void* acl_stream,
+                                const std::string& what) {
+  aclDataType acl_dtype = ACL_DT_UNDEFINED;
+  (void)ToAclDataType(dtype, &acl_dtype);
+  std::shared_ptr<aclTensor> self = Tensor(out, count, acl_dtype);
+  std::shared_ptr<aclTensor> term = Tensor(const_cast<void*>(other), count, acl_dtype);
+  std::shared_ptr<aclScalar> alpha = IsFloatingPoint(dtype) ? Scalar(1.0f) : IntScalar(1);
+  if (!self || !term) return DeviceError("aclCreateTensor failed: " + what);
+  if (!alpha) return DeviceError("aclCreateScalar failed: " + what);
+  AclnnCall call;
+  call.descriptors = {self, term, alpha};
+  call.prepare_name = "aclnnInplaceAddGetWorkspaceSize";
+  call.launch_name = "aclnnInplaceAdd";
+  call.prepare = [self, term, alpha](std::uint64_t* size, aclOpExecutor** executor) {
+    return aclnnInplaceAddGetWorkspaceSize(self.get(), term.get(), alpha.get(), size, executor);
+  };
+  call.launch = aclnnInplaceAdd;
+  return RunAclnn(call, acl_stream, what);
+}
+
+Status AscendDevice::EnqueueDivide(void* out, std::size_t count, DataType dtype, float divisor, void* acl_stream,
+                                   const std::string& what) {
+  aclDataType acl_dtype = ACL_DT_UNDEFINED;
+  (void)ToAclDataType(dtype, &acl_dtype);
+  std::shared_ptr<aclTensor> self = Tensor(out, count, acl_dtype);
+  std::shared_ptr<aclScalar> by = Scalar(divisor);
+  if (!self) return DeviceError("aclCreateTensor failed: " + what);
+  if (!by) return DeviceError("aclCreateScalar failed: " + what);
+  AclnnCall call;
+  call.descriptors = {self, by};
+  call.prepare_name = "aclnnInplaceDivsGetWorkspaceSize";
+  call.launch_name = "aclnnInplaceDivs";
+  call.prepare = [self, by](std::uint64_t* size, aclOpExecutor** executor) {
+    return aclnnInplaceDivsGetWorkspaceSize(self.get(), by.get(), size, executor);
+  };
+  call.launch = aclnnInplaceDivs;
+  return RunAclnn(call, acl_stream, what);
+}
+
+Result<void*> AscendDevice::PeerRun(const void* symmetric, int pe, const std::string& what) {
+  if (pe == rank_) return const_cast<void*>(symmetric);
+  void* address = aclshmem_ptr(const_cast<void*>(symmetric), pe);
+  if (address == nullptr) {
+    return DeviceError("a peer's encoded run is not reachable by this NPU (aclshmem_ptr found none; aclnnCast reads "
+                       "peers in place, within one HCCS domain): pe=" + std::to_string(pe) + " " + what);
+  }
+  return address;
+}
+
+Status AscendDevice::Encode(ops::LowFormat format, DataType dtype, const void* src, std::size_t count, WireRun dst,
+                            StreamHandle stream, KeepAlive keep) {
+  HP_RETURN_IF_ERROR(CheckWireCall("Encode", format, dtype));
+  if (count == 0) return Status::Ok();
+  const std::string what = std::string("op=Encode format=") + ops::LowFormatName(format) + " dtype=" +
+                           DataTypeName(dtype) + " count=" + std::to_string(count);
+  void* acl_stream = Resolve(stream);
+  HP_RETURN_IF_ERROR(EnqueueCast(dst.codes, WireDataType(format), src, dtype, count, acl_stream, what));
+  return Completed(stream, acl_stream, std::move(keep), what);
+}
+
+Status AscendDevice::Decode(ops::LowFormat format, WireRun symmetric_src, int pe, std::size_t count, DataType dtype,
+                            void* out, StreamHandle stream, KeepAlive keep) {
+  HP_RETURN_IF_ERROR(CheckWireCall("Decode", format, dtype));
+  HP_RETURN_IF_ERROR(CheckPe(pe));
+  if (count == 0) return Status::Ok();
+  const std::string what = std::string("op=Decode format=") + ops::LowFormatName(format) + " dtype=" +
+                           DataTypeName(dtype) + " count=" + std::to_string(count) + " pe=" + std::to_string(pe);
+  HP_ASSIGN_OR_RETURN(void* codes, PeerRun(symmetric_src.codes, pe, what));
+  void* acl_stream = Resolve(stream);
+  HP_RETURN_IF_ERROR(EnqueueCast(out, dtype, codes, WireDataType(format), count, acl_stream, what));
+  return Completed(stream, acl_stream, std::move(keep), what);
+}
+
+Status AscendDevice::ReduceEncoded(ops::LowFormat format, DataType dtype, ReduceOp op, const void* own,
+                                   WireRun symmetric_src, const std::vector<int>& pes, std::size_t count, void* out,
+                                   WireRun reencode, StreamHandle stream, KeepAlive keep) {
+  HP_RETURN_IF_ERROR(CheckWireCall("ReduceEncoded", format, dtype));
+  const DataType acc = dtype;   // float32 or float64 here: the 16-bit dtypes are no wider than the formats
+  if (op != ReduceOp::kSum && op != ReduceOp::kAvg) {
+    return InvalidArgument(std::string("`op` must be sum or avg, but got ") + ReduceOpName(op));
+  }
+  if (pes.empty()) return InvalidArgument("`pes` must name at least one pe, but got none");
+  for (int pe : pes) HP_RETURN_IF_ERROR(CheckPe(pe));
+  if (count == 0) return Status::Ok();
+  const std::string what = std::string("op=ReduceEncoded format=") + ops::LowFormatName(format) + " dtype=" +
+                           DataTypeName(dtype) + " reduce_op=" + ReduceOpName(op) + " count=" + std::to_string(count) +
+                           " pes=" + std::to_string(pes.size());
+  std::vector<void*> sources;
+  for (int pe : pes) {
+    HP_ASSIGN_OR_RETURN(void* codes, PeerRun(symmetric_src.codes, pe, what));
+    sources.push_back(codes);
+  }
+  void* acl_stream = Resolve(stream);
+  const DataType wire = WireDataType(format);
+  // 1. `out` starts as the first term: the first source decoded (own, when separate, is added to it: two terms add
+  //    the same either way round), or `own` itself when it is `out`.
+  std::size_t next = 0;
+  if (own != out) {
+    HP_RETURN_IF_ERROR(EnqueueCast(out, acc, sources[0], wire, count, acl_stream, what + " step=decode source=0"));
+    next = 1;
+    if (own != nullptr) HP_RETURN_IF_ERROR(EnqueueAdd(out, own, count, acc, acl_stream, what + " step=add own"));
+  }
+  // 2. Every other source is decoded into scratch NPU memory and added (aclnnInplaceAdd takes one dtype).
+  if (next < sources.size()) {
+    const std::size_t bytes = count * DataTypeSize(dtype);
+    void* scratch = nullptr;
+    HP_RETURN_IF_ERROR(FromAclError(aclrtMalloc(&scratch, bytes, ACL_MEM_MALLOC_HUGE_FIRST), "aclrtMalloc",
+                                    "scratch_bytes=" + std::to_string(bytes) + " " + what));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      kept_[acl_stream].push_back(std::shared_ptr<void>(scratch, [](void* p) { (void)aclrtFree(p); }));
+    }
+    for (std::size_t k = next; k < sources.size(); ++k) {
+      const std::string step = what + " source=" + std::to_string(k);
+      HP_RETURN_IF_ERROR(EnqueueCast(scratch, acc, sources[k], wire, count, acl_stream, step));
+      HP_RETURN_IF_ERROR(EnqueueAdd(out, scratch, count, acc, acl_stream, step));
+    }
+  }
+  const std::size_t terms = sources.size() + (own != nullptr ? 1 : 0);
+  if (op == ReduceOp::kAvg) {
+    HP_RETURN_IF_ERROR(EnqueueDivide(out, count, acc, static_cast<float>(terms), acl_stream, what + " step=avg"));
+  }
+  // 3. Re-encoded: the codes every peer decodes, and their decoding here, so that every rank ends alike.
+  if (reencode.codes != nullptr) {
+    HP_RETURN_IF_ERROR(EnqueueCast(reencode.codes, wire, out, acc, count, acl_stream, what + " step=reencode"));
+    HP_RETURN_IF_ERROR(EnqueueCast(out, acc, reencode.codes, wire, count, acl_stream, what + " step=decode reencoded"));
+  }
   return Completed(stream, acl_stream, std::move(keep), what);
 }
 

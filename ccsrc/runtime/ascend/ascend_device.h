@@ -23,8 +23,8 @@
 //
 // Reductions run on the stream through CANN's operator library (aclnn, two-phase): peers' copies are read in place
 // through aclshmem_ptr and combined with aclnnInplaceAdd / aclnnMaximum / aclnnMinimum; avg is the sum divided by
-// the number of sources (aclnnInplaceDivs). Casts between wide and 16-bit floats (the fp16/bf16 wire formats of
-// low-precision communication) use aclnnCast; fp8 wire formats are refused (no block-scaled cast kernel).
+// the number of sources (aclnnInplaceDivs). Low-precision communication in float16 and bfloat16 casts with
+// aclnnCast; the fp8 wire formats are refused (no block-scaled cast kernel).
 //
 // The NPU the caller had selected (aclrtGetDevice) and its SoC name are frozen at Init; every later call made
 // with another current device fails ("current device must be npu:0 (fixed at acquire_shmem), but got npu:1").
@@ -112,13 +112,17 @@ class AscendDevice final : public Device {
   // aclshmem_ptr: the address of `symmetric`'s heap offset on `pe`, which the NPU reaches directly.
   Result<void*> PeerAddress(const void* symmetric, int pe) const override;
 
-  // The wire casts of low-precision communication on the stream (aclnnCast): `count` elements of `src_dtype` at
-  // `src` into `dst_dtype` at `dst`, both NPU memory of this device. float32/float64 to float16/bfloat16 and back.
-  Status Cast(void* dst, DataType dst_dtype, const void* src, DataType src_dtype, std::size_t count,
-              StreamHandle stream, KeepAlive keep);
-  // Whether this device can carry a low-precision wire format ("float16", "bfloat16", "float8_e4m3fn",
-  // "float8_e5m2"): the fp8 formats need a block-scaled cast kernel that CANN's operator library does not have.
-  static Status CheckWireFormat(const std::string& format);
+  // Low-precision communication in float16 and bfloat16: aclnnCast on the stream, peers' runs read in place
+  // (aclshmem_ptr), terms summed with aclnnInplaceAdd in the tensor's dtype; the fp8 formats are refused (no
+  // block-scaled cast kernel in CANN's operator library).
+  Status CheckWireFormat(ops::LowFormat format) const override;
+  Status Encode(ops::LowFormat format, DataType dtype, const void* src, std::size_t count, WireRun dst,
+                StreamHandle stream, KeepAlive keep) override;
+  Status Decode(ops::LowFormat format, WireRun symmetric_src, int pe, std::size_t count, DataType dtype, void* out,
+                StreamHandle stream, KeepAlive keep) override;
+  Status ReduceEncoded(ops::LowFormat format, DataType dtype, ReduceOp op, const void* own, WireRun symmetric_src,
+                       const std::vector<int>& pes, std::size_t count, void* out, WireRun reencode,
+                       StreamHandle stream, KeepAlive keep) override;
 
   int device_id() const { return device_id_; }            // frozen at Init (-1 before)
   std::size_t local_mem_size() const { return local_mem_size_; }   // what CANN was asked for (heap_size() - extra)
@@ -155,6 +159,16 @@ class AscendDevice final : public Device {
   // until the stream's next successful synchronization.
   struct AclnnCall;
   Status RunAclnn(AclnnCall& call, void* acl_stream, const std::string& what);
+  // aclnnCast, aclnnInplaceAdd (one dtype) and aclnnInplaceDivs over `count` contiguous elements, enqueued.
+  Status EnqueueCast(void* dst, DataType to, const void* src, DataType from, std::size_t count, void* acl_stream,
+                     const std::string& what);
+  Status EnqueueAdd(void* out, const void* other, std::size_t count, DataType dtype, void* acl_stream,
+                    const std::string& what);
+  Status EnqueueDivide(void* out, std::size_t count, DataType dtype, float divisor, void* acl_stream,
+                       const std::string& what);
+  Status CheckWireCall(const char* op, ops::LowFormat format, DataType dtype) const;
+  // Where `symmetric` lies on `pe` for the NPU (aclshmem_ptr), or why it cannot be reached.
+  Result<void*> PeerRun(const void* symmetric, int pe, const std::string& what);
   // Releases a failed or half-initialised CANN SHMEM after a failed init; reports what is left.
   Status ReleaseHalfInit(Status failure);
 

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstring>
 
+#include "ops/host/codec.h"
 #include "ops/host/reduce.h"
 #include "runtime/agreement.h"
 #include "runtime/host/atomics.h"
@@ -238,6 +239,70 @@ Status HostDevice::Reduce(void* dst, const void* symmetric_src, std::size_t coun
     if (!ops::HostReduce(dtype, op, dst, sources.data(), static_cast<int>(sources.size()), count)) {
       return Internal(std::string("host reduction cannot compute this: dtype=") + DataTypeName(dtype) +
                       " op=" + ReduceOpName(op) + " sources=" + std::to_string(sources.size()));
+    }
+    return Status::Ok();
+  });
+}
+
+// ---- low-precision wire formats: the host codec, reading peers' runs in place -------------------------------------
+
+namespace {
+std::string WireWhat(const char* op, ops::LowFormat format, DataType dtype, std::size_t count) {
+  return std::string("op=") + op + " format=" + ops::LowFormatName(format) + " dtype=" + DataTypeName(dtype) +
+         " count=" + std::to_string(count);
+}
+}  // namespace
+
+Status HostDevice::CheckWireFormat(ops::LowFormat format) const {
+  if (!ops::IsLowFormat(static_cast<int>(format))) {
+    return InvalidArgument("`format` must be a wire format, but got " + std::to_string(static_cast<int>(format)));
+  }
+  return Status::Ok();   // the codec encodes every format on every CPU (a portable variant beside the vector ones)
+}
+
+Status HostDevice::Encode(ops::LowFormat format, DataType dtype, const void* src, std::size_t count, WireRun dst,
+                          StreamHandle stream, KeepAlive keep) {
+  HP_RETURN_IF_ERROR(CheckWireFormat(format));
+  return Submit(stream, [=, keep = std::move(keep)] {
+    if (!ops::HostEncode(format, dtype, src, count, {static_cast<float*>(dst.scales), dst.codes})) {
+      return Internal("host codec cannot encode this: " + WireWhat("Encode", format, dtype, count));
+    }
+    return Status::Ok();
+  });
+}
+
+Status HostDevice::Decode(ops::LowFormat format, WireRun symmetric_src, int pe, std::size_t count, DataType dtype,
+                          void* out, StreamHandle stream, KeepAlive keep) {
+  HP_RETURN_IF_ERROR(CheckWireFormat(format));
+  const ops::EncodedRun run{reinterpret_cast<const float*>(symmetric_src.scales == nullptr ? nullptr
+                                                                                          : Remote(symmetric_src.scales, pe)),
+                            Remote(symmetric_src.codes, pe)};
+  return Submit(stream, [=, keep = std::move(keep)] {
+    if (!ops::HostDecode(format, run, count, dtype, out, /*accumulate=*/false)) {
+      return Internal("host codec cannot decode this: " + WireWhat("Decode", format, dtype, count));
+    }
+    return Status::Ok();
+  });
+}
+
+Status HostDevice::ReduceEncoded(ops::LowFormat format, DataType dtype, ReduceOp op, const void* own,
+                                 WireRun symmetric_src, const std::vector<int>& pes, std::size_t count, void* out,
+                                 WireRun reencode, StreamHandle stream, KeepAlive keep) {
+  HP_RETURN_IF_ERROR(CheckWireFormat(format));
+  std::vector<ops::EncodedRun> sources;
+  sources.reserve(pes.size());
+  for (int pe : pes) {
+    sources.push_back({reinterpret_cast<const float*>(symmetric_src.scales == nullptr ? nullptr
+                                                                                      : Remote(symmetric_src.scales, pe)),
+                       Remote(symmetric_src.codes, pe)});
+  }
+  // One pass, straight from the peers' mappings (decode, sum, divide, re-encode a block at a time in L1).
+  return Submit(stream, [=, sources = std::move(sources), keep = std::move(keep)] {
+    const ops::MutableEncodedRun again{static_cast<float*>(reencode.scales), reencode.codes};
+    if (!ops::HostReduceEncoded(format, dtype, op, own, sources.data(), static_cast<int>(sources.size()), count, out,
+                                again)) {
+      return Internal("host codec cannot reduce this: " + WireWhat("ReduceEncoded", format, dtype, count) +
+                      " reduce_op=" + ReduceOpName(op) + " sources=" + std::to_string(sources.size()));
     }
     return Status::Ok();
   });

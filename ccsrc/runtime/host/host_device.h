@@ -51,6 +51,14 @@ class HostDevice final : public Device {
                     StreamHandle stream) override;
   Status Reduce(void* dst, const void* symmetric_src, std::size_t count, DataType dtype, ReduceOp op,
                 const std::vector<int>& pes, StreamHandle stream, KeepAlive keep) override;
+  Status CheckWireFormat(ops::LowFormat format) const override;
+  Status Encode(ops::LowFormat format, DataType dtype, const void* src, std::size_t count, WireRun dst,
+                StreamHandle stream, KeepAlive keep) override;
+  Status Decode(ops::LowFormat format, WireRun symmetric_src, int pe, std::size_t count, DataType dtype, void* out,
+                StreamHandle stream, KeepAlive keep) override;
+  Status ReduceEncoded(ops::LowFormat format, DataType dtype, ReduceOp op, const void* own, WireRun symmetric_src,
+                       const std::vector<int>& pes, std::size_t count, void* out, WireRun reencode,
+                       StreamHandle stream, KeepAlive keep) override;
   Result<void*> PeerAddress(const void* symmetric, int pe) const override;
   Status Barrier(StreamHandle stream) override;
 

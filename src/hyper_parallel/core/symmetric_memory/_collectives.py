@@ -4,7 +4,8 @@ Every collective is one call into the runtime's collective engine (``shmem.Team`
 for small messages, copy-free when every rank passes the same symmetric tensor, staged otherwise) and checks with
 the call's first sync that every rank of the group runs the same call: ranks that disagree (another collective, count,
 dtype, op or wire format) all raise ``ShmemMismatchError`` and the group stays usable. Low-precision communication
-(:mod:`._low_precision`) runs over the team's fingerprinted syncs and staging area.
+runs in the engine too (the wire format is part of the call); :mod:`._low_precision` resolves which dtype a call
+travels in and documents the error bound.
 
 Every call is enqueued on the current SHMEM stream; the engine waits for that stream where it reads what peers
 published. A group's collectives must not run on two streams at once.
@@ -191,10 +192,7 @@ def _all_reduce_op(tensor: torch.Tensor, op: str, group_name: str, low_precision
 
 def _all_reduce(t: torch.Tensor, op: str, ch: GroupChannel, precision: Optional[torch.dtype] = None) -> None:
     """all_reduce on checked arguments (``precision``: the low-precision dtype to travel in, or None)."""
-    if precision is not None and t.numel() > 0 and ch.size > 1:
-        _low_precision.all_reduce(t, op, ch, precision)
-        return
-    ch.team.all_reduce(t, op)
+    ch.team.all_reduce(t, op, wire=precision)
 
 
 def shmem_reduce_scatter(output_tensor: torch.Tensor, input_tensor: torch.Tensor, op: str = "sum",
@@ -263,10 +261,7 @@ def _check_reduce_scatter_overlap(output: torch.Tensor, data: torch.Tensor, me: 
 def _reduce_scatter(output: torch.Tensor, data: torch.Tensor, op: str, ch: GroupChannel,
                     precision: Optional[torch.dtype] = None) -> None:
     """reduce_scatter on checked arguments (``precision`` as in :func:`_all_reduce`)."""
-    if precision is not None and output.numel() > 0:
-        _low_precision.reduce_scatter(output.view(-1), data.view(-1), op, ch, precision)
-        return
-    ch.team.reduce_scatter(output, data, op)
+    ch.team.reduce_scatter(output, data, op, wire=precision)
 
 
 def _receive_counts(receive_list: object, n: int) -> list:

@@ -40,9 +40,8 @@ def flush_for_host_read() -> None:
 class GroupChannel:
     """One group's runtime team, and what the algorithms above the engine (low precision, fused ops) need of it.
 
-    ``sync`` and ``publish`` are the team's fingerprinted syncs; ``staging`` is this rank's staging area of the
-    team (``peer_staging(p)``: group rank p's), which the low-precision algorithm uses between an opening ``publish``
-    and a closing ``sync`` with its own alternation of halves (``flip``).
+    ``sync`` and ``publish`` are the team's fingerprinted syncs, which order the fused ops' accesses to peers'
+    memory.
     """
 
     def __init__(self, team: "shmem.Team", whole_root: bool) -> None:
@@ -54,25 +53,8 @@ class GroupChannel:
         self.my_pe = self.pes[self.me]
         # Peers in rotated order (me+1, me+2, ...): no two ranks start by writing to the same peer.
         self.peers = tuple((self.me + r) % self.size for r in range(1, self.size))
-        self._staging: Optional[torch.Tensor] = None
         self.op = "barrier"  # the operation under way (set by channel())
         self.parity = 0
-
-    @property
-    def staging(self) -> torch.Tensor:
-        """This rank's staging area of the team (uint8)."""
-        if self._staging is None:
-            self._staging = self.team.staging(self.me)
-        return self._staging
-
-    def peer_staging(self, rank: int) -> torch.Tensor:
-        """Group rank ``rank``'s staging area of the team, read in place."""
-        return self.staging if rank == self.me else self.team.staging(rank)
-
-    @property
-    def one_shot_bytes(self) -> int:
-        """The largest message a one-step algorithm stages (half the staging area, 256 KiB at most)."""
-        return min(256 << 10, self.team.staging_bytes // 2)
 
     def sync(self) -> None:
         """A fingerprinted barrier of the group: everything enqueued before it is visible to every member."""

@@ -17,25 +17,28 @@ Everything else (max/min, integers, a float16 tensor with a bfloat16 default) ru
 string); the environment variable's value is checked the same way, when a call first needs it. All of it is
 checked before anything is written.
 
-**Algorithm.** Both collectives run through the group's staging area, in pieces: a piece uses one half of the
-area (alternating, like the one-step full-precision path, so that no closing sync is needed), cut into one
-*slot* per group rank.
+**Algorithm** (the runtime's collective engine, ``ccsrc/runtime/collectives_low_precision.cc``, over the
+device's ``Encode``/``Decode``/``ReduceEncoded``: the vectorised host codec on the host device, ``aclnnCast`` on
+ascend, which carries float16 and bfloat16 only). Both collectives run through the group's staging area: a call
+uses the staging half of its parity, cut into one *slot* per group rank.
 
 * all_reduce, two-shot (two syncs per piece): (1) each rank casts the parts of the piece that other ranks own
   into its slots for them; sync; (2) the owner of each part adds every peer's decoded slot of it to its own part
   (kept in full precision), divides by n for 'avg', casts the result *once* into its own slot and decodes that
   slot into its tensor; sync; (3) every rank decodes each peer's reduced part with the same code, so every rank
   ends with bit-identical values.
-* all_reduce of a message up to 256 KiB (at most half the staging area) that fits one slot, one step: each rank
-  casts its whole tensor into its slot; sync; every rank decodes every rank's slot and adds them in group-rank
-  order (the same values in the same order everywhere: bit-identical). Every value is cast once.
-* reduce_scatter (one sync per piece): each rank casts every part but its own into its slot for that part's
-  owner; sync; the owner adds the decoded slots of every peer to its own part, in full precision, and divides
-  by n for 'avg'. The result keeps the accumulator's precision (rounded once into a float16/bfloat16 output).
+* all_reduce up to the one-step size (256 KiB, at most half the staging area) whose values fit the half: each rank
+  casts its whole tensor into its half before the call's first sync; after it, every rank decodes every rank's
+  codes and adds them in group-rank order (the same values in the same order everywhere: bit-identical). Every
+  value is cast once.
+* reduce_scatter (one sync per piece, pieces alternating between the halves): each rank casts every part but its
+  own into its slot for that part's owner; sync; the owner adds the decoded slots of every peer to its own part,
+  in full precision, and divides by n for 'avg'. The result keeps the accumulator's precision (rounded once into a
+  float16/bfloat16 output).
 
-Each owner's step is one call of the host codec's ``reduce_encoded``, which decodes, sums, divides and re-encodes a
-128-element block at a time in L1, reading the peers' slots in place, straight from their memory
-(:func:`shmem.peer_tensor`), never through a copy.
+Each owner's step is one ``ReduceEncoded`` of the device, which on the host decodes, sums, divides and re-encodes a
+128-element block at a time in L1, reading the peers' slots in place, straight from their memory, never through a
+copy. A group of one rank runs in full precision (nothing travels).
 
 **Wire format of a slot** (``m`` elements of the low dtype, ``m`` at most the slot's capacity): for the fp8
 dtypes, first one float32 scale per block of :data:`BLOCK` (128) elements, padded to 64 bytes, then the ``m``
@@ -64,17 +67,14 @@ two-shot all_reduce casts the reduced value down once more for the way back (the
 the first error carried into it). Non-finite inputs, float16 overflow and the NaN blocks above are outside the
 bound. :func:`error_bound` computes it.
 
-**Speed.** Everything runs on the calling thread, a piece at a time (it stays in cache), in the host codec
-(:mod:`hyper_parallel.core.multicore.shmem.codec`: vectorised C++, bit-identical to torch's casts on the same
-definition): one pass to encode, one for the owner's decode-sum-re-encode step, one per peer to decode. The codec
-writes the slots with non-temporal stores, so that a peer on another die reads them from memory instead of pulling
-each line out of this core's cache. On the host device, whose "link" is the same memory the casts read and write,
-it pays for tensors outside symmetric memory, whose full-precision call copies them through the staging area
-anyway: 64 MiB float32 on 2 ranks of a 2-core VM, reduce_scatter 1.2-1.3x faster, all_reduce 1.0-1.2x, about 3x
-when the two cores sit on different dies. It does not beat the copy-free full-precision path of a symmetric tensor
-(0.4-0.9x for all_reduce). ``docs/perf.md`` has the measurements (``hp-shmem-perf --low-precision DTYPE
-[--ordinary-tensors]``). On a non-default SHMEM stream the op waits for the stream at each step, since the casts run
-on the host thread.
+**Speed.** On the host device the codec runs on the calling thread (on a non-default SHMEM stream, on the
+stream's worker), a piece at a time (it stays in cache): one pass to encode, one for the owner's
+decode-sum-re-encode step, one per peer to decode. The codec writes the slots with non-temporal stores, so that a
+peer on another die reads them from memory instead of pulling each line out of this core's cache. On the host
+device, whose "link" is the same memory the casts read and write, it pays for tensors outside symmetric memory,
+whose full-precision call copies them through the staging area anyway; it does not beat the copy-free
+full-precision path of a symmetric tensor. ``docs/perf.md`` has the measurements (``hp-shmem-perf
+--low-precision DTYPE [--ordinary-tensors]``).
 
 The group's ranks must agree on the dtype (the argument, or the environment variable), like on ``op``.
 """
@@ -87,11 +87,8 @@ from typing import Optional
 
 import torch
 
-from hyper_parallel.core.multicore import shmem
 from hyper_parallel.core.multicore.shmem import codec as wire
-from hyper_parallel.core.multicore.shmem.errors import ShmemStateError
 from hyper_parallel.core.symmetric_memory import _context
-from hyper_parallel.core.symmetric_memory._context import GroupChannel, flush_for_host_read
 
 ENV_VAR = "SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE"
 
@@ -105,9 +102,6 @@ LOW_PRECISION_DTYPES = {
 _OFF = ("", "none")
 # Elements per fp8 scale (the host codec's block).
 BLOCK = wire.BLOCK
-# The dtypes that travel with block scales (the others are a plain cast).
-_SCALED = (torch.float8_e4m3fn, torch.float8_e5m2)
-_ALIGN = 64
 _SUM_OPS = ("sum", "avg")
 
 
@@ -246,196 +240,3 @@ def error_bound(low: torch.dtype, dtype: torch.dtype, op: str, n: int, abs_sum: 
 
 def _round_up(value: int, unit: int) -> int:
     return -(-value // unit) * unit
-
-
-class _Codec:
-    """Encodes values into a slot and names a slot's encoded run, for one (group, low dtype).
-
-    A slot is a uint8 tensor: for fp8, ``scale_bytes`` of float32 block scales then the fp8 bytes; for float16 and
-    bfloat16, the 16-bit codes. The host codec (:mod:`hyper_parallel.core.multicore.shmem.codec`) encodes,
-    decodes, and sums (``reduce_encoded``).
-    """
-
-    def __init__(self, low: torch.dtype, slot_bytes: int) -> None:
-        self.low = low
-        self.itemsize = low.itemsize
-        self.scaled = low in _SCALED
-        if self.scaled:
-            # The most elements (a whole number of blocks) whose scales and bytes fit the slot.
-            capacity = int(slot_bytes // (self.itemsize + 4 / BLOCK)) // BLOCK * BLOCK
-            while capacity and _round_up(capacity // BLOCK * 4, _ALIGN) + capacity * self.itemsize > slot_bytes:
-                capacity -= BLOCK
-            self.scale_bytes = _round_up(capacity // BLOCK * 4, _ALIGN)
-        else:
-            capacity = slot_bytes // self.itemsize // BLOCK * BLOCK
-            self.scale_bytes = 0
-        self.capacity = capacity
-        self.slot_bytes = slot_bytes
-        self.slots: list = []  # [parity][group rank]: views of the group's staging halves, set by _codec
-        self.peer_slots: list = []  # [parity][group rank][peer]: every peer's copy of them, set by _codec
-
-    def run(self, slot: torch.Tensor, count: int) -> wire.EncodedRun:
-        """The first ``count`` values of a slot as an encoded run: (its scales, or None for 16-bit; its codes)."""
-        codes = slot[self.scale_bytes:self.scale_bytes + count * self.itemsize].view(self.low)
-        return (slot[:wire.scale_count(count) * 4].view(torch.float32) if self.scaled else None), codes
-
-    def encode(self, values: torch.Tensor, slot: torch.Tensor) -> None:
-        """Casts ``values`` (at most ``capacity``) down into ``slot``, for the peers to read."""
-        wire.encode(values, self.run(slot, values.numel()))
-
-    def decode(self, slot: torch.Tensor, out: torch.Tensor) -> None:
-        """Decodes ``out.numel()`` elements of ``slot`` into ``out``."""
-        wire.decode(self.run(slot, out.numel()), out, accumulate=False)
-
-
-# Codecs per group channel (dropped with it) and (low dtype, slot bytes).
-_codecs: "weakref.WeakKeyDictionary[GroupChannel, dict]" = weakref.WeakKeyDictionary()
-
-
-def _codec(ch: GroupChannel, low: torch.dtype) -> _Codec:
-    """The channel's codec for ``low``: one slot per group rank in half the staging.
-
-    Raises:
-        ShmemStateError: a slot cannot hold one block (a staging area too small for the group).
-    """
-    slot_bytes = ch.staging.numel() // 2 // ch.size // _ALIGN * _ALIGN
-    key = (low, slot_bytes)
-    codecs = _codecs.setdefault(ch, {})
-    codec = codecs.get(key)
-    if codec is None:
-        codec = _Codec(low, slot_bytes)
-        if codec.capacity == 0:
-            raise ShmemStateError(f"the staging area is too small for low-precision communication: "
-                                  f"staging_bytes={ch.staging.numel()} group_size={ch.size} dtype={low}")
-        half = ch.staging.numel() // 2
-        # The slots' views, made once: slicing costs about a microsecond, as much as a small message's cast.
-        codec.slots = [[ch.staging[parity * half + index * slot_bytes:][:slot_bytes] for index in range(ch.size)]
-                       for parity in (0, 1)]
-        # And every peer's copy of them, which the decoders read in place (no copy into this rank first).
-        codec.peer_slots = [[[ch.peer_staging(peer)[parity * half + index * slot_bytes:][:slot_bytes]
-                              for peer in range(ch.size)] for index in range(ch.size)] for parity in (0, 1)]
-        codecs[key] = codec
-    return codec
-
-
-def _slot(ch: GroupChannel, parity: int, index: int, codec: _Codec) -> torch.Tensor:
-    """Slot ``index`` of the staging half ``parity`` (a symmetric uint8 view)."""
-    return codec.slots[parity][index]
-
-
-def _peer_slot(codec: _Codec, parity: int, index: int, peer: int) -> torch.Tensor:
-    """Slot ``index`` of ``peer``'s staging half ``parity``, read in place from the peer's memory (a sync after
-    the peer wrote it orders the reads)."""
-    return codec.peer_slots[parity][index][peer]
-
-
-def all_reduce(t: torch.Tensor, op: str, ch: GroupChannel, precision: torch.dtype) -> None:
-    """all_reduce of ``t`` in place ('sum' or 'avg'), travelling in ``precision`` (collective over ``ch``).
-
-    One step in groups of two and for messages up to the one-step size, two-shot otherwise (module docstring).
-
-    Args:
-        t: a contiguous floating-point tensor wider than ``precision``, at least one element.
-        op: 'sum' or 'avg'.
-        ch: the group's channel (more than one rank).
-        precision: the low-precision dtype (from :func:`resolve`).
-
-    Raises:
-        ShmemStateError: the staging area is too small for the group.
-        ShmemTimeoutError: a rank did not take part in time.
-    """
-    flat = t.view(-1)
-    codec = _codec(ch, precision)
-    _open(ch, "all_reduce", t.dtype, flat.numel(), op, precision)
-    if t.nbytes <= ch.one_shot_bytes and flat.numel() <= codec.capacity:
-        _all_reduce_one_step(flat, op, ch, codec)
-    else:
-        _all_reduce_two_shot(flat, op, ch, codec)
-    ch.sync()  # peers are done with this rank's staging before the group's next call writes it
-
-
-def _all_reduce_one_step(flat: torch.Tensor, op: str, ch: GroupChannel, codec: _Codec) -> None:
-    """Each rank casts a piece once into its own slot; after one sync every rank decodes every rank's slot and
-    sums them in group-rank order (so every rank adds the same values in the same order)."""
-    count, n, me = flat.numel(), ch.size, ch.me
-    for off in range(0, count, codec.capacity):
-        length = min(codec.capacity, count - off)
-        piece = flat[off:off + length]
-        parity = ch.flip()
-        mine = _slot(ch, parity, me, codec)
-        codec.encode(piece, mine)
-        ch.sync()
-        flush_for_host_read()
-        runs = [codec.run(mine if p == me else _peer_slot(codec, parity, p, p), length) for p in range(n)]
-        wire.reduce_encoded(piece, None, runs, op=op)
-
-
-def _all_reduce_two_shot(flat: torch.Tensor, op: str, ch: GroupChannel, codec: _Codec) -> None:
-    """Each part of a piece is reduced by its owner from its own values and the peers' casts of it, cast once more,
-    and decoded from those same bytes by every rank, the owner included (one pass of the host codec)."""
-    count, n, me = flat.numel(), ch.size, ch.me
-    for off in range(0, count, n * codec.capacity):
-        length = min(n * codec.capacity, count - off)
-        step = _round_up(-(-length // n), BLOCK)  # parts start on block boundaries
-        bounds = [(off + min(p * step, length), off + min((p + 1) * step, length)) for p in range(n)]
-        parity = ch.flip()
-        for q in ch.peers:
-            lo, hi = bounds[q]
-            if hi > lo:
-                codec.encode(flat[lo:hi], _slot(ch, parity, q, codec))
-        ch.sync()
-        flush_for_host_read()
-        lo, hi = bounds[me]
-        if hi > lo:
-            part = flat[lo:hi]
-            sources = [codec.run(_peer_slot(codec, parity, me, p), hi - lo) for p in ch.peers]
-            # The bytes every peer decodes, and their decoding in this rank's part: identical results everywhere.
-            wire.reduce_encoded(part, part, sources, op=op, reencode=codec.run(_slot(ch, parity, me, codec), hi - lo))
-        ch.sync()
-        flush_for_host_read()
-        for p in ch.peers:
-            lo, hi = bounds[p]
-            if hi > lo:
-                codec.decode(_peer_slot(codec, parity, p, p), flat[lo:hi])
-
-
-def reduce_scatter(out: torch.Tensor, src: torch.Tensor, op: str, ch: GroupChannel, precision: torch.dtype) -> None:
-    """reduce_scatter of ``src`` into ``out`` ('sum' or 'avg'), travelling in ``precision`` (collective).
-
-    Args:
-        out: this rank's flat output, at least one element; it may be this rank's part of ``src``.
-        src: the flat input, group-size times ``out``'s elements, of ``out``'s dtype.
-        op: 'sum' or 'avg'.
-        ch: the group's channel.
-        precision: the low-precision dtype (from :func:`resolve`).
-
-    Raises:
-        ShmemStateError: the staging area is too small for the group.
-        ShmemTimeoutError: a rank did not take part in time.
-    """
-    c, n, me = out.numel(), ch.size, ch.me
-    mine = src[me * c:(me + 1) * c]
-    if n == 1:  # nothing travels: the sum (or average) of one rank is its input
-        if out.data_ptr() != mine.data_ptr():
-            out.copy_(mine)
-        return
-    codec = _codec(ch, precision)
-    _open(ch, "reduce_scatter", out.dtype, c, op, precision)
-    for off in range(0, c, codec.capacity):
-        length = min(codec.capacity, c - off)
-        parity = ch.flip()
-        for q in ch.peers:
-            codec.encode(src[q * c + off:q * c + off + length], _slot(ch, parity, q, codec))
-        ch.sync()
-        flush_for_host_read()
-        sources = [codec.run(_peer_slot(codec, parity, me, p), length) for p in ch.peers]
-        wire.reduce_encoded(out[off:off + length], mine[off:off + length], sources, op=op)
-    ch.sync()  # peers are done with this rank's staging before the group's next call writes it
-
-
-def _open(ch: GroupChannel, collective: str, dtype: torch.dtype, count: int, op: str, precision: torch.dtype) -> None:
-    """The call's first sync: every rank of the group agrees on the collective, dtype, count, op and wire format
-    (a rank in full precision, or in another low dtype, makes every rank raise ShmemMismatchError), and every rank
-    has finished the group's previous call, so the staging area is free."""
-    flush_for_host_read()  # the host writes the staging next: earlier work of the stream first
-    ch.team.agree(collective, dtype=dtype, count=count, op=op, wire=precision)

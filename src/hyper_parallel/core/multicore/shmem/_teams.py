@@ -109,18 +109,33 @@ class Team:
             attach_fields(error, "all_gather")
             raise
 
-    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> None:
-        """Reduces ``tensor`` in place ('sum', 'avg', 'max', 'min'); every member ends with bit-identical values."""
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", wire: Optional[torch.dtype] = None) -> None:
+        """Reduces ``tensor`` in place ('sum', 'avg', 'max', 'min'); every member ends with bit-identical values.
+
+        Args:
+            tensor: the tensor to reduce, in place.
+            op: the reduction.
+            wire: a low-precision dtype of :data:`WIRE_FORMATS` that the values travel in ('sum' and 'avg' of a
+                floating-point tensor wider than it; summed in the tensor's precision), or None for its own dtype.
+
+        Raises:
+            ShmemMismatchError: members disagree on the call (wire format included).
+            ShmemTimeoutError: a member did not arrive in time.
+            ValueError: a wire format that cannot carry the reduction.
+            ShmemDeviceError: a wire format the device cannot encode.
+        """
         try:
-            C.all_reduce(self._id, tensor, _reduce_op(op), current_handle())
+            C.all_reduce(self._id, tensor, _reduce_op(op), current_handle(), _wire(wire))
         except Exception as error:
             attach_fields(error, "all_reduce")
             raise
 
-    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum") -> None:
-        """``output`` receives part ``rank`` of ``input`` reduced across the members."""
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum",
+                       wire: Optional[torch.dtype] = None) -> None:
+        """``output`` receives part ``rank`` of ``input`` reduced across the members (``wire`` as in
+        :meth:`all_reduce`)."""
         try:
-            C.reduce_scatter(self._id, output, input, _reduce_op(op), current_handle())
+            C.reduce_scatter(self._id, output, input, _reduce_op(op), current_handle(), _wire(wire))
         except Exception as error:
             attach_fields(error, "reduce_scatter")
             raise
@@ -162,14 +177,9 @@ class Team:
             ShmemTimeoutError: a member did not arrive in time.
         """
         dtype_name = "" if dtype is None else str(dtype).replace("torch.", "")
-        wire_name = "full" if wire is None else str(wire).replace("torch.", "")
         return self._call("agree", C.agree, COLLECTIVES[collective], dtype_name,
                           0 if dtype is None else dtype.itemsize, count, 0 if op is None else REDUCE_OPS[op] + 1,
-                          WIRE_FORMATS[wire_name], peer, list(values))
-
-    def staging(self, member: int) -> torch.Tensor:
-        """Member ``member``'s staging area of this team, as a uint8 tensor over that memory (host device)."""
-        return C.team_staging(self._id, member)
+                          _wire(wire), peer, list(values))
 
 
 def _check_one_machine(all_gather, members: int) -> None:
@@ -189,6 +199,17 @@ def _reduce_op(op: object) -> int:
     number = REDUCE_OPS.get(op) if isinstance(op, str) else None
     if number is None:
         raise ValueError(f"`op` must be one of {', '.join(REDUCE_OPS)}, but got {op!r}")
+    return number
+
+
+def _wire(wire: Optional[torch.dtype]) -> int:
+    """A wire dtype as the runtime numbers it (0: the tensor's own dtype)."""
+    if wire is None:
+        return 0
+    number = WIRE_FORMATS.get(str(wire).replace("torch.", "")) if isinstance(wire, torch.dtype) else None
+    if not number:
+        names = ", ".join(name for name in WIRE_FORMATS if name != "full")
+        raise ValueError(f"`wire` must be one of {names} or None, but got {wire!r}")
     return number
 
 
