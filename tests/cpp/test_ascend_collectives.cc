@@ -51,6 +51,8 @@ class AscendCollectivesTest : public ::testing::TestWithParam<int> {
 
 TEST_P(AscendCollectivesTest, EveryCollectiveOnEveryPath) { testutil::RunEveryCollective(AscendBackend(), GetParam()); }
 
+TEST_P(AscendCollectivesTest, AllToAllOnEveryPath) { testutil::RunAllToAllPaths(AscendBackend(), GetParam()); }
+
 TEST_P(AscendCollectivesTest, MismatchesFailOnEveryRankAndTheTeamStaysInStep) {
   testutil::RunMismatches(AscendBackend(), GetParam());
 }
