@@ -91,10 +91,13 @@ class DeviceFloats {
   void* data() const { return data_; }
   float* at(std::size_t i) const { return static_cast<float*>(data_) + i; }
   std::size_t bytes() const { return count_ * 4; }
-  void Set(const std::vector<float>& values) const { backend_.write(data_, values.data(), values.size() * 4); }
+  // No copy of nothing: an empty vector has no data pointer to pass.
+  void Set(const std::vector<float>& values) const {
+    if (!values.empty()) backend_.write(data_, values.data(), values.size() * 4);
+  }
   std::vector<float> Get() const {
     std::vector<float> values(count_);
-    backend_.read(values.data(), data_, count_ * 4);
+    if (count_ > 0) backend_.read(values.data(), data_, count_ * 4);
     return values;
   }
 
@@ -273,7 +276,7 @@ inline void RunAllToAllPaths(const CollectiveBackend& backend, int world) {
               for (std::size_t i = 0; i < values.size(); ++i) values[i] = value(rank, j, i);
               if (layout == Layout::kSeparate) {
                 separate.push_back(std::make_unique<DeviceFloats>(backend, runtime, values.size(), false));
-                if (!values.empty()) separate.back()->Set(values);   // no copy of nothing (no data pointer)
+                separate.back()->Set(values);
                 sends.emplace_back(separate.back()->data(), values.size() * 4);
                 continue;
               }
