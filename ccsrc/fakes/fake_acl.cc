@@ -210,3 +210,62 @@ aclError aclrtMemcpy(void* dst, size_t destMax, const void* src, size_t count, a
 }
 
 }  // extern "C"
+
+// ---- aclrtMemcpyAsync ---------------------------------------------------------------------------------------------
+
+extern "C" {
+
+aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src, size_t count, aclrtMemcpyKind kind,
+                          aclrtStream stream) {
+  World& world = World::Get();
+  std::unique_lock<std::mutex> lock(world.mu);
+  FakeCall call = Named("aclrtMemcpyAsync", stream);
+  call.address = reinterpret_cast<std::uintptr_t>(dst);
+  call.bytes = count;
+  call.op = static_cast<int>(kind);
+  world.Record(call);
+  if (const int code = world.TakeFailure("aclrtMemcpyAsync")) return code;
+  if (CurrentProcess().device < 0) return ACL_ERROR_RT_CONTEXT_NULL;
+  if (dst == nullptr || src == nullptr || count > destMax || kind < ACL_MEMCPY_HOST_TO_HOST ||
+      kind > ACL_MEMCPY_DEVICE_TO_DEVICE) {
+    return ACL_ERROR_RT_PARAM_INVALID;
+  }
+  // The release has no asynchronous copy inside the host (EP form).
+  if (kind == ACL_MEMCPY_HOST_TO_HOST) return ACL_ERROR_RT_FEATURE_NOT_SUPPORT;
+  auto found = world.streams.find(stream);
+  if (found == world.streams.end()) return ACL_ERROR_RT_PARAM_INVALID;   // the fake has no ACL default stream
+  if (count == 0) return ACL_SUCCESS;
+  const bool dst_on_device = kind == ACL_MEMCPY_HOST_TO_DEVICE || kind == ACL_MEMCPY_DEVICE_TO_DEVICE;
+  const bool src_on_device = kind == ACL_MEMCPY_DEVICE_TO_HOST || kind == ACL_MEMCPY_DEVICE_TO_DEVICE;
+  // The runtime checks each side against `kind` when the copy is submitted, as aclrtMemcpy does.
+  const int device = CurrentProcess().device;
+  auto side_ok = [device](const void* address, std::size_t bytes, bool on_device) {
+    const HostView view = HostView::Of(address, bytes);
+    return on_device ? view && view.memory->device() == device : !HostView::Of(address, 1);
+  };
+  if (!side_ok(dst, count, dst_on_device) || !side_ok(src, count, src_on_device)) return ACL_ERROR_RT_PARAM_INVALID;
+  // The bytes are reached when the stream runs the copy: memory freed before then faults the stream.
+  auto outcome = std::make_shared<int>(ACL_SUCCESS);
+  world.Enqueue(stream, [dst, src, count, dst_on_device, src_on_device, outcome](const Stream&) {
+    const HostView to = dst_on_device ? HostView::Of(dst, count) : HostView{};
+    const HostView from = src_on_device ? HostView::Of(src, count) : HostView{};
+    if ((dst_on_device && !to) || (src_on_device && !from)) {
+      *outcome = ACL_ERROR_RT_PARAM_INVALID;
+      return *outcome;
+    }
+    std::memmove(dst_on_device ? to.host : static_cast<char*>(dst),
+                 src_on_device ? from.host : static_cast<const char*>(src), count);
+    return static_cast<int>(ACL_SUCCESS);
+  });
+  if (dst_on_device && src_on_device) return ACL_SUCCESS;
+  // Pageable host memory: the call returns once the stream ran the copy (bounded like a hang of the real one).
+  std::shared_ptr<Stream> on = found->second;
+  const std::uint64_t position = on->enqueued;
+  if (!world.changed.wait_for(lock, world.hang_limit, [&] { return on->cancelled || on->completed >= position; })) {
+    ++world.hangs;
+    return ACL_ERROR_RT_INTERNAL_ERROR;
+  }
+  return *outcome;
+}
+
+}  // extern "C"

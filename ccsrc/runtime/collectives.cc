@@ -28,6 +28,13 @@ bool SameSymmetric(const std::vector<Fingerprint>& rows, int column) {
   return true;
 }
 
+// [a, a + a_bytes) and [b, b + b_bytes) share a byte.
+bool Overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
+  const auto lo_a = reinterpret_cast<std::uintptr_t>(a);
+  const auto lo_b = reinterpret_cast<std::uintptr_t>(b);
+  return a_bytes > 0 && b_bytes > 0 && lo_a < lo_b + b_bytes && lo_b < lo_a + a_bytes;
+}
+
 // Bytes one in-place swap step holds in the staging area: small enough to stay in cache between its two copies.
 constexpr std::size_t kSwapChunkBytes = 256 << 10;
 
@@ -349,28 +356,52 @@ Status CollectiveEngine::AllToAll(const std::vector<Buffer>& sends, const Buffer
   char* out = static_cast<char*>(receive.address);
   std::vector<std::size_t> starts(un, 0);
   for (std::size_t i = 1; i < un; ++i) starts[i] = starts[i - 1] + receive_counts[i - 1] * es;
-  // Where the receive buffer lies: -1 when it is not symmetric, else 2 x its heap offset, plus 1 when the sends
-  // alias it block for block (in place). Peers may address it only if every rank's is the same.
-  std::int64_t where = -1;
-  if (receive.heap_offset >= 0) {
-    bool in_place = true;
-    for (std::size_t j = 0; j < un; ++j) {
-      in_place = in_place && sends[j].bytes == receive_counts[j] * es && sends[j].address == out + starts[j];
-    }
-    where = 2 * receive.heap_offset + (in_place ? 1 : 0);
+  const std::size_t received = starts[un - 1] + receive_counts[un - 1] * es;
+  bool aliased = false;   // some send overlaps the receive buffer
+  bool in_place = true;   // every send is the receive buffer's block for it
+  for (std::size_t j = 0; j < un; ++j) {
+    aliased = aliased || Overlaps(sends[j].address, sends[j].bytes, out, received);
+    in_place = in_place && sends[j].bytes == receive_counts[j] * es && sends[j].address == out + starts[j];
   }
+  // Where the receive buffer lies: -1 when peers must not address it (not symmetric, or the sends overlap it other
+  // than block for block: peers' pushes would overwrite sends not read yet), else 2 x its heap offset, plus 1 in
+  // place. Peers address it only if every rank's is the same.
+  std::int64_t where = -1;
+  if (receive.heap_offset >= 0 && (in_place || !aliased)) where = 2 * receive.heap_offset + (in_place ? 1 : 0);
   Fingerprint f = Begin(Collective::kAllToAll, &type, un, 0, -1);
   f.where[0] = where;
   const int parity = Parity();
+  // This rank's own part never goes through staging: one local copy puts it in place, after the checks (none when
+  // the call is in place). Only where the sends overlap the receive buffer some other way does it travel like a
+  // peer's part, so that every send is read before its bytes can be overwritten. A local decision: no peer sees it.
+  const Buffer& own = sends[static_cast<std::size_t>(me)];
+  char* own_place = out + starts[static_cast<std::size_t>(me)];
+  const bool own_in_place = own.address == own_place;
+  const bool own_direct = own_in_place || !aliased;
+  auto place_own = [&]() -> Status {
+    if (own_in_place) return Status::Ok();
+    return Broken(device_.Copy(own_place, own.address, own.bytes, stream_, keep_), "copy the own part");
+  };
   // Small parts travel with the counts (one sync in all), into the receiver's staging half of this call's parity,
-  // a region per sender; they are used only if every rank's parts fit.
+  // a region per sender; they are used only if every rank staged them. A rank whose receive buffer peers may address
+  // stages only a message of one step: above it, the copy-free paths move each byte once (push) or swap blocks in
+  // place (each byte read and written once), where staging copies every byte twice. Every rank tells from the count
+  // table which ranks staged.
   const std::size_t eager_region = RoundDown(team_.staging_bytes() / 2 / un, 64);
+  auto stages = [&](std::size_t largest_part, std::size_t total, std::int64_t rank_where) {
+    return largest_part <= eager_region && (rank_where < 0 || total <= team_.one_step_bytes());
+  };
   std::size_t largest_send = 0;
-  for (const Buffer& s : sends) largest_send = std::max(largest_send, s.bytes);
+  std::size_t total_send = 0;
+  for (const Buffer& s : sends) {
+    largest_send = std::max(largest_send, s.bytes);
+    total_send += s.bytes;
+  }
   char* my_region = team_.StagingHalf(parity) + static_cast<std::size_t>(me) * eager_region;
-  if (largest_send <= eager_region) {
+  if (stages(largest_send, total_send, where)) {
     for (int r = 1; r <= n; ++r) {
       const int p = (me + r) % n;
+      if (p == me && own_direct) continue;
       HP_RETURN_IF_ERROR(Put(my_region, sends[static_cast<std::size_t>(p)].address, sends[static_cast<std::size_t>(p)].bytes, p));
     }
   }
@@ -390,7 +421,15 @@ Status CollectiveEngine::AllToAll(const std::vector<Buffer>& sends, const Buffer
   // table[i][j]: elements rank i sends to rank j; table[j][n + i]: elements rank j expects from rank i. Every rank
   // checks the same table, so all refuse alike, before anything is written.
   std::int64_t largest = 0;
+  bool every_rank_staged = true;
   for (std::size_t i = 0; i < un; ++i) {
+    std::size_t rank_largest = 0;
+    std::size_t rank_total = 0;
+    for (std::size_t j = 0; j < un; ++j) {
+      rank_largest = std::max(rank_largest, static_cast<std::size_t>(table[i][j]) * es);
+      rank_total += static_cast<std::size_t>(table[i][j]) * es;
+    }
+    every_rank_staged = every_rank_staged && stages(rank_largest, rank_total, table[i][2 * un]);
     for (std::size_t j = 0; j < un; ++j) {
       if (table[i][j] != table[j][un + i]) {
         return InvalidArgument("`send_tensor_list[" + std::to_string(j) + "]` of rank " + std::to_string(i) +
@@ -402,9 +441,11 @@ Status CollectiveEngine::AllToAll(const std::vector<Buffer>& sends, const Buffer
     }
   }
   const auto largest_bytes = static_cast<std::size_t>(largest) * es;
-  if (largest_bytes <= eager_region) {
+  if (every_rank_staged) {
+    if (own_direct) HP_RETURN_IF_ERROR(place_own());
     for (int r = 1; r <= n; ++r) {
       const int i = (me + r) % n;
+      if (i == me && own_direct) continue;
       const std::size_t length = static_cast<std::size_t>(table[static_cast<std::size_t>(i)][static_cast<std::size_t>(me)]) * es;
       if (length == 0) continue;
       HP_RETURN_IF_ERROR(Broken(Get(out + starts[static_cast<std::size_t>(i)],
@@ -435,11 +476,14 @@ Status CollectiveEngine::AllToAll(const std::vector<Buffer>& sends, const Buffer
     }
     return Sync();
   }
-  // Staged (also safe where the sends alias the receive buffer: parts are staged before use).
+  // Staged (also safe where the sends alias the receive buffer: parts are staged before use). A peer's part is copied
+  // twice, into the receiver's staging and out of it: the receiver's buffer is not addressable.
+  if (own_direct) HP_RETURN_IF_ERROR(place_own());
   const std::size_t region = RoundDown(team_.staging_bytes() / un, 64);
   for (std::size_t off = 0; off < largest_bytes; off += region) {
     for (int r = 1; r <= n; ++r) {
       const int j = (me + r) % n;
+      if (j == me && own_direct) continue;
       const Buffer& s = sends[static_cast<std::size_t>(j)];
       if (s.bytes <= off) continue;
       HP_RETURN_IF_ERROR(Broken(Put(team_.Staging() + static_cast<std::size_t>(me) * region,
@@ -449,6 +493,7 @@ Status CollectiveEngine::AllToAll(const std::vector<Buffer>& sends, const Buffer
     HP_RETURN_IF_ERROR(Sync());
     for (int r = 1; r <= n; ++r) {
       const int i = (me + r) % n;
+      if (i == me && own_direct) continue;
       const std::size_t sent = static_cast<std::size_t>(table[static_cast<std::size_t>(i)][static_cast<std::size_t>(me)]) * es;
       if (sent <= off) continue;
       HP_RETURN_IF_ERROR(Broken(Get(out + starts[static_cast<std::size_t>(i)] + off,
@@ -482,7 +527,7 @@ Status CollectiveEngine::SwapBlocks(char* out, const std::vector<std::size_t>& s
     const std::size_t hi = me < j ? half : length;
     for (std::size_t a = lo; a < hi; a += chunk) {
       const std::size_t b = std::min(a + chunk, hi);
-      HP_RETURN_IF_ERROR(Broken(Put(held, mine + a, b - a, me), "swap"));
+      HP_RETURN_IF_ERROR(Broken(device_.Copy(held, mine + a, b - a, stream_, keep_), "swap"));
       HP_RETURN_IF_ERROR(Broken(Get(mine + a, theirs + a, b - a, j), "swap"));
       HP_RETURN_IF_ERROR(Broken(Put(theirs + a, held, b - a, j), "swap"));
     }

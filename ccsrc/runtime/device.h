@@ -138,6 +138,13 @@ class Device {
   // Every rank reaches the barrier and everything enqueued before it (on every rank) is complete and visible.
   virtual Status Barrier(StreamHandle stream) = 0;
 
+  // Local copy. `bytes` from `src` to `dst`, both memory this rank's device addresses (its own heap, or memory of
+  // the device outside the heap: a tensor's storage), neither a peer's. Not collective; ordered on `stream` like
+  // every data-plane call, and complete when the stream reaches it (on kDefaultStream, before it returns). The
+  // ranges must not overlap; zero bytes are a no-op. Unlike Put/Get with this rank's own pe, neither side has to
+  // lie in the heap, and no byte limit applies (max_transfer_bytes is for Put/Get).
+  virtual Status Copy(void* dst, const void* src, std::size_t bytes, StreamHandle stream, KeepAlive keep) = 0;
+
   // Streams.
   virtual Result<StreamHandle> CreateStream() = 0;
   // Releases the stream at once, like cudaStreamDestroy: work already queued on it still runs (Quiesce and

@@ -4,9 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -92,10 +92,13 @@ class DeviceFloats {
   void* data() const { return data_; }
   float* at(std::size_t i) const { return static_cast<float*>(data_) + i; }
   std::size_t bytes() const { return count_ * 4; }
-  void Set(const std::vector<float>& values) const { backend_.write(data_, values.data(), values.size() * 4); }
+  // No copy of nothing: an empty vector has no data pointer to pass.
+  void Set(const std::vector<float>& values) const {
+    if (!values.empty()) backend_.write(data_, values.data(), values.size() * 4);
+  }
   std::vector<float> Get() const {
     std::vector<float> values(count_);
-    backend_.read(values.data(), data_, count_ * 4);
+    if (count_ > 0) backend_.read(values.data(), data_, count_ * 4);
     return values;
   }
 
@@ -218,6 +221,84 @@ inline void RunEveryCollective(const CollectiveBackend& backend, int world) {
           EXPECT_EQ(arrived.Get(), theirs);
         }
         ASSERT_TRUE(IsOk(runtime.TeamBarrier(t, kDefaultStream)));
+      }
+    }
+  });
+}
+
+// all_to_all on every path against values computed here: parts that travel with the counts (one step), staged pieces,
+// pushes into a symmetric receive buffer, in place (the sends are the receive buffer's own blocks: swapped pairwise
+// when it is symmetric, in cache-sized chunks), and sends that are the receive buffer's blocks in another order. Even
+// and uneven counts, zero counts (this rank's own part among them).
+inline void RunAllToAllPaths(const CollectiveBackend& backend, int world) {
+  RunOnRootTeam(backend, world, [&](int rank, Runtime& runtime, std::uint64_t t) {
+    const auto n = static_cast<std::size_t>(world);
+    // The element `i` of what rank `from` sends rank `to`: exact in float32, different for every pair and offset.
+    auto value = [](int from, int to, std::size_t i) {
+      return static_cast<float>(from * 1000 + to * 100 + static_cast<int>(i % 97));
+    };
+    enum class Layout { kSeparate, kInPlace, kReversed };
+    // 16 B and 12 KB parts travel with the counts; 280 KB parts go in pieces (and swap in several chunks).
+    for (std::size_t unit : {std::size_t{4}, std::size_t{3000}, std::size_t{70000}}) {
+      for (Layout layout : {Layout::kSeparate, Layout::kInPlace, Layout::kReversed}) {
+        // Reversed blocks are read before anything is written only where every part is staged first (one step).
+        if (layout == Layout::kReversed && unit > 3000) continue;
+        for (bool uneven : {false, true}) {
+          // In place needs what rank i sends rank j to fit the block rank j sends back: symmetric counts. The uneven
+          // counts hold zeros, own parts among them (rank 0's, and rank 3's out of place).
+          auto count = [&](int from, int to) -> std::size_t {
+            if (!uneven || layout == Layout::kReversed) return unit;
+            if (layout == Layout::kInPlace) return static_cast<std::size_t>((from + to) % 3) * unit;
+            return static_cast<std::size_t>((2 * from + to) % 4) * unit;
+          };
+          for (bool symmetric : {false, true}) {
+            SCOPED_TRACE("unit=" + std::to_string(unit) + " layout=" + std::to_string(static_cast<int>(layout)) +
+                         " uneven=" + std::to_string(uneven) + " symmetric=" + std::to_string(symmetric));
+            std::size_t largest_total = 0;   // a symmetric buffer has one size on every rank
+            for (int r = 0; r < world; ++r) {
+              std::size_t total = 0;
+              for (int j = 0; j < world; ++j) total += count(j, r);
+              largest_total = std::max(largest_total, total);
+            }
+            DeviceFloats receive(backend, runtime, largest_total, symmetric);
+            std::vector<std::uint64_t> receive_counts;
+            std::vector<std::size_t> starts;
+            std::vector<float> expected;
+            for (int j = 0; j < world; ++j) {
+              starts.push_back(expected.size());
+              receive_counts.push_back(count(j, rank));
+              for (std::size_t i = 0; i < count(j, rank); ++i) expected.push_back(value(j, rank, i));
+            }
+            std::vector<std::unique_ptr<DeviceFloats>> separate;
+            std::vector<std::pair<const void*, std::size_t>> sends;
+            std::vector<float> initial(largest_total, -1.0f);
+            for (int j = 0; j < world; ++j) {
+              std::vector<float> values(count(rank, j));
+              for (std::size_t i = 0; i < values.size(); ++i) values[i] = value(rank, j, i);
+              if (layout == Layout::kSeparate) {
+                separate.push_back(std::make_unique<DeviceFloats>(backend, runtime, values.size(), false));
+                separate.back()->Set(values);
+                sends.emplace_back(separate.back()->data(), values.size() * 4);
+                continue;
+              }
+              // The block this send occupies: its own (in place), or the mirrored one (every count is `unit`).
+              const std::size_t block = layout == Layout::kInPlace ? starts[static_cast<std::size_t>(j)]
+                                                                   : (n - 1 - static_cast<std::size_t>(j)) * unit;
+              std::copy(values.begin(), values.end(), initial.begin() + static_cast<std::ptrdiff_t>(block));
+              sends.emplace_back(receive.at(block), values.size() * 4);
+            }
+            receive.Set(initial);
+            ASSERT_TRUE(IsOk(runtime.AllToAll(t, sends, receive.data(), receive.bytes(), receive_counts, Float32(),
+                                              kDefaultStream, nullptr)));
+            std::vector<float> received = receive.Get();
+            for (std::size_t i = expected.size(); i < received.size(); ++i) {
+              EXPECT_EQ(received[i], initial[i]) << "written past the received parts at " << i;
+            }
+            received.resize(expected.size());
+            EXPECT_EQ(received, expected);
+            ASSERT_TRUE(IsOk(runtime.TeamBarrier(t, kDefaultStream)));
+          }
+        }
       }
     }
   });

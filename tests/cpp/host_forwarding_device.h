@@ -60,6 +60,9 @@ class HostForwardingDevice : public Device {
   }
   Result<void*> PeerAddress(const void* symmetric, int pe) const override { return host_.PeerAddress(symmetric, pe); }
   Status Barrier(StreamHandle stream) override { return host_.Barrier(stream); }
+  Status Copy(void* dst, const void* src, std::size_t bytes, StreamHandle stream, KeepAlive keep) override {
+    return host_.Copy(dst, src, bytes, stream, std::move(keep));
+  }
   Result<StreamHandle> CreateStream() override { return host_.CreateStream(); }
   Status DestroyStream(StreamHandle stream) override { return host_.DestroyStream(stream); }
   Status SynchronizeStream(StreamHandle stream) override { return host_.SynchronizeStream(stream); }

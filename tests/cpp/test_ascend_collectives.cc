@@ -63,6 +63,8 @@ TEST_P(AscendCollectivesTest, LowPrecisionInTheSixteenBitFormatsAndFp8Refused) {
   });
 }
 
+TEST_P(AscendCollectivesTest, AllToAllOnEveryPath) { testutil::RunAllToAllPaths(AscendBackend(), GetParam()); }
+
 TEST_P(AscendCollectivesTest, MismatchesFailOnEveryRankAndTheTeamStaysInStep) {
   testutil::RunMismatches(AscendBackend(), GetParam());
 }

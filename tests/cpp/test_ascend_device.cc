@@ -536,6 +536,71 @@ TEST_F(AscendDeviceTest, HostBuffersFailWhereCannNeedsDeviceMemory) {
   });
 }
 
+TEST_F(AscendDeviceTest, CopyIsAnAsyncDeviceToDeviceMemcpyOnTheStream) {
+  RunNpuRanks(2, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    char host[16] = "host memory";
+    EXPECT_TRUE(HasError(device.Copy(host, host + 8, 4, kDefaultStream, nullptr), StatusCode::kStateError,
+                         "ascend device is not initialised: op=Copy"));
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 2), bootstrap)));
+    auto heap = device.Allocate(4096, 64);
+    ASSERT_TRUE(heap.ok());
+    char* buffer = static_cast<char*>(heap.value());
+    auto stream = device.CreateStream();
+    ASSERT_TRUE(stream.ok());
+    const int peer = 1 - rank;
+    ASSERT_TRUE(bootstrap.Barrier().ok());
+
+    // NPU memory outside the heap (a tensor's) into the heap, then a put of those bytes to the peer, in stream
+    // order: the copy is only enqueued, and the buffer it was given stays alive until the stream is synchronized.
+    auto tensor = std::make_shared<NpuBuffer>(std::vector<char>(1000, static_cast<char>('k' + rank)));
+    const std::size_t synchronized = CallsOf(rank, "aclrtSynchronizeStreamWithTimeout").size();
+    ASSERT_TRUE(IsOk(device.Copy(buffer, tensor->data(), 1000, stream.value(), tensor)));
+    const std::vector<FakeCall> copies = CallsOf(rank, "aclrtMemcpyAsync");
+    ASSERT_EQ(copies.size(), 1u);
+    EXPECT_EQ(copies[0].stream, stream.value());
+    EXPECT_EQ(copies[0].op, ACL_MEMCPY_DEVICE_TO_DEVICE);
+    EXPECT_EQ(copies[0].address, reinterpret_cast<std::uintptr_t>(buffer));
+    EXPECT_EQ(copies[0].bytes, 1000u);
+    EXPECT_EQ(CallsOf(rank, "aclrtSynchronizeStreamWithTimeout").size(), synchronized);   // only enqueued
+    std::weak_ptr<NpuBuffer> watched = tensor;
+    tensor.reset();
+    EXPECT_FALSE(watched.expired());
+    ASSERT_TRUE(IsOk(device.Put(buffer + 2048, buffer, 1000, peer, stream.value(), nullptr)));
+    ASSERT_TRUE(IsOk(device.Barrier(stream.value())));
+    ASSERT_TRUE(IsOk(device.SynchronizeStream(stream.value())));
+    EXPECT_TRUE(watched.expired());
+    EXPECT_EQ(ReadNpu(buffer + 2048, 1000), std::vector<char>(1000, static_cast<char>('k' + peer)));
+
+    // The heap into NPU memory on the default stream: synchronized (bounded) before the call returns.
+    const NpuBuffer back(1000);
+    ASSERT_TRUE(IsOk(device.Copy(back.data(), buffer + 2048, 1000, kDefaultStream, nullptr)));
+    const std::vector<FakeCall> after = CallsOf(rank);
+    EXPECT_EQ(after[after.size() - 2].name, "aclrtMemcpyAsync");
+    EXPECT_EQ(after[after.size() - 2].stream, device.default_stream());
+    EXPECT_EQ(after.back().name, "aclrtSynchronizeStreamWithTimeout");
+    EXPECT_EQ(ReadNpu(back.data(), 1000), std::vector<char>(1000, static_cast<char>('k' + peer)));
+
+    // Zero bytes call nothing; host memory is refused when submitted, with ACL's code; a failure keeps its code.
+    const std::size_t made = CallsOf(rank, "aclrtMemcpyAsync").size();
+    EXPECT_TRUE(IsOk(device.Copy(host, buffer, 0, stream.value(), nullptr)));
+    EXPECT_EQ(CallsOf(rank, "aclrtMemcpyAsync").size(), made);
+    EXPECT_TRUE(HasError(device.Copy(host, buffer, 16, stream.value(), nullptr), StatusCode::kInvalidArgument,
+                         "arguments of aclrtMemcpyAsync must be valid for CANN, but got cann_error_code=107000 "
+                         "(ACL_ERROR_RT_PARAM_INVALID) op=Copy kind=device_to_device bytes=16 dst=" +
+                             Hex(reinterpret_cast<std::uintptr_t>(host))));
+    EXPECT_STREQ(host, "host memory");
+    FakeCann::FailNext("aclrtMemcpyAsync", ACL_ERROR_RT_INTERNAL_ERROR);
+    EXPECT_TRUE(HasError(device.Copy(back.data(), buffer, 16, stream.value(), nullptr), StatusCode::kDeviceError,
+                         "aclrtMemcpyAsync failed: cann_error_code=507000 (ACL_ERROR) op=Copy"));
+    ASSERT_TRUE(IsOk(device.SynchronizeStream(stream.value())));
+    ASSERT_TRUE(IsOk(device.DestroyStream(stream.value())));
+    ASSERT_TRUE(bootstrap.Barrier().ok());
+    ASSERT_TRUE(IsOk(device.Free(buffer)));
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
 TEST_F(AscendDeviceTest, CollectiveChecksWorkWithTheHeapOutOfTheHostsReach) {
   // The runtime's allocation, free and shutdown checks exchange records in the heap: on an NPU the host can only
   // copy them in and out, and every rank must still see every other rank's record.

@@ -252,6 +252,85 @@ TEST_F(CannFakesTest, AclrtMemcpyChecksEachSideAgainstItsKind) {
   EXPECT_EQ(aclrtFree(other), ACL_SUCCESS);
 }
 
+TEST_F(CannFakesTest, AclrtMemcpyAsyncRunsInStreamOrderAndRefusesWhatTheReleaseRefuses) {
+  InitSinglePe();
+  void* npu = nullptr;
+  ASSERT_EQ(aclrtMalloc(&npu, 32, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  char* source = static_cast<char*>(npu);
+  char* target = source + 16;
+  Upload(source, "0123456789abcdef", 16);
+  Upload(target, "................", 16);
+  aclrtStream stream = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&stream), ACL_SUCCESS);
+  FakeCann::ClearCalls();
+
+  // Device to device is only enqueued: behind a wait nobody satisfied yet, it has not run.
+  auto* signal = static_cast<int32_t*>(aclshmem_malloc(4));
+  const int32_t zero = 0;
+  Upload(signal, &zero, sizeof(zero));
+  aclshmemx_signal_wait_until_on_stream(signal, ACLSHMEM_CMP_GE, 1, stream);
+  ASSERT_EQ(aclrtMemcpyAsync(target, 16, source, 16, ACL_MEMCPY_DEVICE_TO_DEVICE, stream), ACL_SUCCESS);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(Download(target, 16), "................");
+  const int32_t one = 1;
+  Upload(signal, &one, sizeof(one));
+  ASSERT_EQ(aclrtSynchronizeStreamWithTimeout(stream, 5000), ACL_SUCCESS);
+  EXPECT_EQ(Download(target, 16), "0123456789abcdef");
+  const FakeCall recorded = FakeCann::CallsNamed("aclrtMemcpyAsync").front();
+  EXPECT_EQ(recorded.address, reinterpret_cast<std::uintptr_t>(target));
+  EXPECT_EQ(recorded.bytes, 16u);
+  EXPECT_EQ(recorded.op, ACL_MEMCPY_DEVICE_TO_DEVICE);
+  EXPECT_EQ(recorded.stream, reinterpret_cast<std::uintptr_t>(stream));
+
+  // A side in pageable host memory: the call returns once the stream ran it.
+  std::string host = "ABCDEFGHIJKLMNOP";
+  ASSERT_EQ(aclrtMemcpyAsync(target, 16, host.data(), 16, ACL_MEMCPY_HOST_TO_DEVICE, stream), ACL_SUCCESS);
+  std::string back(16, '?');
+  ASSERT_EQ(aclrtMemcpyAsync(back.data(), 16, target, 16, ACL_MEMCPY_DEVICE_TO_HOST, stream), ACL_SUCCESS);
+  EXPECT_EQ(back, host);
+
+  // Refused when submitted: host to host (no asynchronous host copy), a side that is not what the kind says, a short
+  // destination, a range off the end, an unknown kind or stream; zero bytes succeed.
+  const int kInvalid = ACL_ERROR_RT_PARAM_INVALID;
+  EXPECT_EQ(aclrtMemcpyAsync(back.data(), 16, host.data(), 16, ACL_MEMCPY_HOST_TO_HOST, stream),
+            ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+  EXPECT_EQ(aclrtMemcpyAsync(target, 16, host.data(), 16, ACL_MEMCPY_DEVICE_TO_DEVICE, stream), kInvalid);
+  EXPECT_EQ(aclrtMemcpyAsync(back.data(), 16, source, 16, ACL_MEMCPY_DEVICE_TO_DEVICE, stream), kInvalid);
+  EXPECT_EQ(aclrtMemcpyAsync(target, 8, source, 16, ACL_MEMCPY_DEVICE_TO_DEVICE, stream), kInvalid);
+  EXPECT_EQ(aclrtMemcpyAsync(target + 8, 16, source, 16, ACL_MEMCPY_DEVICE_TO_DEVICE, stream), kInvalid);
+  EXPECT_EQ(aclrtMemcpyAsync(target, 16, source, 16, static_cast<aclrtMemcpyKind>(7), stream), kInvalid);
+  EXPECT_EQ(aclrtMemcpyAsync(nullptr, 16, source, 16, ACL_MEMCPY_DEVICE_TO_DEVICE, stream), kInvalid);
+  int bogus = 0;
+  EXPECT_EQ(aclrtMemcpyAsync(target, 16, source, 16, ACL_MEMCPY_DEVICE_TO_DEVICE, &bogus), kInvalid);
+  EXPECT_EQ(aclrtMemcpyAsync(target, 16, host.data(), 0, ACL_MEMCPY_DEVICE_TO_DEVICE, stream), ACL_SUCCESS);
+  FakeCann::FailNext("aclrtMemcpyAsync", ACL_ERROR_RT_INTERNAL_ERROR);
+  EXPECT_EQ(aclrtMemcpyAsync(target, 16, source, 16, ACL_MEMCPY_DEVICE_TO_DEVICE, stream), ACL_ERROR_RT_INTERNAL_ERROR);
+  ASSERT_EQ(aclrtSynchronizeStream(stream), ACL_SUCCESS);
+  EXPECT_EQ(Download(target, 16), host);   // none of the refused copies wrote anything
+
+  // Memory freed before the stream reaches the copy: the stream reports it at the next synchronize.
+  void* doomed = nullptr;
+  ASSERT_EQ(aclrtMalloc(&doomed, 16, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  Upload(signal, &zero, sizeof(zero));
+  aclshmemx_signal_wait_until_on_stream(signal, ACLSHMEM_CMP_GE, 1, stream);
+  ASSERT_EQ(aclrtMemcpyAsync(target, 16, doomed, 16, ACL_MEMCPY_DEVICE_TO_DEVICE, stream), ACL_SUCCESS);
+  EXPECT_EQ(aclrtFree(doomed), ACL_SUCCESS);
+  Upload(signal, &one, sizeof(one));
+  EXPECT_EQ(aclrtSynchronizeStreamWithTimeout(stream, 5000), kInvalid);
+  EXPECT_EQ(Download(target, 16), host);
+
+  EXPECT_EQ(aclrtDestroyStream(stream), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSetDevice(1), ACL_SUCCESS);   // memory of another NPU is not the current device's
+  aclrtStream other = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&other), ACL_SUCCESS);
+  EXPECT_EQ(aclrtMemcpyAsync(target, 16, source, 16, ACL_MEMCPY_DEVICE_TO_DEVICE, other), kInvalid);
+  EXPECT_EQ(aclrtDestroyStream(other), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS);
+  EXPECT_EQ(aclrtFree(npu), ACL_SUCCESS);
+  aclshmem_free(signal);
+  EXPECT_EQ(aclshmem_finalize(), ACLSHMEM_SUCCESS);
+}
+
 TEST_F(CannFakesTest, PutAndGetNeedNpuMemoryOnTheLocalSide) {
   InitSinglePe();
   auto* heap = static_cast<char*>(aclshmem_malloc(64));

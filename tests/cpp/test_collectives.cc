@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "collective_cases.h"
+#include "host_forwarding_device.h"
 #include "runtime/device_factory.h"
 #include "runtime/host/host_device.h"
 #include "runtime/logging.h"
@@ -24,6 +25,7 @@ using testutil::HasError;
 using testutil::IsOk;
 using testutil::kMiB;
 using testutil::DeviceFloats;
+using testutil::Float32;
 using testutil::RunRanks;
 using testutil::SplitBootstrap;
 
@@ -56,7 +58,91 @@ TEST_P(HostCollectivesTest, LowPrecisionInEveryWireFormat) {
                              ops::LowFormat::kFloat8E5M2});
 }
 
+TEST_P(HostCollectivesTest, AllToAllOnEveryPath) { testutil::RunAllToAllPaths(HostBackend(), GetParam()); }
+
 INSTANTIATE_TEST_SUITE_P(Ranks, HostCollectivesTest, ::testing::Values(1, 2, 3, 4));
+
+// The bytes a rank's device moved, by kind: a local Copy, a Put or Get with this rank's own pe (through its staging),
+// or with a peer's. Per thread: each thread is one rank, and the default stream runs every call on it.
+struct MovedBytes {
+  std::size_t copied = 0;
+  std::size_t put_self = 0;
+  std::size_t got_self = 0;
+  std::size_t put_peer = 0;
+  std::size_t got_peer = 0;
+};
+thread_local MovedBytes moved;
+
+class CountingDevice final : public testutil::HostForwardingDevice {
+ public:
+  Status Init(const DeviceInitArgs& args, Bootstrap& bootstrap) override {
+    rank_ = args.rank;
+    return HostForwardingDevice::Init(args, bootstrap);
+  }
+  Status Put(void* dst, const void* src, std::size_t bytes, int pe, StreamHandle stream, KeepAlive keep) override {
+    (pe == rank_ ? moved.put_self : moved.put_peer) += bytes;
+    return HostForwardingDevice::Put(dst, src, bytes, pe, stream, std::move(keep));
+  }
+  Status Get(void* dst, const void* src, std::size_t bytes, int pe, StreamHandle stream, KeepAlive keep) override {
+    (pe == rank_ ? moved.got_self : moved.got_peer) += bytes;
+    return HostForwardingDevice::Get(dst, src, bytes, pe, stream, std::move(keep));
+  }
+  Status Copy(void* dst, const void* src, std::size_t bytes, StreamHandle stream, KeepAlive keep) override {
+    moved.copied += bytes;
+    return HostForwardingDevice::Copy(dst, src, bytes, stream, std::move(keep));
+  }
+
+ private:
+  int rank_ = -1;
+};
+
+// all_to_all copies this rank's own part once, straight into place, and a peer's part twice through the receiver's
+// staging (one step and staged); in place, each rank of a pair moves half of the two blocks: its half of its own
+// block into its staging, the peer's half into place, its held half into the peer's block.
+TEST(HostCollectivesCopiesTest, AllToAllCopiesTheOwnPartOnceAndPeersPartsAtMostTwice) {
+  testutil::CollectiveBackend backend = HostBackend();
+  backend.make_device = [] { return std::make_unique<CountingDevice>(); };
+  testutil::RunOnRootTeam(backend, 2, [&](int rank, Runtime& runtime, std::uint64_t t) {
+    for (std::size_t count : {std::size_t{3000}, std::size_t{70000}}) {   // 12 KB parts (one step), 280 KB (staged)
+      for (bool in_place : {false, true}) {
+        SCOPED_TRACE("count=" + std::to_string(count) + " in_place=" + std::to_string(in_place));
+        const std::size_t part = count * 4;
+        DeviceFloats receive(backend, runtime, 2 * count, in_place);
+        DeviceFloats separate(backend, runtime, 2 * count, false);
+        const DeviceFloats& sending = in_place ? receive : separate;
+        std::vector<float> values(2 * count);
+        for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(rank * 1000 + static_cast<int>(i % 997));
+        sending.Set(values);
+        const std::vector<std::pair<const void*, std::size_t>> sends = {{sending.at(0), part}, {sending.at(count), part}};
+        moved = MovedBytes{};
+        ASSERT_TRUE(IsOk(runtime.AllToAll(t, sends, receive.data(), receive.bytes(), {count, count}, Float32(),
+                                          kDefaultStream, nullptr)));
+        const MovedBytes call = moved;
+        std::vector<float> expected(2 * count);
+        for (std::size_t i = 0; i < count; ++i) {
+          expected[static_cast<std::size_t>(rank) * count + i] = values[static_cast<std::size_t>(rank) * count + i];
+          const std::size_t theirs = static_cast<std::size_t>(rank) * count + i;   // the peer's part for this rank
+          expected[static_cast<std::size_t>(1 - rank) * count + i] = static_cast<float>((1 - rank) * 1000 + static_cast<int>(theirs % 997));
+        }
+        EXPECT_EQ(receive.Get(), expected);
+        EXPECT_EQ(call.put_self, 0u);   // nothing of this rank's staged through its own staging
+        if (in_place && count == 70000) {   // the pairwise swap of the symmetric buffer's blocks
+          EXPECT_EQ(call.copied, part / 2);
+          EXPECT_EQ(call.got_self, 0u);
+          EXPECT_EQ(call.got_peer, part / 2);
+          EXPECT_GE(call.put_peer, part / 2);
+        } else {
+          EXPECT_EQ(call.copied, in_place ? 0u : part);   // in place, the own part stays where it is
+          EXPECT_EQ(call.got_self, part);                  // the peer's part out of this rank's staging
+          EXPECT_EQ(call.got_peer, 0u);
+          EXPECT_GE(call.put_peer, part);                  // this rank's part for the peer into its staging
+        }
+        EXPECT_LT(call.put_peer, (in_place && count == 70000 ? part / 2 : part) + 4096);   // besides: the sync's rows
+        ASSERT_TRUE(IsOk(runtime.TeamBarrier(t, kDefaultStream)));
+      }
+    }
+  });
+}
 
 class HostMismatchTest : public ::testing::TestWithParam<int> {};
 

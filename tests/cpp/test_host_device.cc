@@ -65,6 +65,8 @@ TEST(HostDeviceTest, NotInitialised) {
                        "host device is not initialised: op=CopyToHeap"));
   EXPECT_TRUE(HasError(device.CopyFromHeap(&byte, &byte, 1), StatusCode::kStateError,
                        "host device is not initialised: op=CopyFromHeap"));
+  EXPECT_TRUE(HasError(device.Copy(&byte, &byte, 1, kDefaultStream, nullptr), StatusCode::kStateError,
+                       "host device is not initialised: op=Copy"));
   EXPECT_TRUE(IsOk(device.Quiesce()));
   EXPECT_TRUE(IsOk(device.Finalize()));
 }
@@ -250,6 +252,56 @@ TEST(HostDeviceTest, LocalCopiesStayInsideTheOwnHeap) {
     EXPECT_TRUE(IsOk(device.CopyFromHeap(back, last, 2)));   // the heap's last bytes
     ASSERT_TRUE(IsOk(device.Free(buffer.value())));
     ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
+TEST(HostDeviceTest, CopyIsALocalCopyBetweenAnyTwoBuffersInStreamOrder) {
+  RunRanks(2, [](int rank, Bootstrap& bootstrap) {
+    HostDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(bootstrap), bootstrap)));
+    Result<void*> heap = device.Allocate(4096, 64);
+    ASSERT_TRUE(heap.ok());
+    std::memset(heap.value(), 0, 4096);
+    ASSERT_TRUE(IsOk(device.Barrier(kDefaultStream)));
+
+    // Host memory to the heap, heap to heap, heap to host memory, host to host: on the default stream each
+    // completes before it returns.
+    std::vector<unsigned char> mine(1024);
+    for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<unsigned char>(i * 7 + rank);
+    ASSERT_TRUE(IsOk(device.Copy(heap.value(), mine.data(), 1024, kDefaultStream, nullptr)));
+    ASSERT_TRUE(IsOk(device.Copy(At(heap.value(), 2048), heap.value(), 1024, kDefaultStream, nullptr)));
+    std::vector<unsigned char> back(1024, 0);
+    ASSERT_TRUE(IsOk(device.Copy(back.data(), At(heap.value(), 2048), 1024, kDefaultStream, nullptr)));
+    EXPECT_EQ(back, mine);
+    std::vector<unsigned char> host_copy(1024, 0);
+    ASSERT_TRUE(IsOk(device.Copy(host_copy.data(), back.data(), 1024, kDefaultStream, nullptr)));
+    EXPECT_EQ(host_copy, mine);
+    // Zero bytes touch nothing, whatever the pointers.
+    EXPECT_TRUE(IsOk(device.Copy(nullptr, nullptr, 0, kDefaultStream, nullptr)));
+
+    // On a stream: in order with the work around it (a copy, then a put of what it wrote to the peer), the source
+    // kept alive until it ran, nothing done before the stream is synchronized that the test can see.
+    Result<StreamHandle> stream = device.CreateStream();
+    ASSERT_TRUE(stream.ok());
+    auto source = std::make_shared<std::vector<unsigned char>>(512, static_cast<unsigned char>(0xA0 + rank));
+    ASSERT_TRUE(IsOk(device.StreamWaitStream(stream.value(), kDefaultStream)));
+    ASSERT_TRUE(IsOk(device.Copy(At(heap.value(), 1024), source->data(), 512, stream.value(), source)));
+    std::weak_ptr<std::vector<unsigned char>> watched = source;
+    source.reset();
+    ASSERT_TRUE(IsOk(device.Put(At(heap.value(), 3072 + 512 * static_cast<std::size_t>(rank)), At(heap.value(), 1024),
+                                512, 1 - rank, stream.value(), nullptr)));
+    ASSERT_TRUE(IsOk(device.Barrier(stream.value())));
+    ASSERT_TRUE(IsOk(device.SynchronizeStream(stream.value())));
+    EXPECT_TRUE(watched.expired());
+    const auto* from_peer = static_cast<const unsigned char*>(At(heap.value(), 3072 + 512 * static_cast<std::size_t>(1 - rank)));
+    EXPECT_EQ(from_peer[0], 0xA0 + (1 - rank));
+    EXPECT_EQ(from_peer[511], 0xA0 + (1 - rank));
+    EXPECT_TRUE(HasError(device.Copy(back.data(), mine.data(), 8, 0x1234, nullptr), StatusCode::kInvalidArgument,
+                         "`stream` must be a live stream of the host device, but got handle 0x1234"));
+    EXPECT_TRUE(IsOk(device.DestroyStream(stream.value())));
+    ASSERT_TRUE(IsOk(device.Barrier(kDefaultStream)));
+    EXPECT_TRUE(IsOk(device.Free(heap.value())));
+    EXPECT_TRUE(IsOk(device.Finalize()));
   });
 }
 

@@ -519,6 +519,19 @@ Status AscendDevice::Get(void* dst, const void* symmetric_src, std::size_t bytes
                    "op=Get bytes=" + std::to_string(bytes) + " pe=" + std::to_string(pe));
 }
 
+Status AscendDevice::Copy(void* dst, const void* src, std::size_t bytes, StreamHandle stream, KeepAlive keep) {
+  HP_RETURN_IF_ERROR(RequireReady("Copy"));
+  if (bytes == 0) return Status::Ok();
+  void* acl_stream = Resolve(stream);
+  const std::string what = "op=Copy kind=device_to_device bytes=" + std::to_string(bytes) +
+                           " dst=" + Hex(reinterpret_cast<std::uintptr_t>(dst)) +
+                           " src=" + Hex(reinterpret_cast<std::uintptr_t>(src));
+  // The DMA engine copies on the stream, in its order; a refused argument comes back at once.
+  HP_RETURN_IF_ERROR(FromAclError(aclrtMemcpyAsync(dst, bytes, src, bytes, ACL_MEMCPY_DEVICE_TO_DEVICE, acl_stream),
+                                  "aclrtMemcpyAsync", what));
+  return Completed(stream, acl_stream, std::move(keep), what);
+}
+
 Status AscendDevice::Signal(void* symmetric_signal, SignalWidth width, std::int64_t value, SignalOp op, int pe,
                             StreamHandle stream) {
   HP_RETURN_IF_ERROR(RequireReady("Signal"));

@@ -102,6 +102,8 @@ class AscendDevice final : public Device {
   Status Reduce(void* dst, const void* symmetric_src, std::size_t count, DataType dtype, ReduceOp op,
                 const std::vector<int>& pes, StreamHandle stream, KeepAlive keep) override;
   Status Barrier(StreamHandle stream) override;
+  // aclrtMemcpyAsync (device to device) on the stream: both sides NPU memory of this device.
+  Status Copy(void* dst, const void* src, std::size_t bytes, StreamHandle stream, KeepAlive keep) override;
 
   Result<StreamHandle> CreateStream() override;
   Status DestroyStream(StreamHandle stream) override;

@@ -229,6 +229,15 @@ Status HostDevice::Get(void* dst, const void* symmetric_src, std::size_t bytes, 
   });
 }
 
+Status HostDevice::Copy(void* dst, const void* src, std::size_t bytes, StreamHandle stream, KeepAlive keep) {
+  if (!heap_) return StateError("host device is not initialised: op=Copy");
+  if (bytes == 0) return Status::Ok();
+  return Submit(stream, [dst, src, bytes, keep = std::move(keep)] {
+    std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  });
+}
+
 Status HostDevice::Reduce(void* dst, const void* symmetric_src, std::size_t count, DataType dtype, ReduceOp op,
                           const std::vector<int>& pes, StreamHandle stream, KeepAlive keep) {
   std::vector<const void*> sources;

@@ -61,6 +61,8 @@ class HostDevice final : public Device {
                        StreamHandle stream, KeepAlive keep) override;
   Result<void*> PeerAddress(const void* symmetric, int pe) const override;
   Status Barrier(StreamHandle stream) override;
+  // memcpy on the stream: every buffer of this process is host memory.
+  Status Copy(void* dst, const void* src, std::size_t bytes, StreamHandle stream, KeepAlive keep) override;
 
   Result<StreamHandle> CreateStream() override;
   Status DestroyStream(StreamHandle stream) override;

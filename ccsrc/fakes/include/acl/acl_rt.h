@@ -47,6 +47,10 @@ aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy policy);
 aclError aclrtFree(void *devPtr);
 // Synchronous copy of `count` bytes into a destination of `destMax` bytes; `kind` says which sides are device memory.
 aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count, aclrtMemcpyKind kind);
+// The same on `stream`. Host memory here is pageable: a copy with a host side returns once it ran (in the stream's
+// order); a device-to-device copy only enqueues. ACL_MEMCPY_HOST_TO_HOST is refused (ACL_ERROR_RT_FEATURE_NOT_SUPPORT).
+aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, size_t count, aclrtMemcpyKind kind,
+                          aclrtStream stream);
 
 #ifdef __cplusplus
 }
