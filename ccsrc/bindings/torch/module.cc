@@ -82,9 +82,12 @@ bool RunTakenSigintHandler() {
 // `stream` as Python passed it. Nothing to keep alive on the default stream: on the host device the operation is
 // over when the call returns; on torch_npu's current stream torch's own rule holds, as for its ops (the caching
 // allocator hands a tensor's memory out again only in that stream's order).
-KeepAlive Keep(StreamHandle stream, std::initializer_list<at::Tensor> tensors) {
+// A template so that the default stream copies no tensor (a copy takes a reference through torch's Python
+// interpreter hooks, a cost on the small-message path).
+template <typename... Tensors>
+KeepAlive Keep(StreamHandle stream, const Tensors&... tensors) {
   if (stream == kDefaultStream) return nullptr;
-  return std::make_shared<const std::vector<at::Tensor>>(tensors);
+  return std::make_shared<const std::vector<at::Tensor>>(std::vector<at::Tensor>{tensors...});
 }
 
 // The stream a call runs on: Python's default stream (0) is the active tensor device's, torch_npu's current stream
@@ -163,7 +166,7 @@ void Put(py::handle dst_arg, py::handle src_arg, py::handle pe_arg, StreamHandle
   const int pe = PeArg(pe_arg);
   void* dst_ptr = DataPointer(dst, "dst");
   const void* src_ptr = DataPointer(src, "src");
-  KeepAlive keep = Keep(stream, {dst, src});
+  KeepAlive keep = Keep(stream, dst, src);
   py::gil_scoped_release nogil;
   ThrowIfError(R().Put(dst_ptr, src_ptr, ByteSize(dst), ByteSize(src), pe, OnStream(stream), std::move(keep)));
 }
@@ -174,7 +177,7 @@ void Get(py::handle dst_arg, py::handle src_arg, py::handle pe_arg, StreamHandle
   const int pe = PeArg(pe_arg);
   void* dst_ptr = DataPointer(dst, "dst");
   const void* src_ptr = DataPointer(src, "src");
-  KeepAlive keep = Keep(stream, {dst, src});
+  KeepAlive keep = Keep(stream, dst, src);
   py::gil_scoped_release nogil;
   ThrowIfError(R().Get(dst_ptr, src_ptr, ByteSize(dst), ByteSize(src), pe, OnStream(stream), std::move(keep)));
 }
@@ -248,7 +251,7 @@ void Reduce(py::handle dst_arg, py::handle src_arg, int op, py::handle pes_arg, 
   const std::vector<int> pes = PesArg(pes_arg);
   void* dst_ptr = DataPointer(dst, "dst");
   const void* src_ptr = DataPointer(src, "src");
-  KeepAlive keep = Keep(stream, {dst, src});
+  KeepAlive keep = Keep(stream, dst, src);
   py::gil_scoped_release nogil;
   ThrowIfError(R().Reduce(dst_ptr, ByteSize(dst), src_ptr, ByteSize(src), dtype, static_cast<ReduceOp>(op), pes,
                           OnStream(stream), std::move(keep)));
@@ -505,11 +508,19 @@ bool PlainEager(const py::args& arguments) {
   return true;
 }
 
-// A tensor's element type as the engine names it in fingerprints ("float32").
+// A tensor's element type as the engine names it in fingerprints ("float32"). The name is Python's, asked once
+// per dtype (the GIL guards the cache): the collectives call this on every call.
 ElementType ElementTypeOf(const at::Tensor& tensor) {
+  static auto* names = new std::map<at::ScalarType, std::string>();   // never destroyed, as ErrorClasses
+  const at::ScalarType scalar_type = tensor.scalar_type();
+  auto it = names->find(scalar_type);
+  if (it == names->end()) {
+    std::string name = DtypeName(scalar_type);
+    if (name.rfind("torch.", 0) == 0) name = name.substr(6);
+    it = names->emplace(scalar_type, std::move(name)).first;
+  }
   ElementType type;
-  type.name = DtypeName(tensor.scalar_type());
-  if (type.name.rfind("torch.", 0) == 0) type.name = type.name.substr(6);
+  type.name = it->second;
   type.bytes = static_cast<std::size_t>(tensor.element_size());
   return type;
 }
@@ -549,7 +560,7 @@ void TeamAllGather(std::uint64_t team, py::handle output_arg, py::handle input_a
   const ElementType type = ElementTypeOf(input);
   void* out_ptr = DataPointer(output, "output");
   const void* in_ptr = DataPointer(input, "input");
-  KeepAlive keep = Keep(stream, {output, input});
+  KeepAlive keep = Keep(stream, output, input);
   py::gil_scoped_release nogil;
   ThrowIfError(R().AllGather(team, out_ptr, ByteSize(output), in_ptr, ByteSize(input), type, OnStream(stream),
                              std::move(keep)));
@@ -559,7 +570,7 @@ void TeamAllReduce(std::uint64_t team, py::handle tensor_arg, int op, StreamHand
   const at::Tensor& tensor = TensorArg(tensor_arg, "tensor");
   const DataType dtype = ReduceDtypeArg(tensor, tensor);
   void* ptr = DataPointer(tensor, "tensor");
-  KeepAlive keep = Keep(stream, {tensor});
+  KeepAlive keep = Keep(stream, tensor);
   py::gil_scoped_release nogil;
   ThrowIfError(R().AllReduce(team, ptr, ByteSize(tensor), dtype, static_cast<ReduceOp>(op), OnStream(stream),
                              std::move(keep)));
@@ -571,28 +582,56 @@ void TeamReduceScatter(std::uint64_t team, py::handle output_arg, py::handle inp
   const DataType dtype = ReduceDtypeArg(output, input);
   void* out_ptr = DataPointer(output, "output");
   const void* in_ptr = DataPointer(input, "input");
-  KeepAlive keep = Keep(stream, {output, input});
+  KeepAlive keep = Keep(stream, output, input);
   py::gil_scoped_release nogil;
   ThrowIfError(R().ReduceScatter(team, out_ptr, ByteSize(output), in_ptr, ByteSize(input), dtype,
                                  static_cast<ReduceOp>(op), OnStream(stream), std::move(keep)));
 }
 
-void TeamAllToAll(std::uint64_t team, const py::list& send_args, py::handle receive_arg,
-                  const std::vector<std::uint64_t>& receive_counts, StreamHandle stream) {
+// "sends[j]", the name of a sequence's item in messages.
+std::string IndexedName(const char* name, std::size_t index) {
+  return std::string(name) + "[" + std::to_string(index) + "]";
+}
+
+void TeamAllToAll(std::uint64_t team, py::handle send_args, py::handle receive_arg, py::handle receive_counts_arg,
+                  StreamHandle stream) {
   const at::Tensor& receive = TensorArg(receive_arg, "receive");
   const ElementType type = ElementTypeOf(receive);
-  std::vector<at::Tensor> sends;
+  if (!PyList_Check(send_args.ptr()) && !PyTuple_Check(send_args.ptr())) {
+    throw StatusError(TypeError("`sends` must be a list or tuple of tensors, but got " + PyTypeName(send_args)));
+  }
+  if (!PyList_Check(receive_counts_arg.ptr()) && !PyTuple_Check(receive_counts_arg.ptr())) {
+    throw StatusError(TypeError("`receive_counts` must be a list or tuple of ints, but got " +
+                                PyTypeName(receive_counts_arg)));
+  }
+  const auto nsends = static_cast<std::size_t>(PySequence_Fast_GET_SIZE(send_args.ptr()));
+  PyObject** send_items = PySequence_Fast_ITEMS(send_args.ptr());
   std::vector<std::pair<const void*, std::size_t>> views;
-  sends.reserve(send_args.size());
-  views.reserve(send_args.size());
-  for (std::size_t j = 0; j < send_args.size(); ++j) {
-    const std::string name = "sends[" + std::to_string(j) + "]";
-    const at::Tensor& send = TensorArg(send_args[j], name.c_str());
-    sends.push_back(send);
+  views.reserve(nsends);
+  for (std::size_t j = 0; j < nsends; ++j) {
+    const std::string name = IndexedName("sends", j);   // short: no allocation
+    const at::Tensor& send = TensorArg(send_items[j], name.c_str());
     views.emplace_back(DataPointer(send, name.c_str()), ByteSize(send));
   }
+  const auto ncounts = static_cast<std::size_t>(PySequence_Fast_GET_SIZE(receive_counts_arg.ptr()));
+  PyObject** count_items = PySequence_Fast_ITEMS(receive_counts_arg.ptr());
+  std::vector<std::uint64_t> receive_counts(ncounts);
+  for (std::size_t i = 0; i < ncounts; ++i) {
+    int overflow = 0;
+    const long long count =
+        PyLong_CheckExact(count_items[i]) ? PyLong_AsLongLongAndOverflow(count_items[i], &overflow) : -1;
+    receive_counts[i] = static_cast<std::uint64_t>(
+        count >= 0 && overflow == 0 ? count
+                                    : IntArg(count_items[i], IndexedName("receive_counts", i).c_str(), 0,
+                                             std::numeric_limits<std::int64_t>::max(), "[0, 9223372036854775807]"));
+  }
   void* out_ptr = DataPointer(receive, "receive");
-  KeepAlive keep = stream == kDefaultStream ? nullptr : std::make_shared<const std::vector<at::Tensor>>(sends);
+  KeepAlive keep;
+  if (stream != kDefaultStream) {   // the sends and the receive buffer live until the stream ran the call
+    std::vector<at::Tensor> held{receive};
+    for (std::size_t j = 0; j < nsends; ++j) held.push_back(THPVariable_Unpack(send_items[j]));
+    keep = std::make_shared<const std::vector<at::Tensor>>(std::move(held));
+  }
   py::gil_scoped_release nogil;
   ThrowIfError(R().AllToAll(team, views, out_ptr, ByteSize(receive), receive_counts, type, OnStream(stream),
                             std::move(keep)));
@@ -601,7 +640,7 @@ void TeamAllToAll(std::uint64_t team, const py::list& send_args, py::handle rece
 void TeamSend(std::uint64_t team, py::handle tensor_arg, int peer, StreamHandle stream) {
   const at::Tensor& tensor = TensorArg(tensor_arg, "tensor");
   const void* ptr = DataPointer(tensor, "tensor");
-  KeepAlive keep = Keep(stream, {tensor});
+  KeepAlive keep = Keep(stream, tensor);
   py::gil_scoped_release nogil;
   ThrowIfError(R().Send(team, ptr, ByteSize(tensor), peer, OnStream(stream), std::move(keep)));
 }
@@ -609,7 +648,7 @@ void TeamSend(std::uint64_t team, py::handle tensor_arg, int peer, StreamHandle 
 void TeamRecv(std::uint64_t team, py::handle tensor_arg, int peer, StreamHandle stream) {
   const at::Tensor& tensor = TensorArg(tensor_arg, "tensor");
   void* ptr = DataPointer(tensor, "tensor");
-  KeepAlive keep = Keep(stream, {tensor});
+  KeepAlive keep = Keep(stream, tensor);
   py::gil_scoped_release nogil;
   ThrowIfError(R().Recv(team, ptr, ByteSize(tensor), peer, OnStream(stream), std::move(keep)));
 }
