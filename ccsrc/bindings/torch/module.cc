@@ -11,11 +11,14 @@
 
 #include <cstring>
 
+#include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
 #include <optional>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "bindings/torch/allocations.h"
@@ -493,7 +496,7 @@ void Barrier(StreamHandle stream) {
 // Whether a call on these arguments may skip torch's dispatcher: plain tensors (no subclass), nothing that autograd
 // would record, no dispatch mode (a fake-tensor mode) and no functorch transform active. The one check the
 // collectives' fast path makes on every eager call, in C++ because in Python it costs about a microsecond.
-bool PlainEager(const py::args& arguments) {
+bool PlainEager(PyObject* const* arguments, Py_ssize_t count) {
   if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) return false;
   const c10::DispatchKeySet included = c10::impl::tls_local_dispatch_key_set().included_;
   if (included.has(c10::DispatchKey::FuncTorchDynamicLayerFrontMode) ||
@@ -501,11 +504,16 @@ bool PlainEager(const py::args& arguments) {
     return false;
   }
   const bool grad = at::GradMode::is_enabled();
-  for (py::handle argument : arguments) {
-    if (!THPVariable_CheckExact(argument.ptr())) return false;
-    if (grad && THPVariable_Unpack(argument.ptr()).requires_grad()) return false;
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    if (!THPVariable_CheckExact(arguments[i])) return false;
+    if (grad && THPVariable_Unpack(arguments[i]).requires_grad()) return false;
   }
   return true;
+}
+
+PyObject* PlainEagerEntry(PyObject* /*module*/, PyObject* const* arguments, Py_ssize_t count) {
+  if (PlainEager(arguments, count)) Py_RETURN_TRUE;
+  Py_RETURN_FALSE;
 }
 
 // A tensor's element type as the engine names it in fingerprints ("float32"). The name is Python's, asked once
@@ -735,6 +743,107 @@ py::dict DebugState() {
 }  // namespace
 }  // namespace hp::shmem::torch_binding
 
+namespace hp::shmem::torch_binding {
+namespace {
+
+// Sets the Python exception of a failed status: the class the Python layer registered for its code (Ctrl-C taken
+// in a wait: the KeyboardInterrupt, or what the user's handler raised).
+void SetPythonError(const StatusError& e) {
+  const int code = static_cast<int>(e.status().code());
+  if (e.status().code() == StatusCode::kInterrupted && (PyErr_Occurred() || RunTakenSigintHandler())) {
+    return;   // KeyboardInterrupt, or what the user's handler raised
+  }
+  auto& classes = ErrorClasses();
+  auto it = classes.find(code);
+  if (it == classes.end()) it = classes.find(static_cast<int>(StatusCode::kInternal));
+  if (it == classes.end()) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } else {
+    PyErr_SetString(it->second.ptr(), e.what());
+  }
+}
+
+// ---- entries on the small-message path, without pybind11's dispatcher ----
+//
+// pybind11's dispatcher (overloads, keywords, type casters) costs about as much as the rest of a small collective's
+// binding. These entries are plain METH_FASTCALL functions over the same bodies: positional arguments only (the
+// runtime face calls them so), ints converted and checked as the data plane's are.
+
+template <typename T>
+T FastArg(PyObject* value, const char* name);
+
+template <>
+py::handle FastArg<py::handle>(PyObject* value, const char* /*name*/) {
+  return value;
+}
+
+template <>
+std::uint64_t FastArg<std::uint64_t>(PyObject* value, const char* name) {
+  return static_cast<std::uint64_t>(IntArg(value, name, 0, std::numeric_limits<std::int64_t>::max(),
+                                           "[0, 9223372036854775807]"));
+}
+
+template <>
+int FastArg<int>(PyObject* value, const char* name) {
+  return static_cast<int>(IntArg(value, name, std::numeric_limits<int>::min(), std::numeric_limits<int>::max(),
+                                 "a C int"));
+}
+
+template <typename... Args, std::size_t... I>
+void FastCall(void (*fn)(Args...), PyObject* const* arguments, const char* const* names, std::index_sequence<I...>) {
+  // Braces convert left to right: the first bad argument is the one named.
+  std::tuple<std::decay_t<Args>...> converted{FastArg<std::decay_t<Args>>(arguments[I], names[I])...};
+  std::apply(fn, converted);
+}
+
+template <typename... Args>
+constexpr std::size_t Arity(void (* /*fn*/)(Args...)) {
+  return sizeof...(Args);
+}
+
+// `fn` called with Python's positional arguments, named `names` in errors; returns None.
+template <auto Fn, const auto& Names>
+PyObject* FastEntry(PyObject* /*module*/, PyObject* const* arguments, Py_ssize_t count) {
+  constexpr std::size_t arity = Arity(Fn);
+  static_assert(std::size(Names) == arity, "one name per argument");
+  if (count != static_cast<Py_ssize_t>(arity)) {
+    PyErr_Format(PyExc_TypeError, "takes %zu positional arguments (%s, ...), but got %zd", arity, Names[0], count);
+    return nullptr;
+  }
+  try {
+    FastCall(Fn, arguments, Names, std::make_index_sequence<arity>{});
+  } catch (const StatusError& e) {
+    SetPythonError(e);
+    return nullptr;
+  } catch (py::error_already_set& e) {
+    e.restore();
+    return nullptr;
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+constexpr const char* kAllGatherArgs[] = {"team", "output", "input", "stream"};
+constexpr const char* kAllToAllArgs[] = {"team", "sends", "receive", "receive_counts", "stream"};
+constexpr const char* kPointToPointArgs[] = {"team", "tensor", "peer", "stream"};
+
+// A METH_FASTCALL function (Python 3.11 names its type only privately).
+using FastFunction = PyObject* (*)(PyObject*, PyObject* const*, Py_ssize_t);
+
+// Adds `function` to `m` as `name` (the method table lives as long as the process).
+void AddFastFunction(py::module_& m, const char* name, FastFunction function, const char* doc) {
+  auto* def = new PyMethodDef{name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(function)),
+                              METH_FASTCALL, doc};
+  py::object callable = py::reinterpret_steal<py::object>(PyCFunction_NewEx(def, nullptr, m.attr("__name__").ptr()));
+  if (!callable) throw py::error_already_set();
+  m.attr(name) = callable;
+}
+
+}  // namespace
+}  // namespace hp::shmem::torch_binding
+
 PYBIND11_MODULE(_shmem_torch, m) {
   using namespace hp::shmem;
   using namespace hp::shmem::torch_binding;
@@ -744,18 +853,7 @@ PYBIND11_MODULE(_shmem_torch, m) {
     try {
       if (error) std::rethrow_exception(error);
     } catch (const StatusError& e) {
-      const int code = static_cast<int>(e.status().code());
-      if (e.status().code() == StatusCode::kInterrupted && (PyErr_Occurred() || RunTakenSigintHandler())) {
-        return;   // KeyboardInterrupt, or what the user's handler raised
-      }
-      auto& classes = ErrorClasses();
-      auto it = classes.find(code);
-      if (it == classes.end()) it = classes.find(static_cast<int>(StatusCode::kInternal));
-      if (it == classes.end()) {
-        PyErr_SetString(PyExc_RuntimeError, e.what());
-      } else {
-        PyErr_SetString(it->second.ptr(), e.what());
-      }
+      SetPythonError(e);
     }
   });
 
@@ -781,20 +879,22 @@ PYBIND11_MODULE(_shmem_torch, m) {
   m.def("reduce_encoded", &ReduceEncoded, py::arg("out"), py::arg("own"), py::arg("sources"), py::arg("op"),
         py::arg("reencode"));
   m.attr("scale_block") = ops::kScaleBlock;
-  m.def("plain_eager", &PlainEager);
+  AddFastFunction(m, "plain_eager", &PlainEagerEntry,
+                  "plain_eager(*tensors): whether a call on them may skip torch's dispatcher");
   m.def("team_create", &TeamCreate, py::arg("pes"), py::arg("group_rank"), py::arg("all_gather"), py::arg("barrier"));
   m.def("team_release", [](std::uint64_t team) { ThrowIfError(R().ReleaseTeam(team)); }, py::arg("team"));
   m.def("team_describe", &TeamDescribe, py::arg("team"));
   m.def("team_staging", &TeamStaging, py::arg("team"), py::arg("group_rank"));
   m.def("team_barrier", &TeamBarrier, py::arg("team"), py::arg("stream"));
-  m.def("all_gather", &TeamAllGather, py::arg("team"), py::arg("output"), py::arg("input"), py::arg("stream"));
+  AddFastFunction(m, "all_gather", &FastEntry<&TeamAllGather, kAllGatherArgs>,
+                  "all_gather(team, output, input, stream)");
   m.def("all_reduce", &TeamAllReduce, py::arg("team"), py::arg("tensor"), py::arg("op"), py::arg("stream"));
   m.def("reduce_scatter", &TeamReduceScatter, py::arg("team"), py::arg("output"), py::arg("input"), py::arg("op"),
         py::arg("stream"));
-  m.def("all_to_all", &TeamAllToAll, py::arg("team"), py::arg("sends"), py::arg("receive"), py::arg("receive_counts"),
-        py::arg("stream"));
-  m.def("send", &TeamSend, py::arg("team"), py::arg("tensor"), py::arg("peer"), py::arg("stream"));
-  m.def("recv", &TeamRecv, py::arg("team"), py::arg("tensor"), py::arg("peer"), py::arg("stream"));
+  AddFastFunction(m, "all_to_all", &FastEntry<&TeamAllToAll, kAllToAllArgs>,
+                  "all_to_all(team, sends, receive, receive_counts, stream)");
+  AddFastFunction(m, "send", &FastEntry<&TeamSend, kPointToPointArgs>, "send(team, tensor, peer, stream)");
+  AddFastFunction(m, "recv", &FastEntry<&TeamRecv, kPointToPointArgs>, "recv(team, tensor, peer, stream)");
   m.def("agree", &TeamAgree, py::arg("team"), py::arg("collective"), py::arg("dtype"), py::arg("element_bytes"),
         py::arg("count"),
         py::arg("reduce_op"), py::arg("wire"), py::arg("peer"), py::arg("values"), py::arg("stream"));
