@@ -246,6 +246,9 @@ def _case_team_all_to_all_sequences() -> None:
             expect_error(TypeError, lambda: team.all_to_all(sends[:-1] + ("x",), out, (2,) * world),
                          f"`sends[{world - 1}]` must be a torch.Tensor, but got str")
             assert out.eq(-1.0).all(), "a refused all_to_all wrote"
+            # The fast entries convert their ints as the data plane does, naming them.
+            expect_error(TypeError, lambda: team.send(torch.ones(1), "1"), "`peer` must be an int, but got str")
+            expect_error(TypeError, lambda: team.recv(torch.ones(1), 1.0), "`peer` must be an int, but got float")
             symm.shmem_alltoall(sends, out, (2,) * world)  # the user API's fast path, with tuples
             assert torch.equal(out, expected), "shmem_alltoall with tuples"
         finally:
