@@ -572,7 +572,8 @@ Status CollectiveEngine::Send(const Buffer& data, int peer) {
     HP_RETURN_IF_ERROR(fail(device_.CopyToHeap(piece, header, sizeof(header))));
     HP_RETURN_IF_ERROR(fail(Put(piece, piece, sizeof(header), peer)));
     const std::size_t length = std::min(payload, total > off ? total - off : 0);
-    if (length > 0) HP_RETURN_IF_ERROR(fail(Put(piece + kMailboxHeaderBytes, bytes + off, length, peer)));
+    const std::size_t at = total <= kMailboxInlineBytes ? sizeof(header) : kMailboxHeaderBytes;
+    if (length > 0) HP_RETURN_IF_ERROR(fail(Put(piece + at, bytes + off, length, peer)));
     HP_RETURN_IF_ERROR(fail(device_.Signal(team_.Sent(team_.me), device_.native_signal_width(),
                                            team_.signal_base + static_cast<std::int64_t>(seq), SignalOp::kSet, pe, stream_)));
   }
@@ -616,7 +617,8 @@ Status CollectiveEngine::Recv(const Buffer& data, int peer) {
     }
     char* piece = team_.MailboxPiece(peer, static_cast<int>(seq % kMailboxPieces));
     const std::size_t length = std::min(payload, total > off ? total - off : 0);
-    if (fits && length > 0) HP_RETURN_IF_ERROR(fail(Get(bytes + off, piece + kMailboxHeaderBytes, length, team_.me)));
+    const std::size_t at = total <= kMailboxInlineBytes ? sizeof(header) : kMailboxHeaderBytes;   // as Send put it
+    if (fits && length > 0) HP_RETURN_IF_ERROR(fail(Get(bytes + off, piece + at, length, team_.me)));
     HP_RETURN_IF_ERROR(fail(device_.Signal(team_.Acked(team_.me), device_.native_signal_width(),
                                            team_.signal_base + static_cast<std::int64_t>(seq), SignalOp::kSet, pe, stream_)));
     team_.received_pieces[static_cast<std::size_t>(peer)] = seq;

@@ -114,6 +114,16 @@ Result<AllocationInfo> AllocationRegistry::FindActive(std::uintptr_t address, st
                          Hex(address) + " outside every active allocation");
 }
 
+bool AllocationRegistry::ContainsActive(std::uintptr_t address, std::size_t bytes) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = active_by_base_.upper_bound(std::make_pair(address, std::numeric_limits<std::uint64_t>::max()));
+  if (it == active_by_base_.begin()) return false;
+  --it;
+  const AllocationInfo& info = by_id_.at(it->second);
+  const std::uintptr_t into = address - info.base;   // address >= info.base here
+  return into <= info.bytes && bytes <= info.bytes - into;
+}
+
 Result<AllocationInfo> AllocationRegistry::Get(std::uint64_t id) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = by_id_.find(id);

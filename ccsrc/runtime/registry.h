@@ -51,6 +51,9 @@ class AllocationRegistry {
   // The active allocation that contains [address, address + bytes), or kInvalidArgument naming the address
   // when none does (including the case where the range runs past the allocation's end).
   Result<AllocationInfo> FindActive(std::uintptr_t address, std::size_t bytes, const char* what = "tensor") const;
+  // Whether an active allocation contains [address, address + bytes): FindActive's answer without building its
+  // error (the collectives ask it for every ordinary tensor, on the small-message path).
+  bool ContainsActive(std::uintptr_t address, std::size_t bytes) const;
   Result<AllocationInfo> Get(std::uint64_t id) const;
 
   std::vector<AllocationInfo> Active() const;   // ordered by id

@@ -473,10 +473,11 @@ Status Runtime::Barrier(StreamHandle stream) {
 
 Buffer Runtime::Resolve(const void* address, std::size_t bytes) const {
   Buffer buffer{const_cast<void*>(address), bytes, -1};
-  auto found = registry_.FindActive(reinterpret_cast<std::uintptr_t>(address), bytes, "buffer");
-  if (found.ok() && bytes > 0) {
-    buffer.heap_offset = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(address) - device_->heap_base());
-  }
+  // Ordinary tensors lie outside the heap: they are told apart without the registry's lock.
+  const auto at = reinterpret_cast<std::uintptr_t>(address);
+  const std::uintptr_t base = device_->heap_base();
+  if (bytes == 0 || at < base || at - base >= device_->heap_size()) return buffer;
+  if (registry_.ContainsActive(at, bytes)) buffer.heap_offset = static_cast<std::int64_t>(at - base);
   return buffer;
 }
 

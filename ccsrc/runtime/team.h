@@ -74,6 +74,9 @@ constexpr int kSubTeamSlots = 64;
 constexpr int kTeamSlots = kSubTeamSlots + 1;   // slot 0: the root team
 constexpr int kMailboxPieces = 4;               // send/recv pieces in flight per (sender, receiver)
 constexpr std::size_t kMailboxHeaderBytes = 64;
+// A message of at most this many bytes travels in its header's cache line, right after the header's two words
+// (total bytes, piece number): the receiver reads one line per message instead of two.
+constexpr std::size_t kMailboxInlineBytes = kMailboxHeaderBytes - 2 * sizeof(std::uint64_t);
 
 // Where everything lies inside one slot. The same on every rank (it depends on the heap size and the root's size).
 struct TeamSlotLayout {

@@ -463,4 +463,89 @@ inline void RunLowPrecision(const CollectiveBackend& backend, int world, const s
   });
 }
 
+// The one-step paths move data with the call's first sync (staged in the sender's half, or pushed into the
+// receiver's, before the fingerprints are compared): a rank whose call is one-step sized against one whose call is
+// staged sized fails like any mismatch, with no output written on any rank, and the calls after it (on both
+// parities of the staging area) still pair up.
+inline void RunOneStepAgainstStaged(const CollectiveBackend& backend, int world) {
+  RunOnRootTeam(backend, world, [&](int rank, Runtime& runtime, std::uint64_t t) {
+    const auto n = static_cast<std::size_t>(world);
+    constexpr std::size_t kSmall = 16;      // 64 B: one step
+    constexpr std::size_t kLarge = 80000;   // 320 KB: past one_step_bytes() (256 KiB at most), staged
+    const bool odd = rank == world - 1;     // the last rank calls the staged-sized collective
+    DeviceFloats small(backend, runtime, kSmall, false);
+    DeviceFloats large(backend, runtime, kLarge, false);
+    DeviceFloats small_gathered(backend, runtime, kSmall * n, false);
+    DeviceFloats large_gathered(backend, runtime, kLarge * n, false);
+    const std::vector<float> small_values(kSmall, static_cast<float>(rank + 1));
+    const std::vector<float> large_values(kLarge, static_cast<float>(rank + 1));
+    const std::vector<float> untouched_small(kSmall * n, -1.0f), untouched_large(kLarge * n, -1.0f);
+    auto reset = [&] {
+      small.Set(small_values);
+      large.Set(large_values);
+      small_gathered.Set(untouched_small);
+      large_gathered.Set(untouched_large);
+    };
+    auto unchanged = [&] {
+      EXPECT_EQ(small.Get(), small_values);
+      EXPECT_EQ(large.Get(), large_values);
+      EXPECT_EQ(small_gathered.Get(), untouched_small);
+      EXPECT_EQ(large_gathered.Get(), untouched_large);
+    };
+    const float sum = static_cast<float>(world * (world + 1) / 2);
+    // all_reduce: one step against staged.
+    reset();
+    Status status = odd ? runtime.AllReduce(t, large.data(), large.bytes(), DataType::kFloat32, ReduceOp::kSum,
+                                            kDefaultStream, nullptr)
+                        : runtime.AllReduce(t, small.data(), small.bytes(), DataType::kFloat32, ReduceOp::kSum,
+                                            kDefaultStream, nullptr);
+    EXPECT_EQ(status.code(), StatusCode::kMismatch) << status.ToString();
+    EXPECT_TRUE(Contains(status.message(), "ranks disagree on a collective (count)")) << status.message();
+    unchanged();
+    // all_gather: one step against staged, then the same the other way round (the other parity).
+    for (int turn = 0; turn < 2; ++turn) {
+      SCOPED_TRACE("all_gather turn " + std::to_string(turn));
+      reset();
+      const bool large_here = odd == (turn == 0);
+      status = large_here ? runtime.AllGather(t, large_gathered.data(), large_gathered.bytes(), large.data(),
+                                              large.bytes(), Float32(), kDefaultStream, nullptr)
+                          : runtime.AllGather(t, small_gathered.data(), small_gathered.bytes(), small.data(),
+                                              small.bytes(), Float32(), kDefaultStream, nullptr);
+      EXPECT_EQ(status.code(), StatusCode::kMismatch) << status.ToString();
+      unchanged();
+    }
+    // all_to_all: every rank expects kSmall elements from each; the last rank sends kLarge (staged sized) to each.
+    // The small senders pushed their parts into the receivers' staging with the counts; every rank refuses alike.
+    reset();
+    std::vector<std::pair<const void*, std::size_t>> sends;
+    for (std::size_t j = 0; j < n; ++j) {
+      sends.emplace_back(odd ? large.data() : small.data(), odd ? large.bytes() : small.bytes());
+    }
+    const std::vector<std::uint64_t> expect_small(n, kSmall);
+    status = runtime.AllToAll(t, sends, small_gathered.data(), small_gathered.bytes(), expect_small, Float32(),
+                              kDefaultStream, nullptr);
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status.ToString();
+    EXPECT_TRUE(Contains(status.message(), "of rank " + std::to_string(world - 1) + " must have the 16 elements rank"))
+        << status.message();
+    unchanged();
+    // In step on both parities: a one-step call and a staged one, then a one-step all_to_all, all matching.
+    for (int turn = 0; turn < 2; ++turn) {
+      reset();
+      ASSERT_TRUE(IsOk(runtime.AllReduce(t, small.data(), small.bytes(), DataType::kFloat32, ReduceOp::kSum,
+                                         kDefaultStream, nullptr)));
+      EXPECT_EQ(small.Get(), std::vector<float>(kSmall, sum));
+      ASSERT_TRUE(IsOk(runtime.AllGather(t, large_gathered.data(), large_gathered.bytes(), large.data(), large.bytes(),
+                                         Float32(), kDefaultStream, nullptr)));
+      const std::vector<float> gathered = large_gathered.Get();
+      for (std::size_t r = 0; r < n; ++r) EXPECT_EQ(gathered[r * kLarge + kLarge - 1], static_cast<float>(r + 1));
+    }
+    reset();
+    std::vector<std::pair<const void*, std::size_t>> small_sends(n, {small.data(), small.bytes()});
+    ASSERT_TRUE(IsOk(runtime.AllToAll(t, small_sends, small_gathered.data(), small_gathered.bytes(), expect_small,
+                                      Float32(), kDefaultStream, nullptr)));
+    const std::vector<float> received = small_gathered.Get();
+    for (std::size_t r = 0; r < n; ++r) EXPECT_EQ(received[r * kSmall], static_cast<float>(r + 1));
+  });
+}
+
 }  // namespace hp::shmem::testutil

@@ -69,6 +69,10 @@ TEST_P(AscendCollectivesTest, MismatchesFailOnEveryRankAndTheTeamStaysInStep) {
   testutil::RunMismatches(AscendBackend(), GetParam());
 }
 
+TEST_P(AscendCollectivesTest, OneStepAgainstStagedFailsWithNothingWritten) {
+  testutil::RunOneStepAgainstStaged(AscendBackend(), GetParam());
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, AscendCollectivesTest, ::testing::Values(2, 3));
 
 }  // namespace

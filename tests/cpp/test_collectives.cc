@@ -1,6 +1,7 @@
 // The collective engine on the host device: every collective, mismatches, sub-teams, churn, timeouts and retries.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -150,6 +151,10 @@ TEST_P(HostMismatchTest, MismatchesFailOnEveryRankAndTheTeamStaysInStep) {
   testutil::RunMismatches(HostBackend(), GetParam());
 }
 
+TEST_P(HostMismatchTest, OneStepAgainstStagedFailsWithNothingWritten) {
+  testutil::RunOneStepAgainstStaged(HostBackend(), GetParam());
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, HostMismatchTest, ::testing::Values(2, 3, 4));
 
 TEST(TeamTest, SubTeamsRunSideBySideAndSlotsAreReused) {
@@ -235,6 +240,55 @@ TEST(TeamTest, ATimedOutRankThatRetriesStaysInStep) {
     ASSERT_TRUE(IsOk(runtime.AllReduce(team.value(), &value, 4, DataType::kFloat32, ReduceOp::kSum, kDefaultStream,
                                        nullptr)));
     EXPECT_EQ(value, 6.0f);
+    EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+  });
+}
+
+// The one-step paths move their data with the first sync: all_gather stages it in the sender's half, all_to_all
+// pushes it into the receiver's. A rank that timed out there and retries re-stages the same data, and both ranks
+// get every part; the calls after it (the other parity, then the same) pair up too.
+TEST(TeamTest, ATimedOutOneStepCallThatIsRetriedDeliversItsData) {
+  RunRanks(2, [](int rank, Bootstrap& bootstrap) {
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(HostConfig(0.2), std::make_unique<host::HostDevice>(), bootstrap)));
+    auto team = runtime.CreateTeam(AllPes(2), bootstrap);
+    ASSERT_TRUE(team.ok());
+    const float mine[2] = {static_cast<float>(rank + 1), static_cast<float>(10 * (rank + 1))};
+    float gathered[4] = {};
+    float received[4] = {};
+    const std::vector<std::pair<const void*, std::size_t>> sends = {{mine, sizeof(mine)}, {mine, sizeof(mine)}};
+    const std::vector<std::uint64_t> counts = {2, 2};
+    auto all_gather = [&] {
+      return runtime.AllGather(team.value(), gathered, sizeof(gathered), mine, sizeof(mine), testutil::Float32(),
+                               kDefaultStream, nullptr);
+    };
+    auto all_to_all = [&] {
+      return runtime.AllToAll(team.value(), sends, received, sizeof(received), counts, testutil::Float32(),
+                              kDefaultStream, nullptr);
+    };
+    const std::vector<float> expected = {1.0f, 10.0f, 2.0f, 20.0f};
+    for (int call = 0; call < 2; ++call) {
+      SCOPED_TRACE(call == 0 ? "all_gather" : "all_to_all");
+      if (rank == 0) {   // rank 1 is late: the first try times out, nothing written
+        const Status late = call == 0 ? all_gather() : all_to_all();
+        EXPECT_EQ(late.code(), StatusCode::kTimeout) << late.ToString();
+        EXPECT_TRUE(Contains(late.message(), "missing_ranks=[1]")) << late.message();
+        const float* output = call == 0 ? gathered : received;
+        EXPECT_EQ(std::vector<float>(output, output + 4), std::vector<float>(4, 0.0f));
+      }
+      ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+      ASSERT_TRUE(IsOk(call == 0 ? all_gather() : all_to_all()));
+      const float* output = call == 0 ? gathered : received;
+      EXPECT_EQ(std::vector<float>(output, output + 4), expected);
+    }
+    for (int again = 0; again < 3; ++again) {
+      std::fill(gathered, gathered + 4, 0.0f);
+      std::fill(received, received + 4, 0.0f);
+      ASSERT_TRUE(IsOk(all_gather()));
+      ASSERT_TRUE(IsOk(all_to_all()));
+      EXPECT_EQ(std::vector<float>(gathered, gathered + 4), expected);
+      EXPECT_EQ(std::vector<float>(received, received + 4), expected);
+    }
     EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
   });
 }

@@ -280,6 +280,28 @@ TEST(RegistryTest, FindActiveAfterFreeAndReuseOfTheAddress) {
   EXPECT_NE(first, second);
 }
 
+// ContainsActive is FindActive's answer without the error: the same on every range around allocations of every kind
+// (a zero-byte one, a reserved tail, a freed one, a gap), wrapping ranges included.
+TEST(RegistryTest, ContainsActiveAnswersAsFindActive) {
+  AllocationRegistry registry;
+  registry.Register(1, kBase, 0, 100, 128, "");
+  registry.Register(1, kBase + 128, 128, 0, 64, "");
+  const std::uint64_t freed = registry.Register(1, kBase + 192, 192, 64, 64, "");
+  registry.Register(1, kBase + 320, 320, 64, 64, "");
+  ASSERT_TRUE(registry.MarkFreed(freed).ok());
+  EXPECT_FALSE(AllocationRegistry().ContainsActive(kBase, 0));
+  int inside = 0;
+  for (std::uintptr_t address = kBase - 8; address < kBase + 400; address += 4) {
+    for (std::size_t bytes : {std::size_t{0}, std::size_t{1}, std::size_t{4}, std::size_t{28}, std::size_t{64},
+                              std::size_t{100}, static_cast<std::size_t>(-1)}) {
+      const bool found = registry.FindActive(address, bytes).ok();
+      EXPECT_EQ(registry.ContainsActive(address, bytes), found) << Hex(address) << " " << bytes;
+      inside += found ? 1 : 0;
+    }
+  }
+  EXPECT_GT(inside, 0);
+}
+
 TEST(RegistryTest, ForgetDropsTheRecordButNotTheId) {
   AllocationRegistry registry;
   const std::uint64_t id = registry.Register(1, kBase, 0, 64, 128, "");

@@ -13,6 +13,7 @@ import os
 import re
 import runpy
 import socket
+from collections import UserList
 from unittest import mock
 
 import pytest
@@ -222,6 +223,38 @@ def _case_bad_arguments() -> None:
         symm.barrier()
 
 
+def _case_team_all_to_all_sequences() -> None:
+    """The runtime face's all_to_all (and the user API's fast path over it) hands lists and tuples to the runtime as
+    they are; a count that is not a non-negative int is refused before any sync, on every rank, naming it."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    with symm_session():
+        symm.barrier()
+        team = shmem.Team()
+        try:
+            sends = tuple(torch.full((2,), float(rank * 10 + j)) for j in range(world))
+            expected = torch.tensor([float(i * 10 + rank) for i in range(world) for _ in range(2)])
+            for send_list, counts in ((sends, (2,) * world), (list(sends), [2] * world),
+                                      (UserList(sends), UserList([2] * world))):  # other sequences: as lists
+                out = torch.full((2 * world,), -1.0)
+                team.all_to_all(send_list, out, counts)
+                assert torch.equal(out, expected), f"Team.all_to_all({type(send_list).__name__}, {type(counts).__name__})"
+            out = torch.full((2 * world,), -1.0)
+            expect_error(ValueError, lambda: team.all_to_all(sends, out, (2,) * (world - 1) + (-1,)),
+                         f"`receive_counts[{world - 1}]` must fit in [0, 9223372036854775807], but got -1")
+            expect_error(TypeError, lambda: team.all_to_all(sends, out, (2,) * (world - 1) + (2.0,)),
+                         f"`receive_counts[{world - 1}]` must be an int, but got float")
+            expect_error(TypeError, lambda: team.all_to_all(sends[:-1] + ("x",), out, (2,) * world),
+                         f"`sends[{world - 1}]` must be a torch.Tensor, but got str")
+            assert out.eq(-1.0).all(), "a refused all_to_all wrote"
+            # The fast entries convert their ints as the data plane does, naming them.
+            expect_error(TypeError, lambda: team.send(torch.ones(1), "1"), "`peer` must be an int, but got str")
+            expect_error(TypeError, lambda: team.recv(torch.ones(1), 1.0), "`peer` must be an int, but got float")
+            symm.shmem_alltoall(sends, out, (2,) * world)  # the user API's fast path, with tuples
+            assert torch.equal(out, expected), "shmem_alltoall with tuples"
+        finally:
+            team.release()
+
+
 def _case_group_checks() -> None:
     rank = dist.get_rank()
     pair = dist.new_group([0, 1])
@@ -322,6 +355,11 @@ def test_overlapping_dp_and_tp_groups(world_factory, use_streams: bool, mix_torc
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_bad_arguments_write_nothing(world_factory, nranks: int) -> None:
     run_case(world_factory(nranks, _ENV), _case_bad_arguments)
+
+
+@pytest.mark.parametrize("nranks", [1, 3])
+def test_team_all_to_all_takes_lists_and_tuples(world_factory, nranks: int) -> None:
+    run_case(world_factory(nranks, _ENV), _case_team_all_to_all_sequences)
 
 
 def test_group_checks(world_factory) -> None:

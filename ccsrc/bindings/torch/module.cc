@@ -11,11 +11,14 @@
 
 #include <cstring>
 
+#include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
 #include <optional>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "bindings/torch/allocations.h"
@@ -82,9 +85,12 @@ bool RunTakenSigintHandler() {
 // `stream` as Python passed it. Nothing to keep alive on the default stream: on the host device the operation is
 // over when the call returns; on torch_npu's current stream torch's own rule holds, as for its ops (the caching
 // allocator hands a tensor's memory out again only in that stream's order).
-KeepAlive Keep(StreamHandle stream, std::initializer_list<at::Tensor> tensors) {
+// A template so that the default stream copies no tensor (a copy takes a reference through torch's Python
+// interpreter hooks, a cost on the small-message path).
+template <typename... Tensors>
+KeepAlive Keep(StreamHandle stream, const Tensors&... tensors) {
   if (stream == kDefaultStream) return nullptr;
-  return std::make_shared<const std::vector<at::Tensor>>(tensors);
+  return std::make_shared<const std::vector<at::Tensor>>(std::vector<at::Tensor>{tensors...});
 }
 
 // The stream a call runs on: Python's default stream (0) is the active tensor device's, torch_npu's current stream
@@ -163,7 +169,7 @@ void Put(py::handle dst_arg, py::handle src_arg, py::handle pe_arg, StreamHandle
   const int pe = PeArg(pe_arg);
   void* dst_ptr = DataPointer(dst, "dst");
   const void* src_ptr = DataPointer(src, "src");
-  KeepAlive keep = Keep(stream, {dst, src});
+  KeepAlive keep = Keep(stream, dst, src);
   py::gil_scoped_release nogil;
   ThrowIfError(R().Put(dst_ptr, src_ptr, ByteSize(dst), ByteSize(src), pe, OnStream(stream), std::move(keep)));
 }
@@ -174,7 +180,7 @@ void Get(py::handle dst_arg, py::handle src_arg, py::handle pe_arg, StreamHandle
   const int pe = PeArg(pe_arg);
   void* dst_ptr = DataPointer(dst, "dst");
   const void* src_ptr = DataPointer(src, "src");
-  KeepAlive keep = Keep(stream, {dst, src});
+  KeepAlive keep = Keep(stream, dst, src);
   py::gil_scoped_release nogil;
   ThrowIfError(R().Get(dst_ptr, src_ptr, ByteSize(dst), ByteSize(src), pe, OnStream(stream), std::move(keep)));
 }
@@ -248,7 +254,7 @@ void Reduce(py::handle dst_arg, py::handle src_arg, int op, py::handle pes_arg, 
   const std::vector<int> pes = PesArg(pes_arg);
   void* dst_ptr = DataPointer(dst, "dst");
   const void* src_ptr = DataPointer(src, "src");
-  KeepAlive keep = Keep(stream, {dst, src});
+  KeepAlive keep = Keep(stream, dst, src);
   py::gil_scoped_release nogil;
   ThrowIfError(R().Reduce(dst_ptr, ByteSize(dst), src_ptr, ByteSize(src), dtype, static_cast<ReduceOp>(op), pes,
                           OnStream(stream), std::move(keep)));
@@ -490,7 +496,7 @@ void Barrier(StreamHandle stream) {
 // Whether a call on these arguments may skip torch's dispatcher: plain tensors (no subclass), nothing that autograd
 // would record, no dispatch mode (a fake-tensor mode) and no functorch transform active. The one check the
 // collectives' fast path makes on every eager call, in C++ because in Python it costs about a microsecond.
-bool PlainEager(const py::args& arguments) {
+bool PlainEager(PyObject* const* arguments, Py_ssize_t count) {
   if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) return false;
   const c10::DispatchKeySet included = c10::impl::tls_local_dispatch_key_set().included_;
   if (included.has(c10::DispatchKey::FuncTorchDynamicLayerFrontMode) ||
@@ -498,18 +504,31 @@ bool PlainEager(const py::args& arguments) {
     return false;
   }
   const bool grad = at::GradMode::is_enabled();
-  for (py::handle argument : arguments) {
-    if (!THPVariable_CheckExact(argument.ptr())) return false;
-    if (grad && THPVariable_Unpack(argument.ptr()).requires_grad()) return false;
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    if (!THPVariable_CheckExact(arguments[i])) return false;
+    if (grad && THPVariable_Unpack(arguments[i]).requires_grad()) return false;
   }
   return true;
 }
 
-// A tensor's element type as the engine names it in fingerprints ("float32").
+PyObject* PlainEagerEntry(PyObject* /*module*/, PyObject* const* arguments, Py_ssize_t count) {
+  if (PlainEager(arguments, count)) Py_RETURN_TRUE;
+  Py_RETURN_FALSE;
+}
+
+// A tensor's element type as the engine names it in fingerprints ("float32"). The name is Python's, asked once
+// per dtype (the GIL guards the cache): the collectives call this on every call.
 ElementType ElementTypeOf(const at::Tensor& tensor) {
+  static auto* names = new std::map<at::ScalarType, std::string>();   // never destroyed, as ErrorClasses
+  const at::ScalarType scalar_type = tensor.scalar_type();
+  auto it = names->find(scalar_type);
+  if (it == names->end()) {
+    std::string name = DtypeName(scalar_type);
+    if (name.rfind("torch.", 0) == 0) name = name.substr(6);
+    it = names->emplace(scalar_type, std::move(name)).first;
+  }
   ElementType type;
-  type.name = DtypeName(tensor.scalar_type());
-  if (type.name.rfind("torch.", 0) == 0) type.name = type.name.substr(6);
+  type.name = it->second;
   type.bytes = static_cast<std::size_t>(tensor.element_size());
   return type;
 }
@@ -541,7 +560,7 @@ void TeamAllGather(std::uint64_t team, py::handle output_arg, py::handle input_a
   const ElementType type = ElementTypeOf(input);
   void* out_ptr = DataPointer(output, "output");
   const void* in_ptr = DataPointer(input, "input");
-  KeepAlive keep = Keep(stream, {output, input});
+  KeepAlive keep = Keep(stream, output, input);
   py::gil_scoped_release nogil;
   ThrowIfError(R().AllGather(team, out_ptr, ByteSize(output), in_ptr, ByteSize(input), type, OnStream(stream),
                              std::move(keep)));
@@ -561,7 +580,7 @@ void TeamAllReduce(std::uint64_t team, py::handle tensor_arg, int op, StreamHand
   const DataType dtype = ReduceDtypeArg(tensor, tensor);
   const std::optional<ops::LowFormat> format = WireArg(wire);
   void* ptr = DataPointer(tensor, "tensor");
-  KeepAlive keep = Keep(stream, {tensor});
+  KeepAlive keep = Keep(stream, tensor);
   py::gil_scoped_release nogil;
   ThrowIfError(R().AllReduce(team, ptr, ByteSize(tensor), dtype, static_cast<ReduceOp>(op), OnStream(stream),
                              std::move(keep), format));
@@ -575,28 +594,56 @@ void TeamReduceScatter(std::uint64_t team, py::handle output_arg, py::handle inp
   const std::optional<ops::LowFormat> format = WireArg(wire);
   void* out_ptr = DataPointer(output, "output");
   const void* in_ptr = DataPointer(input, "input");
-  KeepAlive keep = Keep(stream, {output, input});
+  KeepAlive keep = Keep(stream, output, input);
   py::gil_scoped_release nogil;
   ThrowIfError(R().ReduceScatter(team, out_ptr, ByteSize(output), in_ptr, ByteSize(input), dtype,
                                  static_cast<ReduceOp>(op), OnStream(stream), std::move(keep), format));
 }
 
-void TeamAllToAll(std::uint64_t team, const py::list& send_args, py::handle receive_arg,
-                  const std::vector<std::uint64_t>& receive_counts, StreamHandle stream) {
+// "sends[j]", the name of a sequence's item in messages.
+std::string IndexedName(const char* name, std::size_t index) {
+  return std::string(name) + "[" + std::to_string(index) + "]";
+}
+
+void TeamAllToAll(std::uint64_t team, py::handle send_args, py::handle receive_arg, py::handle receive_counts_arg,
+                  StreamHandle stream) {
   const at::Tensor& receive = TensorArg(receive_arg, "receive");
   const ElementType type = ElementTypeOf(receive);
-  std::vector<at::Tensor> sends;
+  if (!PyList_Check(send_args.ptr()) && !PyTuple_Check(send_args.ptr())) {
+    throw StatusError(TypeError("`sends` must be a list or tuple of tensors, but got " + PyTypeName(send_args)));
+  }
+  if (!PyList_Check(receive_counts_arg.ptr()) && !PyTuple_Check(receive_counts_arg.ptr())) {
+    throw StatusError(TypeError("`receive_counts` must be a list or tuple of ints, but got " +
+                                PyTypeName(receive_counts_arg)));
+  }
+  const auto nsends = static_cast<std::size_t>(PySequence_Fast_GET_SIZE(send_args.ptr()));
+  PyObject** send_items = PySequence_Fast_ITEMS(send_args.ptr());
   std::vector<std::pair<const void*, std::size_t>> views;
-  sends.reserve(send_args.size());
-  views.reserve(send_args.size());
-  for (std::size_t j = 0; j < send_args.size(); ++j) {
-    const std::string name = "sends[" + std::to_string(j) + "]";
-    const at::Tensor& send = TensorArg(send_args[j], name.c_str());
-    sends.push_back(send);
+  views.reserve(nsends);
+  for (std::size_t j = 0; j < nsends; ++j) {
+    const std::string name = IndexedName("sends", j);   // short: no allocation
+    const at::Tensor& send = TensorArg(send_items[j], name.c_str());
     views.emplace_back(DataPointer(send, name.c_str()), ByteSize(send));
   }
+  const auto ncounts = static_cast<std::size_t>(PySequence_Fast_GET_SIZE(receive_counts_arg.ptr()));
+  PyObject** count_items = PySequence_Fast_ITEMS(receive_counts_arg.ptr());
+  std::vector<std::uint64_t> receive_counts(ncounts);
+  for (std::size_t i = 0; i < ncounts; ++i) {
+    int overflow = 0;
+    const long long count =
+        PyLong_CheckExact(count_items[i]) ? PyLong_AsLongLongAndOverflow(count_items[i], &overflow) : -1;
+    receive_counts[i] = static_cast<std::uint64_t>(
+        count >= 0 && overflow == 0 ? count
+                                    : IntArg(count_items[i], IndexedName("receive_counts", i).c_str(), 0,
+                                             std::numeric_limits<std::int64_t>::max(), "[0, 9223372036854775807]"));
+  }
   void* out_ptr = DataPointer(receive, "receive");
-  KeepAlive keep = stream == kDefaultStream ? nullptr : std::make_shared<const std::vector<at::Tensor>>(sends);
+  KeepAlive keep;
+  if (stream != kDefaultStream) {   // the sends and the receive buffer live until the stream ran the call
+    std::vector<at::Tensor> held{receive};
+    for (std::size_t j = 0; j < nsends; ++j) held.push_back(THPVariable_Unpack(send_items[j]));
+    keep = std::make_shared<const std::vector<at::Tensor>>(std::move(held));
+  }
   py::gil_scoped_release nogil;
   ThrowIfError(R().AllToAll(team, views, out_ptr, ByteSize(receive), receive_counts, type, OnStream(stream),
                             std::move(keep)));
@@ -605,7 +652,7 @@ void TeamAllToAll(std::uint64_t team, const py::list& send_args, py::handle rece
 void TeamSend(std::uint64_t team, py::handle tensor_arg, int peer, StreamHandle stream) {
   const at::Tensor& tensor = TensorArg(tensor_arg, "tensor");
   const void* ptr = DataPointer(tensor, "tensor");
-  KeepAlive keep = Keep(stream, {tensor});
+  KeepAlive keep = Keep(stream, tensor);
   py::gil_scoped_release nogil;
   ThrowIfError(R().Send(team, ptr, ByteSize(tensor), peer, OnStream(stream), std::move(keep)));
 }
@@ -613,7 +660,7 @@ void TeamSend(std::uint64_t team, py::handle tensor_arg, int peer, StreamHandle 
 void TeamRecv(std::uint64_t team, py::handle tensor_arg, int peer, StreamHandle stream) {
   const at::Tensor& tensor = TensorArg(tensor_arg, "tensor");
   void* ptr = DataPointer(tensor, "tensor");
-  KeepAlive keep = Keep(stream, {tensor});
+  KeepAlive keep = Keep(stream, tensor);
   py::gil_scoped_release nogil;
   ThrowIfError(R().Recv(team, ptr, ByteSize(tensor), peer, OnStream(stream), std::move(keep)));
 }
@@ -700,6 +747,107 @@ py::dict DebugState() {
 }  // namespace
 }  // namespace hp::shmem::torch_binding
 
+namespace hp::shmem::torch_binding {
+namespace {
+
+// Sets the Python exception of a failed status: the class the Python layer registered for its code (Ctrl-C taken
+// in a wait: the KeyboardInterrupt, or what the user's handler raised).
+void SetPythonError(const StatusError& e) {
+  const int code = static_cast<int>(e.status().code());
+  if (e.status().code() == StatusCode::kInterrupted && (PyErr_Occurred() || RunTakenSigintHandler())) {
+    return;   // KeyboardInterrupt, or what the user's handler raised
+  }
+  auto& classes = ErrorClasses();
+  auto it = classes.find(code);
+  if (it == classes.end()) it = classes.find(static_cast<int>(StatusCode::kInternal));
+  if (it == classes.end()) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } else {
+    PyErr_SetString(it->second.ptr(), e.what());
+  }
+}
+
+// ---- entries on the small-message path, without pybind11's dispatcher ----
+//
+// pybind11's dispatcher (overloads, keywords, type casters) costs about as much as the rest of a small collective's
+// binding. These entries are plain METH_FASTCALL functions over the same bodies: positional arguments only (the
+// runtime face calls them so), ints converted and checked as the data plane's are.
+
+template <typename T>
+T FastArg(PyObject* value, const char* name);
+
+template <>
+py::handle FastArg<py::handle>(PyObject* value, const char* /*name*/) {
+  return value;
+}
+
+template <>
+std::uint64_t FastArg<std::uint64_t>(PyObject* value, const char* name) {
+  return static_cast<std::uint64_t>(IntArg(value, name, 0, std::numeric_limits<std::int64_t>::max(),
+                                           "[0, 9223372036854775807]"));
+}
+
+template <>
+int FastArg<int>(PyObject* value, const char* name) {
+  return static_cast<int>(IntArg(value, name, std::numeric_limits<int>::min(), std::numeric_limits<int>::max(),
+                                 "a C int"));
+}
+
+template <typename... Args, std::size_t... I>
+void FastCall(void (*fn)(Args...), PyObject* const* arguments, const char* const* names, std::index_sequence<I...>) {
+  // Braces convert left to right: the first bad argument is the one named.
+  std::tuple<std::decay_t<Args>...> converted{FastArg<std::decay_t<Args>>(arguments[I], names[I])...};
+  std::apply(fn, converted);
+}
+
+template <typename... Args>
+constexpr std::size_t Arity(void (* /*fn*/)(Args...)) {
+  return sizeof...(Args);
+}
+
+// `fn` called with Python's positional arguments, named `names` in errors; returns None.
+template <auto Fn, const auto& Names>
+PyObject* FastEntry(PyObject* /*module*/, PyObject* const* arguments, Py_ssize_t count) {
+  constexpr std::size_t arity = Arity(Fn);
+  static_assert(std::size(Names) == arity, "one name per argument");
+  if (count != static_cast<Py_ssize_t>(arity)) {
+    PyErr_Format(PyExc_TypeError, "takes %zu positional arguments (%s, ...), but got %zd", arity, Names[0], count);
+    return nullptr;
+  }
+  try {
+    FastCall(Fn, arguments, Names, std::make_index_sequence<arity>{});
+  } catch (const StatusError& e) {
+    SetPythonError(e);
+    return nullptr;
+  } catch (py::error_already_set& e) {
+    e.restore();
+    return nullptr;
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+constexpr const char* kAllGatherArgs[] = {"team", "output", "input", "stream"};
+constexpr const char* kAllToAllArgs[] = {"team", "sends", "receive", "receive_counts", "stream"};
+constexpr const char* kPointToPointArgs[] = {"team", "tensor", "peer", "stream"};
+
+// A METH_FASTCALL function (Python 3.11 names its type only privately).
+using FastFunction = PyObject* (*)(PyObject*, PyObject* const*, Py_ssize_t);
+
+// Adds `function` to `m` as `name` (the method table lives as long as the process).
+void AddFastFunction(py::module_& m, const char* name, FastFunction function, const char* doc) {
+  auto* def = new PyMethodDef{name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(function)),
+                              METH_FASTCALL, doc};
+  py::object callable = py::reinterpret_steal<py::object>(PyCFunction_NewEx(def, nullptr, m.attr("__name__").ptr()));
+  if (!callable) throw py::error_already_set();
+  m.attr(name) = callable;
+}
+
+}  // namespace
+}  // namespace hp::shmem::torch_binding
+
 PYBIND11_MODULE(_shmem_torch, m) {
   using namespace hp::shmem;
   using namespace hp::shmem::torch_binding;
@@ -709,18 +857,7 @@ PYBIND11_MODULE(_shmem_torch, m) {
     try {
       if (error) std::rethrow_exception(error);
     } catch (const StatusError& e) {
-      const int code = static_cast<int>(e.status().code());
-      if (e.status().code() == StatusCode::kInterrupted && (PyErr_Occurred() || RunTakenSigintHandler())) {
-        return;   // KeyboardInterrupt, or what the user's handler raised
-      }
-      auto& classes = ErrorClasses();
-      auto it = classes.find(code);
-      if (it == classes.end()) it = classes.find(static_cast<int>(StatusCode::kInternal));
-      if (it == classes.end()) {
-        PyErr_SetString(PyExc_RuntimeError, e.what());
-      } else {
-        PyErr_SetString(it->second.ptr(), e.what());
-      }
+      SetPythonError(e);
     }
   });
 
@@ -746,20 +883,22 @@ PYBIND11_MODULE(_shmem_torch, m) {
   m.def("reduce_encoded", &ReduceEncoded, py::arg("out"), py::arg("own"), py::arg("sources"), py::arg("op"),
         py::arg("reencode"));
   m.attr("scale_block") = ops::kScaleBlock;
-  m.def("plain_eager", &PlainEager);
+  AddFastFunction(m, "plain_eager", &PlainEagerEntry,
+                  "plain_eager(*tensors): whether a call on them may skip torch's dispatcher");
   m.def("team_create", &TeamCreate, py::arg("pes"), py::arg("group_rank"), py::arg("all_gather"), py::arg("barrier"));
   m.def("team_release", [](std::uint64_t team) { ThrowIfError(R().ReleaseTeam(team)); }, py::arg("team"));
   m.def("team_describe", &TeamDescribe, py::arg("team"));
   m.def("team_barrier", &TeamBarrier, py::arg("team"), py::arg("stream"));
-  m.def("all_gather", &TeamAllGather, py::arg("team"), py::arg("output"), py::arg("input"), py::arg("stream"));
+  AddFastFunction(m, "all_gather", &FastEntry<&TeamAllGather, kAllGatherArgs>,
+                  "all_gather(team, output, input, stream)");
   m.def("all_reduce", &TeamAllReduce, py::arg("team"), py::arg("tensor"), py::arg("op"), py::arg("stream"),
         py::arg("wire") = 0);
   m.def("reduce_scatter", &TeamReduceScatter, py::arg("team"), py::arg("output"), py::arg("input"), py::arg("op"),
         py::arg("stream"), py::arg("wire") = 0);
-  m.def("all_to_all", &TeamAllToAll, py::arg("team"), py::arg("sends"), py::arg("receive"), py::arg("receive_counts"),
-        py::arg("stream"));
-  m.def("send", &TeamSend, py::arg("team"), py::arg("tensor"), py::arg("peer"), py::arg("stream"));
-  m.def("recv", &TeamRecv, py::arg("team"), py::arg("tensor"), py::arg("peer"), py::arg("stream"));
+  AddFastFunction(m, "all_to_all", &FastEntry<&TeamAllToAll, kAllToAllArgs>,
+                  "all_to_all(team, sends, receive, receive_counts, stream)");
+  AddFastFunction(m, "send", &FastEntry<&TeamSend, kPointToPointArgs>, "send(team, tensor, peer, stream)");
+  AddFastFunction(m, "recv", &FastEntry<&TeamRecv, kPointToPointArgs>, "recv(team, tensor, peer, stream)");
   m.def("agree", &TeamAgree, py::arg("team"), py::arg("collective"), py::arg("dtype"), py::arg("element_bytes"),
         py::arg("count"),
         py::arg("reduce_op"), py::arg("wire"), py::arg("peer"), py::arg("values"), py::arg("stream"));

@@ -204,8 +204,7 @@ Result<std::shared_ptr<HostStream>> HostDevice::FindStream(StreamHandle stream) 
   return it->second;
 }
 
-Status HostDevice::Submit(StreamHandle stream, std::function<Status()> op) {
-  if (stream == kDefaultStream) return op();
+Status HostDevice::Enqueue(StreamHandle stream, std::function<Status()> op) {
   HP_ASSIGN_OR_RETURN(std::shared_ptr<HostStream> host_stream, FindStream(stream));
   host_stream->Enqueue(std::move(op));
   return Status::Ok();

@@ -7,9 +7,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "runtime/device.h"
@@ -78,8 +80,15 @@ class HostDevice final : public Device {
 
   ControlBlock* control(int pe) const;
   char* Remote(const void* local, int pe) const;
-  // Runs `op` now on the default stream, or queues it on a host stream (keeping `keep` alive until it ran).
-  Status Submit(StreamHandle stream, std::function<Status()> op);
+  // Runs `op` now on the default stream, or queues it on a host stream (keeping `keep` alive until it ran). A
+  // template so that the default stream runs the lambda as it is: no std::function (a heap allocation for most
+  // captures) on the small-message path, which makes several device calls per collective.
+  template <typename Op>
+  Status Submit(StreamHandle stream, Op&& op) {
+    if (stream == kDefaultStream) return op();
+    return Enqueue(stream, std::function<Status()>(std::forward<Op>(op)));
+  }
+  Status Enqueue(StreamHandle stream, std::function<Status()> op);
   Result<std::shared_ptr<HostStream>> FindStream(StreamHandle stream) const;
   // Joins the released streams that have finished their work (streams_mu_ held).
   void ReapReleasedStreams();

@@ -37,10 +37,11 @@ void WakeIfSleeping(const void* word, const std::uint32_t* sleepers);
 // Waits until `done()` is true. `word` is the 32-bit word (the low half of a 64-bit value is fine) whose
 // change makes done() true; `sleepers` is the counter of the rank that waits. On timeout returns kTimeout with
 // the message `describe_timeout()` builds at that moment (so it can show the observed value); kInterrupted
-// when InterruptRequested() said so.
-template <typename Done>
+// when InterruptRequested() said so. `describe_timeout` is a template too: a wait that succeeds at once builds
+// no std::function (the collectives wait on every call).
+template <typename Done, typename Describe>
 Status WaitUntil(const void* word, std::uint32_t* sleepers, Done&& done, const SpinPolicy& policy,
-                 std::chrono::steady_clock::time_point deadline, const std::function<std::string()>& describe_timeout);
+                 std::chrono::steady_clock::time_point deadline, Describe&& describe_timeout);
 
 }  // namespace hp::shmem::host
 

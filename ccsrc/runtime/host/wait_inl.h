@@ -7,9 +7,9 @@
 
 namespace hp::shmem::host {
 
-template <typename Done>
+template <typename Done, typename Describe>
 Status WaitUntil(const void* word, std::uint32_t* sleepers, Done&& done, const SpinPolicy& policy,
-                 std::chrono::steady_clock::time_point deadline, const std::function<std::string()>& describe_timeout) {
+                 std::chrono::steady_clock::time_point deadline, Describe&& describe_timeout) {
   using Clock = std::chrono::steady_clock;
   if (done()) return Status::Ok();
 

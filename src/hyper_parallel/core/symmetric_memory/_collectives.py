@@ -60,10 +60,20 @@ def _precision_name(low_precision_dtype: object, dtype: torch.dtype, op: str) ->
     return "none" if precision is None else str(precision).removeprefix("torch.")
 
 
+# Bound once: the fast path below runs on every eager call. torch.compile recognises is_compiling by the function
+# itself, whatever name calls it.
+_is_compiling = torch.compiler.is_compiling
+_plain_eager = shmem.plain_eager
+
+
 def _fast_team(group: Optional[dist.ProcessGroup], *tensors: object) -> Optional["shmem.Team"]:
     """The group's team when the call may go straight to the engine: eager, plain tensors, no grad tracked, and
-    the group already has a team; None otherwise (the call then takes the full checks and the operator)."""
-    return _context.cached_team(group) if _autograd.direct(*tensors) else None
+    the group already has a team; None otherwise (the call then takes the full checks and the operator).
+
+    :func:`_autograd.direct`'s test, written out: a frame less on the small-message path."""
+    if _is_compiling() or not _plain_eager(*tensors):
+        return None
+    return _context.cached_team(group)
 
 
 # The reductions an eager call may hand straight to the engine (others take the checks that name them).
@@ -309,12 +319,17 @@ def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: tor
     """
     if type(send_tensor_list) in (list, tuple) and type(receive_list) in (list, tuple):
         team = _fast_team(group, receive_tensor, *send_tensor_list)
-        if team is not None and all(t.dtype is receive_tensor.dtype for t in send_tensor_list):
-            try:
-                team.all_to_all(send_tensor_list, receive_tensor, receive_list)
-                return receive_tensor
-            except (ValueError, TypeError):
-                pass  # every rank refused alike: the checks below name the argument as this API does
+        if team is not None:
+            dtype = receive_tensor.dtype
+            for t in send_tensor_list:  # a loop, not all(): no generator on the small-message path
+                if t.dtype is not dtype:
+                    break
+            else:
+                try:
+                    team.all_to_all(send_tensor_list, receive_tensor, receive_list)
+                    return receive_tensor
+                except (ValueError, TypeError):
+                    pass  # every rank refused alike: the checks below name the argument as this API does
     receive = _args.tensor(receive_tensor, "receive_tensor")
     group_name = _groups.name(group)
     n = _groups.size(group)

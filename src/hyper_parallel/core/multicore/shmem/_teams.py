@@ -95,7 +95,8 @@ class Team:
         """Every member arrives; everything enqueued before it is visible to every member."""
         self._call("team_barrier", C.team_barrier)
 
-    # The collectives call the binding directly (not through _call): they sit on the small-message path.
+    # The collectives and send/recv call the binding directly (not through _call): they sit on the small-message
+    # path.
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
         """``output`` (size x input's bytes) receives member r's ``input`` at r x its bytes.
@@ -124,8 +125,10 @@ class Team:
             ValueError: a wire format that cannot carry the reduction.
             ShmemDeviceError: a wire format the device cannot encode.
         """
+        number = REDUCE_OPS.get(op) if type(op) is str else None
         try:
-            C.all_reduce(self._id, tensor, _reduce_op(op), current_handle(), _wire(wire))
+            C.all_reduce(self._id, tensor, _reduce_op(op) if number is None else number, current_handle(),
+                         0 if wire is None else _wire(wire))
         except Exception as error:
             attach_fields(error, "all_reduce")
             raise
@@ -134,8 +137,10 @@ class Team:
                        wire: Optional[torch.dtype] = None) -> None:
         """``output`` receives part ``rank`` of ``input`` reduced across the members (``wire`` as in
         :meth:`all_reduce`)."""
+        number = REDUCE_OPS.get(op) if type(op) is str else None
         try:
-            C.reduce_scatter(self._id, output, input, _reduce_op(op), current_handle(), _wire(wire))
+            C.reduce_scatter(self._id, output, input, _reduce_op(op) if number is None else number, current_handle(),
+                             0 if wire is None else _wire(wire))
         except Exception as error:
             attach_fields(error, "reduce_scatter")
             raise
@@ -143,19 +148,30 @@ class Team:
     def all_to_all(self, sends: Sequence[torch.Tensor], receive: torch.Tensor, receive_counts: Sequence[int]) -> None:
         """``sends[j]`` goes to member j; ``receive`` gets member i's part after the counts of members < i
         (elements of ``receive``'s dtype). The counts are checked across members before anything is written."""
+        # The binding takes lists and tuples as they are.
+        sends = sends if type(sends) in (list, tuple) else list(sends)
+        receive_counts = receive_counts if type(receive_counts) in (list, tuple) else list(receive_counts)
         try:
-            C.all_to_all(self._id, list(sends), receive, list(receive_counts), current_handle())
+            C.all_to_all(self._id, sends, receive, receive_counts, current_handle())
         except Exception as error:
             attach_fields(error, "all_to_all")
             raise
 
     def send(self, tensor: torch.Tensor, peer: int) -> None:
         """Sends ``tensor`` to member ``peer`` (point to point; messages arrive in order)."""
-        self._call("send", C.send, tensor, peer)
+        try:
+            C.send(self._id, tensor, peer, current_handle())
+        except Exception as error:
+            attach_fields(error, "send")
+            raise
 
     def recv(self, tensor: torch.Tensor, peer: int) -> None:
         """Receives the next message of member ``peer`` into ``tensor`` (of the message's byte size)."""
-        self._call("recv", C.recv, tensor, peer)
+        try:
+            C.recv(self._id, tensor, peer, current_handle())
+        except Exception as error:
+            attach_fields(error, "recv")
+            raise
 
     def agree(self, collective: str, values: Sequence[int] = (), dtype: Optional[torch.dtype] = None, count: int = 0,
               op: Optional[str] = None, wire: Optional[torch.dtype] = None, peer: int = -1) -> list:
