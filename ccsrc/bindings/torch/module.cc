@@ -832,6 +832,8 @@ PyObject* FastEntry(PyObject* /*module*/, PyObject* const* arguments, Py_ssize_t
 constexpr const char* kAllGatherArgs[] = {"team", "output", "input", "stream"};
 constexpr const char* kAllToAllArgs[] = {"team", "sends", "receive", "receive_counts", "stream"};
 constexpr const char* kPointToPointArgs[] = {"team", "tensor", "peer", "stream"};
+constexpr const char* kAllReduceArgs[] = {"team", "tensor", "op", "stream", "wire"};
+constexpr const char* kReduceScatterArgs[] = {"team", "output", "input", "op", "stream", "wire"};
 
 // A METH_FASTCALL function (Python 3.11 names its type only privately).
 using FastFunction = PyObject* (*)(PyObject*, PyObject* const*, Py_ssize_t);
@@ -891,10 +893,10 @@ PYBIND11_MODULE(_shmem_torch, m) {
   m.def("team_barrier", &TeamBarrier, py::arg("team"), py::arg("stream"));
   AddFastFunction(m, "all_gather", &FastEntry<&TeamAllGather, kAllGatherArgs>,
                   "all_gather(team, output, input, stream)");
-  m.def("all_reduce", &TeamAllReduce, py::arg("team"), py::arg("tensor"), py::arg("op"), py::arg("stream"),
-        py::arg("wire") = 0);
-  m.def("reduce_scatter", &TeamReduceScatter, py::arg("team"), py::arg("output"), py::arg("input"), py::arg("op"),
-        py::arg("stream"), py::arg("wire") = 0);
+  AddFastFunction(m, "all_reduce", &FastEntry<&TeamAllReduce, kAllReduceArgs>,
+                  "all_reduce(team, tensor, op, stream, wire)");
+  AddFastFunction(m, "reduce_scatter", &FastEntry<&TeamReduceScatter, kReduceScatterArgs>,
+                  "reduce_scatter(team, output, input, op, stream, wire)");
   AddFastFunction(m, "all_to_all", &FastEntry<&TeamAllToAll, kAllToAllArgs>,
                   "all_to_all(team, sends, receive, receive_counts, stream)");
   AddFastFunction(m, "send", &FastEntry<&TeamSend, kPointToPointArgs>, "send(team, tensor, peer, stream)");
