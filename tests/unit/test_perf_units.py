@@ -239,16 +239,19 @@ def test_low_precision_applies_to_the_reductions_and_is_a_setting() -> None:
     assert [name for name, op in OPS.items() if op.low_precision] == ["all_reduce", "reduce_scatter"]
 
 
-def test_ordinary_tensors_apply_to_the_reductions_and_are_a_setting() -> None:
+def test_ordinary_tensors_apply_to_the_collectives_and_are_a_setting() -> None:
     config = parse_config(["--op", "all_gather,all_reduce", "--ordinary-tensors"])
     assert config.ordinary_tensors and config.settings(2)["ordinary_tensors"] is True
     assert not parse_config([]).ordinary_tensors and parse_config([]).settings(2)["ordinary_tensors"] is False
+    assert [name for name, op in OPS.items() if op.takes_ordinary_tensors] == [
+        "all_gather", "all_reduce", "reduce_scatter", "all_to_all", "send_recv"]
 
 
 @pytest.mark.parametrize(
     "argv, message",
-    [(["--op", "all_gather,barrier", "--ordinary-tensors"],
-      "`--ordinary-tensors` must come with `--op` all_reduce or reduce_scatter, but got all_gather,barrier"),
+    [(["--op", "put,barrier", "--ordinary-tensors"],
+      "`--ordinary-tensors` must come with `--op` all_gather, all_reduce, reduce_scatter, all_to_all, send_recv or "
+      "all, but got put,barrier"),
      (["--low-precision", "fp8"], "`--low-precision` must be one of float16, bfloat16, float8_e4m3fn, float8_e5m2, "
                                   "but got 'fp8'"),
      (["--op", "all_gather", "--low-precision", "float16"],
@@ -412,10 +415,10 @@ def test_low_precision_group_follows_the_in_place_group_with_its_gain() -> None:
         "# Avg bus bandwidth in place : 5.69 GB/s", "# Avg bus bandwidth in place, low precision : 2 GB/s"]
 
 
-def test_ordinary_tensors_name_the_in_place_and_low_precision_groups() -> None:
+def test_ordinary_tensors_name_every_group_of_ours() -> None:
     groups = Table("gloo", memcpy=False, in_place=True, low_precision="float16", ordinary_tensors=True).header()[0]
     assert "shmem, in-place, ordinary" in groups and "shmem, in-place, ordinary, float16" in groups
-    assert "shmem, out-of-place" in groups
+    assert "shmem, out-of-place, ordinary" in groups
 
 
 def test_json_rows_carry_the_low_precision_fields(tmp_path) -> None:

@@ -49,8 +49,8 @@ class RankInfo(NamedTuple):
         redop: the reduction (``-o``), for the ops that reduce.
         mm_k, mm_n: the fused ops' matmul dimensions (``--mm-k``, ``--mm-n``).
         low_precision: the dtype of ``--low-precision``, or None.
-        ordinary_tensors: ``--ordinary-tensors``: the reductions' in-place and low-precision forms run on ordinary
-            torch tensors.
+        ordinary_tensors: ``--ordinary-tensors``: every form of ours of the collectives runs on ordinary torch
+            tensors.
     """
 
     rank: int
@@ -196,15 +196,22 @@ class Case(abc.ABC):
         """This rank's block of ``tensor`` (a view), for ops whose size is n blocks."""
         return tensor[self.info.rank * self.block:(self.info.rank + 1) * self.block]
 
+    def ours(self, count: int) -> torch.Tensor:
+        """Our side's tensor of ``count`` elements: symmetric, or ordinary for a collective under
+        ``--ordinary-tensors``."""
+        if self.info.ordinary_tensors and self.spec.takes_ordinary_tensors:
+            return torch.zeros(count, dtype=self.info.dtype)
+        return self.buffers.empty(count, self.info.dtype)
+
     def input_pair(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """A symmetric tensor and an ordinary one of ``count`` elements that ``fill`` gives the same inputs."""
-        pair = (self.buffers.empty(count, self.info.dtype), torch.zeros(count, dtype=self.info.dtype))
+        """Ours (:meth:`ours`) and an ordinary tensor of ``count`` elements that ``fill`` gives the same inputs."""
+        pair = (self.ours(count), torch.zeros(count, dtype=self.info.dtype))
         self.inputs.append(pair)
         return pair
 
     def output_pair(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """A symmetric tensor and an ordinary one of ``count`` elements that ``wrong_elements`` compares."""
-        pair = (self.buffers.empty(count, self.info.dtype), torch.zeros(count, dtype=self.info.dtype))
+        """Ours (:meth:`ours`) and an ordinary tensor of ``count`` elements that ``wrong_elements`` compares."""
+        pair = (self.ours(count), torch.zeros(count, dtype=self.info.dtype))
         self.outputs.append(pair)
         return pair
 

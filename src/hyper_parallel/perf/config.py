@@ -45,9 +45,9 @@ class Config:
             (n·m) x k by k x N, matmul + reduce-scatter (n·m) x k by k x N, with m from the row's size.
         low_precision: ``--low-precision``: the dtype name all_reduce and reduce_scatter also run in (a group of
             columns of their own), or None.
-        ordinary_tensors: ``--ordinary-tensors``: all_reduce and reduce_scatter run their in-place and
-            low-precision forms on ordinary torch tensors, which the library takes through its staging area, instead
-            of symmetric ones.
+        ordinary_tensors: ``--ordinary-tensors``: the collectives run every form of ours (out of place, in place,
+            low precision) on ordinary torch tensors, which the library takes through its staging area, instead of
+            symmetric ones.
     """
 
     ops: tuple[OpSpec, ...]
@@ -179,8 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="all_reduce and reduce_scatter: also time ours in place travelling in DTYPE "
                              f"({', '.join(LOW_PRECISION_BYTES)}), beside full precision (default: off)")
     parser.add_argument("--ordinary-tensors", dest="ordinary_tensors", action="store_true",
-                        help="all_reduce and reduce_scatter: run the in-place and low-precision forms on ordinary "
-                             "torch tensors (taken through the staging area) instead of symmetric ones")
+                        help="collectives: run ours (every form) on ordinary torch tensors (taken through the "
+                             "staging area) instead of symmetric ones")
     parser.add_argument("--json", dest="json_path", default=None, metavar="FILE", help="write every row to FILE")
     parser.add_argument("--plot", dest="plot_path", default=None, metavar="FILE.png",
                         help="draw bus bandwidth and time against size, log-log (needs matplotlib)")
@@ -293,9 +293,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
             raise ValueError(f"`-o` must be sum or avg for {op.name}, but got {redop!r}")
     if args.low_precision is not None:
         _check_low_precision(args.low_precision, ops, dtype, redop)
-    if args.ordinary_tensors and not any(op.low_precision for op in ops):
-        takers = [op.name for op in OPS.values() if op.low_precision]
-        raise ValueError(f"`--ordinary-tensors` must come with `--op` {' or '.join(takers)}, "
+    if args.ordinary_tensors and not any(op.takes_ordinary_tensors for op in ops):
+        takers = [op.name for op in OPS.values() if op.takes_ordinary_tensors]
+        raise ValueError(f"`--ordinary-tensors` must come with `--op` {', '.join(takers)} or all, "
                          f"but got {','.join(op.name for op in ops)}")
     if args.plot_path is not None and importlib.util.find_spec("matplotlib") is None:
         raise ValueError("`--plot` must have matplotlib installed (pip install 'hyper-parallel-shmem[plot]'), "

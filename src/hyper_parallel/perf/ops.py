@@ -125,6 +125,12 @@ class OpSpec:
         """Whether the op sweeps ``-b`` .. ``-e`` (False: one row of ``fixed_bytes``)."""
         return self.fixed_bytes is None
 
+    @property
+    def takes_ordinary_tensors(self) -> bool:
+        """Whether ``--ordinary-tensors`` applies: the sized collectives (they take any tensor), not the one-sided
+        or fused ops, whose buffers peers address."""
+        return self.mpi is not None and self.sized
+
     def element_count(self, nbytes: int, element_bytes: int, nranks: int, row_elements: int = 1) -> int:
         """The elements a row of about ``nbytes`` moves, rounded down as nccl-tests rounds it.
 

@@ -205,8 +205,8 @@ class Table:
             our two groups.
         low_precision: the ``--low-precision`` dtype of an op that runs in it: a group after the in-place one
             (ours in place in that dtype, and full precision's in-place time over it), or None.
-        ordinary_tensors: whether the in-place and low-precision groups ran on ordinary tensors
-            (``--ordinary-tensors``); their names say so.
+        ordinary_tensors: whether our groups ran on ordinary tensors (``--ordinary-tensors``); their names say
+            so.
         mpi: whether rows carry MPI's group (``--baseline gloo,mpi``, an op with an MPI side): after the
             baseline's, with a speedup for each of our groups as the baseline has.
     """
@@ -214,11 +214,12 @@ class Table:
     def __init__(self, baseline: Optional[str], memcpy: bool, in_place: bool = False,
                  low_precision: Optional[str] = None, ordinary_tensors: bool = False, mpi: bool = False) -> None:
         self.groups: list[tuple[str, list[Column]]] = [("", _LEADING)]
-        in_place_name = "shmem, in-place, ordinary" if ordinary_tensors else "shmem, in-place"
+        ordinary = ", ordinary" if ordinary_tensors else ""
+        in_place_name = f"shmem, in-place{ordinary}"
         if in_place:
-            self.groups += [("shmem, out-of-place", _OURS), (in_place_name, _IN_PLACE)]
+            self.groups += [(f"shmem, out-of-place{ordinary}", _OURS), (in_place_name, _IN_PLACE)]
         else:
-            self.groups.append(("hyper_parallel.shmem", _OURS))
+            self.groups.append((f"hyper_parallel.shmem{ordinary}", _OURS))
         if low_precision is not None:
             self.groups.append((f"{in_place_name}, {low_precision}", _LOW_PRECISION))
         if baseline is not None:
@@ -471,16 +472,15 @@ class Reporter:
         has_in_place = op.in_place is not InPlace.ABSENT
         baseline = _baseline_name(self.baseline, op)
         low_precision = self.settings.get("low_precision") if op.low_precision else None
-        ordinary = bool(self.settings.get("ordinary_tensors")) and op.low_precision
+        ordinary = bool(self.settings.get("ordinary_tensors")) and op.takes_ordinary_tensors
         mpi = bool(self.settings.get("mpi")) and op.mpi is not None
         self._table = Table(baseline, op.memcpy_reference, in_place=has_in_place, low_precision=low_precision,
                             ordinary_tensors=ordinary, mpi=mpi)
         self._op_rows = []
         lines = ["#", f"# {op.name}: {op.summary}"]
         if ordinary:
-            lines.append("# in place, ordinary: the in-place call on ordinary torch tensors (not symmetric: taken "
-                         "through the staging area)")
-        elif has_in_place:
+            lines.append("# ordinary: ours on ordinary torch tensors (not symmetric: taken through the staging area)")
+        if has_in_place:
             lines.append(f"# in place: {op.in_place_summary}")
         if low_precision is not None:
             lines.append(f"# in place{', ordinary' if ordinary else ''}, {low_precision}: the in-place call with "
