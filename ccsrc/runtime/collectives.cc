@@ -144,6 +144,11 @@ Result<std::vector<Fingerprint>> CollectiveEngine::Open(Fingerprint fingerprint,
   return rows;
 }
 
+Status CollectiveEngine::BeforeOpen(Status status) {
+  if (!status.ok()) --team_.sequence;
+  return status;
+}
+
 Status CollectiveEngine::Sync() {
   ++team_.epoch;
   return Broken(Disseminate(), "sync");
@@ -224,7 +229,7 @@ Status CollectiveEngine::AllGather(const Buffer& output, const Buffer& input, co
   auto part = [&](int r) { return out + static_cast<std::size_t>(r) * c; };
   if (c > 0 && c <= team_.one_step_bytes()) {   // one sync: stage in this call's half, peers pull from it
     char* stage = team_.StagingHalf(Parity());
-    HP_RETURN_IF_ERROR(Put(stage, in, c, me));
+    HP_RETURN_IF_ERROR(BeforeOpen(Put(stage, in, c, me)));
     HP_RETURN_IF_ERROR(Open(f).status());
     for (int r = 1; r <= n; ++r) {
       const int p = (me + r) % n;
@@ -273,7 +278,7 @@ Status CollectiveEngine::AllReduce(const Buffer& tensor, const ElementType& type
   char* t = static_cast<char*>(tensor.address);
   if (count > 0 && tensor.bytes <= team_.one_step_bytes()) {   // one sync: every rank reduces every staged copy
     char* stage = team_.StagingHalf(Parity());
-    HP_RETURN_IF_ERROR(Put(stage, t, tensor.bytes, me));
+    HP_RETURN_IF_ERROR(BeforeOpen(Put(stage, t, tensor.bytes, me)));
     HP_RETURN_IF_ERROR(Open(f).status());
     return Broken(Reduce(t, stage, count, type, op), "reduce");
   }
@@ -320,7 +325,7 @@ Status CollectiveEngine::ReduceScatter(const Buffer& output, const Buffer& input
   const char* in = static_cast<const char*>(input.address);
   if (c > 0 && input.bytes <= team_.one_step_bytes()) {   // one sync, as in all_reduce
     char* stage = team_.StagingHalf(Parity());
-    HP_RETURN_IF_ERROR(Put(stage, in, input.bytes, me));
+    HP_RETURN_IF_ERROR(BeforeOpen(Put(stage, in, input.bytes, me)));
     HP_RETURN_IF_ERROR(Open(f).status());
     return Broken(Reduce(out, stage + static_cast<std::size_t>(me) * c * es, c, type, op), "reduce");
   }
@@ -402,7 +407,8 @@ Status CollectiveEngine::AllToAll(const std::vector<Buffer>& sends, const Buffer
     for (int r = 1; r <= n; ++r) {
       const int p = (me + r) % n;
       if (p == me && own_direct) continue;
-      HP_RETURN_IF_ERROR(Put(my_region, sends[static_cast<std::size_t>(p)].address, sends[static_cast<std::size_t>(p)].bytes, p));
+      HP_RETURN_IF_ERROR(BeforeOpen(
+          Put(my_region, sends[static_cast<std::size_t>(p)].address, sends[static_cast<std::size_t>(p)].bytes, p)));
     }
   }
   std::vector<std::int64_t> row(2 * un + 1);

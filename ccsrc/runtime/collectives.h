@@ -89,6 +89,9 @@ class CollectiveEngine {
   // The first sync of a call: publishes `fingerprint` (and, when `counts` is set, this rank's count row), checks every
   // member's, and returns them. Rolls the team back on a timeout.
   Result<std::vector<Fingerprint>> Open(Fingerprint fingerprint, const std::vector<std::int64_t>* counts = nullptr);
+  // A failure before the call's first sync (staging its data): no peer saw the call, so its number is given back and
+  // a retry pairs with the peers' call.
+  Status BeforeOpen(Status status);
   // Every sync after the first.
   Status Sync();
   // The dissemination barrier at the current epoch.

@@ -75,7 +75,7 @@ Status CollectiveEngine::AllReduceLowPrecision(const Buffer& tensor, const Eleme
   const WireSlots whole(half, half_bytes, 1, format);
   if (count > 0 && tensor.bytes <= team_.one_step_bytes() && count <= whole.layout.capacity) {
     // 1. One step: this rank's codes into its own half, then every rank sums every rank's codes, in group-rank order.
-    HP_RETURN_IF_ERROR(device_.Encode(format, type.reduce_type, t, count, whole.Run(0), stream_, keep_));
+    HP_RETURN_IF_ERROR(BeforeOpen(device_.Encode(format, type.reduce_type, t, count, whole.Run(0), stream_, keep_)));
     HP_RETURN_IF_ERROR(Open(f).status());
     return Broken(device_.ReduceEncoded(format, type.reduce_type, op, nullptr, whole.Run(0), team_.pes, count, t,
                                         WireRun{}, stream_, keep_),
@@ -153,7 +153,7 @@ Status CollectiveEngine::ReduceScatterLowPrecision(const Buffer& output, const B
       Status encoded = device_.Encode(format, type.reduce_type,
                                       in + (static_cast<std::size_t>(q) * c + off) * es, length, slots.Run(q),
                                       stream_, keep_);
-      HP_RETURN_IF_ERROR(piece == 0 ? encoded : Broken(encoded, "encode"));
+      HP_RETURN_IF_ERROR(piece == 0 ? BeforeOpen(encoded) : Broken(encoded, "encode"));
     }
     // The first piece is encoded into this rank's own half of the call's parity before the first sync.
     HP_RETURN_IF_ERROR(piece == 0 ? Open(f).status() : Sync());

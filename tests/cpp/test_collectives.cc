@@ -293,6 +293,65 @@ TEST(TeamTest, ATimedOutOneStepCallThatIsRetriedDeliversItsData) {
   });
 }
 
+// A device whose next staging step fails once (Put to this rank, or Encode), as a failed enqueue would.
+class FailOnceDevice final : public testutil::HostForwardingDevice {
+ public:
+  Status Init(const DeviceInitArgs& args, Bootstrap& bootstrap) override {
+    rank_ = args.rank;
+    return HostForwardingDevice::Init(args, bootstrap);
+  }
+  Status Put(void* dst, const void* src, std::size_t bytes, int pe, StreamHandle stream, KeepAlive keep) override {
+    if (fail_next && pe == rank_) {
+      fail_next = false;
+      return DeviceError("injected: the staging put failed");
+    }
+    return HostForwardingDevice::Put(dst, src, bytes, pe, stream, std::move(keep));
+  }
+  Status Encode(ops::LowFormat format, DataType dtype, const void* src, std::size_t count, WireRun dst,
+                StreamHandle stream, KeepAlive keep) override {
+    if (fail_next) {
+      fail_next = false;
+      return DeviceError("injected: the encode failed");
+    }
+    return HostForwardingDevice::Encode(format, dtype, src, count, dst, stream, std::move(keep));
+  }
+  bool fail_next = false;
+
+ private:
+  int rank_ = -1;
+};
+
+// A call that fails on one rank before its first sync (staging its data) reached no peer: the peers time out and
+// roll back, and the failed rank's call number is given back, so the retry pairs on every path that stages first.
+TEST(TeamTest, AFailureBeforeTheFirstSyncLeavesTheTeamInStep) {
+  RunRanks(2, [](int rank, Bootstrap& bootstrap) {
+    auto owned = std::make_unique<FailOnceDevice>();
+    FailOnceDevice* device = owned.get();
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(HostConfig(0.2), std::move(owned), bootstrap)));
+    auto team = runtime.CreateTeam(AllPes(2), bootstrap);
+    ASSERT_TRUE(team.ok());
+    for (bool low_precision : {false, true}) {
+      SCOPED_TRACE(low_precision ? "low precision" : "full precision");
+      float values[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+      auto call = [&] {
+        return low_precision ? runtime.AllReduce(team.value(), values, sizeof(values), DataType::kFloat32,
+                                                 ReduceOp::kSum, kDefaultStream, nullptr, ops::LowFormat::kBFloat16)
+                             : runtime.AllReduce(team.value(), values, sizeof(values), DataType::kFloat32,
+                                                 ReduceOp::kSum, kDefaultStream, nullptr);
+      };
+      device->fail_next = rank == 1;
+      const Status first = call();
+      EXPECT_EQ(first.code(), rank == 1 ? StatusCode::kDeviceError : StatusCode::kTimeout) << first.ToString();
+      ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+      ASSERT_TRUE(IsOk(call()));
+      EXPECT_EQ(std::vector<float>(values, values + 4), (std::vector<float>{2.0f, 4.0f, 6.0f, 8.0f}));
+      ASSERT_TRUE(IsOk(runtime.TeamBarrier(team.value(), kDefaultStream)));
+    }
+    EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+  });
+}
+
 TEST(TeamTest, BadArgumentsAreRefusedBeforeAnySync) {
   RunRanks(2, [](int rank, Bootstrap& bootstrap) {
     Runtime runtime;
