@@ -14,7 +14,10 @@ namespace hp::shmem::testutil {
 class HostForwardingDevice : public Device {
  public:
   const char* name() const override { return host_.name(); }
-  Status Init(const DeviceInitArgs& args, Bootstrap& bootstrap) override { return host_.Init(args, bootstrap); }
+  Status Init(const DeviceInitArgs& args, Bootstrap& bootstrap) override {
+    rank_ = args.rank;
+    return host_.Init(args, bootstrap);
+  }
   Status Finalize() override { return host_.Finalize(); }
   Result<void*> Allocate(std::size_t bytes, std::size_t alignment) override { return host_.Allocate(bytes, alignment); }
   Status Free(void* ptr) override { return host_.Free(ptr); }
@@ -73,9 +76,11 @@ class HostForwardingDevice : public Device {
 
  protected:
   host::HostDevice& host() { return host_; }
+  int rank() const { return rank_; }   // from Init
 
  private:
   host::HostDevice host_;
+  int rank_ = -1;
 };
 
 }  // namespace hp::shmem::testutil

@@ -76,25 +76,18 @@ thread_local MovedBytes moved;
 
 class CountingDevice final : public testutil::HostForwardingDevice {
  public:
-  Status Init(const DeviceInitArgs& args, Bootstrap& bootstrap) override {
-    rank_ = args.rank;
-    return HostForwardingDevice::Init(args, bootstrap);
-  }
   Status Put(void* dst, const void* src, std::size_t bytes, int pe, StreamHandle stream, KeepAlive keep) override {
-    (pe == rank_ ? moved.put_self : moved.put_peer) += bytes;
+    (pe == rank() ? moved.put_self : moved.put_peer) += bytes;
     return HostForwardingDevice::Put(dst, src, bytes, pe, stream, std::move(keep));
   }
   Status Get(void* dst, const void* src, std::size_t bytes, int pe, StreamHandle stream, KeepAlive keep) override {
-    (pe == rank_ ? moved.got_self : moved.got_peer) += bytes;
+    (pe == rank() ? moved.got_self : moved.got_peer) += bytes;
     return HostForwardingDevice::Get(dst, src, bytes, pe, stream, std::move(keep));
   }
   Status Copy(void* dst, const void* src, std::size_t bytes, StreamHandle stream, KeepAlive keep) override {
     moved.copied += bytes;
     return HostForwardingDevice::Copy(dst, src, bytes, stream, std::move(keep));
   }
-
- private:
-  int rank_ = -1;
 };
 
 // all_to_all copies this rank's own part once, straight into place, and a peer's part twice through the receiver's
@@ -296,12 +289,8 @@ TEST(TeamTest, ATimedOutOneStepCallThatIsRetriedDeliversItsData) {
 // A device whose next staging step fails once (Put to this rank, or Encode), as a failed enqueue would.
 class FailOnceDevice final : public testutil::HostForwardingDevice {
  public:
-  Status Init(const DeviceInitArgs& args, Bootstrap& bootstrap) override {
-    rank_ = args.rank;
-    return HostForwardingDevice::Init(args, bootstrap);
-  }
   Status Put(void* dst, const void* src, std::size_t bytes, int pe, StreamHandle stream, KeepAlive keep) override {
-    if (fail_next && pe == rank_) {
+    if (fail_next && pe == rank()) {
       fail_next = false;
       return DeviceError("injected: the staging put failed");
     }
@@ -316,9 +305,6 @@ class FailOnceDevice final : public testutil::HostForwardingDevice {
     return HostForwardingDevice::Encode(format, dtype, src, count, dst, stream, std::move(keep));
   }
   bool fail_next = false;
-
- private:
-  int rank_ = -1;
 };
 
 // A call that fails on one rank before its first sync (staging its data) reached no peer: the peers time out and
