@@ -53,9 +53,10 @@ TEST_P(AscendCollectivesTest, EveryCollectiveOnEveryPath) { testutil::RunEveryCo
 
 // float16 and bfloat16 through aclnnCast; the fp8 formats are refused by the device before anything moves.
 TEST_P(AscendCollectivesTest, LowPrecisionInTheSixteenBitFormatsAndFp8Refused) {
-  testutil::RunLowPrecision(AscendBackend(), GetParam(), {ops::LowFormat::kFloat16, ops::LowFormat::kBFloat16});
-  testutil::RunOnRootTeam(AscendBackend(), GetParam(), [](int, Runtime& runtime, std::uint64_t t) {
-    testutil::DeviceFloats tensor(AscendBackend(), runtime, 16, false);
+  const testutil::CollectiveBackend backend = AscendBackend();   // outlives the buffers that refer to it
+  testutil::RunLowPrecision(backend, GetParam(), {ops::LowFormat::kFloat16, ops::LowFormat::kBFloat16});
+  testutil::RunOnRootTeam(backend, GetParam(), [&](int, Runtime& runtime, std::uint64_t t) {
+    testutil::DeviceFloats tensor(backend, runtime, 16, false);
     EXPECT_TRUE(testutil::HasError(runtime.AllReduce(t, tensor.data(), 64, DataType::kFloat32, ReduceOp::kSum,
                                                      kDefaultStream, nullptr, ops::LowFormat::kFloat8E4M3Fn),
                                    StatusCode::kDeviceError, "needs a block-scaled fp8 cast kernel"));
