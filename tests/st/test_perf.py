@@ -219,8 +219,8 @@ def test_low_precision_group_beside_full_precision_within_the_bound(tmp_path) ->
 
 
 @needs_symmetric_memory
-def test_ordinary_tensors_run_the_in_place_and_low_precision_forms_off_the_heap(tmp_path) -> None:
-    """``--ordinary-tensors``: the in-place and low-precision groups of all_reduce and reduce_scatter run on ordinary
+def test_ordinary_tensors_run_every_form_of_ours_off_the_heap(tmp_path) -> None:
+    """``--ordinary-tensors``: the out-of-place, in-place and low-precision groups of the collectives run on ordinary
     torch tensors (the staged paths), say so, and are checked like the symmetric ones."""
     json_path = tmp_path / "ordinary.json"
     result = perf("--op", "all_reduce,reduce_scatter", "--nproc", "2", "-b", "1K", "-e", "1M", "-f", "32",
@@ -236,12 +236,27 @@ def test_ordinary_tensors_run_the_in_place_and_low_precision_forms_off_the_heap(
         for row in rows:
             cells = dict(zip(columns, row))
             assert cells["#wrong"] == cells["in.#wrong"] == cells["lo.#wrong"] == "0", (op, row)
+    assert result.stdout.count("# ordinary: ours on ordinary torch tensors (not symmetric") == 2
     assert result.stdout.count("# in place, ordinary: the in-place call on ordinary torch tensors") == 2
+    assert "shmem, out-of-place, ordinary" in result.stdout
     assert result.stdout.count("# in place, ordinary, bfloat16: the in-place call with low_precision_dtype") == 2
     assert "shmem, in-place, ordinary, bfloat16" in result.stdout
     document = json.loads(json_path.read_text())
     assert document["settings"]["ordinary_tensors"] is True
     assert all(entry["in_place_wrong"] == 0 and entry["low_precision_wrong"] == 0 for entry in document["rows"])
+
+
+def test_ordinary_tensors_move_the_other_collectives_correctly(tmp_path) -> None:
+    """``--ordinary-tensors`` with all_gather, all_to_all and send_recv: ours on ordinary tensors, every element
+    checked against gloo's, in place too."""
+    json_path = tmp_path / "ordinary.json"
+    result = perf("--op", "all_gather,all_to_all,send_recv", "--nproc", "2", *QUICK, "--ordinary-tensors",
+                  "--json", str(json_path))
+    expect_success(result)
+    assert result.stdout.count("# ordinary: ours on ordinary torch tensors (not symmetric") == 3
+    rows = json.loads(json_path.read_text())["rows"]
+    assert {row["op"] for row in rows} == {"all_gather", "all_to_all", "send_recv"}
+    assert all(row["wrong"] == 0 and row.get("in_place_wrong") in (0, None) for row in rows), rows
 
 
 def test_without_baseline_or_check_the_gloo_columns_go(tmp_path) -> None:

@@ -480,7 +480,9 @@ class Reporter:
         lines = ["#", f"# {op.name}: {op.summary}"]
         if ordinary:
             lines.append("# ordinary: ours on ordinary torch tensors (not symmetric: taken through the staging area)")
-        if has_in_place:
+            if has_in_place:
+                lines.append("# in place, ordinary: the in-place call on ordinary torch tensors")
+        elif has_in_place:
             lines.append(f"# in place: {op.in_place_summary}")
         if low_precision is not None:
             lines.append(f"# in place{', ordinary' if ordinary else ''}, {low_precision}: the in-place call with "
