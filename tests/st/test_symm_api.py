@@ -249,6 +249,21 @@ def _case_team_all_to_all_sequences() -> None:
             # The fast entries convert their ints as the data plane does, naming them.
             expect_error(TypeError, lambda: team.send(torch.ones(1), "1"), "`peer` must be an int, but got str")
             expect_error(TypeError, lambda: team.recv(torch.ones(1), 1.0), "`peer` must be an int, but got float")
+            # A wire format is refused before any sync, alike on every rank: one that is none, one that cannot carry
+            # the reduction.
+            values = torch.ones(4)
+            expect_error(ValueError, lambda: team.all_reduce(values, "sum", wire=torch.int8),
+                         "`wire` must be one of float8_e4m3fn, float8_e5m2, float16, bfloat16 or None, but got "
+                         "torch.int8")
+            expect_error(ValueError, lambda: team.all_reduce(values, "max", wire=torch.bfloat16),
+                         "`low_precision_dtype` must be used with sum or avg only (dtype=float32 op=max), but got "
+                         "bfloat16")
+            expect_error(ValueError, lambda: team.reduce_scatter(torch.ones(1, dtype=torch.float16),
+                                                                 torch.ones(world, dtype=torch.float16), "sum",
+                                                                 wire=torch.bfloat16),
+                         "`low_precision_dtype` must be narrower than the tensor's dtype (dtype=float16 op=sum), but "
+                         "got bfloat16")
+            assert values.eq(1.0).all(), "a refused all_reduce wrote"
             symm.shmem_alltoall(sends, out, (2,) * world)  # the user API's fast path, with tuples
             assert torch.equal(out, expected), "shmem_alltoall with tuples"
         finally:
