@@ -28,6 +28,15 @@ bool SameSymmetric(const std::vector<Fingerprint>& rows, int column) {
   return true;
 }
 
+// Every member published the address of its `column` tensor: the device reaches their memory, every rank takes the
+// path (the rows are the same on every rank).
+bool EveryAddress(const std::vector<Fingerprint>& rows, int column) {
+  for (const Fingerprint& row : rows) {
+    if (row.address[column] == 0) return false;
+  }
+  return true;
+}
+
 // [a, a + a_bytes) and [b, b + b_bytes) share a byte.
 bool Overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
   const auto lo_a = reinterpret_cast<std::uintptr_t>(a);
@@ -182,6 +191,23 @@ Status CollectiveEngine::Get(void* dst, const void* symmetric_src, std::size_t b
   });
 }
 
+std::uint64_t CollectiveEngine::Published(const void* address) const {
+  return device_.reaches_peer_memory() ? reinterpret_cast<std::uintptr_t>(address) : 0;
+}
+
+Status CollectiveEngine::GetPeerMemory(void* dst, std::uint64_t peer_address, std::size_t bytes, int group_rank) {
+  return device_.GetPeerMemory(dst, peer_address, bytes, team_.pes[static_cast<std::size_t>(group_rank)], stream_, keep_);
+}
+
+Status CollectiveEngine::ReducePeerMemory(void* dst, const std::vector<Fingerprint>& rows, int column,
+                                          std::size_t offset, std::size_t count, const ElementType& type, ReduceOp op) {
+  if (count == 0) return Status::Ok();
+  std::vector<std::uint64_t> sources;
+  sources.reserve(rows.size());
+  for (const Fingerprint& row : rows) sources.push_back(row.address[column] + offset);
+  return device_.ReducePeerMemory(dst, sources, team_.pes, count, type.reduce_type, op, stream_, keep_);
+}
+
 Status CollectiveEngine::Reduce(void* dst, const void* symmetric_src, std::size_t count, const ElementType& type,
                                 ReduceOp op) {
   if (count == 0) return Status::Ok();
@@ -220,6 +246,7 @@ Status CollectiveEngine::AllGather(const Buffer& output, const Buffer& input, co
   Fingerprint f = Begin(Collective::kAllGather, &type, c / type.bytes, 0, -1);
   f.where[0] = output.heap_offset;
   f.where[1] = input.heap_offset;
+  f.address[1] = Published(input.address);
   const int n = team_.size();
   const int me = team_.me;
   char* out = static_cast<char*>(output.address);
@@ -253,6 +280,14 @@ Status CollectiveEngine::AllGather(const Buffer& output, const Buffer& input, co
     }
     return Sync();
   }
+  if (EveryAddress(rows, 1)) {   // pull from the peers' inputs wherever they lie: one copy of each byte
+    for (int r = 1; r < n; ++r) {
+      const int p = (me + r) % n;
+      HP_RETURN_IF_ERROR(Broken(GetPeerMemory(part(p), rows[static_cast<std::size_t>(p)].address[1], c, p), "pull"));
+    }
+    if (!in_place) HP_RETURN_IF_ERROR(Broken(device_.Copy(mine, in, c, stream_, keep_), "copy"));
+    return Sync();
+  }
   const std::size_t piece = team_.staging_bytes();
   for (std::size_t off = 0; off < c; off += piece) {
     const std::size_t length = std::min(piece, c - off);
@@ -272,6 +307,7 @@ Status CollectiveEngine::AllReduce(const Buffer& tensor, const ElementType& type
   const std::size_t count = tensor.bytes / type.bytes;
   Fingerprint f = Begin(Collective::kAllReduce, &type, count, static_cast<std::uint32_t>(op) + 1, -1);
   f.where[0] = tensor.heap_offset;
+  f.address[0] = Published(tensor.address);
   const int n = team_.size();
   const int me = team_.me;
   const std::size_t es = type.bytes;
@@ -290,6 +326,21 @@ Status CollectiveEngine::AllReduce(const Buffer& tensor, const ElementType& type
       char* part = t + lo * es;
       HP_RETURN_IF_ERROR(Broken(Reduce(part, part, hi - lo, type, op), "reduce"));
       for (int r = 1; r < n; ++r) HP_RETURN_IF_ERROR(Broken(Put(part, part, (hi - lo) * es, (me + r) % n), "push"));
+    }
+    return Sync();
+  }
+  if (EveryAddress(rows, 0)) {   // two-shot between the tensors: reduce this rank's part from every rank's, pull the rest
+    const auto [lo, hi] = Part(count, n, me);
+    HP_RETURN_IF_ERROR(Broken(ReducePeerMemory(t + lo * es, rows, 0, lo * es, hi - lo, type, op), "reduce"));
+    HP_RETURN_IF_ERROR(Sync());
+    for (int r = 1; r < n; ++r) {
+      const int p = (me + r) % n;
+      const auto [plo, phi] = Part(count, n, p);
+      if (phi > plo) {
+        HP_RETURN_IF_ERROR(Broken(GetPeerMemory(t + plo * es, rows[static_cast<std::size_t>(p)].address[0] + plo * es,
+                                                (phi - plo) * es, p),
+                                  "pull"));
+      }
     }
     return Sync();
   }
@@ -319,6 +370,7 @@ Status CollectiveEngine::ReduceScatter(const Buffer& output, const Buffer& input
   const std::size_t c = output.bytes / es;
   Fingerprint f = Begin(Collective::kReduceScatter, &type, c, static_cast<std::uint32_t>(op) + 1, -1);
   f.where[0] = input.heap_offset;
+  f.address[0] = Published(input.address);
   const int n = team_.size();
   const int me = team_.me;
   char* out = static_cast<char*>(output.address);
@@ -333,6 +385,10 @@ Status CollectiveEngine::ReduceScatter(const Buffer& output, const Buffer& input
   if (c == 0) return Status::Ok();
   if (SameSymmetric(rows, 0)) {   // reduce straight from the peers' inputs
     HP_RETURN_IF_ERROR(Broken(Reduce(out, in + static_cast<std::size_t>(me) * c * es, c, type, op), "reduce"));
+    return Sync();
+  }
+  if (EveryAddress(rows, 0)) {   // reduce straight from the peers' inputs wherever they lie
+    HP_RETURN_IF_ERROR(Broken(ReducePeerMemory(out, rows, 0, static_cast<std::size_t>(me) * c * es, c, type, op), "reduce"));
     return Sync();
   }
   const std::size_t region = RoundDown(team_.staging_bytes() / static_cast<std::size_t>(n), 64);
@@ -411,14 +467,17 @@ Status CollectiveEngine::AllToAll(const std::vector<Buffer>& sends, const Buffer
           Put(my_region, sends[static_cast<std::size_t>(p)].address, sends[static_cast<std::size_t>(p)].bytes, p)));
     }
   }
-  std::vector<std::int64_t> row(2 * un + 1);
+  // The row: send counts, receive counts, `where`, then the sends' addresses for peers that reach this rank's memory
+  // (0 where the sends overlap the receive buffer: peers must not read what this rank is overwriting).
+  std::vector<std::int64_t> row(3 * un + 1);
   for (std::size_t j = 0; j < un; ++j) {
     row[j] = static_cast<std::int64_t>(sends[j].bytes / es);
     row[un + j] = static_cast<std::int64_t>(receive_counts[j]);
+    row[2 * un + 1 + j] = aliased ? 0 : static_cast<std::int64_t>(Published(sends[j].address));
   }
   row[2 * un] = where;
   HP_ASSIGN_OR_RETURN(std::vector<Fingerprint> rows, Open(f, &row));
-  std::vector<std::vector<std::int64_t>> table(un, std::vector<std::int64_t>(2 * un + 1));
+  std::vector<std::vector<std::int64_t>> table(un, std::vector<std::int64_t>(row.size()));
   for (int r = 0; r < n; ++r) {
     HP_RETURN_IF_ERROR(Broken(device_.CopyFromHeap(table[static_cast<std::size_t>(r)].data(), team_.CountRow(parity, r),
                                                    row.size() * sizeof(std::int64_t)),
@@ -470,6 +529,26 @@ Status CollectiveEngine::AllToAll(const std::vector<Buffer>& sends, const Buffer
   }
   if (same_tensor && all_in_place) {
     HP_RETURN_IF_ERROR(SwapBlocks(out, starts, table, es));
+    return Sync();
+  }
+  bool every_send_published = true;   // every part that moves, the own ones too, can be read where it lies
+  for (std::size_t i = 0; i < un; ++i) {
+    for (std::size_t j = 0; j < un; ++j) {
+      every_send_published = every_send_published && (table[i][j] == 0 || table[i][2 * un + 1 + j] != 0);
+    }
+  }
+  if (!(same_tensor && none_in_place) && every_send_published) {   // pull from the peers' sends: one copy of each byte
+    HP_RETURN_IF_ERROR(place_own());
+    for (int r = 1; r < n; ++r) {
+      const int i = (me + r) % n;
+      const auto ui = static_cast<std::size_t>(i);
+      const std::size_t length = static_cast<std::size_t>(table[ui][static_cast<std::size_t>(me)]) * es;
+      if (length == 0) continue;
+      HP_RETURN_IF_ERROR(Broken(GetPeerMemory(out + starts[ui],
+                                              static_cast<std::uint64_t>(table[ui][2 * un + 1 + static_cast<std::size_t>(me)]),
+                                              length, i),
+                                "pull"));
+    }
     return Sync();
   }
   if (same_tensor && none_in_place) {   // push into the peers' receive buffers

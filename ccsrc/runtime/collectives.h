@@ -1,11 +1,14 @@
 // The collective engine: every collective of a team, written once over the Device interface.
 //
-// Each collective picks one of three paths, the same on every rank (it decides from what every rank published):
+// Each collective picks one of four paths, the same on every rank (it decides from what every rank published):
 //
 //   one step     small messages: each rank stages its data in the staging half of the call's parity (the previous
 //                call used the other one), one sync, then peers pull from it or reduce straight from it;
 //   copy-free    every rank passes the same symmetric buffer (same heap offset, published with the first sync):
 //                peers push into it, pull from it or reduce straight from it;
+//   peer memory  the device reaches peers' memory outside the heap (Device::reaches_peer_memory) and every rank
+//                published its tensors' addresses: ranks pull from or reduce straight out of each other's ordinary
+//                tensors, one copy of each byte;
 //   staged       otherwise, in pieces of the staging size.
 //
 // A rank reads or writes a peer's memory only between two syncs of the team. The first sync of every call carries
@@ -103,6 +106,12 @@ class CollectiveEngine {
   Status Put(void* symmetric_dst, const void* src, std::size_t bytes, int group_rank);
   Status Get(void* dst, const void* symmetric_src, std::size_t bytes, int group_rank);
   Status Reduce(void* dst, const void* symmetric_src, std::size_t count, const ElementType& type, ReduceOp op);
+  // This rank's `address` as peers read it when the device reaches their memory, 0 (published nothing) otherwise.
+  std::uint64_t Published(const void* address) const;
+  Status GetPeerMemory(void* dst, std::uint64_t peer_address, std::size_t bytes, int group_rank);
+  // dst = op over every member's published `column` address + `offset` bytes, `count` elements.
+  Status ReducePeerMemory(void* dst, const std::vector<Fingerprint>& rows, int column, std::size_t offset,
+                          std::size_t count, const ElementType& type, ReduceOp op);
   Status SwapBlocks(char* out, const std::vector<std::size_t>& starts, const std::vector<std::vector<std::int64_t>>& table,
                     std::size_t element_bytes);
 

@@ -138,6 +138,25 @@ class Device {
   // Every rank reaches the barrier and everything enqueued before it (on every rank) is complete and visible.
   virtual Status Barrier(StreamHandle stream) = 0;
 
+  // Peers' memory outside the heap: ordinary tensors, at the addresses their own process sees. A device that reaches
+  // it lets the collectives on ordinary tensors move each byte once, straight between the ranks' buffers, instead of
+  // twice through the heap. The host device reaches it through the kernel's cross-memory attach where the system
+  // allows it; an accelerator's memory is reached through the symmetric heap only.
+  //
+  // Whether this device reaches peers' memory: agreed at Init, so the same on every rank.
+  virtual bool reaches_peer_memory() const = 0;
+  // Copies `bytes` from `peer_address` (an address in `pe`'s own address space; this rank's when `pe` is this rank)
+  // into `dst` (this rank's memory). The caller orders it between the syncs that bracket the peer's use of the
+  // memory; a range the peer has not mapped fails, naming the address.
+  virtual Status GetPeerMemory(void* dst, std::uint64_t peer_address, std::size_t bytes, int pe, StreamHandle stream,
+                               KeepAlive keep) = 0;
+  // Reduce with the sources anywhere in the members' memory: dst[i] = op over k of the element i at addresses[k] in
+  // pes[k]'s address space, combined in that order (Reduce's rules for float16, bfloat16 and kAvg). `dst` (this
+  // rank's memory) may be this rank's own source exactly; otherwise it must not overlap one.
+  virtual Status ReducePeerMemory(void* dst, const std::vector<std::uint64_t>& addresses, const std::vector<int>& pes,
+                                  std::size_t count, DataType dtype, ReduceOp op, StreamHandle stream,
+                                  KeepAlive keep) = 0;
+
   // Local copy. `bytes` from `src` to `dst`, both memory this rank's device addresses (its own heap, or memory of
   // the device outside the heap: a tensor's storage), neither a peer's. Not collective; ordered on `stream` like
   // every data-plane call, and complete when the stream reaches it (on kDefaultStream, before it returns). The

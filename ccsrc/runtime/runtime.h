@@ -55,6 +55,7 @@ struct DebugSnapshot {
   std::string latest_failure;   // "" when nothing failed
   std::uint64_t in_flight = 0;  // data-plane calls running inside the runtime right now (any thread)
   std::size_t live_teams = 0;
+  bool reaches_peer_memory = false;   // the device reads peers' ordinary tensors in place (Device::reaches_peer_memory)
 };
 
 // A live team as its creator sees it.
@@ -229,6 +230,7 @@ class Runtime {
     std::size_t heap_size = 0;
     std::size_t internal_reserved = 0;   // the runtime's own control records
     Config config;
+    bool reaches_peer_memory = false;
   };
   mutable std::mutex identity_mu_;
   Identity identity_;

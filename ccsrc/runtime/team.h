@@ -5,7 +5,7 @@
 // for the root team, kSubTeamSlots slots for the other teams. A slot is laid out once (TeamSlotLayout):
 //
 //   control   dissemination words (one per round), send/recv sequence words (one per sender), the release count,
-//             the fingerprint table (2 parities x members), the count table (2 parities x members x 2n + 1)
+//             the fingerprint table (2 parities x members), the count table (2 parities x members x 3n + 1)
 //   staging   bounce space for collectives whose tensors are not symmetric (two halves for one-step ops)
 //   mailbox   one region per sender for send/recv, kMailboxPieces pieces in flight, each a header and a payload
 //
@@ -49,8 +49,9 @@ const char* CollectiveName(Collective collective);
 // Wire formats a fingerprint names (0: the tensor's own dtype). The low-precision formats follow ops::LowFormat + 1.
 constexpr std::uint32_t kWireFull = 0;
 
-// What a rank says it is calling, carried by every sync of a team. Ranks compare every field but `epoch` and
-// `where`; `where` carries what each rank publishes for the others (heap offsets of its tensors, -1 for none).
+// What a rank says it is calling, carried by every sync of a team. Ranks compare every field but `epoch`, `where`
+// and `address`, which carry what each rank publishes for the others: the heap offsets of its tensors (-1 for none),
+// and, when the device reaches peers' memory, their addresses in its own process (0 for none).
 struct Fingerprint {
   std::uint64_t epoch;      // base + the sync's epoch: tells who arrived
   std::uint64_t sequence;   // the team's call number
@@ -62,7 +63,8 @@ struct Fingerprint {
   std::uint64_t element_bytes;
   char dtype[24];           // NUL-terminated name ("float32"), "" for none
   std::int64_t where[4];
-  std::uint8_t reserved[24];
+  std::uint64_t address[2];
+  std::uint8_t reserved[8];
 };
 static_assert(sizeof(Fingerprint) == 128, "a fingerprint is laid out the same on every rank");
 // "collective=all_reduce sequence=3 dtype=float32 count=8 op=sum wire=full": what a message names of a call.
@@ -87,7 +89,7 @@ struct TeamSlotLayout {
   std::size_t acked = 0;               // world x int64: the last piece receiver i took from here
   std::size_t release_count = 0;       // int64
   std::size_t fingerprints = 0;        // 2 x world x Fingerprint
-  std::size_t counts = 0;              // 2 x world x (2 world + 1) x int64
+  std::size_t counts = 0;              // 2 x world x (3 world + 1) x int64
   std::size_t control_bytes = 0;       // the above, rounded up to a page
   std::size_t staging = 0;
   std::size_t staging_bytes = 0;
@@ -96,7 +98,7 @@ struct TeamSlotLayout {
   std::size_t slot_bytes = 0;
 
   static TeamSlotLayout For(int world_size, std::size_t staging_bytes);
-  std::size_t count_row_bytes() const { return (2 * static_cast<std::size_t>(world_size) + 1) * sizeof(std::int64_t); }
+  std::size_t count_row_bytes() const { return (3 * static_cast<std::size_t>(world_size) + 1) * sizeof(std::int64_t); }
 };
 
 // The pool's two layouts: the root slot stages more (every op of the root group goes through it).

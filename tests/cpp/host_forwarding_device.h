@@ -13,6 +13,8 @@ namespace hp::shmem::testutil {
 
 class HostForwardingDevice : public Device {
  public:
+  explicit HostForwardingDevice(host::PeerMemory peer_memory = host::PeerMemory::kCrossMemoryAttach)
+      : host_(peer_memory) {}
   const char* name() const override { return host_.name(); }
   Status Init(const DeviceInitArgs& args, Bootstrap& bootstrap) override {
     rank_ = args.rank;
@@ -65,6 +67,15 @@ class HostForwardingDevice : public Device {
   Status Barrier(StreamHandle stream) override { return host_.Barrier(stream); }
   Status Copy(void* dst, const void* src, std::size_t bytes, StreamHandle stream, KeepAlive keep) override {
     return host_.Copy(dst, src, bytes, stream, std::move(keep));
+  }
+  bool reaches_peer_memory() const override { return host_.reaches_peer_memory(); }
+  Status GetPeerMemory(void* dst, std::uint64_t peer_address, std::size_t bytes, int pe, StreamHandle stream,
+                       KeepAlive keep) override {
+    return host_.GetPeerMemory(dst, peer_address, bytes, pe, stream, std::move(keep));
+  }
+  Status ReducePeerMemory(void* dst, const std::vector<std::uint64_t>& addresses, const std::vector<int>& pes,
+                          std::size_t count, DataType dtype, ReduceOp op, StreamHandle stream, KeepAlive keep) override {
+    return host_.ReducePeerMemory(dst, addresses, pes, count, dtype, op, stream, std::move(keep));
   }
   Result<StreamHandle> CreateStream() override { return host_.CreateStream(); }
   Status DestroyStream(StreamHandle stream) override { return host_.DestroyStream(stream); }

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "collective_cases.h"
@@ -38,9 +39,10 @@ Config HostConfig(double timeout_sec = 10.0) {
   return config;
 }
 
-testutil::CollectiveBackend HostBackend(double timeout_sec = 10.0) {
+testutil::CollectiveBackend HostBackend(double timeout_sec = 10.0,
+                                        host::PeerMemory peer_memory = host::PeerMemory::kCrossMemoryAttach) {
   testutil::CollectiveBackend backend;
-  backend.make_device = [] { return std::make_unique<host::HostDevice>(); };
+  backend.make_device = [peer_memory] { return std::make_unique<host::HostDevice>(peer_memory); };
   backend.config = [timeout_sec] { return HostConfig(timeout_sec); };
   backend.alloc_local = [](std::size_t bytes) { return std::malloc(bytes); };
   backend.free_local = [](void* p) { std::free(p); };
@@ -49,19 +51,27 @@ testutil::CollectiveBackend HostBackend(double timeout_sec = 10.0) {
   return backend;
 }
 
-class HostCollectivesTest : public ::testing::TestWithParam<int> {};
+// Ranks, and whether the device reaches peers' memory: ordinary tensors move through it or stage through the heap.
+class HostCollectivesTest : public ::testing::TestWithParam<std::tuple<int, host::PeerMemory>> {
+ protected:
+  int world() const { return std::get<0>(GetParam()); }
+  testutil::CollectiveBackend Backend() const { return HostBackend(10.0, std::get<1>(GetParam())); }
+};
 
-TEST_P(HostCollectivesTest, EveryCollectiveOnEveryPath) { testutil::RunEveryCollective(HostBackend(), GetParam()); }
+TEST_P(HostCollectivesTest, EveryCollectiveOnEveryPath) { testutil::RunEveryCollective(Backend(), world()); }
 
 TEST_P(HostCollectivesTest, LowPrecisionInEveryWireFormat) {
-  testutil::RunLowPrecision(HostBackend(), GetParam(),
+  testutil::RunLowPrecision(Backend(), world(),
                             {ops::LowFormat::kFloat16, ops::LowFormat::kBFloat16, ops::LowFormat::kFloat8E4M3Fn,
                              ops::LowFormat::kFloat8E5M2});
 }
 
-TEST_P(HostCollectivesTest, AllToAllOnEveryPath) { testutil::RunAllToAllPaths(HostBackend(), GetParam()); }
+TEST_P(HostCollectivesTest, AllToAllOnEveryPath) { testutil::RunAllToAllPaths(Backend(), world()); }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, HostCollectivesTest, ::testing::Values(1, 2, 3, 4));
+INSTANTIATE_TEST_SUITE_P(Ranks, HostCollectivesTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                                            ::testing::Values(host::PeerMemory::kCrossMemoryAttach,
+                                                              host::PeerMemory::kThroughHeap)));
 
 // The bytes a rank's device moved, by kind: a local Copy, a Put or Get with this rank's own pe (through its staging),
 // or with a peer's. Per thread: each thread is one rank, and the default stream runs every call on it.
@@ -71,11 +81,24 @@ struct MovedBytes {
   std::size_t got_self = 0;
   std::size_t put_peer = 0;
   std::size_t got_peer = 0;
+  std::size_t got_peer_memory = 0;       // GetPeerMemory from a peer's memory outside the heap
+  std::size_t reduced_peer_memory = 0;   // ReducePeerMemory: the bytes of every source
 };
 thread_local MovedBytes moved;
 
 class CountingDevice final : public testutil::HostForwardingDevice {
  public:
+  explicit CountingDevice(host::PeerMemory peer_memory) : HostForwardingDevice(peer_memory) {}
+  Status GetPeerMemory(void* dst, std::uint64_t address, std::size_t bytes, int pe, StreamHandle stream,
+                       KeepAlive keep) override {
+    moved.got_peer_memory += bytes;
+    return HostForwardingDevice::GetPeerMemory(dst, address, bytes, pe, stream, std::move(keep));
+  }
+  Status ReducePeerMemory(void* dst, const std::vector<std::uint64_t>& addresses, const std::vector<int>& pes,
+                          std::size_t count, DataType dtype, ReduceOp op, StreamHandle stream, KeepAlive keep) override {
+    moved.reduced_peer_memory += count * DataTypeSize(dtype) * addresses.size();
+    return HostForwardingDevice::ReducePeerMemory(dst, addresses, pes, count, dtype, op, stream, std::move(keep));
+  }
   Status Put(void* dst, const void* src, std::size_t bytes, int pe, StreamHandle stream, KeepAlive keep) override {
     (pe == rank() ? moved.put_self : moved.put_peer) += bytes;
     return HostForwardingDevice::Put(dst, src, bytes, pe, stream, std::move(keep));
@@ -95,7 +118,7 @@ class CountingDevice final : public testutil::HostForwardingDevice {
 // block into its staging, the peer's half into place, its held half into the peer's block.
 TEST(HostCollectivesCopiesTest, AllToAllCopiesTheOwnPartOnceAndPeersPartsAtMostTwice) {
   testutil::CollectiveBackend backend = HostBackend();
-  backend.make_device = [] { return std::make_unique<CountingDevice>(); };
+  backend.make_device = [] { return std::make_unique<CountingDevice>(host::PeerMemory::kThroughHeap); };
   testutil::RunOnRootTeam(backend, 2, [&](int rank, Runtime& runtime, std::uint64_t t) {
     for (std::size_t count : {std::size_t{3000}, std::size_t{70000}}) {   // 12 KB parts (one step), 280 KB (staged)
       for (bool in_place : {false, true}) {
@@ -134,6 +157,97 @@ TEST(HostCollectivesCopiesTest, AllToAllCopiesTheOwnPartOnceAndPeersPartsAtMostT
         EXPECT_LT(call.put_peer, (in_place && count == 70000 ? part / 2 : part) + 4096);   // besides: the sync's rows
         ASSERT_TRUE(IsOk(runtime.TeamBarrier(t, kDefaultStream)));
       }
+    }
+  });
+}
+
+// Where the device reaches peers' memory, the collectives on ordinary buffers above the one-step size move each byte
+// once, straight out of the peers' buffers: nothing goes through staging (the only heap traffic is the syncs' rows).
+TEST(HostCollectivesCopiesTest, OrdinaryBuffersMoveEachByteOnceThroughPeersMemory) {
+  testutil::CollectiveBackend backend = HostBackend();
+  backend.make_device = [] { return std::make_unique<CountingDevice>(host::PeerMemory::kCrossMemoryAttach); };
+  const int world = 3;
+  testutil::RunOnRootTeam(backend, world, [&](int rank, Runtime& runtime, std::uint64_t t) {
+    const std::size_t count = 90000;   // 360 KB per rank: above the one-step size
+    const std::size_t part = count * 4;
+    const auto n = static_cast<std::size_t>(world);
+    const auto me = static_cast<std::size_t>(rank);
+    auto value = [](std::size_t r, std::size_t i) { return static_cast<float>(r * 10 + i % 7); };
+    auto nothing_staged = [&](const MovedBytes& call) {
+      EXPECT_EQ(call.put_self, 0u);
+      EXPECT_EQ(call.got_self, 0u);
+      EXPECT_EQ(call.got_peer, 0u);
+      EXPECT_LT(call.put_peer, 4096u);
+    };
+    {   // all_gather: the peers' inputs into place, this rank's copied once
+      SCOPED_TRACE("all_gather");
+      DeviceFloats input(backend, runtime, count, false);
+      DeviceFloats output(backend, runtime, n * count, false);
+      std::vector<float> values(count);
+      for (std::size_t i = 0; i < count; ++i) values[i] = value(me, i);
+      input.Set(values);
+      moved = MovedBytes{};
+      ASSERT_TRUE(IsOk(runtime.AllGather(t, output.data(), output.bytes(), input.data(), input.bytes(), Float32(),
+                                         kDefaultStream, nullptr)));
+      const MovedBytes call = moved;
+      const std::vector<float> got = output.Get();
+      for (std::size_t r = 0; r < n; ++r) EXPECT_EQ(got[r * count + count - 1], value(r, count - 1));
+      nothing_staged(call);
+      EXPECT_EQ(call.got_peer_memory, (n - 1) * part);
+      EXPECT_EQ(call.copied, part);
+    }
+    {   // all_reduce: this rank's part reduced out of every rank's tensor, the others' reduced parts pulled
+      SCOPED_TRACE("all_reduce");
+      DeviceFloats tensor(backend, runtime, count, false);
+      std::vector<float> values(count);
+      for (std::size_t i = 0; i < count; ++i) values[i] = value(me, i);
+      tensor.Set(values);
+      moved = MovedBytes{};
+      ASSERT_TRUE(IsOk(runtime.AllReduce(t, tensor.data(), tensor.bytes(), DataType::kFloat32, ReduceOp::kSum,
+                                         kDefaultStream, nullptr)));
+      const MovedBytes call = moved;
+      const std::vector<float> got = tensor.Get();
+      for (std::size_t i : {std::size_t{0}, count / 2, count - 1}) {
+        EXPECT_EQ(got[i], value(0, i) + value(1, i) + value(2, i)) << "i=" << i;
+      }
+      nothing_staged(call);
+      EXPECT_EQ(call.reduced_peer_memory, part);             // a third of the tensor from each of 3 ranks
+      EXPECT_EQ(call.got_peer_memory, part - part / n);       // the two other thirds
+    }
+    {   // reduce_scatter: this rank's part reduced out of every rank's input
+      SCOPED_TRACE("reduce_scatter");
+      DeviceFloats input(backend, runtime, n * count, false);
+      DeviceFloats output(backend, runtime, count, false);
+      std::vector<float> values(n * count);
+      for (std::size_t i = 0; i < values.size(); ++i) values[i] = value(me, i);
+      input.Set(values);
+      moved = MovedBytes{};
+      ASSERT_TRUE(IsOk(runtime.ReduceScatter(t, output.data(), output.bytes(), input.data(), input.bytes(),
+                                             DataType::kFloat32, ReduceOp::kMax, kDefaultStream, nullptr)));
+      const MovedBytes call = moved;
+      EXPECT_EQ(output.Get()[count - 1], value(2, me * count + count - 1));
+      nothing_staged(call);
+      EXPECT_EQ(call.reduced_peer_memory, n * part);
+      EXPECT_EQ(call.got_peer_memory, 0u);
+    }
+    {   // all_to_all: each peer's part pulled out of its send, this rank's copied once
+      SCOPED_TRACE("all_to_all");
+      DeviceFloats sending(backend, runtime, n * count, false);
+      DeviceFloats receive(backend, runtime, n * count, false);
+      std::vector<float> values(n * count);
+      for (std::size_t i = 0; i < values.size(); ++i) values[i] = value(me, i);
+      sending.Set(values);
+      std::vector<std::pair<const void*, std::size_t>> sends;
+      for (std::size_t j = 0; j < n; ++j) sends.emplace_back(sending.at(j * count), part);
+      moved = MovedBytes{};
+      ASSERT_TRUE(IsOk(runtime.AllToAll(t, sends, receive.data(), receive.bytes(), std::vector<std::uint64_t>(n, count),
+                                        Float32(), kDefaultStream, nullptr)));
+      const MovedBytes call = moved;
+      const std::vector<float> got = receive.Get();
+      for (std::size_t r = 0; r < n; ++r) EXPECT_EQ(got[r * count + 5], value(r, me * count + 5)) << "r=" << r;
+      nothing_staged(call);
+      EXPECT_EQ(call.got_peer_memory, (n - 1) * part);
+      EXPECT_EQ(call.copied, part);
     }
   });
 }

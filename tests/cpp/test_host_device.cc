@@ -4,9 +4,12 @@
 
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/statvfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -15,6 +18,7 @@
 #include <vector>
 
 #include "private_shm.h"
+#include "runtime/host/process_memory.h"
 #include "runtime/logging.h"
 #include "test_support.h"
 #include "thread_bootstrap.h"
@@ -303,6 +307,119 @@ TEST(HostDeviceTest, CopyIsALocalCopyBetweenAnyTwoBuffersInStreamOrder) {
     EXPECT_TRUE(IsOk(device.Free(heap.value())));
     EXPECT_TRUE(IsOk(device.Finalize()));
   });
+}
+
+// Peers' memory outside the heap: each rank reads the other's ordinary buffer at the address the peer published, and
+// reduces from both ranks' buffers, in blocks (the buffers span several of ReducePeerMemory's blocks), out of place
+// and in place. Thread-ranks share a process, which the kernel always lets read itself.
+TEST(HostDeviceTest, PeerMemoryIsReadAtThePeersOwnAddresses) {
+  RunRanks(2, [](int rank, Bootstrap& bootstrap) {
+    HostDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(bootstrap), bootstrap)));
+    EXPECT_TRUE(device.reaches_peer_memory());
+    const std::size_t count = 40000;   // 160 KB of float32: three blocks
+    std::vector<float> mine(count);
+    for (std::size_t i = 0; i < count; ++i) mine[i] = static_cast<float>(rank * 100000 + static_cast<int>(i));
+    const std::vector<std::uint64_t> addresses = GatherValue(bootstrap, reinterpret_cast<std::uint64_t>(mine.data()));
+    const int peer = 1 - rank;
+
+    std::vector<float> theirs(count, -1.0f);
+    ASSERT_TRUE(IsOk(device.GetPeerMemory(theirs.data(), addresses[static_cast<std::size_t>(peer)], count * 4, peer,
+                                          kDefaultStream, nullptr)));
+    EXPECT_EQ(theirs[0], static_cast<float>(peer * 100000));
+    EXPECT_EQ(theirs[count - 1], static_cast<float>(peer * 100000 + static_cast<int>(count - 1)));
+
+    std::vector<float> sum(count, 0.0f);
+    ASSERT_TRUE(IsOk(device.ReducePeerMemory(sum.data(), addresses, {0, 1}, count, DataType::kFloat32, ReduceOp::kSum,
+                                             kDefaultStream, nullptr)));
+    for (std::size_t i : {std::size_t{0}, std::size_t{16383}, std::size_t{16384}, count - 1}) {
+      EXPECT_EQ(sum[i], static_cast<float>(100000 + 2 * static_cast<int>(i))) << "i=" << i;
+    }
+    ASSERT_TRUE(IsOk(device.Barrier(kDefaultStream)));   // both read the other's buffer before either changes its own
+
+    // In place, on a stream: this rank's source is the destination itself; its half only, which the peer does not read.
+    Result<StreamHandle> stream = device.CreateStream();
+    ASSERT_TRUE(stream.ok());
+    const std::size_t half = count / 2;
+    const std::size_t lo = static_cast<std::size_t>(rank) * half;
+    std::vector<std::uint64_t> sources = {addresses[0] + lo * 4, addresses[1] + lo * 4};
+    ASSERT_TRUE(IsOk(device.ReducePeerMemory(mine.data() + lo, sources, {0, 1}, half, DataType::kFloat32, ReduceOp::kMax,
+                                             stream.value(), nullptr)));
+    ASSERT_TRUE(IsOk(device.SynchronizeStream(stream.value())));
+    EXPECT_EQ(mine[lo], static_cast<float>(100000 + static_cast<int>(lo)));
+    EXPECT_EQ(mine[lo + half - 1], static_cast<float>(100000 + static_cast<int>(lo + half - 1)));
+    EXPECT_TRUE(IsOk(device.DestroyStream(stream.value())));
+
+    EXPECT_TRUE(HasError(device.ReducePeerMemory(sum.data(), {addresses[0]}, {0, 1}, count, DataType::kFloat32,
+                                                 ReduceOp::kSum, kDefaultStream, nullptr),
+                         StatusCode::kInvalidArgument, "`addresses` must have one address per pe, but got 1 addresses for 2 pes"));
+    // A range the peer has not mapped fails, naming it; nothing else breaks.
+    EXPECT_TRUE(HasError(device.GetPeerMemory(theirs.data(), 4096, 64, peer, kDefaultStream, nullptr),
+                         StatusCode::kDeviceError, "cross-memory read failed: pid=" + std::to_string(getpid()) +
+                                                       " address=0x1000 bytes=64 copied=0 errno=" + std::to_string(EFAULT)));
+    ASSERT_TRUE(IsOk(device.Barrier(kDefaultStream)));
+    EXPECT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
+// Built not to reach peers' memory, the device says so on every rank and refuses to read a peer's (its own is fine).
+TEST(HostDeviceTest, ADeviceThroughTheHeapDoesNotReachPeersMemory) {
+  RunRanks(2, [](int rank, Bootstrap& bootstrap) {
+    HostDevice device(PeerMemory::kThroughHeap);
+    ASSERT_TRUE(IsOk(device.Init(Args(bootstrap), bootstrap)));
+    EXPECT_FALSE(device.reaches_peer_memory());
+    std::uint64_t word = 7;
+    std::uint64_t copy = 0;
+    EXPECT_TRUE(IsOk(device.GetPeerMemory(&copy, reinterpret_cast<std::uint64_t>(&word), sizeof(word), rank,
+                                          kDefaultStream, nullptr)));
+    EXPECT_EQ(copy, 7u);
+    EXPECT_TRUE(HasError(device.GetPeerMemory(&copy, reinterpret_cast<std::uint64_t>(&word), sizeof(word), 1 - rank,
+                                              kDefaultStream, nullptr),
+                         StatusCode::kStateError, "host device does not reach peers' memory: op=GetPeerMemory pe=" +
+                                                      std::to_string(1 - rank)));
+    ASSERT_TRUE(IsOk(device.Barrier(kDefaultStream)));
+    EXPECT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
+// A real second process: the child changes its copy of a buffer after fork (copy on write), the parent reads the
+// child's copy at the same address. A partly unmapped range fails on the missing page, saying how much it copied.
+TEST(ProcessMemoryTest, ReadsAnotherProcessAndNamesWhatItCouldNotRead) {
+  const std::size_t page = PageSize();
+  auto* pages = static_cast<unsigned char*>(mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(pages, MAP_FAILED);
+  std::memset(pages, 0x11, 2 * page);
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::memset(pages, 0x22, page);
+    munmap(pages + page, page);
+    const char done = 1;
+    (void)!write(ready[1], &done, 1);
+    pause();
+    _exit(0);
+  }
+  char done = 0;
+  ASSERT_EQ(read(ready[0], &done, 1), 1);
+  std::vector<unsigned char> copy(page, 0);
+  const Status whole = ReadProcessMemory(child, copy.data(), reinterpret_cast<std::uint64_t>(pages), page);
+  const Status partial = ReadProcessMemory(child, copy.data(), reinterpret_cast<std::uint64_t>(pages + page / 2), page);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  close(ready[0]);
+  close(ready[1]);
+  EXPECT_TRUE(IsOk(whole));
+  EXPECT_EQ(copy[0], 0x22);          // the child's page, not this process's
+  EXPECT_EQ(copy[page - 1], 0x22);
+  EXPECT_EQ(pages[0], 0x11);
+  EXPECT_TRUE(HasError(partial, StatusCode::kDeviceError,
+                       "bytes=" + std::to_string(page) + " copied=" + std::to_string(page / 2) + " errno="));
+  // The process is gone: the read says so.
+  EXPECT_TRUE(HasError(ReadProcessMemory(child, copy.data(), reinterpret_cast<std::uint64_t>(pages), 8),
+                       StatusCode::kDeviceError, "errno=" + std::to_string(ESRCH)));
+  munmap(pages, 2 * page);
 }
 
 TEST(HostDeviceTest, SignalsWakeWaitersOnOtherRanks) {

@@ -2,7 +2,8 @@
 
 Covers the read-only ``DebugState`` snapshot (writes raise TypeError, it survives pickling and copying), its
 fields and their order, its repr (one field per line, addresses in hex), ``latest_failure``, heap accounting
-(allocated / max_allocated / remaining across empty and free), and HYPER_PARALLEL_SHMEM_LOG_LEVEL=0, which logs
+(allocated / max_allocated / remaining across empty and free), ``reaches_peer_memory`` against the kernel's own
+verdict on cross-memory attach between the ranks, and HYPER_PARALLEL_SHMEM_LOG_LEVEL=0, which logs
 every allocation and free with its id, hex base, byte count and the user's call site.
 
 Cases run in a reused 1-rank and a reused 2-rank world; the log level is set in the ranks' environment inside a
@@ -12,6 +13,7 @@ case, before its lifecycle starts, and restored afterwards.
 from __future__ import annotations
 
 import copy
+import ctypes
 import inspect
 import os
 import pickle
@@ -48,6 +50,7 @@ FIELDS = [
     "latest_failure",
     "calls_in_flight",
     "live_teams",
+    "reaches_peer_memory",
     # upstream hyper-parallel's keys the project's vocabulary names otherwise (test_upstream_names.py)
     "root_rank",
     "root_size",
@@ -247,6 +250,37 @@ def _case_allocation_log(level: str | None) -> dict:
     }
 
 
+def _kernel_lets_every_rank_read_every_peer() -> bool:
+    """Probes cross-memory attach between the ranks on its own: each reads a word every peer published."""
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    class IoVec(ctypes.Structure):
+        _fields_ = [("base", ctypes.c_void_p), ("length", ctypes.c_size_t)]
+
+    word = ctypes.c_uint64(0x5EED0000 + dist.get_rank())
+    published: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(published, (os.getpid(), ctypes.addressof(word)))
+    readable = True
+    for rank, (pid, address) in enumerate(published):
+        copied = ctypes.c_uint64(0)
+        local = IoVec(ctypes.addressof(copied), 8)
+        remote = IoVec(address, 8)
+        read = libc.process_vm_readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+        readable = readable and read == 8 and copied.value == 0x5EED0000 + rank
+    verdicts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(verdicts, readable)
+    dist.barrier()  # every peer has read this rank's word before it goes
+    return all(verdicts)
+
+
+def _case_reaches_peer_memory_as_the_kernel_allows() -> None:
+    assert_clean()
+    expected = _kernel_lets_every_rank_read_every_peer()
+    with shmem.acquire_shmem():
+        assert shmem.debug_state()["reaches_peer_memory"] is expected, expected
+    assert shmem.debug_state()["reaches_peer_memory"] is False  # no runtime, no device
+
+
 # --------------------------------------------------------------------------
 # Tests.
 # --------------------------------------------------------------------------
@@ -261,6 +295,11 @@ def test_debug_state_is_a_read_only_snapshot(world_factory, nranks: int) -> None
 def test_debug_state_fields_and_repr(world_factory, nranks: int) -> None:
     results = run_case(world_factory(nranks, ENV), _case_fields_and_repr)
     assert all(r == results[0] for r in results)  # same offset and lifecycle on every rank
+
+
+@pytest.mark.parametrize("nranks", [1, 2])
+def test_debug_state_says_whether_ordinary_tensors_are_read_in_place(world_factory, nranks: int) -> None:
+    run_case(world_factory(nranks, ENV), _case_reaches_peer_memory_as_the_kernel_allows)
 
 
 def test_latest_failure_records_the_last_error(world_factory) -> None:

@@ -741,6 +741,7 @@ py::dict DebugState() {
   d["latest_failure"] = s.latest_failure;
   d["calls_in_flight"] = s.in_flight;
   d["live_teams"] = s.live_teams;
+  d["reaches_peer_memory"] = s.reaches_peer_memory;
   return d;
 }
 

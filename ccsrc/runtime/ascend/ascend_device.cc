@@ -532,6 +532,24 @@ Status AscendDevice::Copy(void* dst, const void* src, std::size_t bytes, StreamH
   return Completed(stream, acl_stream, std::move(keep), what);
 }
 
+namespace {
+Status NoPeerMemory(const char* op) {
+  return DeviceError(std::string("the ascend device does not reach peers' memory outside the symmetric heap: op=") + op +
+                     " (ordinary tensors stage through the heap; reaches_peer_memory() is false)");
+}
+}  // namespace
+
+Status AscendDevice::GetPeerMemory(void* /*dst*/, std::uint64_t /*peer_address*/, std::size_t /*bytes*/, int /*pe*/,
+                                   StreamHandle /*stream*/, KeepAlive /*keep*/) {
+  return NoPeerMemory("GetPeerMemory");
+}
+
+Status AscendDevice::ReducePeerMemory(void* /*dst*/, const std::vector<std::uint64_t>& /*addresses*/,
+                                      const std::vector<int>& /*pes*/, std::size_t /*count*/, DataType /*dtype*/,
+                                      ReduceOp /*op*/, StreamHandle /*stream*/, KeepAlive /*keep*/) {
+  return NoPeerMemory("ReducePeerMemory");
+}
+
 Status AscendDevice::Signal(void* symmetric_signal, SignalWidth width, std::int64_t value, SignalOp op, int pe,
                             StreamHandle stream) {
   HP_RETURN_IF_ERROR(RequireReady("Signal"));

@@ -111,6 +111,14 @@ class AscendDevice final : public Device {
   Status StreamWaitStream(StreamHandle waiter, StreamHandle waited) override;
   Status Quiesce() override;
 
+  // NPU memory outside the symmetric heap belongs to its own process: peers reach a rank's tensors through the heap
+  // only, so the collectives on ordinary tensors stage through it. The two copies refuse, naming the reason.
+  bool reaches_peer_memory() const override { return false; }
+  Status GetPeerMemory(void* dst, std::uint64_t peer_address, std::size_t bytes, int pe, StreamHandle stream,
+                       KeepAlive keep) override;
+  Status ReducePeerMemory(void* dst, const std::vector<std::uint64_t>& addresses, const std::vector<int>& pes,
+                          std::size_t count, DataType dtype, ReduceOp op, StreamHandle stream, KeepAlive keep) override;
+
   // aclshmem_ptr: the address of `symmetric`'s heap offset on `pe`, which the NPU reaches directly.
   Result<void*> PeerAddress(const void* symmetric, int pe) const override;
 

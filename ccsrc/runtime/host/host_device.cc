@@ -10,6 +10,7 @@
 #include "ops/host/reduce.h"
 #include "runtime/agreement.h"
 #include "runtime/host/atomics.h"
+#include "runtime/host/process_memory.h"
 #include "runtime/logging.h"
 
 namespace hp::shmem::host {
@@ -18,6 +19,7 @@ namespace hp::shmem::host {
 struct alignas(64) HostDevice::ControlBlock {
   std::uint64_t magic;
   std::int64_t pid;
+  std::uint64_t own_address;                    // this block's address in its own process: peers probe reading it
   alignas(64) std::uint64_t barrier_arrivals;   // meaningful in rank 0's block: arrivals over all barriers
   alignas(64) std::uint32_t barrier_sleepers;   // rank 0's block: ranks asleep in a barrier
   alignas(64) std::uint64_t barrier_epoch;      // the last barrier this rank entered
@@ -60,7 +62,7 @@ void ApplySignal(T* address, T value, SignalOp op) {
 
 }  // namespace
 
-HostDevice::HostDevice() = default;
+HostDevice::HostDevice(PeerMemory peer_memory) : peer_memory_(peer_memory) {}
 
 HostDevice::~HostDevice() {
   if (!segments_.empty()) (void)Finalize();
@@ -136,12 +138,44 @@ Status HostDevice::Init(const DeviceInitArgs& args, Bootstrap& bootstrap) {
   ControlBlock* mine = control(rank_);
   mine->magic = kMagic;
   mine->pid = getpid();
+  mine->own_address = reinterpret_cast<std::uintptr_t>(mine);
   barrier_epoch_.store(0);
   heap_ = std::make_unique<HeapAllocator>(heap_size_);
   // Our control block must be initialised before any peer uses it.
   HP_RETURN_IF_ERROR(bootstrap.Barrier());
+
+  // 3. Whether every rank may read every peer's memory outside the heap.
+  HP_RETURN_IF_ERROR(ProbePeerMemory(bootstrap));
   HP_LOG(kInfo, "host device initialised: world_size=" + std::to_string(world_size_) +
-                    " heap_size=" + std::to_string(heap_size_) + " heap_base=" + Hex(heap_base()));
+                    " heap_size=" + std::to_string(heap_size_) + " heap_base=" + Hex(heap_base()) +
+                    " reaches_peer_memory=" + (reaches_peer_memory_ ? "true" : "false"));
+  return Status::Ok();
+}
+
+Status HostDevice::ProbePeerMemory(Bootstrap& bootstrap) {
+  // Each rank reads every peer's control block at the address the peer published: the magic word proves that the
+  // kernel copied the peer's memory. Every rank takes the same paths only if all of them can, so the verdicts are
+  // gathered and every rank combines the same list.
+  std::string refused;
+  if (peer_memory_ == PeerMemory::kCrossMemoryAttach) {
+    for (int r = 0; r < world_size_ && refused.empty(); ++r) {
+      if (r == rank_) continue;
+      std::uint64_t magic = 0;
+      Status read = ReadProcessMemory(control(r)->pid, &magic, control(r)->own_address, sizeof(magic));
+      if (!read.ok()) refused = read.message();
+      else if (magic != kMagic) refused = "the probe read another word: pe=" + std::to_string(r) + " word=" + Hex(magic);
+    }
+  } else {
+    refused = "off by construction";
+  }
+  const std::uint8_t mine = refused.empty() ? 1 : 0;
+  std::vector<std::uint8_t> verdicts(static_cast<std::size_t>(world_size_));
+  HP_RETURN_IF_ERROR(bootstrap.AllGather(&mine, sizeof(mine), verdicts.data()));
+  reaches_peer_memory_ = std::all_of(verdicts.begin(), verdicts.end(), [](std::uint8_t v) { return v == 1; });
+  if (!refused.empty() && peer_memory_ == PeerMemory::kCrossMemoryAttach) {
+    HP_LOG(kInfo, "collectives on ordinary tensors stage through shared memory: cross-memory attach is refused here (" +
+                      refused + ")");
+  }
   return Status::Ok();
 }
 
@@ -233,6 +267,78 @@ Status HostDevice::Copy(void* dst, const void* src, std::size_t bytes, StreamHan
   if (bytes == 0) return Status::Ok();
   return Submit(stream, [dst, src, bytes, keep = std::move(keep)] {
     std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  });
+}
+
+Status HostDevice::GetPeerMemory(void* dst, std::uint64_t peer_address, std::size_t bytes, int pe, StreamHandle stream,
+                                 KeepAlive keep) {
+  if (!heap_) return StateError("host device is not initialised: op=GetPeerMemory");
+  if (!reaches_peer_memory_ && pe != rank_) {
+    return StateError("host device does not reach peers' memory: op=GetPeerMemory pe=" + std::to_string(pe));
+  }
+  if (bytes == 0) return Status::Ok();
+  const std::int64_t pid = control(pe)->pid;
+  const bool own = pe == rank_;
+  return Submit(stream, [dst, peer_address, bytes, pid, own, keep = std::move(keep)] {
+    if (own) {
+      std::memcpy(dst, reinterpret_cast<const void*>(static_cast<std::uintptr_t>(peer_address)), bytes);
+      return Status::Ok();
+    }
+    return ReadProcessMemory(pid, dst, peer_address, bytes);
+  });
+}
+
+namespace {
+// Bytes of each source a ReducePeerMemory block reads: the blocks of 8 sources and the result stay in L2.
+constexpr std::size_t kPeerReduceBlockBytes = 64 << 10;
+}  // namespace
+
+Status HostDevice::ReducePeerMemory(void* dst, const std::vector<std::uint64_t>& addresses, const std::vector<int>& pes,
+                                    std::size_t count, DataType dtype, ReduceOp op, StreamHandle stream,
+                                    KeepAlive keep) {
+  if (!heap_) return StateError("host device is not initialised: op=ReducePeerMemory");
+  if (addresses.size() != pes.size() || pes.empty()) {
+    return InvalidArgument("`addresses` must have one address per pe, but got " + std::to_string(addresses.size()) +
+                           " addresses for " + std::to_string(pes.size()) + " pes");
+  }
+  std::vector<std::int64_t> pids;   // -1: this rank's own memory, read in place
+  for (int pe : pes) {
+    if (pe < 0 || pe >= world_size_) {
+      return InvalidArgument("`pe` must be in [0, " + std::to_string(world_size_) + "), but got " + std::to_string(pe));
+    }
+    if (pe != rank_ && !reaches_peer_memory_) {
+      return StateError("host device does not reach peers' memory: op=ReducePeerMemory pe=" + std::to_string(pe));
+    }
+    pids.push_back(pe == rank_ ? -1 : control(pe)->pid);
+  }
+  if (count == 0) return Status::Ok();
+  const std::size_t element = DataTypeSize(dtype);
+  return Submit(stream, [=, keep = std::move(keep)] {
+    // Peers' blocks land in a buffer of this thread that outlives the call: no allocation or page fault per call.
+    thread_local std::vector<char> blocks;
+    const std::size_t nsrc = addresses.size();
+    blocks.resize(std::max(blocks.size(), nsrc * kPeerReduceBlockBytes));
+    const std::size_t block_count = kPeerReduceBlockBytes / element;
+    std::vector<const void*> sources(nsrc);
+    for (std::size_t done = 0; done < count; done += block_count) {
+      const std::size_t length = std::min(block_count, count - done);
+      for (std::size_t k = 0; k < nsrc; ++k) {
+        const std::uint64_t at = addresses[k] + done * element;
+        if (pids[k] < 0) {
+          sources[k] = reinterpret_cast<const void*>(static_cast<std::uintptr_t>(at));
+          continue;
+        }
+        char* block = blocks.data() + k * kPeerReduceBlockBytes;
+        HP_RETURN_IF_ERROR(ReadProcessMemory(pids[k], block, at, length * element));
+        sources[k] = block;
+      }
+      if (!ops::HostReduce(dtype, op, static_cast<char*>(dst) + done * element, sources.data(), static_cast<int>(nsrc),
+                           length)) {
+        return Internal(std::string("host reduction cannot compute this: dtype=") + DataTypeName(dtype) +
+                        " op=" + ReduceOpName(op) + " sources=" + std::to_string(nsrc));
+      }
+    }
     return Status::Ok();
   });
 }

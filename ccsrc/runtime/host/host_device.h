@@ -22,9 +22,18 @@
 
 namespace hp::shmem::host {
 
+// How the host device reaches peers' memory outside the heap (ordinary tensors).
+enum class PeerMemory {
+  // Through the kernel's cross-memory attach (process_vm_readv), where the system lets every rank read every peer
+  // (same user, no ptrace restriction against it; probed and agreed at Init). Otherwise as kThroughHeap.
+  kCrossMemoryAttach,
+  // Not at all: collectives on ordinary tensors stage through the heap.
+  kThroughHeap,
+};
+
 class HostDevice final : public Device {
  public:
-  HostDevice();
+  explicit HostDevice(PeerMemory peer_memory = PeerMemory::kCrossMemoryAttach);
   ~HostDevice() override;
 
   const char* name() const override { return "host"; }
@@ -65,6 +74,13 @@ class HostDevice final : public Device {
   Status Barrier(StreamHandle stream) override;
   // memcpy on the stream: every buffer of this process is host memory.
   Status Copy(void* dst, const void* src, std::size_t bytes, StreamHandle stream, KeepAlive keep) override;
+  // One copy out of the peer's process (process_vm_readv); this rank's own memory is read directly.
+  bool reaches_peer_memory() const override { return reaches_peer_memory_; }
+  Status GetPeerMemory(void* dst, std::uint64_t peer_address, std::size_t bytes, int pe, StreamHandle stream,
+                       KeepAlive keep) override;
+  // Reads the peers' sources a cache-sized block at a time and reduces each block while it is in cache.
+  Status ReducePeerMemory(void* dst, const std::vector<std::uint64_t>& addresses, const std::vector<int>& pes,
+                          std::size_t count, DataType dtype, ReduceOp op, StreamHandle stream, KeepAlive keep) override;
 
   Result<StreamHandle> CreateStream() override;
   Status DestroyStream(StreamHandle stream) override;
@@ -98,6 +114,11 @@ class HostDevice final : public Device {
   Status DoBarrier();
   std::chrono::steady_clock::time_point Deadline() const;
 
+  // Whether every rank can read every peer's memory (step 3 of Init).
+  Status ProbePeerMemory(Bootstrap& bootstrap);
+
+  PeerMemory peer_memory_;
+  bool reaches_peer_memory_ = false;
   int rank_ = 0;
   int world_size_ = 0;
   std::size_t heap_size_ = 0;

@@ -46,8 +46,8 @@ class Config:
         low_precision: ``--low-precision``: the dtype name all_reduce and reduce_scatter also run in (a group of
             columns of their own), or None.
         ordinary_tensors: ``--ordinary-tensors``: the collectives run every form of ours (out of place, in place,
-            low precision) on ordinary torch tensors, which the library takes through its staging area, instead of
-            symmetric ones.
+            low precision) on ordinary torch tensors instead of symmetric ones: the engine reads them straight out of
+            the peers' processes where the host device reaches them, and stages them otherwise.
     """
 
     ops: tuple[OpSpec, ...]
@@ -179,8 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="all_reduce and reduce_scatter: also time ours in place travelling in DTYPE "
                              f"({', '.join(LOW_PRECISION_BYTES)}), beside full precision (default: off)")
     parser.add_argument("--ordinary-tensors", dest="ordinary_tensors", action="store_true",
-                        help="collectives: run ours (every form) on ordinary torch tensors (taken through the "
-                             "staging area) instead of symmetric ones")
+                        help="collectives: run ours (every form) on ordinary torch tensors instead of symmetric "
+                             "ones")
     parser.add_argument("--json", dest="json_path", default=None, metavar="FILE", help="write every row to FILE")
     parser.add_argument("--plot", dest="plot_path", default=None, metavar="FILE.png",
                         help="draw bus bandwidth and time against size, log-log (needs matplotlib)")

@@ -479,7 +479,8 @@ class Reporter:
         self._op_rows = []
         lines = ["#", f"# {op.name}: {op.summary}"]
         if ordinary:
-            lines.append("# ordinary: ours on ordinary torch tensors (not symmetric: taken through the staging area)")
+            lines.append("# ordinary: ours on ordinary torch tensors (not symmetric: read straight out of the peers' "
+                         "tensors where the host device reaches them, through the staging area otherwise)")
             if has_in_place:
                 lines.append("# in place, ordinary: the in-place call on ordinary torch tensors")
         elif has_in_place:

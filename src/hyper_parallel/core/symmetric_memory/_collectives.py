@@ -150,8 +150,9 @@ def shmem_allreduce(tensor: torch.Tensor, op: str = "sum", group: Optional[dist.
 
     Small tensors (up to 256 KiB, or half the staging area if smaller) take one step: each rank reads every
     peer's staged copy. Larger ones reduce-scatter then all-gather: the same symmetric ``tensor`` on every rank
-    is reduced in place with no copies, anything else through the staging area. float16/bfloat16 accumulate in
-    float32.
+    is reduced in place with no copies; an ordinary tensor is read straight out of the peers' processes where the
+    host device reaches them (cross-memory attach), through the staging area otherwise. float16/bfloat16
+    accumulate in float32.
 
     Args:
         tensor: a contiguous CPU tensor of float32, float64, float16, bfloat16, int8, uint8, int32 or int64.
@@ -301,8 +302,9 @@ def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: tor
         send_tensor_list: one contiguous tensor per group rank (any sizes, the dtype of ``receive_tensor``); they
             may be views of ``receive_tensor``.
         receive_tensor: the destination; the part from rank i starts after the counts from ranks < i. The
-            same symmetric tensor on every rank: senders push into it directly (large messages); otherwise it is
-            filled through the staging area.
+            same symmetric tensor on every rank: senders push into it directly (large messages); otherwise
+            each rank reads its parts straight out of the senders' tensors where the host device reaches them, or
+            through the staging area.
         receive_list: the element count expected from each rank (ints or a 1-D integer tensor); their sum must
             fit ``receive_tensor``. Elements, not bytes: upstream hyper-parallel's documentation writes bytes, but
             its code offsets ``receive_tensor`` by these counts as elements, and this follows the code.

@@ -142,8 +142,10 @@ def debug_state() -> DebugState:
     * the project's (seed 001): state, lifecycle, reference_count, root_ranks, rank, world_size, device, config
       (heap_size, timeout_sec, log_level, device), heap_size, allocated, max_allocated, remaining (in reserved
       bytes, the runtime's own records counted), heap_base, active_allocations and leaked_allocations (each with
-      allocation_id, base, offset, bytes, reserved, lifecycle, call_site), latest_failure, calls_in_flight and live_teams (the runtime teams of this rank)
-      (data-plane calls of any thread inside the runtime right now);
+      allocation_id, base, offset, bytes, reserved, lifecycle, call_site), latest_failure, calls_in_flight
+      (data-plane calls of any thread inside the runtime right now), live_teams (the runtime teams of this rank)
+      and reaches_peer_memory (whether the device reads peers' ordinary tensors straight out of their processes:
+      on the host device, where the kernel allows cross-memory attach between every pair of ranks);
     * upstream hyper-parallel's: state (:class:`StateName` compares equal to ``"Ready"``, ``"Uninitialized"``,
       ``"Finalized"`` too), reference_count (acquire_shmem handles and shmem.acquire() references alike),
       root_rank, root_size, device_index, device_model, soc_name (None on the host device: there is no NPU),
@@ -195,6 +197,7 @@ def debug_state() -> DebugState:
         "latest_failure": Failure(raw["latest_failure"], raw["rank"] if live else None),
         "calls_in_flight": raw["calls_in_flight"],
         "live_teams": raw["live_teams"],
+        "reaches_peer_memory": raw["reaches_peer_memory"],
         # Upstream hyper-parallel's keys that the project's vocabulary has under other names.
         "root_rank": raw["rank"] if live else None,
         "root_size": raw["world_size"] if live else None,

@@ -234,7 +234,8 @@ def all_gather(output: torch.Tensor, input: torch.Tensor) -> None:
 
     Args:
         output: world_size times the input's bytes: a symmetric tensor (peers write into it directly) or any
-            contiguous tensor of the device (filled through the engine's staging area).
+            contiguous tensor of the device (filled straight from the peers' inputs where the device reaches their
+            memory, through the engine's staging area otherwise).
         input: any contiguous tensor of the device (it may be this rank's slice of ``output``).
 
     Raises:
