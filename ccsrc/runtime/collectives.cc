@@ -44,10 +44,21 @@ bool Overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_b
   return a_bytes > 0 && b_bytes > 0 && lo_a < lo_b + b_bytes && lo_b < lo_a + a_bytes;
 }
 
+// Where the device reaches peers' memory, a message above these sizes moves faster read once out of the peers'
+// tensors (one copy, a closing sync) than in one step (two copies, one sync); a reduction's peer-memory path costs
+// more syncs, so it pays off later. Measured in docs/perf.md ("The peer-memory path").
+constexpr std::size_t kPeerMemoryMovesFromBytes = 16 << 10;
+constexpr std::size_t kPeerMemoryReducesFromBytes = 64 << 10;
+
 // Bytes one in-place swap step holds in the staging area: small enough to stay in cache between its two copies.
 constexpr std::size_t kSwapChunkBytes = 256 << 10;
 
 }  // namespace
+
+std::size_t CollectiveEngine::OneStepBytes(bool reduces) const {
+  if (!device_.reaches_peer_memory()) return team_.one_step_bytes();
+  return std::min(team_.one_step_bytes(), reduces ? kPeerMemoryReducesFromBytes : kPeerMemoryMovesFromBytes);
+}
 
 // ---- calls and syncs ----------------------------------------------------------------------------------------------
 
@@ -254,7 +265,7 @@ Status CollectiveEngine::AllGather(const Buffer& output, const Buffer& input, co
   char* mine = out + static_cast<std::size_t>(me) * c;
   const bool in_place = in == mine;
   auto part = [&](int r) { return out + static_cast<std::size_t>(r) * c; };
-  if (c > 0 && c <= team_.one_step_bytes()) {   // one sync: stage in this call's half, peers pull from it
+  if (c > 0 && c <= OneStepBytes(false)) {   // one sync: stage in this call's half, peers pull from it
     char* stage = team_.StagingHalf(Parity());
     HP_RETURN_IF_ERROR(BeforeOpen(Put(stage, in, c, me)));
     HP_RETURN_IF_ERROR(Open(f).status());
@@ -312,7 +323,7 @@ Status CollectiveEngine::AllReduce(const Buffer& tensor, const ElementType& type
   const int me = team_.me;
   const std::size_t es = type.bytes;
   char* t = static_cast<char*>(tensor.address);
-  if (count > 0 && tensor.bytes <= team_.one_step_bytes()) {   // one sync: every rank reduces every staged copy
+  if (count > 0 && tensor.bytes <= OneStepBytes(true)) {   // one sync: every rank reduces every staged copy
     char* stage = team_.StagingHalf(Parity());
     HP_RETURN_IF_ERROR(BeforeOpen(Put(stage, t, tensor.bytes, me)));
     HP_RETURN_IF_ERROR(Open(f).status());
@@ -375,7 +386,7 @@ Status CollectiveEngine::ReduceScatter(const Buffer& output, const Buffer& input
   const int me = team_.me;
   char* out = static_cast<char*>(output.address);
   const char* in = static_cast<const char*>(input.address);
-  if (c > 0 && input.bytes <= team_.one_step_bytes()) {   // one sync, as in all_reduce
+  if (c > 0 && input.bytes <= OneStepBytes(true)) {   // one sync, as in all_reduce
     char* stage = team_.StagingHalf(Parity());
     HP_RETURN_IF_ERROR(BeforeOpen(Put(stage, in, input.bytes, me)));
     HP_RETURN_IF_ERROR(Open(f).status());
@@ -444,13 +455,14 @@ Status CollectiveEngine::AllToAll(const std::vector<Buffer>& sends, const Buffer
     return Broken(device_.Copy(own_place, own.address, own.bytes, stream_, keep_), "copy the own part");
   };
   // Small parts travel with the counts (one sync in all), into the receiver's staging half of this call's parity,
-  // a region per sender; they are used only if every rank staged them. A rank whose receive buffer peers may address
-  // stages only a message of one step: above it, the copy-free paths move each byte once (push) or swap blocks in
-  // place (each byte read and written once), where staging copies every byte twice. Every rank tells from the count
-  // table which ranks staged.
+  // a region per sender; they are used only if every rank staged them. A rank whose receive buffer peers may address,
+  // or whose sends peers may read where they lie, stages only a message of one step: above it, the copy-free and
+  // peer-memory paths move each byte once (push, pull) or swap blocks in place (each byte read and written once),
+  // where staging copies every byte twice. Every rank tells from the count table which ranks staged.
   const std::size_t eager_region = RoundDown(team_.staging_bytes() / 2 / un, 64);
-  auto stages = [&](std::size_t largest_part, std::size_t total, std::int64_t rank_where) {
-    return largest_part <= eager_region && (rank_where < 0 || total <= team_.one_step_bytes());
+  const std::size_t one_step = OneStepBytes(false);
+  auto stages = [&](std::size_t largest_part, std::size_t total, std::int64_t rank_where, bool sends_readable) {
+    return largest_part <= eager_region && (total <= one_step || (rank_where < 0 && !sends_readable));
   };
   std::size_t largest_send = 0;
   std::size_t total_send = 0;
@@ -459,7 +471,7 @@ Status CollectiveEngine::AllToAll(const std::vector<Buffer>& sends, const Buffer
     total_send += s.bytes;
   }
   char* my_region = team_.StagingHalf(parity) + static_cast<std::size_t>(me) * eager_region;
-  if (stages(largest_send, total_send, where)) {
+  if (stages(largest_send, total_send, where, device_.reaches_peer_memory() && !aliased)) {
     for (int r = 1; r <= n; ++r) {
       const int p = (me + r) % n;
       if (p == me && own_direct) continue;
@@ -490,11 +502,13 @@ Status CollectiveEngine::AllToAll(const std::vector<Buffer>& sends, const Buffer
   for (std::size_t i = 0; i < un; ++i) {
     std::size_t rank_largest = 0;
     std::size_t rank_total = 0;
+    bool sends_readable = device_.reaches_peer_memory();   // rank i published the address of every send that moves
     for (std::size_t j = 0; j < un; ++j) {
       rank_largest = std::max(rank_largest, static_cast<std::size_t>(table[i][j]) * es);
       rank_total += static_cast<std::size_t>(table[i][j]) * es;
+      sends_readable = sends_readable && (table[i][j] == 0 || table[i][2 * un + 1 + j] != 0);
     }
-    every_rank_staged = every_rank_staged && stages(rank_largest, rank_total, table[i][2 * un]);
+    every_rank_staged = every_rank_staged && stages(rank_largest, rank_total, table[i][2 * un], sends_readable);
     for (std::size_t j = 0; j < un; ++j) {
       if (table[i][j] != table[j][un + i]) {
         return InvalidArgument("`send_tensor_list[" + std::to_string(j) + "]` of rank " + std::to_string(i) +

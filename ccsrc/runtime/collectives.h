@@ -115,6 +115,9 @@ class CollectiveEngine {
   Status SwapBlocks(char* out, const std::vector<std::size_t>& starts, const std::vector<std::vector<std::int64_t>>& table,
                     std::size_t element_bytes);
 
+  // The largest message this call takes in one step (`reduces`: all_reduce, reduce_scatter): the team's one-step size,
+  // lower where the device reaches peers' memory. The same on every rank.
+  std::size_t OneStepBytes(bool reduces) const;
   std::int64_t EpochValue() const { return team_.signal_base + static_cast<std::int64_t>(team_.epoch); }
   int Parity() const { return static_cast<int>(team_.sequence & 1); }
   const char* op_name() const { return op_name_; }
