@@ -1,4 +1,5 @@
-// Waiting for a word of shared memory: spin a while, then yield, then sleep in the kernel (futex).
+// Waiting for a word of shared memory: spin a while (yielding the core between checks after the first µs), then
+// yield, then sleep in the kernel (futex).
 //
 // Ranks may outnumber cores (8 ranks on 2 cores in CI): a waiter that only spins would burn the time slice its
 // peer needs to make progress, so spinning is short and the kernel does the rest. Wakers pay a futex syscall
@@ -19,6 +20,10 @@ struct SpinPolicy {
   // Busy-wait with a pause instruction. Long enough to cover a peer's hand-off written in Python (tens of µs):
   // a futex wake costs the sleeper ~50-100 µs of scheduling latency on a VM.
   std::chrono::nanoseconds spin{std::chrono::microseconds(200)};
+  // Spin without yielding this long, then yield the core between checks for the rest of the spin: after a wake-up
+  // the scheduler may put a peer on this rank's core, and the balancer can take tens of ms to move it away; a waiter
+  // that kept the core to itself would make every hand-off cost the whole spin (docs/perf.md, "Hand-offs").
+  std::chrono::nanoseconds spin_before_yielding{std::chrono::microseconds(5)};
   int yields = 4;                                                   // sched_yield rounds after spinning
   std::chrono::milliseconds sleep_slice{50};                        // longest single futex sleep
 

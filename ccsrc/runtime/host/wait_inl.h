@@ -14,11 +14,17 @@ Status WaitUntil(const void* word, std::uint32_t* sleepers, Done&& done, const S
   if (done()) return Status::Ok();
 
   if (policy.spin.count() > 0) {
-    const auto spin_until = Clock::now() + policy.spin;
+    const auto start = Clock::now();
+    const auto spin_until = start + policy.spin;
+    const auto yield_after = start + policy.spin_before_yielding;
     for (int i = 1;; ++i) {
       CpuRelax();
       if (done()) return Status::Ok();
-      if ((i & 63) == 0 && Clock::now() >= spin_until) break;
+      if ((i & 63) == 0) {
+        const auto now = Clock::now();
+        if (now >= spin_until) break;
+        if (now >= yield_after) sched_yield();
+      }
     }
   }
   for (int i = 0; i < policy.yields; ++i) {
