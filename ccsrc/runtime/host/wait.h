@@ -22,7 +22,8 @@ struct SpinPolicy {
   std::chrono::nanoseconds spin{std::chrono::microseconds(200)};
   // Spin without yielding this long, then yield the core between checks for the rest of the spin: after a wake-up
   // the scheduler may put a peer on this rank's core, and the balancer can take tens of ms to move it away; a waiter
-  // that kept the core to itself would make every hand-off cost the whole spin (docs/perf.md, "Hand-offs").
+  // that kept the core to itself would make every hand-off cost the whole spin (docs/perf.md, "Waiters and the
+  // scheduler").
   std::chrono::nanoseconds spin_before_yielding{std::chrono::microseconds(5)};
   int yields = 4;                                                   // sched_yield rounds after spinning
   std::chrono::milliseconds sleep_slice{50};                        // longest single futex sleep
