@@ -58,8 +58,9 @@ class CollectiveEngine {
   Status Barrier();
   // output (n x input.bytes) receives group rank r's input at r x input.bytes. input may be this rank's part.
   Status AllGather(const Buffer& output, const Buffer& input, const ElementType& type);
-  // In place; every rank ends with bit-identical values.
-  Status AllReduce(const Buffer& tensor, const ElementType& type, ReduceOp op);
+  // output receives input reduced across the members; input may be output itself (in place), or must not overlap it.
+  // Every rank ends with bit-identical values.
+  Status AllReduce(const Buffer& output, const Buffer& input, const ElementType& type, ReduceOp op);
   // input (n equal parts); output receives part `me` reduced. output may be this rank's part of input.
   Status ReduceScatter(const Buffer& output, const Buffer& input, const ElementType& type, ReduceOp op);
   // Low-precision all_reduce in place ('sum' or 'avg' of a floating-point type wider than `format`): values travel
@@ -67,7 +68,9 @@ class CollectiveEngine {
   // once into its staging half and every rank sums every rank's codes in group-rank order; beyond it, two-shot: the
   // owner of each part sums the peers' codes of it with its own values, encodes the result once more, and every rank
   // decodes those codes. Either way every rank ends with bit-identical values. A team of one runs AllReduce.
-  Status AllReduceLowPrecision(const Buffer& tensor, const ElementType& type, ReduceOp op, ops::LowFormat format);
+  // Out of place (`input` not `tensor`), the input is first copied into `tensor` on this rank.
+  Status AllReduceLowPrecision(const Buffer& tensor, const Buffer& input, const ElementType& type, ReduceOp op,
+                               ops::LowFormat format);
   // Low-precision reduce_scatter: each rank encodes every part but its own into a slot for the part's owner, which
   // sums them with its own part in full precision. A team of one runs ReduceScatter.
   Status ReduceScatterLowPrecision(const Buffer& output, const Buffer& input, const ElementType& type, ReduceOp op,

@@ -54,10 +54,12 @@ Status TooSmall(const Team& team, ops::LowFormat format) {
 
 }  // namespace
 
-Status CollectiveEngine::AllReduceLowPrecision(const Buffer& tensor, const ElementType& type, ReduceOp op,
-                                               ops::LowFormat format) {
+Status CollectiveEngine::AllReduceLowPrecision(const Buffer& tensor, const Buffer& input, const ElementType& type,
+                                               ReduceOp op, ops::LowFormat format) {
   const int n = team_.size();
-  if (n == 1) return AllReduce(tensor, type, op);   // nothing travels
+  if (n == 1) return AllReduce(tensor, input, type, op);   // nothing travels
+  // A local copy before the call is numbered: a failure leaves the team as it was.
+  if (input.address != tensor.address) HP_RETURN_IF_ERROR(device_.Copy(tensor.address, input.address, tensor.bytes, stream_, keep_));
   const std::size_t es = type.bytes;
   const std::size_t count = tensor.bytes / es;
   const std::size_t half_bytes = team_.staging_bytes() / 2;

@@ -663,15 +663,22 @@ Status CheckWholeElements(std::size_t bytes, DataType dtype, const char* what) {
 }  // namespace
 
 Status Runtime::AllReduce(std::uint64_t team, void* tensor, std::size_t bytes, DataType dtype, ReduceOp op,
-                          StreamHandle stream, KeepAlive keep, std::optional<ops::LowFormat> wire) {
+                          StreamHandle stream, KeepAlive keep, std::optional<ops::LowFormat> wire, const void* input) {
   HP_WITH_TEAM(team, "all_reduce", engine, stream, std::move(keep));
   HP_RETURN_IF_ERROR(Record(CheckReduceOp(dtype, op)));
   HP_RETURN_IF_ERROR(Record(CheckWire(*device_, wire, dtype, op)));
   HP_RETURN_IF_ERROR(Record(CheckWholeElements(bytes, dtype, "tensor")));
-  if (wire.has_value()) {
-    return Record(engine.AllReduceLowPrecision(Resolve(tensor, bytes), ReducibleType(dtype), op, *wire));
+  const auto* out = static_cast<const char*>(tensor);
+  const auto* in = input == nullptr ? out : static_cast<const char*>(input);
+  if (in != out && in < out + bytes && out < in + bytes) {
+    return Record(InvalidArgument("`input` must be `tensor` itself or not overlap it, but got an overlap at byte " +
+                                  std::to_string(in < out ? out - in : in - out)));
   }
-  return Record(engine.AllReduce(Resolve(tensor, bytes), ReducibleType(dtype), op));
+  const Buffer values = Resolve(in, bytes);
+  if (wire.has_value()) {
+    return Record(engine.AllReduceLowPrecision(Resolve(tensor, bytes), values, ReducibleType(dtype), op, *wire));
+  }
+  return Record(engine.AllReduce(Resolve(tensor, bytes), values, ReducibleType(dtype), op));
 }
 
 Status Runtime::ReduceScatter(std::uint64_t team, void* output, std::size_t output_bytes, const void* input,

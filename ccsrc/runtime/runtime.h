@@ -130,9 +130,11 @@ class Runtime {
   Status AllGather(std::uint64_t team, void* output, std::size_t output_bytes, const void* input,
                    std::size_t input_bytes, const ElementType& type, StreamHandle stream, KeepAlive keep);
   // `wire`: the low-precision format the values travel in (sum or avg of a floating-point dtype wider than it, on a
-  // device that carries it), or none for the tensor's own dtype.
+  // device that carries it), or none for the tensor's own dtype. `input`: `bytes` of values to reduce into `tensor`
+  // (out of place; it must not overlap `tensor`), or null to reduce `tensor` in place.
   Status AllReduce(std::uint64_t team, void* tensor, std::size_t bytes, DataType dtype, ReduceOp op,
-                   StreamHandle stream, KeepAlive keep, std::optional<ops::LowFormat> wire = std::nullopt);
+                   StreamHandle stream, KeepAlive keep, std::optional<ops::LowFormat> wire = std::nullopt,
+                   const void* input = nullptr);
   Status ReduceScatter(std::uint64_t team, void* output, std::size_t output_bytes, const void* input,
                        std::size_t input_bytes, DataType dtype, ReduceOp op, StreamHandle stream, KeepAlive keep,
                        std::optional<ops::LowFormat> wire = std::nullopt);

@@ -147,6 +147,17 @@ inline void RunEveryCollective(const CollectiveBackend& backend, int world) {
         ASSERT_TRUE(IsOk(runtime.AllReduce(t, tensor.data(), tensor.bytes(), DataType::kFloat32, ReduceOp::kSum,
                                            kDefaultStream, nullptr)));
         EXPECT_EQ(tensor.Get(), sum);
+        // all_reduce out of place: into `reduced` (symmetric or not), `values` (ordinary) left as it was
+        {
+          DeviceFloats values(backend, runtime, count, false);
+          DeviceFloats reduced(backend, runtime, count, symmetric);
+          values.Set(mine);
+          reduced.Set(std::vector<float>(count, -1.0f));
+          ASSERT_TRUE(IsOk(runtime.AllReduce(t, reduced.data(), reduced.bytes(), DataType::kFloat32, ReduceOp::kSum,
+                                             kDefaultStream, nullptr, std::nullopt, values.data())));
+          EXPECT_EQ(reduced.Get(), sum);
+          EXPECT_EQ(values.Get(), mine);
+        }
         // all_gather
         DeviceFloats input(backend, runtime, count, false);
         DeviceFloats output(backend, runtime, count * n, symmetric);

@@ -214,6 +214,32 @@ TEST(HostCollectivesCopiesTest, OrdinaryBuffersMoveEachByteOnceThroughPeersMemor
       EXPECT_EQ(call.reduced_peer_memory, part);             // a third of the tensor from each of 3 ranks
       EXPECT_EQ(call.got_peer_memory, part - part / n);       // the two other thirds
     }
+    {   // all_reduce out of place: the same, reduced out of every rank's input into the outputs, the inputs untouched
+      SCOPED_TRACE("all_reduce out of place");
+      DeviceFloats input(backend, runtime, count, false);
+      DeviceFloats output(backend, runtime, count, false);
+      std::vector<float> values(count);
+      for (std::size_t i = 0; i < count; ++i) values[i] = value(me, i);
+      input.Set(values);
+      moved = MovedBytes{};
+      ASSERT_TRUE(IsOk(runtime.AllReduce(t, output.data(), output.bytes(), DataType::kFloat32, ReduceOp::kSum,
+                                         kDefaultStream, nullptr, std::nullopt, input.data())));
+      const MovedBytes call = moved;
+      const std::vector<float> got = output.Get();
+      for (std::size_t i : {std::size_t{0}, count / 2, count - 1}) {
+        EXPECT_EQ(got[i], value(0, i) + value(1, i) + value(2, i)) << "i=" << i;
+      }
+      EXPECT_EQ(input.Get(), values);
+      nothing_staged(call);
+      EXPECT_EQ(call.copied, 0u);   // no copy of the input into the output first
+      EXPECT_EQ(call.reduced_peer_memory, part);
+      EXPECT_EQ(call.got_peer_memory, part - part / n);
+      // An input that overlaps the output (other than being it) is refused before anything moves.
+      EXPECT_TRUE(HasError(runtime.AllReduce(t, output.data(), output.bytes() - 4, DataType::kFloat32, ReduceOp::kSum,
+                                             kDefaultStream, nullptr, std::nullopt, output.at(1)),
+                           StatusCode::kInvalidArgument, "`input` must be `tensor` itself or not overlap it, but got an "
+                                                         "overlap at byte 4"));
+    }
     {   // reduce_scatter: this rank's part reduced out of every rank's input
       SCOPED_TRACE("reduce_scatter");
       DeviceFloats input(backend, runtime, n * count, false);

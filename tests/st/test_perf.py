@@ -127,7 +127,7 @@ def test_every_op_reports_every_format_with_no_wrong_elements(tmp_path) -> None:
     assert result.stdout.count("# Out of bounds values : 0 OK") == len(EVERY_OP)
 
     document = json.loads(json_path.read_text())
-    assert document["tool"] == "hp-shmem-perf" and document["schema"] == 4
+    assert document["tool"] == "hp-shmem-perf" and document["schema"] == 5
     settings = document["settings"]
     assert (settings["ops"], settings["nranks"], settings["type"], settings["iterations"], settings["baseline"]) == (
         EVERY_OP, 2, "float", 2, "gloo")
@@ -313,7 +313,7 @@ def test_mpi_is_timed_beside_gloo_under_mpiexec_with_no_wrong_elements(tmp_path)
     assert result.stdout.count("# Avg bus bandwidth of MPI : ") == len([op for op in MPI_OPS if OPS[op].mpi])
 
     document = json.loads(json_path.read_text())
-    assert document["schema"] == 4
+    assert document["schema"] == 5
     assert document["settings"]["mpi"] is True and document["settings"]["mpi_library"].startswith("MPICH")
     assert document["settings"]["nranks"] == 2
     for entry in document["rows"]:

@@ -270,6 +270,51 @@ def _case_team_all_to_all_sequences() -> None:
             team.release()
 
 
+def _case_team_all_reduce_out_of_place() -> None:
+    """The runtime face's all_reduce reduces ``input`` into ``tensor`` with ``input=``: the same values as in place
+    on every path (one step, reading out of the peers' tensors or staged, a symmetric output), the input left as it
+    was; a bad input is refused before any sync, on every rank, writing nothing."""
+    rank = dist.get_rank()
+    with symm_session() as empty:
+        symm.barrier()
+        team = shmem.Team()
+        try:
+            for count in (5, 70_001):
+                for dtype in (torch.float32, torch.int64):
+                    values = rank_input(rank, count, dtype)
+                    expected = values.clone()
+                    dist.all_reduce(expected)
+                    for symmetric in (False, True):
+                        output = empty(count, dtype) if symmetric else torch.empty(count, dtype=dtype)
+                        output.fill_(-1)
+                        kept = values.clone()
+                        team.all_reduce(output, "sum", input=values)
+                        what = f"{dtype} x{count} symmetric={symmetric}"
+                        assert torch.equal(output, expected), what
+                        assert torch.equal(values, kept), f"{what}: the input changed"
+                        if symmetric:
+                            empty.free(output)
+            # Low precision out of place: the in-place call's values, bit for bit.
+            values = rank_input(rank, 70_001, torch.float32)
+            in_place = values.clone()
+            team.all_reduce(in_place, "sum", wire=torch.bfloat16)
+            output = torch.empty_like(values)
+            team.all_reduce(output, "sum", wire=torch.bfloat16, input=values)
+            assert torch.equal(output, in_place), "low precision out of place"
+            output = torch.full((8,), -1.0)
+            expect_error(TypeError, lambda: team.all_reduce(output, input=torch.ones(8, dtype=torch.int32)),
+                         "`input` must have the dtype of `tensor` (torch.float32), but got torch.int32")
+            expect_error(ValueError, lambda: team.all_reduce(output, input=torch.ones(4)),
+                         "`input` must have the 32 bytes of `tensor`, but got 16")
+            expect_error(ValueError, lambda: team.all_reduce(output[:4], input=output[2:6]),
+                         "`input` must be `tensor` itself or not overlap it, but got an overlap at byte 8")
+            assert output.eq(-1.0).all(), "a refused all_reduce wrote"
+            team.all_reduce(output, input=output)  # the tensor itself: in place
+            assert output.eq(-1.0 * dist.get_world_size()).all()
+        finally:
+            team.release()
+
+
 def _case_group_checks() -> None:
     rank = dist.get_rank()
     pair = dist.new_group([0, 1])
@@ -383,6 +428,11 @@ def test_group_checks(world_factory) -> None:
 
 def test_one_sided_calls_never_acquire_the_runtime(world_factory) -> None:
     run_case(world_factory(2, _ENV), _case_one_sided_calls_never_acquire)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_team_all_reduce_out_of_place(world_factory, nranks: int) -> None:
+    run_case(world_factory(nranks, _ENV), _case_team_all_reduce_out_of_place)
 
 
 def test_team_slots_run_out_with_a_clear_error_and_are_reused(world_factory) -> None:

@@ -575,15 +575,34 @@ std::optional<ops::LowFormat> WireArg(int wire) {
   return static_cast<ops::LowFormat>(wire - 1);
 }
 
-void TeamAllReduce(std::uint64_t team, py::handle tensor_arg, int op, StreamHandle stream, int wire) {
+// `input_arg`: None (in place) or the tensor whose values are reduced into `tensor`.
+void TeamAllReduce(std::uint64_t team, py::handle tensor_arg, py::handle input_arg, int op, StreamHandle stream,
+                   int wire) {
   const at::Tensor& tensor = TensorArg(tensor_arg, "tensor");
   const DataType dtype = ReduceDtypeArg(tensor, tensor);
   const std::optional<ops::LowFormat> format = WireArg(wire);
   void* ptr = DataPointer(tensor, "tensor");
-  KeepAlive keep = Keep(stream, tensor);
+  if (input_arg.is_none()) {
+    KeepAlive keep = Keep(stream, tensor);
+    py::gil_scoped_release nogil;
+    ThrowIfError(R().AllReduce(team, ptr, ByteSize(tensor), dtype, static_cast<ReduceOp>(op), OnStream(stream),
+                               std::move(keep), format));
+    return;
+  }
+  const at::Tensor& input = TensorArg(input_arg, "input");
+  if (input.scalar_type() != tensor.scalar_type()) {
+    throw StatusError(TypeError("`input` must have the dtype of `tensor` (" + DtypeName(tensor.scalar_type()) +
+                                "), but got " + DtypeName(input.scalar_type())));
+  }
+  if (ByteSize(input) != ByteSize(tensor)) {
+    throw StatusError(InvalidArgument("`input` must have the " + std::to_string(ByteSize(tensor)) +
+                                      " bytes of `tensor`, but got " + std::to_string(ByteSize(input))));
+  }
+  const void* in_ptr = DataPointer(input, "input");
+  KeepAlive keep = Keep(stream, tensor, input);
   py::gil_scoped_release nogil;
   ThrowIfError(R().AllReduce(team, ptr, ByteSize(tensor), dtype, static_cast<ReduceOp>(op), OnStream(stream),
-                             std::move(keep), format));
+                             std::move(keep), format, in_ptr));
 }
 
 void TeamReduceScatter(std::uint64_t team, py::handle output_arg, py::handle input_arg, int op, StreamHandle stream,
@@ -833,7 +852,7 @@ PyObject* FastEntry(PyObject* /*module*/, PyObject* const* arguments, Py_ssize_t
 constexpr const char* kAllGatherArgs[] = {"team", "output", "input", "stream"};
 constexpr const char* kAllToAllArgs[] = {"team", "sends", "receive", "receive_counts", "stream"};
 constexpr const char* kPointToPointArgs[] = {"team", "tensor", "peer", "stream"};
-constexpr const char* kAllReduceArgs[] = {"team", "tensor", "op", "stream", "wire"};
+constexpr const char* kAllReduceArgs[] = {"team", "tensor", "input", "op", "stream", "wire"};
 constexpr const char* kReduceScatterArgs[] = {"team", "output", "input", "op", "stream", "wire"};
 
 // A METH_FASTCALL function (Python 3.11 names its type only privately).
@@ -895,7 +914,7 @@ PYBIND11_MODULE(_shmem_torch, m) {
   AddFastFunction(m, "all_gather", &FastEntry<&TeamAllGather, kAllGatherArgs>,
                   "all_gather(team, output, input, stream)");
   AddFastFunction(m, "all_reduce", &FastEntry<&TeamAllReduce, kAllReduceArgs>,
-                  "all_reduce(team, tensor, op, stream, wire)");
+                  "all_reduce(team, tensor, input, op, stream, wire)");
   AddFastFunction(m, "reduce_scatter", &FastEntry<&TeamReduceScatter, kReduceScatterArgs>,
                   "reduce_scatter(team, output, input, op, stream, wire)");
   AddFastFunction(m, "all_to_all", &FastEntry<&TeamAllToAll, kAllToAllArgs>,

@@ -485,9 +485,11 @@ class AllGatherCase(InPlaceCase):
 
 
 class AllReduceCase(LowPrecisionCase):
-    """``all_reduce``: out of place, the input copied into the output and reduced there (``shmem_allreduce`` and
-    ``dist.all_reduce`` work in place only); in place, the output reduced as it is (or an ordinary tensor holding
-    the input, with ``--ordinary-tensors``)."""
+    """``all_reduce``: out of place, the input reduced into the output by the runtime face's
+    ``Team.all_reduce(output, input=input)`` on the root team, with no copy (``shmem_allreduce`` and
+    ``dist.all_reduce`` work in place only; gloo's row copies the input into the output first); in place,
+    ``shmem_allreduce`` on the output as it is (or an ordinary tensor holding the input, with
+    ``--ordinary-tensors``)."""
 
     spec = OPS["all_reduce"]
 
@@ -496,10 +498,10 @@ class AllReduceCase(LowPrecisionCase):
         self.output, self.base_output = self.output_pair(self.count)
         self.reduced = self.in_place_tensor(self.output)
         self.in_place_outputs = [(self.reduced, self.base_output)]
+        self.team = shmem.root_team()
 
     def run_ours(self) -> None:
-        self.output.copy_(self.input)
-        self.symm.shmem_allreduce(self.output, op=self.info.redop)
+        self.team.all_reduce(self.output, op=self.info.redop, input=self.input)
 
     def run_ours_in_place(self) -> None:
         self.symm.shmem_allreduce(self.reduced, op=self.info.redop)

@@ -218,7 +218,8 @@ OPS: dict[str, OpSpec] = {
         ),
         OpSpec(
             name="all_reduce",
-            summary="reduction of every rank's input into its output: a copy, then shmem_allreduce (in place only)",
+            summary="reduction of every rank's input into its output: shmem.Team.all_reduce(output, input=input), no "
+                    "copy (shmem_allreduce works in place only)",
             baseline="a copy into the output, then dist.all_reduce on it",
             mpi="MPI_Allreduce from the input into the output (avg: MPI_SUM, then a division)",
             bus_factor=_ring_reduce_factor,

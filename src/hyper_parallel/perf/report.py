@@ -11,8 +11,9 @@ from typing import Any, Callable, NamedTuple, Optional, TextIO
 
 from hyper_parallel.perf.ops import OPS, InPlace, OpSpec
 
-SCHEMA_VERSION = 4  # 2: the in_place_* fields; all_reduce's out-of-place row is a copy, then the reduction
-# 3: the low_precision_* fields (--low-precision); 4: the mpi_* fields (--baseline gloo,mpi)
+SCHEMA_VERSION = 5  # 2: the in_place_* fields; all_reduce's out-of-place row is a copy, then the reduction
+# 3: the low_precision_* fields (--low-precision); 4: the mpi_* fields (--baseline gloo,mpi); 5: all_reduce's
+# out-of-place row is the engine's out-of-place all_reduce (no copy)
 
 
 @dataclass(frozen=True)
@@ -284,7 +285,7 @@ def footer(rows: list[Row]) -> list[str]:
 def write_json(path: str, settings: dict[str, Any], rows: list[Row]) -> None:
     """Writes the run's settings and every row to ``path``.
 
-    Schema: ``{"tool": "hp-shmem-perf", "schema": 4, "settings": {...}, "rows": [Row.to_json(), ...]}``.
+    Schema: ``{"tool": "hp-shmem-perf", "schema": 5, "settings": {...}, "rows": [Row.to_json(), ...]}``.
 
     Args:
         path: the file to (over)write.

@@ -110,24 +110,33 @@ class Team:
             attach_fields(error, "all_gather")
             raise
 
-    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", wire: Optional[torch.dtype] = None) -> None:
-        """Reduces ``tensor`` in place ('sum', 'avg', 'max', 'min'); every member ends with bit-identical values.
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", wire: Optional[torch.dtype] = None, *,
+                   input: Optional[torch.Tensor] = None) -> None:
+        """Reduces ``tensor`` in place ('sum', 'avg', 'max', 'min'), or ``input`` into ``tensor``; every member ends
+        with bit-identical values.
+
+        Out of place, nothing is copied first: each member reduces its part straight out of the members' inputs
+        (like ``torch.ops.symm_mem.two_shot_all_reduce_out``), and ``input`` is left as it was.
 
         Args:
-            tensor: the tensor to reduce, in place.
+            tensor: the tensor to reduce in place, or the output.
             op: the reduction.
             wire: a low-precision dtype of :data:`WIRE_FORMATS` that the values travel in ('sum' and 'avg' of a
                 floating-point tensor wider than it; summed in the tensor's precision), or None for its own dtype.
+            input: None (in place), or a tensor of ``tensor``'s dtype and size, not overlapping it, whose values are
+                reduced into ``tensor``.
 
         Raises:
             ShmemMismatchError: members disagree on the call (wire format included).
             ShmemTimeoutError: a member did not arrive in time.
-            ValueError: a wire format that cannot carry the reduction.
+            ValueError: a wire format that cannot carry the reduction; an ``input`` of another size, or one that
+                overlaps ``tensor``.
+            TypeError: an ``input`` of another dtype.
             ShmemDeviceError: a wire format the device cannot encode.
         """
         number = REDUCE_OPS.get(op) if type(op) is str else None
         try:
-            C.all_reduce(self._id, tensor, _reduce_op(op) if number is None else number, current_handle(),
+            C.all_reduce(self._id, tensor, input, _reduce_op(op) if number is None else number, current_handle(),
                          0 if wire is None else _wire(wire))
         except Exception as error:
             attach_fields(error, "all_reduce")
