@@ -19,10 +19,11 @@ install: deps
 demo: install
 	cd examples && HYPER_PARALLEL_SHMEM_HEAP_SIZE=64M $(PYTHON) -m torch.distributed.run --standalone --nproc-per-node $(NPROC_DEMO) ring_demo.py
 
-# The README's performance table and plot: every op, 8 B to 64 MiB, ours beside gloo and MPICH (docs/perf.md).
+# The README's performance table and plot: every op, 8 B to 64 MiB, ours on ordinary tensors beside gloo and MPICH
+# (docs/perf.md).
 perf: install
-	mpiexec -n 2 $(PYTHON) -m hyper_parallel.perf --op all --baseline gloo,mpi -b 8 -e 64M -f 2 --json perf.json \
-	  --plot docs/perf.png
+	mpiexec -n 2 $(PYTHON) -m hyper_parallel.perf --op all --baseline gloo,mpi -b 8 -e 64M -f 2 --ordinary-tensors \
+	  --json perf.json --plot docs/perf.png
 
 test: install test-cpp test-cpp-sanitize test-py
 
