@@ -527,7 +527,7 @@ def test_json_has_settings_and_every_row(tmp_path) -> None:
     path = tmp_path / "rows.json"
     write_json(str(path), {"op": "put", "nranks": 2}, [_row(), _row(size=8)])
     document = json.loads(path.read_text())
-    assert document["tool"] == "hp-shmem-perf" and document["schema"] == 4
+    assert document["tool"] == "hp-shmem-perf" and document["schema"] == 5
     assert document["settings"] == {"op": "put", "nranks": 2}
     first = document["rows"][0]
     assert first["size"] == 67108864 and first["wrong"] == 0
