@@ -353,6 +353,11 @@ TEST(HostDeviceTest, PeerMemoryIsReadAtThePeersOwnAddresses) {
     EXPECT_TRUE(HasError(device.ReducePeerMemory(sum.data(), {addresses[0]}, {0, 1}, count, DataType::kFloat32,
                                                  ReduceOp::kSum, kDefaultStream, nullptr),
                          StatusCode::kInvalidArgument, "`addresses` must have one address per pe, but got 1 addresses for 2 pes"));
+    EXPECT_TRUE(HasError(device.GetPeerMemory(theirs.data(), addresses[0], 4, 2, kDefaultStream, nullptr),
+                         StatusCode::kInvalidArgument, "`pe` must be in [0, 2), but got 2"));
+    EXPECT_TRUE(HasError(device.ReducePeerMemory(sum.data(), addresses, {0, -1}, count, DataType::kFloat32,
+                                                 ReduceOp::kSum, kDefaultStream, nullptr),
+                         StatusCode::kInvalidArgument, "`pe` must be in [0, 2), but got -1"));
     // A range the peer has not mapped fails, naming it; nothing else breaks.
     EXPECT_TRUE(HasError(device.GetPeerMemory(theirs.data(), 4096, 64, peer, kDefaultStream, nullptr),
                          StatusCode::kDeviceError, "cross-memory read failed: pid=" + std::to_string(getpid()) +

@@ -274,6 +274,9 @@ Status HostDevice::Copy(void* dst, const void* src, std::size_t bytes, StreamHan
 Status HostDevice::GetPeerMemory(void* dst, std::uint64_t peer_address, std::size_t bytes, int pe, StreamHandle stream,
                                  KeepAlive keep) {
   if (!heap_) return StateError("host device is not initialised: op=GetPeerMemory");
+  if (pe < 0 || pe >= world_size_) {
+    return InvalidArgument("`pe` must be in [0, " + std::to_string(world_size_) + "), but got " + std::to_string(pe));
+  }
   if (!reaches_peer_memory_ && pe != rank_) {
     return StateError("host device does not reach peers' memory: op=GetPeerMemory pe=" + std::to_string(pe));
   }
