@@ -173,6 +173,16 @@ TEST(HostCollectivesCopiesTest, OrdinaryBuffersMoveEachByteOnceThroughPeersMemor
     const auto n = static_cast<std::size_t>(world);
     const auto me = static_cast<std::size_t>(rank);
     auto value = [](std::size_t r, std::size_t i) { return static_cast<float>(r * 10 + i % 7); };
+    auto this_ranks_values = [&](std::size_t size) {
+      std::vector<float> values(size);
+      for (std::size_t i = 0; i < size; ++i) values[i] = value(me, i);
+      return values;
+    };
+    auto expect_summed = [&](const std::vector<float>& got) {
+      for (std::size_t i : {std::size_t{0}, count / 2, count - 1}) {
+        EXPECT_EQ(got[i], value(0, i) + value(1, i) + value(2, i)) << "i=" << i;
+      }
+    };
     auto nothing_staged = [&](const MovedBytes& call) {
       EXPECT_EQ(call.put_self, 0u);
       EXPECT_EQ(call.got_self, 0u);
@@ -183,8 +193,7 @@ TEST(HostCollectivesCopiesTest, OrdinaryBuffersMoveEachByteOnceThroughPeersMemor
       SCOPED_TRACE("all_gather");
       DeviceFloats input(backend, runtime, count, false);
       DeviceFloats output(backend, runtime, n * count, false);
-      std::vector<float> values(count);
-      for (std::size_t i = 0; i < count; ++i) values[i] = value(me, i);
+      const std::vector<float> values = this_ranks_values(count);
       input.Set(values);
       moved = MovedBytes{};
       ASSERT_TRUE(IsOk(runtime.AllGather(t, output.data(), output.bytes(), input.data(), input.bytes(), Float32(),
@@ -199,17 +208,13 @@ TEST(HostCollectivesCopiesTest, OrdinaryBuffersMoveEachByteOnceThroughPeersMemor
     {   // all_reduce: this rank's part reduced out of every rank's tensor, the others' reduced parts pulled
       SCOPED_TRACE("all_reduce");
       DeviceFloats tensor(backend, runtime, count, false);
-      std::vector<float> values(count);
-      for (std::size_t i = 0; i < count; ++i) values[i] = value(me, i);
+      const std::vector<float> values = this_ranks_values(count);
       tensor.Set(values);
       moved = MovedBytes{};
       ASSERT_TRUE(IsOk(runtime.AllReduce(t, tensor.data(), tensor.bytes(), DataType::kFloat32, ReduceOp::kSum,
                                          kDefaultStream, nullptr)));
       const MovedBytes call = moved;
-      const std::vector<float> got = tensor.Get();
-      for (std::size_t i : {std::size_t{0}, count / 2, count - 1}) {
-        EXPECT_EQ(got[i], value(0, i) + value(1, i) + value(2, i)) << "i=" << i;
-      }
+      expect_summed(tensor.Get());
       nothing_staged(call);
       EXPECT_EQ(call.reduced_peer_memory, part);             // a third of the tensor from each of 3 ranks
       EXPECT_EQ(call.got_peer_memory, part - part / n);       // the two other thirds
@@ -218,17 +223,13 @@ TEST(HostCollectivesCopiesTest, OrdinaryBuffersMoveEachByteOnceThroughPeersMemor
       SCOPED_TRACE("all_reduce out of place");
       DeviceFloats input(backend, runtime, count, false);
       DeviceFloats output(backend, runtime, count, false);
-      std::vector<float> values(count);
-      for (std::size_t i = 0; i < count; ++i) values[i] = value(me, i);
+      const std::vector<float> values = this_ranks_values(count);
       input.Set(values);
       moved = MovedBytes{};
       ASSERT_TRUE(IsOk(runtime.AllReduce(t, output.data(), output.bytes(), DataType::kFloat32, ReduceOp::kSum,
                                          kDefaultStream, nullptr, std::nullopt, input.data())));
       const MovedBytes call = moved;
-      const std::vector<float> got = output.Get();
-      for (std::size_t i : {std::size_t{0}, count / 2, count - 1}) {
-        EXPECT_EQ(got[i], value(0, i) + value(1, i) + value(2, i)) << "i=" << i;
-      }
+      expect_summed(output.Get());
       EXPECT_EQ(input.Get(), values);
       nothing_staged(call);
       EXPECT_EQ(call.copied, 0u);   // no copy of the input into the output first
@@ -244,8 +245,7 @@ TEST(HostCollectivesCopiesTest, OrdinaryBuffersMoveEachByteOnceThroughPeersMemor
       SCOPED_TRACE("reduce_scatter");
       DeviceFloats input(backend, runtime, n * count, false);
       DeviceFloats output(backend, runtime, count, false);
-      std::vector<float> values(n * count);
-      for (std::size_t i = 0; i < values.size(); ++i) values[i] = value(me, i);
+      const std::vector<float> values = this_ranks_values(n * count);
       input.Set(values);
       moved = MovedBytes{};
       ASSERT_TRUE(IsOk(runtime.ReduceScatter(t, output.data(), output.bytes(), input.data(), input.bytes(),
@@ -260,8 +260,7 @@ TEST(HostCollectivesCopiesTest, OrdinaryBuffersMoveEachByteOnceThroughPeersMemor
       SCOPED_TRACE("all_to_all");
       DeviceFloats sending(backend, runtime, n * count, false);
       DeviceFloats receive(backend, runtime, n * count, false);
-      std::vector<float> values(n * count);
-      for (std::size_t i = 0; i < values.size(); ++i) values[i] = value(me, i);
+      const std::vector<float> values = this_ranks_values(n * count);
       sending.Set(values);
       std::vector<std::pair<const void*, std::size_t>> sends;
       for (std::size_t j = 0; j < n; ++j) sends.emplace_back(sending.at(j * count), part);
