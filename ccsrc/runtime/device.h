@@ -57,7 +57,8 @@ class Device {
 
   virtual const char* name() const = 0;
 
-  // Collective over the bootstrap: maps the symmetric heap of every rank.
+  // Collective over the bootstrap (every rank of the world): finds which ranks share this rank's node and maps the
+  // symmetric heap of each of them.
   virtual Status Init(const DeviceInitArgs& args, Bootstrap& bootstrap) = 0;
   // Local: waits for every stream (a failure nobody synchronized is logged), releases the heap. Pointers into it
   // that escaped (aliases of tensors) must not crash the process afterwards: the host device leaves private zero
@@ -78,6 +79,13 @@ class Device {
   virtual std::size_t ReservedBytes(const void* ptr) const = 0;
   virtual std::uintptr_t heap_base() const = 0;
   virtual std::size_t heap_size() const = 0;
+
+  // The node of every PE (index: PE), numbered by each node's lowest PE; agreed at Init, so the same list on every
+  // rank. A node is the PEs whose heaps this device maps: Put, Get, Signal, WaitSignal, Reduce, Decode,
+  // ReduceEncoded, PeerAddress, GetPeerMemory and ReducePeerMemory reach the PEs of this rank's node only, and
+  // Barrier counts them only. The host device's node is the ranks that share its shared-memory filesystem (one
+  // machine); CANN SHMEM reaches every PE of the world itself (RoCE between machines), so the ascend device has one.
+  virtual const std::vector<int>& nodes() const = 0;
 
   // Local copies between host memory and this rank's own heap, for the runtime's own records. The heap may be
   // device memory that the host cannot dereference (an NPU's): these are the only way the host reads or writes it.
@@ -135,7 +143,8 @@ class Device {
   // kernels and tensors that read or write a peer's memory directly. Not ordered with any stream: the caller
   // orders the accesses (signals, barriers).
   virtual Result<void*> PeerAddress(const void* symmetric, int pe) const = 0;
-  // Every rank reaches the barrier and everything enqueued before it (on every rank) is complete and visible.
+  // Every rank of this rank's node reaches the barrier, and everything enqueued before it (on those ranks) is
+  // complete and visible.
   virtual Status Barrier(StreamHandle stream) = 0;
 
   // Peers' memory outside the heap: ordinary tensors, at the addresses their own process sees. A device that reaches

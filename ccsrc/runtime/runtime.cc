@@ -1,5 +1,7 @@
 #include "runtime/runtime.h"
 
+#include <algorithm>
+
 #include "runtime/interrupt.h"
 #include "runtime/logging.h"
 #include "runtime/transfer.h"
@@ -80,6 +82,14 @@ Status Runtime::RequireInitialized(const char* op) const {
                     " (call acquire_shmem() first)");
 }
 
+Status Runtime::CheckOnNode(int pe, const char* op) const {
+  if (nodes_[static_cast<std::size_t>(pe)] == nodes_[static_cast<std::size_t>(rank_)]) return Status::Ok();
+  return StateError(std::string("pe lies on another node (one-sided calls of the ") + device_->name() +
+                    " device reach the ranks of this rank's node only): op=" + op + " pe=" + std::to_string(pe) +
+                    " pe_node=" + std::to_string(nodes_[static_cast<std::size_t>(pe)]) + " rank=" +
+                    std::to_string(rank_) + " node=" + std::to_string(nodes_[static_cast<std::size_t>(rank_)]));
+}
+
 Status Runtime::CheckPe(int pe, const char* what) const {
   if (pe >= 0 && pe < world_size_) return Status::Ok();
   return InvalidArgument(std::string("`") + what + "` must be in [0, " + std::to_string(world_size_) + "), but got " +
@@ -127,6 +137,14 @@ Status Runtime::Init(const Config& config, std::unique_ptr<Device> device, Boots
 
   rank_ = rank;
   world_size_ = world_size;
+  nodes_ = device->nodes();
+  node_pes_.clear();
+  max_node_size_ = 0;
+  for (int pe = 0; pe < world_size; ++pe) {
+    const int size = static_cast<int>(std::count(nodes_.begin(), nodes_.end(), nodes_[static_cast<std::size_t>(pe)]));
+    max_node_size_ = std::max(max_node_size_, size);
+    if (nodes_[static_cast<std::size_t>(pe)] == nodes_[static_cast<std::size_t>(rank)]) node_pes_.push_back(pe);
+  }
   config_ = config;
   device_ = std::move(device);
   control_ = control.value();
@@ -147,7 +165,7 @@ Status Runtime::Init(const Config& config, std::unique_ptr<Device> device, Boots
   {
     std::lock_guard<std::mutex> identity_lock(identity_mu_);
     identity_ = Identity{rank_, world_size_, device_->name(), device_->heap_base(), device_->heap_size(),
-                         device_->ReservedBytes(control_), config_, device_->reaches_peer_memory()};
+                         device_->ReservedBytes(control_), config_, device_->reaches_peer_memory(), nodes_};
   }
   state_.store(LifecycleState::kInitialized);
   HP_LOG(kInfo, "shmem runtime initialised: lifecycle=" + std::to_string(lifecycle_.load()) + " device=" + device_->name() +
@@ -171,7 +189,7 @@ Result<std::vector<Runtime::CheckRecord>> Runtime::Exchange(CheckRecord mine) {
   // The heap may be device memory, which the host cannot touch and device copies need on both sides: the record
   // enters this rank's own slot by a local copy, then travels from there into the same slot of every peer.
   HP_RETURN_IF_ERROR(device_->CopyToHeap(my_slot, &mine, sizeof(mine)));
-  for (int pe = 0; pe < world_size_; ++pe) {
+  for (int pe : node_pes_) {
     if (pe == rank_) continue;
     // Through TransferChunks like every other transfer: the device may carry fewer bytes per call than a record.
     HP_RETURN_IF_ERROR(TransferChunks(sizeof(mine), [&](std::size_t offset, std::size_t n) {
@@ -185,7 +203,7 @@ Result<std::vector<Runtime::CheckRecord>> Runtime::Exchange(CheckRecord mine) {
   }
   std::vector<CheckRecord> all(static_cast<std::size_t>(world_size_));
   HP_RETURN_IF_ERROR(device_->CopyFromHeap(all.data(), slot_base, all.size() * sizeof(CheckRecord)));
-  for (int r = 0; r < world_size_; ++r) {
+  for (int r : node_pes_) {
     if (all[static_cast<std::size_t>(r)].sequence != mine.sequence) {
       return Mismatch("ranks are not in the same collective: rank=" + std::to_string(rank_) + " " + Describe(mine) +
                       ", rank=" + std::to_string(r) + " sequence=" +
@@ -234,7 +252,7 @@ Result<AllocationInfo> Runtime::Allocate(std::size_t bytes, std::size_t alignmen
     auto requests = Exchange(request);
     if (!requests.ok()) return Record(requests.status());
     request.sequence = check_sequence_;
-    for (int r = 0; r < world_size_; ++r) {
+    for (int r : node_pes_) {
       const CheckRecord& theirs = requests.value()[static_cast<std::size_t>(r)];
       if (theirs.status != 0) {
         Status refused = r == rank_ ? device_->CheckAllocate(bytes, alignment)
@@ -270,7 +288,7 @@ Result<AllocationInfo> Runtime::Allocate(std::size_t bytes, std::size_t alignmen
   }
   mine.sequence = check_sequence_;   // Exchange numbered its copy; error messages describe ours
   if (!local.ok()) return Record(local.status());
-  for (int r = 0; r < world_size_; ++r) {
+  for (int r : node_pes_) {
     const CheckRecord& theirs = all.value()[static_cast<std::size_t>(r)];
     if (theirs.status != 0) {
       undo();
@@ -319,7 +337,7 @@ Status Runtime::Free(std::uint64_t allocation_id, const std::string& call_site) 
   if (!exchanged.ok()) return Record(exchanged.status());
   const std::vector<CheckRecord>& all = exchanged.value();
   mine.sequence = check_sequence_;   // Exchange numbered its copy; error messages describe ours
-  for (int r = 0; r < world_size_; ++r) {
+  for (int r : node_pes_) {
     const CheckRecord& theirs = all[static_cast<std::size_t>(r)];
     if (theirs.op != mine.op || theirs.bytes != mine.bytes || theirs.offset != mine.offset) {
       return Record(Mismatch("ranks disagree on a symmetric free: rank=" + std::to_string(rank_) + " " +
@@ -359,6 +377,7 @@ Status Runtime::CheckTransfer(const char* op, int pe, std::size_t dst_bytes, std
                               const void* symmetric, const char* symmetric_name) const {
   HP_RETURN_IF_ERROR(RequireInitialized(op));
   HP_RETURN_IF_ERROR(CheckPe(pe, "pe"));
+  HP_RETURN_IF_ERROR(CheckOnNode(pe, op));
   HP_RETURN_IF_ERROR(CheckSameBytes(dst_bytes, src_bytes));
   return ResolveSymmetric(symmetric, dst_bytes, symmetric_name).status();
 }
@@ -400,6 +419,7 @@ Status Runtime::Signal(const void* symmetric_signal, SignalWidth width, std::int
   OperationScope scope(*this);
   HP_RETURN_IF_ERROR(Record(RequireInitialized("signal")));
   HP_RETURN_IF_ERROR(Record(CheckPe(pe, "pe")));
+  HP_RETURN_IF_ERROR(Record(CheckOnNode(pe, "signal")));
   HP_RETURN_IF_ERROR(Record(CheckSignal(symmetric_signal, width)));
   return Record(device_->Signal(const_cast<void*>(symmetric_signal), width, value, op, pe, stream));
 }
@@ -418,6 +438,7 @@ Status Runtime::CheckReduce(const void* dst, std::size_t dst_bytes, const void* 
   if (pes.empty()) return InvalidArgument("`pes` must name at least one pe, but got none");
   for (std::size_t i = 0; i < pes.size(); ++i) {
     if (!CheckPe(pes[i], "pes").ok()) return CheckPe(pes[i], ("pes[" + std::to_string(i) + "]").c_str());
+    HP_RETURN_IF_ERROR(CheckOnNode(pes[i], "reduce"));
     for (std::size_t j = 0; j < i; ++j) {
       if (pes[j] == pes[i]) {
         return InvalidArgument("`pes` must be distinct, but got " + std::to_string(pes[i]) + " at positions " +
@@ -459,6 +480,7 @@ Result<void*> Runtime::PeerAddress(const void* symmetric, std::size_t bytes, int
   OperationScope scope(*this);
   HP_RETURN_IF_ERROR(Record(RequireInitialized("peer_tensor")));
   HP_RETURN_IF_ERROR(Record(CheckPe(pe, "pe")));
+  HP_RETURN_IF_ERROR(Record(CheckOnNode(pe, "peer_tensor")));
   HP_RETURN_IF_ERROR(Record(ResolveSymmetric(symmetric, bytes, what).status()));
   Result<void*> peer = device_->PeerAddress(symmetric, pe);
   if (!peer.ok()) return Record(peer.status());
@@ -485,7 +507,7 @@ Status Runtime::ReserveTeamPool() {
   std::lock_guard<std::mutex> lock(mu_);
   if (teams_.ready()) return Status::Ok();
   QuiesceBeforeCollective();
-  const TeamPoolLayout layout = TeamPoolLayout::For(device_->heap_size(), world_size_);
+  const TeamPoolLayout layout = TeamPoolLayout::For(device_->heap_size(), max_node_size_);
   auto local = device_->Allocate(layout.total_bytes, 4096);
   CheckRecord mine{};
   mine.op = static_cast<std::uint32_t>(CheckOp::kTeamPool);
@@ -502,7 +524,7 @@ Status Runtime::ReserveTeamPool() {
     return all.status();
   }
   mine.sequence = check_sequence_;
-  for (int r = 0; r < world_size_; ++r) {
+  for (int r : node_pes_) {
     const CheckRecord& theirs = all.value()[static_cast<std::size_t>(r)];
     if (theirs.status != 0) {
       undo();
@@ -529,7 +551,7 @@ Status Runtime::ReserveTeamPool() {
     }
   }
   team_pool_ = local.value();
-  teams_.Reset(team_pool_, layout, lifecycle_.load());
+  teams_.Reset(team_pool_, layout, lifecycle_.load(), node_pes_);
   {
     std::lock_guard<std::mutex> identity_lock(identity_mu_);
     identity_.internal_reserved += device_->ReservedBytes(team_pool_);
@@ -545,6 +567,14 @@ Result<std::uint64_t> Runtime::CreateTeam(const std::vector<int>& pes, Bootstrap
   for (int i = 0; i < n; ++i) {
     const int pe = pes[static_cast<std::size_t>(i)];
     HP_RETURN_IF_ERROR(Record(CheckPe(pe, ("pes[" + std::to_string(i) + "]").c_str())));
+    if (nodes_[static_cast<std::size_t>(pe)] != nodes_[static_cast<std::size_t>(rank_)]) {
+      return Record(InvalidArgument(std::string("`pes` must lie on this rank's node (") + device_->name() +
+                                    " device: a team's members map each other's heaps), but got pes[" +
+                                    std::to_string(i) + "]=" + std::to_string(pe) + " on node " +
+                                    std::to_string(nodes_[static_cast<std::size_t>(pe)]) + ", this rank (" +
+                                    std::to_string(rank_) + ") on node " +
+                                    std::to_string(nodes_[static_cast<std::size_t>(rank_)])));
+    }
     for (int j = 0; j < i; ++j) {
       if (pes[static_cast<std::size_t>(j)] == pe) {
         return Record(InvalidArgument("`pes` must be distinct, but got " + std::to_string(pe) + " at positions " +
@@ -559,12 +589,11 @@ Result<std::uint64_t> Runtime::CreateTeam(const std::vector<int>& pes, Bootstrap
                                   std::to_string(bootstrap.world_size()) + "), but got " + std::to_string(n) + " pes"));
   }
   if (!teams_.ready()) {
-    bool whole_root = n == world_size_;
-    for (int i = 0; i < n && whole_root; ++i) whole_root = pes[static_cast<std::size_t>(i)] == i;
-    if (!whole_root) {
+    if (pes != node_pes_) {
       return Record(StateError("the root team must be created first: op=team_create group_size=" + std::to_string(n) +
-                               " root_size=" + std::to_string(world_size_) +
-                               " (create the team of every rank, in root order, on every rank first)"));
+                               " root_size=" + std::to_string(world_size_) + " node_size=" +
+                               std::to_string(node_pes_.size()) +
+                               " (create the team of every rank of the node, in root order, on every rank first)"));
     }
     HP_RETURN_IF_ERROR(Record(ReserveTeamPool()));
   }
@@ -762,7 +791,7 @@ Result<std::vector<std::vector<std::int64_t>>> Runtime::Agree(std::uint64_t team
                                                               const std::vector<std::int64_t>& values,
                                                               StreamHandle stream) {
   HP_WITH_TEAM(team, "agree", engine, stream, nullptr);
-  const std::size_t limit = 2 * static_cast<std::size_t>(world_size_) + 1;
+  const std::size_t limit = 2 * static_cast<std::size_t>(max_node_size_) + 1;
   if (values.size() > limit) {
     return Record(InvalidArgument("`values` must have at most " + std::to_string(limit) + " entries, but got " +
                                   std::to_string(values.size())));
@@ -826,7 +855,7 @@ Status Runtime::Shutdown(Bootstrap& bootstrap) {
   mine.sequence = check_sequence_;   // Exchange numbered its copy; error messages describe ours
   std::string holders;
   std::string busy;
-  for (int r = 0; r < world_size_; ++r) {
+  for (int r : node_pes_) {
     const CheckRecord& theirs = all[static_cast<std::size_t>(r)];
     if (theirs.op != mine.op) {
       return Record(Mismatch("ranks are not all shutting down: rank=" + std::to_string(rank_) + " " + Describe(mine) +
@@ -893,6 +922,7 @@ DebugSnapshot Runtime::Snapshot() const {
   snapshot.heap_base = identity.heap_base;
   snapshot.heap_size = identity.heap_size;
   snapshot.reaches_peer_memory = identity.reaches_peer_memory;
+  snapshot.nodes = identity.nodes;
   snapshot.allocated = registry_.allocated_bytes();
   const std::size_t used = snapshot.allocated + identity.internal_reserved;
   snapshot.remaining = snapshot.heap_size > used ? snapshot.heap_size - used : 0;

@@ -56,6 +56,7 @@ struct DebugSnapshot {
   std::uint64_t in_flight = 0;  // data-plane calls running inside the runtime right now (any thread)
   std::size_t live_teams = 0;
   bool reaches_peer_memory = false;   // the device reads peers' ordinary tensors in place (Device::reaches_peer_memory)
+  std::vector<int> nodes;             // the node of every PE (Device::nodes)
 };
 
 // A live team as its creator sees it.
@@ -188,6 +189,8 @@ class Runtime {
 
   Status RequireInitialized(const char* op) const;
   Status CheckPe(int pe, const char* what) const;
+  // OK when `pe` (in range) lies on this rank's node; otherwise the fact, naming both nodes, for data-plane `op`.
+  Status CheckOnNode(int pe, const char* op) const;
   // A signal: inside an active allocation and naturally aligned.
   Status CheckSignal(const void* symmetric_signal, SignalWidth width) const;
   // The checks shared by Put and Get: state, pe, equal byte counts, the symmetric side inside an allocation.
@@ -216,6 +219,9 @@ class Runtime {
   std::atomic<bool> closing_{false};                  // a Shutdown is under way: new calls are refused
   int rank_ = -1;
   int world_size_ = 0;
+  std::vector<int> nodes_;       // Device::nodes
+  std::vector<int> node_pes_;    // the PEs of this rank's node, ascending: the scope of checks, barriers and teams
+  int max_node_size_ = 0;        // the most PEs of one node: the most members a team may have
   Config config_;
   std::unique_ptr<Device> device_;
   AllocationRegistry registry_;
@@ -233,6 +239,7 @@ class Runtime {
     std::size_t internal_reserved = 0;   // the runtime's own control records
     Config config;
     bool reaches_peer_memory = false;
+    std::vector<int> nodes;
   };
   mutable std::mutex identity_mu_;
   Identity identity_;

@@ -128,8 +128,9 @@ std::string Team::Describe() const {
   return text + "]";
 }
 
-void TeamPool::Reset(void* memory, const TeamPoolLayout& layout, std::uint64_t lifecycle) {
+void TeamPool::Reset(void* memory, const TeamPoolLayout& layout, std::uint64_t lifecycle, std::vector<int> root_pes) {
   std::lock_guard<std::mutex> lock(mu_);
+  root_pes_ = std::move(root_pes);
   memory_ = static_cast<char*>(memory);
   layout_ = layout;
   lifecycle_ = lifecycle;
@@ -178,12 +179,7 @@ Result<std::shared_ptr<Team>> TeamPool::Create(Device& device, const std::vector
   std::lock_guard<std::mutex> lock(mu_);
   if (memory_ == nullptr) return Internal("team pool is not allocated: op=team_create");
   const int n = static_cast<int>(pes.size());
-  const bool whole_root = n == layout_.root.world_size && [&] {
-    for (int i = 0; i < n; ++i) {
-      if (pes[static_cast<std::size_t>(i)] != i) return false;
-    }
-    return true;
-  }();
+  const bool whole_root = pes == root_pes_;
   // 1. Every member is past what it did before this call (its releases of earlier teams included); then what this
   //    rank offers: its PE, the slots free here, and what each free slot's words hold.
   HP_RETURN_IF_ERROR(bootstrap.Barrier());

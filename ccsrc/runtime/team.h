@@ -101,7 +101,8 @@ struct TeamSlotLayout {
   std::size_t count_row_bytes() const { return (3 * static_cast<std::size_t>(world_size) + 1) * sizeof(std::int64_t); }
 };
 
-// The pool's two layouts: the root slot stages more (every op of the root group goes through it).
+// The pool's two layouts: the root slot stages more (every op of the root group goes through it). `world_size`: the
+// most members a team may have (the PEs of the largest node).
 struct TeamPoolLayout {
   TeamSlotLayout root;
   TeamSlotLayout sub;
@@ -162,8 +163,9 @@ struct Team {
 // The teams of one lifecycle: the pool, its slots on this rank, and the live teams.
 class TeamPool {
  public:
-  // Lays the pool out over `memory` (this rank's copy, zeroed by the caller).
-  void Reset(void* memory, const TeamPoolLayout& layout, std::uint64_t lifecycle);
+  // Lays the pool out over `memory` (this rank's copy, zeroed by the caller). `root_pes`: the members of the root
+  // team, the only team that takes slot 0 (every PE of this rank's node, in order).
+  void Reset(void* memory, const TeamPoolLayout& layout, std::uint64_t lifecycle, std::vector<int> root_pes);
   void Clear();
   bool ready() const { return memory_ != nullptr; }
   const TeamPoolLayout& layout() const { return layout_; }
@@ -190,6 +192,7 @@ class TeamPool {
   char* memory_ = nullptr;
   TeamPoolLayout layout_;
   std::uint64_t lifecycle_ = 0;
+  std::vector<int> root_pes_;
   std::array<SlotState, kTeamSlots> slots_{};
   std::vector<std::shared_ptr<Team>> teams_;
   std::uint64_t next_id_ = 1;

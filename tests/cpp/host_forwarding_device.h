@@ -26,6 +26,7 @@ class HostForwardingDevice : public Device {
   std::size_t ReservedBytes(const void* ptr) const override { return host_.ReservedBytes(ptr); }
   std::uintptr_t heap_base() const override { return host_.heap_base(); }
   std::size_t heap_size() const override { return host_.heap_size(); }
+  const std::vector<int>& nodes() const override { return host_.nodes(); }
   Status CopyToHeap(void* dst, const void* src, std::size_t bytes) override { return host_.CopyToHeap(dst, src, bytes); }
   Status CopyFromHeap(void* dst, const void* src, std::size_t bytes) override {
     return host_.CopyFromHeap(dst, src, bytes);

@@ -54,6 +54,63 @@ std::size_t PageSize() { return static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
 
 void* At(void* base, std::size_t offset) { return static_cast<char*>(base) + offset; }
 
+// The reach table of `world` ranks on the nodes `node_of` describes (a rank opens the probes of its own node).
+std::vector<std::uint8_t> ReachOf(const std::vector<int>& node_of) {
+  const std::size_t world = node_of.size();
+  std::vector<std::uint8_t> reach(world * world);
+  for (std::size_t a = 0; a < world; ++a) {
+    for (std::size_t b = 0; b < world; ++b) reach[a * world + b] = node_of[a] == node_of[b] ? 1 : 0;
+  }
+  return reach;
+}
+
+TEST(NodesFromReachTest, NumbersEachNodeByItsLowestRank) {
+  // Nodes need not be contiguous in rank order: ranks 0 and 2 on one machine, 1 and 3 on another.
+  auto nodes = NodesFromReach(ReachOf({7, 9, 7, 9}), 4);
+  ASSERT_TRUE(nodes.ok()) << nodes.status().ToString();
+  EXPECT_EQ(nodes.value(), (std::vector<int>{0, 1, 0, 1}));
+  auto one = NodesFromReach(ReachOf({5, 5, 5}), 3);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one.value(), (std::vector<int>{0, 0, 0}));
+  auto apart = NodesFromReach(ReachOf({1, 2, 3}), 3);
+  ASSERT_TRUE(apart.ok());
+  EXPECT_EQ(apart.value(), (std::vector<int>{0, 1, 2}));
+}
+
+TEST(NodesFromReachTest, RefusesATableThatIsNotAPartition) {
+  // Rank 0 opens rank 1's probe, rank 1 does not open rank 0's.
+  std::vector<std::uint8_t> asymmetric = ReachOf({0, 0, 2});
+  asymmetric[1 * 3 + 0] = 0;
+  auto one_way = NodesFromReach(asymmetric, 3);
+  ASSERT_EQ(one_way.status().code(), StatusCode::kDeviceError);
+  EXPECT_NE(one_way.status().message().find("ranks disagree about which ranks share memory: rank=0 opens_rank_1=true"),
+            std::string::npos)
+      << one_way.status().message();
+  // 0 shares with 1 and 1 with 2, but 0 not with 2.
+  std::vector<std::uint8_t> chain = ReachOf({0, 0, 0});
+  chain[0 * 3 + 2] = chain[2 * 3 + 0] = 0;
+  auto not_transitive = NodesFromReach(chain, 3);
+  ASSERT_EQ(not_transitive.status().code(), StatusCode::kDeviceError);
+  EXPECT_NE(not_transitive.status().message().find("node_of_"), std::string::npos);
+  auto wrong_size = NodesFromReach(std::vector<std::uint8_t>(5, 1), 2);
+  ASSERT_EQ(wrong_size.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong_size.status().message().find("`reach` must be a world_size x world_size table, but got 5 entries"),
+            std::string::npos);
+}
+
+TEST(HostDeviceTest, RanksOfOneMachineFormOneNode) {
+  RunRanks(3, [](int rank, Bootstrap& bootstrap) {
+    HostDevice device;
+    DeviceInitArgs args;
+    args.rank = rank;
+    args.world_size = 3;
+    args.heap_size = 1 << 20;
+    ASSERT_TRUE(device.Init(args, bootstrap).ok());
+    EXPECT_EQ(device.nodes(), (std::vector<int>{0, 0, 0}));
+    ASSERT_TRUE(device.Finalize().ok());
+  });
+}
+
 TEST(HostDeviceTest, NotInitialised) {
   HostDevice device;
   EXPECT_STREQ(device.name(), "host");

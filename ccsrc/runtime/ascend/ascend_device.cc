@@ -144,6 +144,7 @@ Status AscendDevice::Init(const DeviceInitArgs& args, Bootstrap& bootstrap) {
   if (state_ == State::kFailed) return StateError("ascend device failed to finalize and cannot be used again: op=Init");
   rank_ = args.rank;
   world_size_ = args.world_size;
+  nodes_.assign(static_cast<std::size_t>(world_size_), 0);   // CANN SHMEM reaches every PE: one node
   local_mem_size_ = RoundUp(args.heap_size, kHeapPageBytes);
   heap_size_ = local_mem_size_ + ACLSHMEM_EXTRA_SIZE;
   timeout_sec_ = args.timeout_sec;

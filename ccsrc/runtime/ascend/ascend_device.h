@@ -83,6 +83,8 @@ class AscendDevice final : public Device {
   std::size_t ReservedBytes(const void* ptr) const override;
   std::uintptr_t heap_base() const override { return heap_base_; }
   std::size_t heap_size() const override { return heap_size_; }
+  // One node: CANN SHMEM reaches every PE of the world itself, other machines over RoCE (ACLSHMEM_DATA_OP_ROCE).
+  const std::vector<int>& nodes() const override { return nodes_; }
   // aclrtMemcpy (host to device, device to host): the heap is NPU memory that the host cannot dereference.
   Status CopyToHeap(void* symmetric_dst, const void* host_src, std::size_t bytes) override;
   Status CopyFromHeap(void* host_dst, const void* symmetric_src, std::size_t bytes) override;
@@ -186,6 +188,7 @@ class AscendDevice final : public Device {
   State state_ = State::kUninitialized;
   int rank_ = 0;
   int world_size_ = 0;
+  std::vector<int> nodes_;
   std::int32_t device_id_ = -1;
   std::string soc_name_;
   std::size_t heap_size_ = 0;

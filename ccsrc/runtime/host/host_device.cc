@@ -81,8 +81,52 @@ std::uintptr_t HostDevice::heap_base() const {
   return bases_.empty() ? 0 : reinterpret_cast<std::uintptr_t>(bases_[static_cast<std::size_t>(rank_)]);
 }
 
+Status HostDevice::CheckOnNode(int pe, const char* op) const {
+  if (pe < 0 || pe >= world_size_) {
+    return InvalidArgument("`pe` must be in [0, " + std::to_string(world_size_) + "), but got " + std::to_string(pe));
+  }
+  if (nodes_[static_cast<std::size_t>(pe)] != nodes_[static_cast<std::size_t>(rank_)]) {
+    return StateError(std::string("pe lies on another node (the host device maps its own node's heaps only): op=") +
+                      op + " pe=" + std::to_string(pe) + " pe_node=" + std::to_string(nodes_[static_cast<std::size_t>(pe)]) +
+                      " rank=" + std::to_string(rank_) + " node=" + std::to_string(nodes_[static_cast<std::size_t>(rank_)]));
+  }
+  return Status::Ok();
+}
+
 std::chrono::steady_clock::time_point HostDevice::Deadline() const {
   return std::chrono::steady_clock::now() + timeout_;
+}
+
+Result<std::vector<int>> NodesFromReach(const std::vector<std::uint8_t>& reach, int world_size) {
+  const auto world = static_cast<std::size_t>(world_size);
+  if (world_size < 1 || reach.size() != world * world) {
+    return InvalidArgument("`reach` must be a world_size x world_size table, but got " + std::to_string(reach.size()) +
+                           " entries for world_size=" + std::to_string(world_size));
+  }
+  std::vector<int> nodes(world);
+  for (std::size_t a = 0; a < world; ++a) {
+    std::size_t lowest = a;
+    for (std::size_t b = 0; b < a; ++b) {
+      if (reach[a * world + b]) {
+        lowest = b;
+        break;
+      }
+    }
+    nodes[a] = static_cast<int>(lowest);
+  }
+  // Sharing memory must be a partition: reflexive, symmetric, and transitive through each node's lowest rank.
+  for (std::size_t a = 0; a < world; ++a) {
+    for (std::size_t b = 0; b < world; ++b) {
+      if ((reach[a * world + b] != 0) != (nodes[a] == nodes[b])) {
+        return DeviceError("ranks disagree about which ranks share memory: rank=" + std::to_string(a) +
+                           " opens_rank_" + std::to_string(b) + "=" + (reach[a * world + b] ? "true" : "false") +
+                           " node_of_" + std::to_string(a) + "=" + std::to_string(nodes[a]) + " node_of_" +
+                           std::to_string(b) + "=" + std::to_string(nodes[b]) +
+                           " (every rank must see the same /dev/shm as exactly the ranks of its machine)");
+      }
+    }
+  }
+  return nodes;
 }
 
 Status HostDevice::Init(const DeviceInitArgs& args, Bootstrap& bootstrap) {
@@ -91,15 +135,18 @@ Status HostDevice::Init(const DeviceInitArgs& args, Bootstrap& bootstrap) {
   world_size_ = args.world_size;
   heap_size_ = RoundUp(args.heap_size, static_cast<std::size_t>(sysconf(_SC_PAGESIZE)));
   timeout_ = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(args.timeout_sec));
-  spin_ = SpinPolicy::For(world_size_);
   const std::size_t segment_bytes = heap_size_ + kControlBytes;
 
   RemoveStaleSegments();
 
-  // 1. Create our segment, once every rank has checked that the machine can hold every rank's: creation reserves
-  //    the pages, so a rank checking after a peer created would count that peer's heap twice. The reservation
-  //    itself is the last word (another program may take /dev/shm between the check and it).
-  HP_RETURN_IF_ERROR(AgreeOnStatus(bootstrap, CheckShmCapacity(segment_bytes * static_cast<std::size_t>(world_size_)),
+  // 1. Which ranks share our shared memory: our node.
+  HP_RETURN_IF_ERROR(DiscoverNodes(bootstrap));
+  spin_ = SpinPolicy::For(static_cast<int>(node_pes_.size()));
+
+  // 2. Create our segment, once every rank has checked that the machine can hold the segments of its node's ranks:
+  //    creation reserves the pages, so a rank checking after a peer created would count that peer's heap twice.
+  //    The reservation itself is the last word (another program may take /dev/shm between the check and it).
+  HP_RETURN_IF_ERROR(AgreeOnStatus(bootstrap, CheckShmCapacity(segment_bytes * node_pes_.size()),
                                    "creating the symmetric heap"));
   ShmSegment own;
   Status created = Status::Ok();
@@ -111,15 +158,15 @@ Status HostDevice::Init(const DeviceInitArgs& args, Bootstrap& bootstrap) {
   }
   HP_RETURN_IF_ERROR(AgreeOnStatus(bootstrap, created, "creating the symmetric heap"));
 
-  // 2. Learn every rank's segment name and map it.
+  // 3. Learn every rank's segment name and map those of our node.
   char name[64] = {};
   std::strncpy(name, own.name().c_str(), sizeof(name) - 1);
   std::vector<char> names(sizeof(name) * static_cast<std::size_t>(world_size_));
   HP_RETURN_IF_ERROR(bootstrap.AllGather(name, sizeof(name), names.data()));
   std::vector<ShmSegment> segments(static_cast<std::size_t>(world_size_));
   Status mapped = Status::Ok();
-  for (int r = 0; r < world_size_ && mapped.ok(); ++r) {
-    if (r == rank_) continue;
+  for (int r : node_pes_) {
+    if (r == rank_ || !mapped.ok()) continue;
     auto peer = ShmSegment::Open(std::string(&names[sizeof(name) * static_cast<std::size_t>(r)]), segment_bytes);
     if (peer.ok()) {
       segments[static_cast<std::size_t>(r)] = std::move(peer).value();
@@ -144,11 +191,63 @@ Status HostDevice::Init(const DeviceInitArgs& args, Bootstrap& bootstrap) {
   // Our control block must be initialised before any peer uses it.
   HP_RETURN_IF_ERROR(bootstrap.Barrier());
 
-  // 3. Whether every rank may read every peer's memory outside the heap.
+  // 4. Whether every rank may read every peer's memory outside the heap.
   HP_RETURN_IF_ERROR(ProbePeerMemory(bootstrap));
   HP_LOG(kInfo, "host device initialised: world_size=" + std::to_string(world_size_) +
-                    " heap_size=" + std::to_string(heap_size_) + " heap_base=" + Hex(heap_base()) +
+                    " node=" + std::to_string(nodes_[static_cast<std::size_t>(rank_)]) +
+                    " node_size=" + std::to_string(node_pes_.size()) + " heap_size=" + std::to_string(heap_size_) +
+                    " heap_base=" + Hex(heap_base()) +
                     " reaches_peer_memory=" + (reaches_peer_memory_ ? "true" : "false"));
+  return Status::Ok();
+}
+
+Status HostDevice::DiscoverNodes(Bootstrap& bootstrap) {
+  // Every rank creates a one-page probe segment holding a word of its own and tries to open every peer's: the ranks
+  // whose probes it can read share its shared-memory filesystem. Every rank gathers every rank's answers, so all of
+  // them derive the same nodes from the same table, or fail alike when the table is not a partition.
+  struct ProbeWord {
+    std::uint64_t magic;
+    std::int64_t rank;
+  };
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  ShmSegment probe;
+  Status created = Status::Ok();
+  auto segment = ShmSegment::Create(page);
+  if (segment.ok()) {
+    probe = std::move(segment).value();
+    *static_cast<ProbeWord*>(probe.data()) = ProbeWord{kMagic, rank_};
+  } else {
+    created = segment.status();
+  }
+  HP_RETURN_IF_ERROR(AgreeOnStatus(bootstrap, created, "probing which ranks share memory"));
+  char name[64] = {};
+  std::strncpy(name, probe.name().c_str(), sizeof(name) - 1);
+  const auto world = static_cast<std::size_t>(world_size_);
+  std::vector<char> names(sizeof(name) * world);
+  HP_RETURN_IF_ERROR(bootstrap.AllGather(name, sizeof(name), names.data()));
+  std::vector<std::uint8_t> mine(world, 0);
+  for (std::size_t r = 0; r < world; ++r) {
+    if (static_cast<int>(r) == rank_) {
+      mine[r] = 1;
+      continue;
+    }
+    // A probe this rank cannot open lies in another node's shared memory (no such name here).
+    auto peer = ShmSegment::Open(std::string(&names[sizeof(name) * r]), page);
+    if (!peer.ok()) continue;
+    const ProbeWord word = *static_cast<const ProbeWord*>(peer.value().data());
+    mine[r] = word.magic == kMagic && word.rank == static_cast<std::int64_t>(r) ? 1 : 0;
+  }
+  std::vector<std::uint8_t> reach(world * world);
+  HP_RETURN_IF_ERROR(bootstrap.AllGather(mine.data(), world, reach.data()));
+  // Every rank has opened every probe it could once the table is gathered: the probe can go.
+  HP_RETURN_IF_ERROR(probe.Unlink());
+
+  HP_ASSIGN_OR_RETURN(std::vector<int> nodes, NodesFromReach(reach, world_size_));
+  nodes_ = std::move(nodes);
+  node_pes_.clear();
+  for (std::size_t r = 0; r < world; ++r) {
+    if (nodes_[r] == nodes_[static_cast<std::size_t>(rank_)]) node_pes_.push_back(static_cast<int>(r));
+  }
   return Status::Ok();
 }
 
@@ -158,8 +257,8 @@ Status HostDevice::ProbePeerMemory(Bootstrap& bootstrap) {
   // gathered and every rank combines the same list.
   std::string refused;
   if (peer_memory_ == PeerMemory::kCrossMemoryAttach) {
-    for (int r = 0; r < world_size_ && refused.empty(); ++r) {
-      if (r == rank_) continue;
+    for (int r : node_pes_) {
+      if (r == rank_ || !refused.empty()) continue;
       std::uint64_t magic = 0;
       Status read = ReadProcessMemory(control(r)->pid, &magic, control(r)->own_address, sizeof(magic));
       if (!read.ok()) refused = read.message();
@@ -191,6 +290,8 @@ Status HostDevice::Finalize() {
   }
   heap_.reset();
   bases_.clear();
+  nodes_.clear();
+  node_pes_.clear();
   // Tensors that escaped invalidation (numpy arrays, DLPack capsules) may still point into any rank's mapping:
   // retired segments turn such pointers harmless instead of unmapping memory under them.
   for (ShmSegment& segment : segments_) segment.Retire();
@@ -274,9 +375,7 @@ Status HostDevice::Copy(void* dst, const void* src, std::size_t bytes, StreamHan
 Status HostDevice::GetPeerMemory(void* dst, std::uint64_t peer_address, std::size_t bytes, int pe, StreamHandle stream,
                                  KeepAlive keep) {
   if (!heap_) return StateError("host device is not initialised: op=GetPeerMemory");
-  if (pe < 0 || pe >= world_size_) {
-    return InvalidArgument("`pe` must be in [0, " + std::to_string(world_size_) + "), but got " + std::to_string(pe));
-  }
+  HP_RETURN_IF_ERROR(CheckOnNode(pe, "GetPeerMemory"));
   if (!reaches_peer_memory_ && pe != rank_) {
     return StateError("host device does not reach peers' memory: op=GetPeerMemory pe=" + std::to_string(pe));
   }
@@ -307,9 +406,7 @@ Status HostDevice::ReducePeerMemory(void* dst, const std::vector<std::uint64_t>&
   }
   std::vector<std::int64_t> pids;   // -1: this rank's own memory, read in place
   for (int pe : pes) {
-    if (pe < 0 || pe >= world_size_) {
-      return InvalidArgument("`pe` must be in [0, " + std::to_string(world_size_) + "), but got " + std::to_string(pe));
-    }
+    HP_RETURN_IF_ERROR(CheckOnNode(pe, "ReducePeerMemory"));
     if (pe != rank_ && !reaches_peer_memory_) {
       return StateError("host device does not reach peers' memory: op=ReducePeerMemory pe=" + std::to_string(pe));
     }
@@ -465,11 +562,12 @@ Status HostDevice::WaitSignal(void* symmetric_signal, SignalWidth width, Compare
 }
 
 Status HostDevice::DoBarrier() {
-  // A counting barrier on one word of rank 0's block: barrier number e is complete once e * world_size
-  // arrivals have been counted. The word only grows, so nothing is ever reset.
+  // A counting barrier on one word of the node's lowest rank's block: barrier number e is complete once
+  // e * node_size arrivals have been counted. The word only grows, so nothing is ever reset.
   const std::uint64_t epoch = barrier_epoch_.fetch_add(1) + 1;
-  const std::uint64_t target = epoch * static_cast<std::uint64_t>(world_size_);
-  ControlBlock* root = control(0);
+  const auto node_size = static_cast<std::uint64_t>(node_pes_.size());
+  const std::uint64_t target = epoch * node_size;
+  ControlBlock* root = control(node_pes_.front());
   StoreSeqCst(&control(rank_)->barrier_epoch, epoch);
   if (FetchAddSeqCst(&root->barrier_arrivals, std::uint64_t{1}) + 1 == target) {
     WakeIfSleeping(&root->barrier_arrivals, &root->barrier_sleepers);
@@ -478,15 +576,15 @@ Status HostDevice::DoBarrier() {
   auto done = [&] { return LoadAcquire(&root->barrier_arrivals) >= target; };
   auto describe = [&] {
     std::string missing;
-    for (int r = 0; r < world_size_; ++r) {
+    for (int r : node_pes_) {
       if (LoadAcquire(&control(r)->barrier_epoch) < epoch) missing += (missing.empty() ? "" : ",") + std::to_string(r);
     }
     // After an earlier timeout this rank may be epochs ahead of the count: then none of its peers has arrived
     // at this barrier yet (the difference would wrap around).
     const std::uint64_t counted = LoadAcquire(&root->barrier_arrivals);
-    const std::uint64_t before = (epoch - 1) * static_cast<std::uint64_t>(world_size_);
+    const std::uint64_t before = (epoch - 1) * node_size;
     const std::uint64_t arrived = counted > before ? counted - before : 0;
-    return "barrier timed out: epoch=" + std::to_string(epoch) + " expected_arrivals=" + std::to_string(world_size_) +
+    return "barrier timed out: epoch=" + std::to_string(epoch) + " expected_arrivals=" + std::to_string(node_size) +
            " observed_arrivals=" + std::to_string(arrived) + " missing_ranks=[" + missing + "]" +
            " timeout_sec=" + Decimal(std::chrono::duration<double>(timeout_).count());
   };
@@ -496,10 +594,8 @@ Status HostDevice::DoBarrier() {
 Result<void*> HostDevice::PeerAddress(const void* symmetric, int pe) const {
   if (!heap_) return StateError("host device is not initialised: op=PeerAddress");
   HP_RETURN_IF_ERROR(CheckInOwnHeap(*this, symmetric, 0, "symmetric"));
-  if (pe < 0 || static_cast<std::size_t>(pe) >= bases_.size()) {
-    return InvalidArgument("`pe` must be in [0, " + std::to_string(bases_.size()) + "), but got " + std::to_string(pe));
-  }
-  return static_cast<void*>(Remote(symmetric, pe));   // every rank's segment is mapped in this process
+  HP_RETURN_IF_ERROR(CheckOnNode(pe, "PeerAddress"));
+  return static_cast<void*>(Remote(symmetric, pe));   // every segment of the node is mapped in this process
 }
 
 Status HostDevice::Barrier(StreamHandle stream) {

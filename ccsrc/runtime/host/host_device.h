@@ -1,7 +1,9 @@
 // The host device: symmetric memory for the processes of one machine over POSIX shared memory.
 //
-// Every rank creates one segment (a control block, then its heap) and maps the segments of all the others, so
-// a put is a memcpy into the peer's mapping, a signal an atomic on it, and a wait a futex on the local word.
+// Every rank creates one segment (a control block, then its heap) and maps the segments of the other ranks of its
+// node, so a put is a memcpy into the peer's mapping, a signal an atomic on it, and a wait a futex on the local word.
+// A node is found, not assumed: the ranks that can open each other's shared memory (hostnames can lie both ways:
+// containers on two machines may share one, two containers of one machine may share /dev/shm under two).
 #pragma once
 
 #include <atomic>
@@ -31,6 +33,11 @@ enum class PeerMemory {
   kThroughHeap,
 };
 
+// The nodes of a world from which ranks can open each other's shared memory: `reach[a * world_size + b]` is nonzero
+// when rank a opened rank b's probe. Returns the node of every rank, numbered by its lowest rank, or kDeviceError
+// naming a pair of ranks when the table is not a partition (reflexive, symmetric, transitive).
+Result<std::vector<int>> NodesFromReach(const std::vector<std::uint8_t>& reach, int world_size);
+
 class HostDevice final : public Device {
  public:
   explicit HostDevice(PeerMemory peer_memory = PeerMemory::kCrossMemoryAttach);
@@ -48,6 +55,7 @@ class HostDevice final : public Device {
   std::size_t ReservedBytes(const void* ptr) const override;
   std::uintptr_t heap_base() const override;
   std::size_t heap_size() const override { return heap_size_; }
+  const std::vector<int>& nodes() const override { return nodes_; }
   Status CopyToHeap(void* symmetric_dst, const void* host_src, std::size_t bytes) override;
   Status CopyFromHeap(void* host_dst, const void* symmetric_src, std::size_t bytes) override;
   std::size_t max_transfer_bytes() const override { return 0; }
@@ -94,7 +102,11 @@ class HostDevice final : public Device {
 
  private:
 
+  // `pe` must lie on this rank's node (the runtime checks it before any data-plane call).
   ControlBlock* control(int pe) const;
+  // OK when `pe` is a PE of this rank's node; otherwise the broken contract (out of range) or the fact, naming both
+  // nodes.
+  Status CheckOnNode(int pe, const char* op) const;
   char* Remote(const void* local, int pe) const;
   // Runs `op` now on the default stream, or queues it on a host stream (keeping `keep` alive until it ran). A
   // template so that the default stream runs the lambda as it is: no std::function (a heap allocation for most
@@ -114,7 +126,9 @@ class HostDevice final : public Device {
   Status DoBarrier();
   std::chrono::steady_clock::time_point Deadline() const;
 
-  // Whether every rank can read every peer's memory (step 3 of Init).
+  // Which ranks share this rank's shared memory (step 1 of Init): sets nodes_ and node_pes_.
+  Status DiscoverNodes(Bootstrap& bootstrap);
+  // Whether every rank can read every peer's memory of its node (step 4 of Init).
   Status ProbePeerMemory(Bootstrap& bootstrap);
 
   PeerMemory peer_memory_;
@@ -124,8 +138,10 @@ class HostDevice final : public Device {
   std::size_t heap_size_ = 0;
   std::chrono::nanoseconds timeout_{0};
   SpinPolicy spin_;
-  std::vector<ShmSegment> segments_;          // index = rank; segments_[rank_] is ours
-  std::vector<char*> bases_;                  // mapping of each rank's segment
+  std::vector<int> nodes_;                    // the node of every PE, numbered by its lowest PE
+  std::vector<int> node_pes_;                 // the PEs of this rank's node, ascending
+  std::vector<ShmSegment> segments_;          // index = rank; segments_[rank_] is ours; empty off this node
+  std::vector<char*> bases_;                  // mapping of each rank's segment; null off this node
   std::unique_ptr<HeapAllocator> heap_;
   // Barriers this rank has entered. Barriers pair up across ranks by their order, so a process issues one
   // barrier at a time (from one stream or thread), like one NCCL communicator.
