@@ -761,6 +761,7 @@ py::dict DebugState() {
   d["calls_in_flight"] = s.in_flight;
   d["live_teams"] = s.live_teams;
   d["reaches_peer_memory"] = s.reaches_peer_memory;
+  d["nodes"] = py::tuple(py::cast(s.nodes));
   return d;
 }
 

@@ -241,11 +241,12 @@ def group_pes(group: Optional[dist.ProcessGroup]) -> tuple:
 def channel(group: Optional[dist.ProcessGroup], op: str = "barrier") -> GroupChannel:
     """The group's channel for the collective ``op``, making its team on first use (collective over the group).
 
-    Making one first checks that the group lives on one machine, and releases the teams of groups destroyed since
-    (their slots are reused). ``op`` names the user API's operation in the fingerprints of ``publish``.
+    Making one releases the teams of groups destroyed since (their slots are reused); a group that spans nodes gets
+    a hierarchical team. ``op`` names the user API's operation in the fingerprints of ``publish``.
 
     Raises:
-        ValueError: the group spans machines, or does not contain this rank.
+        ValueError: the group spans nodes with different numbers of its ranks on them, or does not contain this
+            rank.
         ShmemStateError: every team slot is taken (64 live groups besides WORLD).
         ShmemTimeoutError: a member did not arrive in time (the message names it).
     """
@@ -258,7 +259,7 @@ def channel(group: Optional[dist.ProcessGroup], op: str = "barrier") -> GroupCha
     with _lock:
         group_pes(group)  # argument errors first
         _release_destroyed_groups(st)
-        ch = GroupChannel(shmem.Team(group), whole_root=False)  # bounded; checks that the group is on one machine
+        ch = GroupChannel(shmem.Team(group), whole_root=False)  # bounded; hierarchical when the group spans nodes
         ch.op = op
         st.channels[group] = ch
         return ch

@@ -287,6 +287,11 @@ def _all_gather_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, gather
     signal = signal.view(-1)
     own = slice(me * m, (me + 1) * m)
     _context.flush_for_host_read()  # the matmuls are torch ops on this thread: earlier SHMEM work must be done
+    if ch.team.spans_nodes:
+        # Peers on other nodes are out of one-sided reach: the team's hierarchical all_gather, then one matmul.
+        ch.team.all_gather(gather_out, a.contiguous())
+        torch.mm(gather_out.view(n * m, k), b, out=c)
+        return
     with shmem.stream(None):
         if n > 1:
             _entry(ch, signal, [heap_offset(gather_out), heap_offset(signal), m, k, b.shape[1]],
@@ -417,6 +422,12 @@ def _matmul_reduce_scatter(x1: torch.Tensor, x2: torch.Tensor, symm_tensor: torc
     m = rows // n
     result = torch.empty((m, columns), dtype=x1.dtype, device=x1.device)
     _context.flush_for_host_read()  # the matmuls are torch ops on this thread: earlier SHMEM work must be done
+    if ch.team.spans_nodes:
+        # Peers on other nodes are out of one-sided reach: one matmul, then the team's hierarchical reduce_scatter.
+        product = symm_tensor.view(rows, columns)
+        torch.mm(x1, x2, out=product)
+        ch.team.reduce_scatter(result, product, reduce_op)
+        return result
     with shmem.stream(None):
         if n == 1:
             torch.mm(x1, x2, out=result)  # the sum or average of one product is the product

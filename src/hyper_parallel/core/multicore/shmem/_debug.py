@@ -145,7 +145,9 @@ def debug_state() -> DebugState:
       allocation_id, base, offset, bytes, reserved, lifecycle, call_site), latest_failure, calls_in_flight
       (data-plane calls of any thread inside the runtime right now), live_teams (the runtime teams of this rank)
       and reaches_peer_memory (whether the device reads peers' ordinary tensors straight out of their processes:
-      on the host device, where the kernel allows cross-memory attach between every pair of ranks);
+      on the host device, where the kernel allows cross-memory attach between every pair of ranks) and nodes (the
+      node of every root rank, numbered by the node's lowest rank: the ranks whose heaps this device maps; one
+      node per machine on the host device, found by which ranks can open each other's shared memory);
     * upstream hyper-parallel's: state (:class:`StateName` compares equal to ``"Ready"``, ``"Uninitialized"``,
       ``"Finalized"`` too), reference_count (acquire_shmem handles and shmem.acquire() references alike),
       root_rank, root_size, device_index, device_model, soc_name (None on the host device: there is no NPU),
@@ -198,6 +200,7 @@ def debug_state() -> DebugState:
         "calls_in_flight": raw["calls_in_flight"],
         "live_teams": raw["live_teams"],
         "reaches_peer_memory": raw["reaches_peer_memory"],
+        "nodes": list(raw["nodes"]),
         # Upstream hyper-parallel's keys that the project's vocabulary has under other names.
         "root_rank": raw["rank"] if live else None,
         "root_size": raw["world_size"] if live else None,

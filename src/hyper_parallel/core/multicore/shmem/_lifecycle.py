@@ -30,6 +30,13 @@ class _Root:
     rank: int  # this process's PE
     lifecycle: int
     references: int = 0
+    nodes: tuple = (0,)  # the node of every PE (numbered by its lowest PE): the PEs whose heaps this device maps
+    heap_base: int = 0  # this rank's heap address: a symmetric tensor's offset is the same on every rank
+
+    @property
+    def spans_nodes(self) -> bool:
+        """Whether the root's PEs live on more than one node."""
+        return len(set(self.nodes)) > 1
 
 
 _root: Optional[_Root] = None
@@ -39,24 +46,26 @@ _root: Optional[_Root] = None
 _BOOTSTRAP_GRACE_SEC = 0.05
 
 
-def _all_gather_bytes(group: dist.ProcessGroup, payload: bytes, op: str) -> Union[bytes, str]:
+def _all_gather_bytes(group: dist.ProcessGroup, payload: bytes, op: str,
+                      members: Optional[tuple] = None) -> Union[bytes, str]:
     """The bootstrap's all_gather: every rank's bytes, concatenated in root order, or the timeout's message.
 
     On gloo every rank sends its bytes to every peer and waits for each receive until the runtime's timeout, so a
     rank that stops inside the bootstrap is named and its peers give up in time (a gloo collective would wait for
     the process group's own timeout, 30 minutes by default). Other backends use their all_gather and their own
-    timeouts.
+    timeouts. ``members`` (group ranks, this one among them) gathers among those ranks only, in their order.
     """
     mine = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
     size = dist.get_world_size(group)
-    if dist.get_backend(group) != "gloo":
+    if dist.get_backend(group) != "gloo" and members is None:
         gathered = [torch.empty_like(mine) for _ in range(size)]
         dist.all_gather(gathered, mine, group=group)
         return b"".join(t.numpy().tobytes() for t in gathered)
     timeout_sec = C.read_config()["timeout_sec"]
     me = dist.get_rank(group)
-    peers = [r for r in range(size) if r != me]
-    received = [mine if r == me else torch.empty_like(mine) for r in range(size)]
+    order = tuple(range(size)) if members is None else members
+    peers = [r for r in order if r != me]
+    received = {r: mine if r == me else torch.empty_like(mine) for r in order}
     receives = {r: dist.irecv(received[r], src=dist.get_global_rank(group, r), group=group) for r in peers}
     sends = {r: dist.isend(mine, dst=dist.get_global_rank(group, r), group=group) for r in peers}
     deadline = time.monotonic() + timeout_sec
@@ -75,7 +84,7 @@ def _all_gather_bytes(group: dist.ProcessGroup, payload: bytes, op: str) -> Unio
     if missing:
         ranks = sorted(dist.get_global_rank(group, r) for r in missing)
         return f"bootstrap timed out: op={op} step=all_gather missing_ranks={ranks} timeout_sec={timeout_sec:g}"
-    return b"".join(t.numpy().tobytes() for t in received)
+    return b"".join(received[r].numpy().tobytes() for r in order)
 
 
 def _barrier(group: dist.ProcessGroup, op: str) -> Optional[str]:
@@ -101,9 +110,15 @@ def _barrier(group: dist.ProcessGroup, op: str) -> Optional[str]:
     return None
 
 
-def _bootstrap(group: dist.ProcessGroup, op: str):
-    """The runtime's bootstrap over ``group``: all_gather(bytes) -> bytes, and barrier() -> None, each returning the
-    message of its timeout instead when a rank does not come."""
+def _bootstrap(group: dist.ProcessGroup, op: str, members: Optional[tuple] = None):
+    """The runtime's bootstrap over ``group`` (or over its ranks ``members`` only): all_gather(bytes) -> bytes, and
+    barrier() -> None, each returning the message of its timeout instead when a rank does not come."""
+    if members is not None:
+        def barrier() -> Optional[str]:
+            gathered = _all_gather_bytes(group, b"\0", op, members)
+            return gathered if isinstance(gathered, str) else None
+
+        return (lambda payload: _all_gather_bytes(group, payload, op, members)), barrier
     return (lambda payload: _all_gather_bytes(group, payload, op)), (lambda: _barrier(group, op))
 
 
@@ -162,6 +177,8 @@ class Handle:
                 return
             all_gather, barrier = _local_bootstrap() if root.group is None else _bootstrap(root.group, "shutdown")
             try:
+                if root.spans_nodes:
+                    _refuse_shutdown_with_live_allocations(root)
                 C.shutdown(root.rank, len(root.ranks), all_gather, barrier)
             except Exception as error:
                 attach_fields(error, "shutdown")
@@ -178,6 +195,24 @@ class Handle:
 
     def __repr__(self) -> str:
         return f"Handle(lifecycle={self._lifecycle}, closed={self._closed})"
+
+
+def _refuse_shutdown_with_live_allocations(root: _Root) -> None:
+    """Refuses a shutdown on every rank of a root that spans nodes alike while any rank holds live allocations (the
+    runtime's own check covers the ranks of this node).
+
+    Raises:
+        ShmemStateError: live allocations remain on some rank (the message lists them).
+        ShmemTimeoutError: a rank did not reach the shutdown in time.
+    """
+    live = len(C.debug_state()["active_allocations"])
+    gathered = _all_gather_bytes(root.group, live.to_bytes(8, "little"), "shutdown")
+    if isinstance(gathered, str):
+        raise ShmemTimeoutError(gathered)
+    counts = [int.from_bytes(gathered[r * 8:r * 8 + 8], "little") for r in range(len(root.ranks))]
+    holders = " ".join(f"rank{rank}={count}" for rank, count in enumerate(counts) if count)
+    if holders:
+        raise ShmemStateError(f"shutdown refused: live allocations remain (free them, then close again): {holders}")
 
 
 def acquire_shmem(root_group: Optional[dist.ProcessGroup] = None) -> Handle:
@@ -228,7 +263,9 @@ def acquire_shmem(root_group: Optional[dist.ProcessGroup] = None) -> Handle:
             raise ShmemTimeoutError(timed_out)
         all_gather, barrier = _bootstrap(group, "acquire_shmem")
         C.init(rank, len(ranks), all_gather, barrier)
-        _root = _Root(group=group, ranks=ranks, rank=rank, lifecycle=C.lifecycle(), references=1)
+        state = C.debug_state()
+        _root = _Root(group=group, ranks=ranks, rank=rank, lifecycle=C.lifecycle(), references=1,
+                      nodes=tuple(state["nodes"]), heap_base=state["heap_base"])
         return Handle(_root.lifecycle)
 
 
@@ -310,7 +347,8 @@ def acquire_local(op: str) -> Handle:
             )
         all_gather, barrier = _local_bootstrap()
         C.init(0, 1, all_gather, barrier)
-        _root = _Root(group=None, ranks=(0,), rank=0, lifecycle=C.lifecycle(), references=1)
+        _root = _Root(group=None, ranks=(0,), rank=0, lifecycle=C.lifecycle(), references=1,
+                      heap_base=C.debug_state()["heap_base"])
         return Handle(_root.lifecycle)
 
 

@@ -8,8 +8,10 @@ from typing import Optional
 
 import torch
 
+from hyper_parallel.core.multicore.shmem import _across_nodes
 from hyper_parallel.core.multicore.shmem._binding import C
 from hyper_parallel.core.multicore.shmem._checks import type_name
+from hyper_parallel.core.multicore.shmem._lifecycle import root_info
 from hyper_parallel.core.multicore.shmem.errors import ShmemTypeError, ShmemValueError, attach_fields
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -75,7 +77,11 @@ def empty(*size, dtype: Optional[torch.dtype] = None, alignment: Optional[int] =
         elif isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0:
             # the runtime checks the rest
             raise ShmemValueError(f"`alignment` must be a power of two, but got {alignment!r}")
-        return C.empty(dims, dtype, alignment, user_call_site())
+        call_site = user_call_site()
+        root = root_info()
+        if root is not None and root.spans_nodes:
+            return _across_nodes.empty(root, lambda: C.empty(dims, dtype, alignment, call_site))
+        return C.empty(dims, dtype, alignment, call_site)
     except Exception as error:
         attach_fields(error, "allocate")
         raise
@@ -96,7 +102,12 @@ def free(tensor: torch.Tensor) -> None:
         ShmemMismatchError: ranks disagree on the free.
     """
     try:
-        C.free(tensor, user_call_site())
+        call_site = user_call_site()
+        root = root_info()
+        if root is not None and root.spans_nodes:
+            _across_nodes.free(root, tensor, lambda: C.free(tensor, call_site))
+            return
+        C.free(tensor, call_site)
     except Exception as error:
         attach_fields(error, "free")
         raise

@@ -12,12 +12,13 @@ from typing import Optional
 
 import torch
 
+from hyper_parallel.core.multicore.shmem import _across_nodes
 from hyper_parallel.core.multicore.shmem._binding import C
 from hyper_parallel.core.multicore.shmem._checks import check_choice, keyword_alias
 from hyper_parallel.core.multicore.shmem._lifecycle import require_root, root_info
-from hyper_parallel.core.multicore.shmem._streams import current_handle
+from hyper_parallel.core.multicore.shmem._streams import DEFAULT_HANDLE, current_handle
 from hyper_parallel.core.multicore.shmem._teams import root_team
-from hyper_parallel.core.multicore.shmem.errors import ShmemTypeError, attach_fields
+from hyper_parallel.core.multicore.shmem.errors import ShmemTimeoutError, ShmemTypeError, attach_fields
 
 # The runtime's numberings (ops/reduce_op.h, runtime/device.h), read once from the binding.
 _SIGNAL_OPS = dict(C.signal_ops())
@@ -196,7 +197,9 @@ def barrier(*, blocking: bool = False) -> None:
 
     Like every data-plane call the barrier is enqueued on the current stream (seed 001). On the default stream of
     the host device that is the calling thread, so it is complete when it returns; on a :class:`Stream` (and on
-    the ascend device's NPU stream) it is complete once the stream reaches it.
+    the ascend device's NPU stream) it is complete once the stream reaches it. When the root spans nodes, the
+    barrier waits for the current stream first and runs on the calling thread (its step across nodes runs over the
+    root ProcessGroup).
 
     Args:
         blocking: also wait, before returning, until the current stream has run the barrier and everything
@@ -212,6 +215,14 @@ def barrier(*, blocking: bool = False) -> None:
         if not isinstance(blocking, bool):
             raise ShmemTypeError(f"`blocking` must be a bool, but got {type(blocking).__name__}")
         handle = current_handle()
+        root = root_info()
+        if root is not None and root.spans_nodes:
+            # The step across nodes runs over the root ProcessGroup, on this thread: after the stream's work.
+            C.synchronize_stream(handle)
+            timed_out = _across_nodes.barrier(root, lambda: C.barrier(DEFAULT_HANDLE))
+            if timed_out:
+                raise ShmemTimeoutError(timed_out)
+            return
         C.barrier(handle)
         if blocking:
             C.synchronize_stream(handle)

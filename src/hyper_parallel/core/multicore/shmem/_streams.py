@@ -16,7 +16,8 @@ from hyper_parallel.core.multicore.shmem._binding import C
 from hyper_parallel.core.multicore.shmem._lifecycle import require_root, root_info
 from hyper_parallel.core.multicore.shmem.errors import ShmemStateError
 
-_DEFAULT_HANDLE = 0
+#: The runtime's handle of the default stream (the calling thread on the host device).
+DEFAULT_HANDLE = 0
 _current = threading.local()
 # `with stream:` blocks open in any thread. While there are none, every thread is on the default stream, and the
 # hot path skips the thread-local lookup (which costs more than a small put).
@@ -42,14 +43,14 @@ class Stream:
     def _default(cls) -> "Stream":
         stream = cls.__new__(cls)
         stream._lifecycle = None
-        stream._handle = _DEFAULT_HANDLE
+        stream._handle = DEFAULT_HANDLE
         stream._destroyed = False
         return stream
 
     @property
     def is_default(self) -> bool:
         """Whether this is the default stream (the calling thread)."""
-        return self._handle == _DEFAULT_HANDLE
+        return self._handle == DEFAULT_HANDLE
 
     def handle(self) -> int:
         """The runtime's handle of this stream, checked to belong to the active lifecycle (internal).
@@ -57,8 +58,8 @@ class Stream:
         Raises:
             ShmemStateError: the stream was destroyed or belongs to an earlier lifecycle.
         """
-        if self._handle == _DEFAULT_HANDLE:
-            return _DEFAULT_HANDLE
+        if self._handle == DEFAULT_HANDLE:
+            return DEFAULT_HANDLE
         root = require_root("stream")
         if self._destroyed or root.lifecycle != self._lifecycle:
             raise ShmemStateError(
@@ -97,7 +98,7 @@ class Stream:
         Raises:
             ShmemError: an enqueued operation failed (the stream is released all the same).
         """
-        if self._handle == _DEFAULT_HANDLE or self._destroyed:
+        if self._handle == DEFAULT_HANDLE or self._destroyed:
             return
         handle = self.handle()
         try:
@@ -110,7 +111,7 @@ class Stream:
         # Like a CUDA stream: work already queued still runs; the worker goes once it is done. Never raises,
         # never waits, runs no collective.
         try:
-            if self._handle == _DEFAULT_HANDLE or self._destroyed:
+            if self._handle == DEFAULT_HANDLE or self._destroyed:
                 return
             root = root_info()
             if root is not None and root.lifecycle == self._lifecycle:
@@ -162,9 +163,9 @@ def current_stream() -> Stream:
 def current_handle() -> int:
     """The runtime handle of the current stream (internal, on every data-plane call)."""
     if not _open_contexts:
-        return _DEFAULT_HANDLE
+        return DEFAULT_HANDLE
     stack = getattr(_current, "stack", None)
-    return stack[-1].handle() if stack else _DEFAULT_HANDLE
+    return stack[-1].handle() if stack else DEFAULT_HANDLE
 
 
 def stream(s: Optional[Stream]):

@@ -7,11 +7,13 @@ count, reduce op, wire format, peer): members that disagree all raise :class:`Sh
 before any data moves, and the team stays usable. Creation is bounded by ``HYPER_PARALLEL_SHMEM_TIMEOUT_SEC`` and
 names the ranks that did not arrive. :meth:`Team.release` is local and never waits; its slot is reused once every
 member has released it (64 teams may live at once besides the root's).
+
+A team whose members live on several nodes (machines that do not share memory) runs each collective hierarchically:
+node-local phases in the engine, one phase across nodes over torch.distributed (``_hierarchy``).
 """
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Sequence
 from typing import Optional
 
@@ -19,9 +21,10 @@ import torch
 import torch.distributed as dist
 
 from hyper_parallel.core.multicore.shmem._binding import C
+from hyper_parallel.core.multicore.shmem._hierarchy import Hierarchy
 from hyper_parallel.core.multicore.shmem._lifecycle import _bootstrap, _local_bootstrap, require_root
 from hyper_parallel.core.multicore.shmem._streams import current_handle
-from hyper_parallel.core.multicore.shmem.errors import ShmemTimeoutError, attach_fields
+from hyper_parallel.core.multicore.shmem.errors import ShmemStateError, attach_fields
 
 # The numberings are the runtime's (runtime/team.h, ops/reduce_op.h): exported once, never retyped.
 COLLECTIVES: dict = dict(C.collectives())
@@ -37,7 +40,8 @@ class Team:
         group: a ProcessGroup whose ranks all lie in the root, or None for the root itself.
 
     Raises:
-        ValueError: the group does not contain this rank, has ranks outside the root, or spans machines.
+        ValueError: the group does not contain this rank, has ranks outside the root, or spans nodes with different
+            numbers of its ranks on them.
         ShmemStateError: no runtime, every team slot is taken, or the root team was not made first.
         ShmemTimeoutError: a member did not arrive in time (the message names it).
     """
@@ -47,6 +51,7 @@ class Team:
         if group is None or group is dist.group.WORLD and root.group is dist.group.WORLD:
             pes = tuple(range(len(root.ranks)))
             me = root.rank
+            group = root.group
             bootstrap = _local_bootstrap() if root.group is None else _bootstrap(root.group, "team_create")
         else:
             if group is dist.GroupMember.NON_GROUP_MEMBER or not isinstance(group, dist.ProcessGroup):
@@ -58,9 +63,15 @@ class Team:
             pes = tuple(root.ranks.index(r) for r in ranks)
             me = dist.get_rank(group)
             bootstrap = _bootstrap(group, "team_create")
-            _check_one_machine(bootstrap[0], len(pes))
+        #: The node of each member (numbered by its lowest PE): a team on several nodes runs hierarchically.
+        self.nodes = tuple(root.nodes[pe] for pe in pes)
+        self._hierarchy: Optional[Hierarchy] = None
         try:
-            self._id = C.team_create(list(pes), me, *bootstrap)
+            if len(set(self.nodes)) > 1:
+                self._hierarchy = Hierarchy(group, pes, me, root)
+                self._id = self._hierarchy.node_team
+            else:
+                self._id = C.team_create(list(pes), me, *bootstrap)
         except Exception as error:
             attach_fields(error, "team_create")
             raise
@@ -70,6 +81,11 @@ class Team:
         self.staging_bytes = C.team_describe(self._id)[3]
         self._released = False
 
+    @property
+    def spans_nodes(self) -> bool:
+        """Whether the members live on more than one node (the collectives then run hierarchically)."""
+        return self._hierarchy is not None
+
     def __repr__(self) -> str:
         return f"Team(pes={list(self.pes)}, rank={self.rank}{', released' if self._released else ''})"
 
@@ -78,6 +94,9 @@ class Team:
         if self._released:
             return
         self._released = True
+        if self._hierarchy is not None:
+            self._hierarchy.release()
+            return
         if C.state() == "initialized":
             try:
                 C.team_release(self._id)
@@ -93,7 +112,19 @@ class Team:
 
     def barrier(self) -> None:
         """Every member arrives; everything enqueued before it is visible to every member."""
+        if self._hierarchy is not None:
+            return self._spanning("team_barrier", self._hierarchy.barrier)
         self._call("team_barrier", C.team_barrier)
+
+    def _spanning(self, name: str, fn, *args):
+        """Runs a collective of a team that spans nodes (its phases call the runtime and torch.distributed)."""
+        try:
+            if self._released:
+                raise ShmemStateError(f"team is not live: op={name} team_ranks={list(self.pes)} (it was released)")
+            return fn(*args)
+        except Exception as error:
+            attach_fields(error, name)
+            raise
 
     # The collectives and send/recv call the binding directly (not through _call): they sit on the small-message
     # path.
@@ -104,6 +135,8 @@ class Team:
         ``input`` may be this member's part of ``output``. The same symmetric ``output`` (or ``input``) on every
         member takes the copy-free path.
         """
+        if self._hierarchy is not None:
+            return self._spanning("all_gather", self._hierarchy.all_gather, output, input)
         try:
             C.all_gather(self._id, output, input, current_handle())
         except Exception as error:
@@ -135,6 +168,9 @@ class Team:
             ShmemDeviceError: a wire format the device cannot encode.
         """
         number = REDUCE_OPS.get(op) if type(op) is str else None
+        if self._hierarchy is not None:
+            return self._spanning("all_reduce", self._hierarchy.all_reduce, tensor, _reduce_op(op), _wire(wire), wire,
+                                  input)
         try:
             C.all_reduce(self._id, tensor, input, _reduce_op(op) if number is None else number, current_handle(),
                          0 if wire is None else _wire(wire))
@@ -147,6 +183,9 @@ class Team:
         """``output`` receives part ``rank`` of ``input`` reduced across the members (``wire`` as in
         :meth:`all_reduce`)."""
         number = REDUCE_OPS.get(op) if type(op) is str else None
+        if self._hierarchy is not None:
+            return self._spanning("reduce_scatter", self._hierarchy.reduce_scatter, output, input, _reduce_op(op),
+                                  _wire(wire), wire)
         try:
             C.reduce_scatter(self._id, output, input, _reduce_op(op) if number is None else number, current_handle(),
                              0 if wire is None else _wire(wire))
@@ -160,6 +199,8 @@ class Team:
         # The binding takes lists and tuples as they are.
         sends = sends if type(sends) in (list, tuple) else list(sends)
         receive_counts = receive_counts if type(receive_counts) in (list, tuple) else list(receive_counts)
+        if self._hierarchy is not None:
+            return self._spanning("all_to_all", self._hierarchy.all_to_all, sends, receive, receive_counts)
         try:
             C.all_to_all(self._id, sends, receive, receive_counts, current_handle())
         except Exception as error:
@@ -168,6 +209,8 @@ class Team:
 
     def send(self, tensor: torch.Tensor, peer: int) -> None:
         """Sends ``tensor`` to member ``peer`` (point to point; messages arrive in order)."""
+        if self._hierarchy is not None:
+            return self._spanning("send", self._hierarchy.send, tensor, _member(peer, self.size, self.rank))
         try:
             C.send(self._id, tensor, peer, current_handle())
         except Exception as error:
@@ -176,6 +219,8 @@ class Team:
 
     def recv(self, tensor: torch.Tensor, peer: int) -> None:
         """Receives the next message of member ``peer`` into ``tensor`` (of the message's byte size)."""
+        if self._hierarchy is not None:
+            return self._spanning("recv", self._hierarchy.recv, tensor, _member(peer, self.size, self.rank))
         try:
             C.recv(self._id, tensor, peer, current_handle())
         except Exception as error:
@@ -202,22 +247,20 @@ class Team:
             ShmemTimeoutError: a member did not arrive in time.
         """
         dtype_name = "" if dtype is None else str(dtype).replace("torch.", "")
+        if self._hierarchy is not None:
+            return self._spanning("agree", self._hierarchy.agree, COLLECTIVES[collective], dtype_name,
+                                  0 if dtype is None else dtype.itemsize, count,
+                                  0 if op is None else REDUCE_OPS[op] + 1, _wire(wire), peer, list(values))
         return self._call("agree", C.agree, COLLECTIVES[collective], dtype_name,
                           0 if dtype is None else dtype.itemsize, count, 0 if op is None else REDUCE_OPS[op] + 1,
                           _wire(wire), peer, list(values))
 
 
-def _check_one_machine(all_gather, members: int) -> None:
-    """Raises unless every member runs on this machine (symmetric memory is node-local), through the team's bounded
-    bootstrap: a member that does not come is named after the runtime's timeout."""
-    name = socket.gethostname().encode()[:255]
-    gathered = all_gather(bytes([len(name)]) + name.ljust(255, b"\0"))
-    if isinstance(gathered, str):
-        raise ShmemTimeoutError(gathered)
-    hosts = sorted({gathered[i * 256 + 1:i * 256 + 1 + gathered[i * 256]].decode(errors="replace")
-                    for i in range(members)})
-    if len(hosts) > 1:
-        raise ValueError(f"`group` must lie on one machine (symmetric memory is node-local), but got hosts {hosts}")
+def _member(peer: object, size: int, me: int) -> int:
+    """A send's or recv's peer: another member's group rank."""
+    if type(peer) is not int or not 0 <= peer < size or peer == me:
+        raise ValueError(f"`peer` must be another group rank in [0, {size}) than this one ({me}), but got {peer!r}")
+    return peer
 
 
 def _reduce_op(op: object) -> int:

@@ -1,0 +1,121 @@
+"""The root's collectives across nodes: allocation, free and barrier when the root spans machines.
+
+The runtime checks every symmetric allocation and free against the ranks of its node (each node maps its own
+ranks' heaps only), and its barrier counts them. When the root spans nodes, this module extends each to the whole
+job over the root
+ProcessGroup, bounded by ``HYPER_PARALLEL_SHMEM_TIMEOUT_SEC``: a symmetric tensor lies at the same heap offset on
+every rank of the job, and a rank whose call differs makes every rank raise, with nothing changed.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Callable, Optional
+
+import torch
+
+from hyper_parallel.core.multicore.shmem._binding import C
+from hyper_parallel.core.multicore.shmem._lifecycle import _all_gather_bytes, _Root
+from hyper_parallel.core.multicore.shmem.errors import (
+    ShmemMismatchError,
+    ShmemOutOfMemoryError,
+    ShmemStateError,
+    ShmemTimeoutError,
+)
+
+# One rank's part of a check: what happened locally (_OK or the failure's kind), then three op-specific numbers.
+_RECORD = struct.Struct("<qqqq")
+_OK, _OUT_OF_MEMORY, _MISMATCH, _FAILED = 0, 1, 2, 3
+_FAILURE_CLASSES = {_OUT_OF_MEMORY: ShmemOutOfMemoryError, _MISMATCH: ShmemMismatchError, _FAILED: ShmemStateError}
+
+
+def _kind(error: BaseException) -> int:
+    if isinstance(error, ShmemOutOfMemoryError):
+        return _OUT_OF_MEMORY
+    if isinstance(error, ShmemMismatchError):
+        return _MISMATCH
+    return _FAILED
+
+
+def _exchange(root: _Root, op: str, status: int, a: int, b: int, c: int) -> list:
+    """Every root rank's record (status, a, b, c), in PE order.
+
+    Raises:
+        ShmemTimeoutError: a rank did not come in time (the message names it).
+    """
+    gathered = _all_gather_bytes(root.group, _RECORD.pack(status, a, b, c), op)
+    if isinstance(gathered, str):
+        raise ShmemTimeoutError(gathered)
+    return [_RECORD.unpack_from(gathered, r * _RECORD.size) for r in range(len(root.ranks))]
+
+
+def _raise_for_other_failure(records: list, me: int, op: str) -> None:
+    for rank, (status, *_rest) in enumerate(records):
+        if status != _OK and rank != me:
+            raise _FAILURE_CLASSES[status](f"symmetric {op} failed on another node's rank: rank={rank} "
+                                           f"root_rank={me} (that rank raised the cause)")
+
+
+def empty(root: _Root, allocate: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """Runs ``allocate`` (the runtime's allocation, checked on this node) and checks it against every rank of the job.
+
+    Returns:
+        The symmetric tensor.
+
+    Raises:
+        The local failure of ``allocate`` itself; otherwise, when another rank failed or allocated elsewhere, the
+        error naming it, after this rank's allocation is freed again (on every rank of its node alike).
+    """
+    try:
+        tensor = allocate()
+    except Exception as error:
+        _exchange(root, "allocate", _kind(error), 0, 0, 0)
+        raise
+    offset = tensor.data_ptr() - root.heap_base
+    nbytes = tensor.numel() * tensor.element_size()
+    records = _exchange(root, "allocate", _OK, offset, nbytes, 0)
+    try:
+        _raise_for_other_failure(records, root.rank, "allocation")
+        for rank, (_status, their_offset, their_bytes, _unused) in enumerate(records):
+            if (their_offset, their_bytes) != (offset, nbytes):
+                raise ShmemMismatchError(
+                    f"ranks disagree on a symmetric allocation across nodes: rank={root.rank} bytes={nbytes} "
+                    f"offset={offset:#x}, rank={rank} bytes={their_bytes} offset={their_offset:#x}"
+                )
+    except Exception:
+        C.free(tensor, "")  # every rank of this node saw the same records: they all free it again
+        raise
+    return tensor
+
+
+def free(root: _Root, tensor: torch.Tensor, release: Callable[[], None]) -> None:
+    """Checks a free against every rank of the job, then runs ``release`` (the runtime's free, checked on this node).
+
+    Raises:
+        ShmemMismatchError: another rank frees another allocation (nothing is freed anywhere).
+        ShmemTimeoutError: a rank did not come in time.
+    """
+    offset = tensor.data_ptr() - root.heap_base if isinstance(tensor, torch.Tensor) else -1
+    nbytes = tensor.numel() * tensor.element_size() if isinstance(tensor, torch.Tensor) else -1
+    records = _exchange(root, "free", _OK, offset, nbytes, 0)
+    for rank, (_status, their_offset, their_bytes, _unused) in enumerate(records):
+        if (their_offset, their_bytes) != (offset, nbytes):
+            raise ShmemMismatchError(
+                f"ranks disagree on a symmetric free across nodes: rank={root.rank} bytes={nbytes} offset={offset:#x}, "
+                f"rank={rank} bytes={their_bytes} offset={their_offset:#x}"
+            )
+    release()
+
+
+def barrier(root: _Root, node_barrier: Callable[[], None]) -> Optional[str]:
+    """A barrier of the whole job: this node's, then every rank's over the root group, then this node's again.
+
+    Returns:
+        None, or the message of the cross-node step's timeout (naming the ranks that did not come).
+    """
+    node_barrier()
+    gathered = _all_gather_bytes(root.group, b"\0", "barrier")
+    if isinstance(gathered, str):
+        return gathered
+    node_barrier()
+    return None

@@ -1,0 +1,600 @@
+"""Teams that span nodes: every collective as node-local phases in the runtime's engine and one phase across nodes.
+
+Symmetric memory is node-local on the host device: each node maps its own ranks' heaps only. A team whose members
+live on several nodes therefore runs each collective in phases. The node-local phases are single calls into the
+runtime's engine, on the team's *node team*: the members on this node. The phase across nodes runs over
+torch.distributed, on *lanes*. Lane i is the ProcessGroup of the i-th member of every node (members ordered by
+group rank). The team creates each lane once, so every member of a node carries its share of the traffic in
+parallel, as NCCL's and DeepEP's hierarchical algorithms do:
+
+====================  =====================================================================================
+all_reduce            node reduce_scatter -> lane exchange of this member's part, reduced -> node all_gather
+reduce_scatter        node reduce_scatter of the parts regrouped by lane -> lane exchange, reduced
+all_gather            lane exchange -> node all_gather -> regrouped into group-rank order
+all_to_all            node all_to_all (each part to the member in its receiver's lane) -> lane exchange
+barrier               node barrier -> lane exchange -> node barrier
+send / recv           the engine within a node; a ProcessGroup of the two ranks across nodes
+====================  =====================================================================================
+
+Every collective first agrees on the call within the node (a fingerprinted sync of the engine). The lane exchange
+then carries the call's fingerprint in a header before each payload. Members that disagree, within a node or across
+nodes, all raise :class:`ShmemMismatchError`. A member whose node-local phase fails still joins the lane exchange,
+so that the other nodes raise at once instead of waiting. Each receive across nodes is bounded by
+``HYPER_PARALLEL_SHMEM_TIMEOUT_SEC`` and names the ranks that did not answer: a dead node is named, not waited
+for. Reductions across nodes add the lane's parts in node order on every member of the lane, so every member ends
+with the same bits. Low precision encodes the parts that cross nodes too (``codec``), where it saves the most.
+
+A team that spans nodes needs the same number of members on every node (lanes pair them up), and runs its
+collectives on the calling thread: the current stream's work is waited for first.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from datetime import timedelta
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from hyper_parallel.core.multicore.shmem import codec
+from hyper_parallel.core.multicore.shmem._binding import C
+from hyper_parallel.core.multicore.shmem._lifecycle import _bootstrap, _Root
+from hyper_parallel.core.multicore.shmem._streams import DEFAULT_HANDLE, current_handle
+from hyper_parallel.core.multicore.shmem.errors import ShmemMismatchError, ShmemStateError, ShmemTimeoutError
+
+_COLLECTIVES = dict(C.collectives())
+_REDUCE_OPS = dict(C.reduce_ops())
+_WIRE_FORMATS = dict(C.wire_formats())
+_SUM = _REDUCE_OPS["sum"]
+_AVG = _REDUCE_OPS["avg"]
+_MAX = _REDUCE_OPS["max"]
+
+# What a member says before each payload across nodes: its status, the call (collective, reduce op + 1, wire, peer,
+# element count, dtype id), and the payload's byte count.
+_HEADER_WORDS = 8
+_OK, _FAILED_MISMATCH, _FAILED = 0, 1, 2
+_DTYPE_NAMES = {zlib.crc32(name.encode()): name for name in (
+    "float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int64", "int32", "int16", "int8",
+    "uint8", "bool", "complex64", "complex128")}
+
+
+def _dtype_id(dtype: Optional[torch.dtype]) -> int:
+    return 0 if dtype is None else zlib.crc32(str(dtype).replace("torch.", "").encode())
+
+
+def _describe(call: Sequence[int]) -> str:
+    """A call's fingerprint as a message names it: "collective=all_reduce op=sum wire=full count=8 dtype=float32"."""
+    collective, op, wire, peer, count, dtype = call
+    names = {number: name for name, number in _COLLECTIVES.items()}
+    ops = {number + 1: name for name, number in _REDUCE_OPS.items()}
+    wires = {number: name for name, number in _WIRE_FORMATS.items()}
+    text = f"collective={names.get(collective, collective)}"
+    if op:
+        text += f" op={ops.get(op, op)} wire={wires.get(wire, wire)}"
+    if peer >= 0:
+        text += f" peer={peer}"
+    return text + f" count={count} dtype={_DTYPE_NAMES.get(dtype, dtype) if dtype else 'none'}"
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's bytes, as a flat uint8 view."""
+    return t.reshape(-1).view(torch.uint8)
+
+
+def _as(raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bytes received across nodes, as a flat tensor of ``dtype``."""
+    return raw.view(dtype) if raw.numel() else torch.empty(0, dtype=dtype)
+
+
+def _check_tensor(value: object, name: str) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"`{name}` must be a torch.Tensor, but got {type(value).__name__}")
+    if value.device.type != "cpu" or not value.is_contiguous():
+        raise ValueError(f"`{name}` must be a contiguous CPU tensor, but got device={value.device} "
+                         f"contiguous={value.is_contiguous()}")
+    return value
+
+
+def _check_avg(op: int, dtype: torch.dtype) -> None:
+    if op == _AVG and not dtype.is_floating_point:
+        raise ValueError(f"`op` must be sum, max or min for {str(dtype).replace('torch.', '')}, but got avg")
+
+
+def reduce_in_order(parts: Sequence[torch.Tensor], op: int, divisor: int = 1) -> torch.Tensor:
+    """``op`` over ``parts``, combined in their order (float16 and bfloat16 summed in float32 and rounded once;
+    ``avg`` sums, then divides by ``divisor``): the same bits on every rank that reduces the same parts.
+
+    Returns:
+        A new tensor.
+    """
+    first = parts[0]
+    if op in (_SUM, _AVG):
+        widen = first.dtype in (torch.float16, torch.bfloat16)
+        acc = first.float() if widen else first.clone()
+        for part in parts[1:]:
+            acc.add_(part.float() if widen else part)
+        if op == _AVG:
+            acc.div_(divisor)
+        return acc.to(first.dtype) if widen else acc
+    acc = first.clone()
+    combine = torch.maximum if op == _MAX else torch.minimum
+    for part in parts[1:]:
+        combine(acc, part, out=acc)
+    return acc
+
+
+class NodeLayout:
+    """Where a team's members live: its nodes in order, each node's members (group ranks, ascending), and this
+    member's node and local index.
+
+    Raises:
+        ValueError: the nodes hold different numbers of the team's members.
+    """
+
+    def __init__(self, pes: Sequence[int], me: int, nodes_of_pes: Sequence[int]) -> None:
+        by_node: dict = {}
+        for group_rank, pe in enumerate(pes):
+            by_node.setdefault(nodes_of_pes[pe], []).append(group_rank)
+        self.members = tuple(tuple(by_node[node]) for node in sorted(by_node))
+        sizes = {len(members) for members in self.members}
+        if len(sizes) != 1:
+            counts = {f"node{sorted(by_node)[k]}": len(m) for k, m in enumerate(self.members)}
+            raise ValueError(f"`group` must have the same number of ranks on every node it spans, but got "
+                             f"{counts} (group ranks by node: {[list(m) for m in self.members]})")
+        self.count = len(self.members)  # nodes
+        self.per_node = len(self.members[0])  # members of each node
+        self.node, self.local = next((k, i) for k, members in enumerate(self.members)
+                                     for i, g in enumerate(members) if g == me)
+        self.lane = tuple(members[self.local] for members in self.members)  # group rank of this lane on each node
+        # Group ranks in (local index, node) order: the order of the blocks a node-local phase moves.
+        self.lane_major = tuple(self.members[k][i] for i in range(self.per_node) for k in range(self.count))
+        self.position = {g: (k, i) for k, members in enumerate(self.members) for i, g in enumerate(members)}
+
+
+class Hierarchy:
+    """The parts of a team that spans nodes: its node team (a runtime team of this node's members) and its lane.
+
+    Collective over the team's members to make (they call it in the same order).
+
+    Args:
+        group: the team's ProcessGroup (the root's for the root team).
+        pes: the PE of every group rank.
+        me: this member's group rank.
+        root: the active root.
+
+    Raises:
+        ValueError: the nodes hold different numbers of the team's members.
+        ShmemTimeoutError: a member did not arrive in time.
+    """
+
+    def __init__(self, group: dist.ProcessGroup, pes: Sequence[int], me: int, root: _Root) -> None:
+        self.layout = layout = NodeLayout(pes, me, root.nodes)
+        self.size = len(pes)
+        self._timeout_sec = C.read_config()["timeout_sec"]
+        node_members = layout.members[layout.node]
+        all_gather, barrier = _bootstrap(group, "team_create", members=node_members)
+        self.node_team = C.team_create([pes[g] for g in node_members], layout.local, all_gather, barrier)
+        self._global = tuple(root.ranks[pe] for pe in pes)  # global rank of each group rank
+        self._lane_ranks = tuple(self._global[g] for g in layout.lane)
+        self._lane_group = dist.new_group(sorted(self._lane_ranks), timeout=timedelta(seconds=self._timeout_sec),
+                                          use_local_synchronization=True)
+        self._pair_groups: dict = {}
+        self.broken = ""
+
+    def release(self) -> None:
+        """Lets go of the node team (local, never waits); the lane's connections close with the team."""
+        self.broken = self.broken or "the team was released"
+        if C.state() == "initialized":
+            try:
+                C.team_release(self.node_team)
+            except Exception:  # its lifecycle already ended: nothing of it is left to release
+                pass
+
+    # ---- the phase across nodes ----------------------------------------------------------------------------------
+
+    def _begin(self, op: str) -> None:
+        if self.broken:
+            raise ShmemStateError(f"team cannot be used after a failure across nodes: op={op} cause={self.broken}")
+        handle = current_handle()
+        if handle != DEFAULT_HANDLE:
+            C.synchronize_stream(handle)  # the phases run on this thread, after the stream's work
+
+    def _wait(self, works: list, deadline: float, op: str) -> None:
+        """Waits for every (node index, work) until the deadline; names the lane members that did not answer."""
+        missing: dict = {}
+        for node, work in works:
+            if node in missing:
+                continue
+            try:
+                work.wait(timeout=timedelta(seconds=max(deadline - time.monotonic(), 0.05)))
+            except RuntimeError as error:
+                missing[node] = str(error).splitlines()[0] if str(error) else type(error).__name__
+        if missing:
+            ranks = sorted(self._lane_ranks[k] for k in missing)
+            first = next(iter(missing.values()))
+            self.broken = (f"cross-node phase failed: op={op} missing_ranks={ranks} "
+                           f"timeout_sec={self._timeout_sec:g} (gloo: {first})")
+            raise ShmemTimeoutError(self.broken)
+
+    def exchange(self, op: str, call: tuple, sends: Sequence[Optional[torch.Tensor]],
+                 status: int = _OK) -> list:
+        """Sends ``sends[k]`` to this lane's member on node k and receives one payload from each of them.
+
+        Args:
+            op: the operation, for messages.
+            call: the call's fingerprint (collective, reduce op + 1, wire, peer, element count, dtype id).
+            sends: per node, a contiguous tensor (its bytes travel) or None (nothing); this node's entry is unused.
+            status: _OK, or how this member's node-local phase failed (it then sends nothing and raises after).
+
+        Returns:
+            Per node, the received bytes (a uint8 tensor), None at this node's index.
+
+        Raises:
+            ShmemTimeoutError: a lane member did not answer in time, or its connection failed (named).
+            ShmemMismatchError: a lane member made another call, or failed with a mismatch on its node.
+            ShmemStateError: a lane member's node-local phase failed otherwise.
+        """
+        layout = self.layout
+        deadline = time.monotonic() + self._timeout_sec
+        peers = [k for k in range(layout.count) if k != layout.node]
+        headers = {k: torch.empty(_HEADER_WORDS, dtype=torch.int64) for k in peers}
+        receives = [(k, dist.irecv(headers[k], src=self._lane_ranks[k], group=self._lane_group)) for k in peers]
+        outgoing, keep = [], []
+        for k in peers:
+            payload = None if status != _OK or sends[k] is None else _bytes(sends[k])
+            header = torch.tensor([status, *call, 0 if payload is None else payload.numel()], dtype=torch.int64)
+            keep.append(header)
+            outgoing.append((k, dist.isend(header, dst=self._lane_ranks[k], group=self._lane_group)))
+            if payload is not None and payload.numel():
+                keep.append(payload)
+                outgoing.append((k, dist.isend(payload, dst=self._lane_ranks[k], group=self._lane_group)))
+        self._wait(receives, deadline, op)
+        received: list = [None] * layout.count
+        data = []
+        for k in peers:
+            nbytes = int(headers[k][-1])
+            received[k] = torch.empty(nbytes, dtype=torch.uint8)
+            if nbytes:
+                data.append((k, dist.irecv(received[k], src=self._lane_ranks[k], group=self._lane_group)))
+        self._wait(data, deadline, op)
+        self._wait(outgoing, deadline, op)
+        del keep
+        for k in peers:  # every payload is in: the channels stay aligned whatever is raised now
+            theirs = headers[k].tolist()
+            rank = self._lane_ranks[k]
+            if theirs[0] == _FAILED_MISMATCH:
+                raise ShmemMismatchError(f"ranks disagree on a collective on another node: op={op} rank={rank} "
+                                         "(that rank raised the mismatch)")
+            if theirs[0] != _OK:
+                raise ShmemStateError(f"collective failed on another node: op={op} rank={rank} "
+                                      "(that rank raised the cause)")
+            if status == _OK and tuple(theirs[1:7]) != tuple(call):
+                raise ShmemMismatchError(f"ranks disagree on a collective across nodes: "
+                                         f"rank={self._lane_ranks[layout.node]} {_describe(call)}, "
+                                         f"rank={rank} {_describe(theirs[1:7])}")
+        return received
+
+    def _fail_lane(self, op: str, call: tuple, error: BaseException) -> None:
+        """Tells the lane that this member's node-local phase failed (the lane raises too); never masks ``error``."""
+        if self.broken:
+            return
+        status = _FAILED_MISMATCH if isinstance(error, ShmemMismatchError) else _FAILED
+        try:
+            self.exchange(op, call, [None] * self.layout.count, status)
+        except Exception:  # the lane's own failure: `error` is what this member reports
+            pass
+
+    def _node_phase(self, op: str, call: tuple, fn, *args) -> None:
+        """One node-local engine call; on failure the lane hears of it before the error propagates."""
+        try:
+            fn(self.node_team, *args)
+        except Exception as error:
+            self._fail_lane(op, call, error)
+            raise
+
+    def _agree_on_node(self, op: str, call: tuple, collective: str, dtype: Optional[torch.dtype], count: int,
+                       reduce_op: int = 0, wire: int = 0, peer: int = -1) -> None:
+        """A fingerprinted sync of the node team on the whole call: members of a node that disagree all raise."""
+        dtype_name = "" if dtype is None else str(dtype).replace("torch.", "")
+        element = 0 if dtype is None else dtype.itemsize
+        self._node_phase(op, call, C.agree, _COLLECTIVES[collective], dtype_name, element, count, reduce_op, wire,
+                         peer, [], DEFAULT_HANDLE)
+
+    # ---- the collectives -----------------------------------------------------------------------------------------
+
+    def barrier(self) -> None:
+        """Every member of every node arrives."""
+        call = (_COLLECTIVES["barrier"], 0, 0, -1, 0, 0)
+        self._begin("team_barrier")
+        self._node_phase("team_barrier", call, C.team_barrier, DEFAULT_HANDLE)
+        self.exchange("team_barrier", call, [None] * self.layout.count)
+        self._node_phase("team_barrier", call, C.team_barrier, DEFAULT_HANDLE)
+
+    def all_reduce(self, tensor: torch.Tensor, op: int, wire: int, wire_dtype: Optional[torch.dtype],
+                   input: Optional[torch.Tensor]) -> None:
+        """Reduces ``input`` (or ``tensor``) across every member into ``tensor``; bit-identical on every member."""
+        _check_tensor(tensor, "tensor")
+        source = tensor if input is None else _check_tensor(input, "input")
+        if source.dtype != tensor.dtype or source.numel() != tensor.numel():
+            raise ValueError(f"`input` must have the dtype and size of `tensor` ({tensor.dtype}, {tensor.numel()}), "
+                             f"but got {source.dtype}, {source.numel()}")
+        _check_avg(op, tensor.dtype)
+        layout = self.layout
+        call = (_COLLECTIVES["all_reduce"], op + 1, wire, -1, tensor.numel(), _dtype_id(tensor.dtype))
+        self._begin("all_reduce")
+        self._agree_on_node("all_reduce", call, "all_reduce", tensor.dtype, tensor.numel(), op + 1, wire)
+        count = tensor.numel()
+        chunk = -(-count // layout.per_node)
+        padded = chunk * layout.per_node
+        flat = source.reshape(-1)
+        if padded != count:
+            flat = torch.cat([flat, torch.zeros(padded - count, dtype=tensor.dtype)])
+        part = torch.empty(chunk, dtype=tensor.dtype)
+        node_op = _SUM if op == _AVG else op
+        self._node_phase("all_reduce", call, C.reduce_scatter, part, flat, node_op, DEFAULT_HANDLE, wire)
+        if wire:
+            total = self._reduce_encoded_across("all_reduce", call, part, wire_dtype, own_included=False)
+            if op == _AVG:
+                total.div_(self.size)
+        else:
+            received = self.exchange("all_reduce", call, [part] * layout.count)
+            parts = [part if k == layout.node else _as(received[k], tensor.dtype) for k in range(layout.count)]
+            total = reduce_in_order(parts, op, self.size)
+        out = tensor.reshape(-1) if padded == count else torch.empty(padded, dtype=tensor.dtype)
+        self._node_phase("all_reduce", call, C.all_gather, out, total, DEFAULT_HANDLE)
+        if padded != count:
+            tensor.reshape(-1).copy_(out[:count])
+
+    def _encode(self, values: torch.Tensor, wire_dtype: torch.dtype) -> tuple:
+        """``values`` in the wire format: (the run, its bytes as one tensor)."""
+        count = values.numel()
+        fp8 = wire_dtype not in (torch.float16, torch.bfloat16)
+        scales = torch.empty(codec.scale_count(count), dtype=torch.float32) if fp8 else None
+        codes = torch.empty(count, dtype=wire_dtype)
+        codec.encode(values, (scales, codes))
+        payload = torch.cat([_bytes(scales), _bytes(codes)]) if fp8 else _bytes(codes)
+        return (scales, codes), payload
+
+    @staticmethod
+    def _decode_run(raw: torch.Tensor, count: int, wire_dtype: torch.dtype) -> tuple:
+        if wire_dtype in (torch.float16, torch.bfloat16):
+            return None, _as(raw, wire_dtype)
+        split = codec.scale_count(count) * 4
+        return _as(raw[:split], torch.float32), _as(raw[split:], wire_dtype)
+
+    def _reduce_encoded_across(self, op: str, call: tuple, part: torch.Tensor, wire_dtype: torch.dtype,
+                               own_included: bool) -> torch.Tensor:
+        """The sum of every node's ``part`` (this lane's), each crossing nodes encoded, decoded and added in node
+        order; ``own_included`` False decodes this member's own encoding too, so every lane member gets the same
+        bits."""
+        layout = self.layout
+        run, payload = self._encode(part, wire_dtype)
+        received = self.exchange(op, call, [payload] * layout.count)
+        runs = [run if k == layout.node else self._decode_run(received[k], part.numel(), wire_dtype)
+                for k in range(layout.count)]
+        total = torch.empty_like(part)
+        if own_included:
+            codec.reduce_encoded(total, part, [r for k, r in enumerate(runs) if k != layout.node], op="sum")
+        else:
+            codec.reduce_encoded(total, None, runs, op="sum")
+        return total
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: int, wire: int,
+                       wire_dtype: Optional[torch.dtype]) -> None:
+        """``output`` receives part ``rank`` of ``input`` reduced across every member."""
+        _check_tensor(output, "output")
+        _check_tensor(input, "input")
+        layout = self.layout
+        chunk = output.numel()
+        if input.dtype != output.dtype or input.numel() != chunk * self.size:
+            raise ValueError(f"`input` must hold {self.size} x output's {chunk} elements of {output.dtype}, but got "
+                             f"{input.numel()} of {input.dtype}")
+        _check_avg(op, output.dtype)
+        call = (_COLLECTIVES["reduce_scatter"], op + 1, wire, -1, chunk, _dtype_id(output.dtype))
+        self._begin("reduce_scatter")
+        self._agree_on_node("reduce_scatter", call, "reduce_scatter", output.dtype, chunk, op + 1, wire)
+        # Member i of this node reduces the parts of lane i, in node order.
+        regrouped = input.reshape(self.size, chunk)[list(layout.lane_major)].reshape(-1)
+        mine = torch.empty(layout.count, chunk, dtype=output.dtype)
+        node_op = _SUM if op == _AVG else op
+        self._node_phase("reduce_scatter", call, C.reduce_scatter, mine.reshape(-1), regrouped, node_op,
+                         DEFAULT_HANDLE, wire)
+        if wire:
+            own = mine[layout.node]
+            runs, payloads = [], []
+            for k in range(layout.count):
+                run, payload = self._encode(mine[k].contiguous(), wire_dtype)
+                runs.append(run)
+                payloads.append(payload)
+            received = self.exchange("reduce_scatter", call, payloads)
+            sources = [self._decode_run(received[k], chunk, wire_dtype) for k in range(layout.count)
+                       if k != layout.node]
+            total = torch.empty(chunk, dtype=output.dtype)
+            codec.reduce_encoded(total, own.contiguous(), sources, op="sum")
+            if op == _AVG:
+                total.div_(self.size)
+        else:
+            received = self.exchange("reduce_scatter", call, [mine[k] for k in range(layout.count)])
+            parts = [mine[k] if k == layout.node else _as(received[k], output.dtype) for k in range(layout.count)]
+            total = reduce_in_order(parts, op, self.size)
+        output.reshape(-1).copy_(total)
+
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        """``output`` receives member r's ``input`` at r x its bytes."""
+        _check_tensor(output, "output")
+        _check_tensor(input, "input")
+        layout = self.layout
+        nbytes = input.numel() * input.element_size()
+        if output.numel() * output.element_size() != nbytes * self.size:
+            raise ValueError(f"`output` must hold {self.size} x input's {nbytes} bytes, but got "
+                             f"{output.numel() * output.element_size()} bytes")
+        call = (_COLLECTIVES["all_gather"], 0, 0, -1, input.numel(), _dtype_id(input.dtype))
+        self._begin("all_gather")
+        self._agree_on_node("all_gather", call, "all_gather", input.dtype, input.numel())
+        mine = _bytes(input).clone()  # `input` may lie inside `output`
+        received = self.exchange("all_gather", call, [mine] * layout.count)
+        lane = torch.stack([mine if k == layout.node else received[k] for k in range(layout.count)])
+        gathered = torch.empty(layout.per_node * layout.count, nbytes, dtype=torch.uint8)
+        self._node_phase("all_gather", call, C.all_gather, gathered.reshape(-1), lane.reshape(-1), DEFAULT_HANDLE)
+        index = torch.tensor(layout.lane_major, dtype=torch.int64)
+        _bytes(output).view(self.size, nbytes).index_copy_(0, index, gathered)
+
+    def all_to_all(self, sends: Sequence[torch.Tensor], receive: torch.Tensor, receive_counts: Sequence[int]) -> None:
+        """``sends[j]`` goes to member j; ``receive`` gets member i's part after the counts of members < i."""
+        _check_tensor(receive, "receive")
+        layout = self.layout
+        if len(sends) != self.size or len(receive_counts) != self.size:
+            raise ValueError(f"`sends` and `receive_counts` must have one entry per member ({self.size}), but got "
+                             f"{len(sends)} and {len(receive_counts)}")
+        sends = [_check_tensor(s, f"sends[{j}]") for j, s in enumerate(sends)]
+        counts = [int(c) for c in receive_counts]
+        if any(c < 0 for c in counts) or sum(counts) != receive.numel():
+            raise ValueError(f"`receive_counts` must be non-negative and sum to receive's {receive.numel()} "
+                             f"elements, but got {counts}")
+        dtype = receive.dtype
+        call = (_COLLECTIVES["all_to_all"], 0, 0, -1, 0, _dtype_id(dtype))  # counts differ by member
+        self._begin("all_to_all")
+        self._agree_on_node("all_to_all", call, "all_to_all", dtype, 0)
+        # 1. Every node member's send counts, then each part to the member of its receiver's lane.
+        send_counts = torch.tensor([s.numel() for s in sends], dtype=torch.int64)
+        table = torch.empty(layout.per_node, self.size, dtype=torch.int64)
+        self._node_phase("all_to_all", call, C.all_gather, table.reshape(-1), send_counts, DEFAULT_HANDLE)
+        table = table.tolist()
+        lanes = [[layout.members[k][i] for k in range(layout.count)] for i in range(layout.per_node)]
+        node_sends = [torch.cat([sends[g].reshape(-1).view(dtype) for g in lanes[i]]) for i in range(layout.per_node)]
+        mine = lanes[layout.local]  # my lane's member on each node
+        node_counts = [sum(table[s][g] for g in mine) for s in range(layout.per_node)]
+        landed = torch.empty(sum(node_counts), dtype=dtype)
+        self._node_phase("all_to_all", call, C.all_to_all, node_sends, landed, node_counts, DEFAULT_HANDLE)
+        # `landed`: per node sender s, its blocks for my lane's member on each node k.
+        blocks, at = {}, 0
+        for s in range(layout.per_node):
+            for k in range(layout.count):
+                n = table[s][mine[k]]
+                blocks[s, k] = landed[at:at + n]
+                at += n
+        # 2. Across nodes: to node k, every node sender's block for my lane's member there, after their counts.
+        payloads = [torch.cat([_bytes(torch.tensor([table[s][mine[k]] for s in range(layout.per_node)],
+                                                   dtype=torch.int64))]
+                              + [_bytes(blocks[s, k]) for s in range(layout.per_node)])
+                    for k in range(layout.count)]
+        received = self.exchange("all_to_all", call, payloads)
+        offsets = [0]
+        for c in counts:
+            offsets.append(offsets[-1] + c)
+        flat = receive.reshape(-1)
+        header = layout.per_node * 8
+        for k in range(layout.count):
+            if k == layout.node:
+                sizes = [table[s][self._me_group()] for s in range(layout.per_node)]
+                pieces = [blocks[s, k] for s in range(layout.per_node)]
+            else:
+                raw = received[k]
+                sizes = _as(raw[:header], torch.int64).tolist()
+                data = _as(raw[header:], dtype)
+                pieces, at = [], 0
+                for n in sizes:
+                    pieces.append(data[at:at + n])
+                    at += n
+            for s, (n, piece) in enumerate(zip(sizes, pieces)):
+                sender = layout.members[k][s]
+                if n != counts[sender]:
+                    raise ShmemMismatchError(
+                        f"ranks disagree on an all_to_all's counts: rank={self._global[self._me_group()]} "
+                        f"expects {counts[sender]} elements from rank={self._global[sender]}, which sends {n}")
+                flat[offsets[sender]:offsets[sender] + n].copy_(piece)
+
+    def _me_group(self) -> int:
+        return self.layout.members[self.layout.node][self.layout.local]
+
+    # ---- point to point ------------------------------------------------------------------------------------------
+
+    def _pair(self, peer: int) -> tuple:
+        """(the group of this member and ``peer``, ``peer``'s global rank), made the first time they talk."""
+        rank = self._global[peer]
+        group = self._pair_groups.get(peer)
+        if group is None:
+            group = dist.new_group(sorted((self._global[self._me_group()], rank)),
+                                   timeout=timedelta(seconds=self._timeout_sec), use_local_synchronization=True)
+            self._pair_groups[peer] = group
+        return group, rank
+
+    def send(self, tensor: torch.Tensor, peer: int) -> None:
+        """Sends ``tensor`` to member ``peer``: through the engine on this node, over a pair group across nodes."""
+        _check_tensor(tensor, "tensor")
+        self._begin("send")
+        node, local = self.layout.position[peer]
+        if node == self.layout.node:
+            C.send(self.node_team, tensor, local, DEFAULT_HANDLE)
+            return
+        group, rank = self._pair(peer)
+        header = torch.tensor([tensor.numel() * tensor.element_size(), _dtype_id(tensor.dtype)], dtype=torch.int64)
+        deadline = time.monotonic() + self._timeout_sec
+        works = [(node, dist.isend(header, dst=rank, group=group))]
+        if header[0]:
+            works.append((node, dist.isend(_bytes(tensor), dst=rank, group=group)))
+        self._wait_pair(works, deadline, "send", rank)
+
+    def recv(self, tensor: torch.Tensor, peer: int) -> None:
+        """Receives the next message of member ``peer`` into ``tensor`` (of the message's byte size)."""
+        _check_tensor(tensor, "tensor")
+        self._begin("recv")
+        node, local = self.layout.position[peer]
+        if node == self.layout.node:
+            C.recv(self.node_team, tensor, local, DEFAULT_HANDLE)
+            return
+        group, rank = self._pair(peer)
+        header = torch.empty(2, dtype=torch.int64)
+        deadline = time.monotonic() + self._timeout_sec
+        self._wait_pair([(node, dist.irecv(header, src=rank, group=group))], deadline, "recv", rank)
+        nbytes = int(header[0])
+        expected = tensor.numel() * tensor.element_size()
+        target = _bytes(tensor) if nbytes == expected else torch.empty(nbytes, dtype=torch.uint8)
+        if nbytes:
+            self._wait_pair([(node, dist.irecv(target, src=rank, group=group))], deadline, "recv", rank)
+        if nbytes != expected:
+            raise ValueError(f"`tensor` must have the message's size ({nbytes} bytes from rank {rank}), but got "
+                             f"{expected} bytes")
+
+    def _wait_pair(self, works: list, deadline: float, op: str, rank: int) -> None:
+        for _node, work in works:
+            try:
+                work.wait(timeout=timedelta(seconds=max(deadline - time.monotonic(), 0.05)))
+            except RuntimeError as error:
+                first = str(error).splitlines()[0] if str(error) else type(error).__name__
+                raise ShmemTimeoutError(f"cross-node {op} failed: missing_ranks=[{rank}] "
+                                        f"timeout_sec={self._timeout_sec:g} (gloo: {first})") from None
+
+    # ---- agreement -----------------------------------------------------------------------------------------------
+
+    def agree(self, collective: int, dtype_name: str, element_bytes: int, count: int, reduce_op: int, wire: int,
+              peer: int, values: list) -> list:
+        """Every member's ``values`` after checking that every member makes the same call (Team.agree)."""
+        layout = self.layout
+        call = (collective, reduce_op, wire, peer, count, zlib.crc32(dtype_name.encode()) if dtype_name else 0)
+        self._begin("agree")
+        try:
+            rows = C.agree(self.node_team, collective, dtype_name, element_bytes, count, reduce_op, wire, peer,
+                           list(values), DEFAULT_HANDLE)
+        except Exception as error:
+            self._fail_lane("agree", call, error)
+            raise
+        flat = [layout.per_node] + [len(row) for row in rows] + [v for row in rows for v in row]
+        mine = torch.tensor(flat, dtype=torch.int64)
+        received = self.exchange("agree", call, [mine] * layout.count)
+        result: list = [None] * self.size
+        for k in range(layout.count):
+            if k == layout.node:
+                node_rows = [list(row) for row in rows]
+            else:
+                words = _as(received[k], torch.int64).tolist()
+                lengths = words[1:1 + words[0]]
+                node_rows, at = [], 1 + words[0]
+                for n in lengths:
+                    node_rows.append(words[at:at + n])
+                    at += n
+            for s, row in enumerate(node_rows):
+                result[layout.members[k][s]] = row
+        return result
