@@ -43,6 +43,7 @@ This module uses the standard library only (no torch import), so tests can ask
 from __future__ import annotations
 
 import argparse
+import ctypes
 import functools
 import os
 import shutil
@@ -76,6 +77,8 @@ UNSHARE_ARGS = ("unshare", "--mount", "--uts", "--pid", "--fork", "--kill-child"
 
 # How long the refusal probe may take (it starts a shell and `hostname`, well under a second).
 _PROBE_TIMEOUT_S = 30.0
+# Seconds between wait()'s checks of the nodes.
+_POLL_S = 0.05
 # How long to wait for a SIGKILLed node's unshare process to be reaped.
 _REAP_TIMEOUT_S = 10.0
 # Words of the errors with which unshare, mount and hostname report a missing privilege (EPERM, EACCES).
@@ -220,6 +223,14 @@ def unshare_refusal() -> Optional[str]:
                               f"returncode={probe.returncode} stdout={probe.stdout.strip()!r} stderr={stderr!r}")
 
 
+def _die_with_parent(parent: int) -> None:
+    """Runs in a node's unshare process before exec: a launcher that dies without close() takes its nodes along."""
+    # PR_SET_PDEATHSIG = 1: SIGKILL when the thread that started us ends; --kill-child passes it on to the node.
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+    if os.getppid() != parent:  # the launcher died before prctl
+        os._exit(1)
+
+
 def _free_port() -> int:
     # Node 0's agent binds the port shortly after; another process taking it in between makes the job fail loudly.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -249,7 +260,8 @@ class SimulatedJob:
             args: What torchrun runs in each rank: a script and its arguments, or ``["-m", module, ...]``.
             env: Variables set on top of this process's environment (which is passed through: PYTHONPATH,
                 HYPER_PARALLEL_*, OMP_NUM_THREADS, ...). ``PYTHONUNBUFFERED=1`` is added unless given, so the output
-                of a killed node is not lost in its buffers.
+                of a killed node is not lost in its buffers. Each node gets a ``TMPDIR`` of its own in the job's
+                temporary directory (torchrun leaves its log directories there), removed with the job.
             cwd: Working directory of the nodes; this process's when None.
             python: The interpreter that runs torchrun; ``sys.executable`` when None.
 
@@ -273,6 +285,14 @@ class SimulatedJob:
         self._procs: list[subprocess.Popen[bytes]] = []
         self._logs: list[str] = []
         self._results: Optional[list[NodeResult]] = None
+        self._pid1s: dict[int, list[int]] = {}  # node -> host PID of its namespace's PID 1, while being killed
+        self._killed: set[int] = set()  # nodes ended by kill_node, whose failure is the caller's doing
+
+    @property
+    def directory(self) -> Optional[str]:
+        """The job's temporary directory (hosts file, nsswitch.conf, per-node output), removed by :meth:`close`;
+        None before :meth:`start`."""
+        return self._dir
 
     def __enter__(self) -> SimulatedJob:
         return self
@@ -300,11 +320,16 @@ class SimulatedJob:
                             "--master-port", str(self.port), *self.args]
                 log = os.path.join(self._dir, f"{node_name(k)}.log")
                 self._logs.append(log)
+                # The node's own TMPDIR, removed with the job: torchrun leaves its log directories there.
+                tmp = os.path.join(self._dir, f"{node_name(k)}-tmp")
+                os.mkdir(tmp)
+                env = {**self.env, "TMPDIR": tmp}
                 with open(log, "wb") as out:
-                    # start_new_session: a terminal's Ctrl-C goes to the test runner only; close() ends the nodes.
+                    # start_new_session: a terminal's Ctrl-C reaches this process only, whose close() ends the nodes.
                     self._procs.append(subprocess.Popen(
                         _node_command(node_name(k), hosts, nsswitch, torchrun), stdin=subprocess.DEVNULL,
-                        stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd, start_new_session=True))
+                        stdout=out, stderr=subprocess.STDOUT, env=env, cwd=self.cwd, start_new_session=True,
+                        preexec_fn=functools.partial(_die_with_parent, os.getpid())))
         except BaseException:
             self.close()
             raise
@@ -341,7 +366,8 @@ class SimulatedJob:
         """Kill node ``k`` like a machine that dies: SIGKILL to its ``unshare`` process.
 
         ``--kill-child`` then kills the node's PID 1, and with it every process of the node's PID namespace
-        (torchrun and its ranks); its /dev/shm goes with its mount namespace. Returns without waiting.
+        (torchrun and its ranks); its /dev/shm goes with its mount namespace. Returns once every process of the node
+        has ended (bounded).
 
         Args:
             k: The node index.
@@ -352,15 +378,18 @@ class SimulatedJob:
         """
         if not self._procs:
             raise SimulatedNodesError(f"a simulated node is killed after start(): node={k}")
-        proc = self._procs[k]
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
+        self._killed.add(k)
+        self._kill(k)
 
-    def wait(self, timeout: float) -> list[NodeResult]:
+    def wait(self, timeout: float, failure_grace: Optional[float] = None) -> list[NodeResult]:
         """Wait for every node to end and return their results; then remove the job's files.
 
         Args:
             timeout: Seconds to wait, counted from this call.
+            failure_grace: When not None, the nodes still running this many seconds after some node ended non-zero
+                by itself (not by :meth:`kill_node`) are killed (their returncode is ``-SIGKILL``). Without it,
+                the surviving nodes of a job whose ranks succeeded wait in torchrun's exit barrier (300 s) for the
+                failed node.
 
         Returns:
             One :class:`NodeResult` per node, in node order.
@@ -374,13 +403,24 @@ class SimulatedJob:
             return self._results
         if not self._procs:
             raise SimulatedNodesError("a simulated job is waited for after start()")
-        deadline = time.monotonic() + timeout
-        for proc in self._procs:
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+        now = time.monotonic()
+        deadline, cut_at = now + timeout, None
+        running = []
+        while True:
+            codes = [p.poll() for p in self._procs]
+            running = [k for k, code in enumerate(codes) if code is None]
+            if not running:
                 break
-        running = [k for k, proc in enumerate(self._procs) if proc.poll() is None]
+            now = time.monotonic()
+            if now >= deadline:
+                break
+            failed = [k for k, code in enumerate(codes) if code not in (None, 0) and k not in self._killed]
+            if failure_grace is not None and failed and cut_at is None:
+                cut_at = now + failure_grace
+            if cut_at is not None and now >= cut_at:
+                running = []  # killed for the failure, not for the timeout
+                break
+            time.sleep(_POLL_S)
         self._kill_all()
         results = [NodeResult(k, proc.returncode, self.output(k)) for k, proc in enumerate(self._procs)]
         self._results = results
@@ -396,16 +436,46 @@ class SimulatedJob:
             shutil.rmtree(self._dir, ignore_errors=True)
 
     def _kill_all(self) -> None:
-        for proc in self._procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-        for proc in self._procs:
+        for k in range(len(self._procs)):
+            self._kill(k)
+
+    def _kill(self, k: int) -> None:
+        """SIGKILL node ``k`` if it runs; return once its unshare process and its PID 1 have ended."""
+        proc = self._procs[k]
+        if proc.poll() is None:
+            # Reaping unshare is not enough: its PID 1 (and with it the namespace's other processes, which the kernel
+            # kills before PID 1 ends) may run on for a moment, writing to the job's files. Stopped, unshare cannot
+            # fork between the read of its children and the kill.
+            proc.send_signal(signal.SIGSTOP)
             try:
-                proc.wait(timeout=_REAP_TIMEOUT_S)
-            except subprocess.TimeoutExpired as e:
-                # SIGKILL of a process that does not end within seconds is a kernel fault; say so instead of hanging.
-                raise SimulatedNodesError(f"a SIGKILLed simulated node did not end: pid={proc.pid} "
-                                          f"timeout_s={_REAP_TIMEOUT_S:g}") from e
+                with open(f"/proc/{proc.pid}/task/{proc.pid}/children", encoding="ascii") as f:
+                    self._pid1s[k] = [int(pid) for pid in f.read().split()]
+            except OSError:
+                pass  # unshare ended meanwhile: it waited for its child
+            proc.send_signal(signal.SIGKILL)
+        deadline = time.monotonic() + _REAP_TIMEOUT_S
+        try:
+            proc.wait(timeout=_REAP_TIMEOUT_S)
+        except subprocess.TimeoutExpired as e:
+            # SIGKILL of a process that does not end within seconds is a kernel fault; say so instead of hanging.
+            raise SimulatedNodesError(f"a SIGKILLed simulated node did not end: node={node_name(k)} pid={proc.pid} "
+                                      f"timeout_s={_REAP_TIMEOUT_S:g}") from e
+        for pid in self._pid1s.pop(k, []):
+            while _alive(pid):
+                if time.monotonic() > deadline:
+                    raise SimulatedNodesError(f"a SIGKILLed simulated node's PID 1 did not end: node={node_name(k)} "
+                                              f"pid={pid} timeout_s={_REAP_TIMEOUT_S:g}")
+                time.sleep(_POLL_S)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie has ended: its namespace's processes are gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:][:1] not in ("Z", "X")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -426,6 +496,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--nproc-per-node", type=int, default=2, help="ranks per node (default 2)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds before every node is killed "
                         "(default 600)")
+    parser.add_argument("--failure-grace", type=float, default=10.0, help="seconds the other nodes get to end "
+                        "after a node failed, before they are killed (default 10)")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="-- then what torchrun runs: a script and its "
                         "arguments, or -m module ...")
     ns = parser.parse_args(argv)
@@ -439,12 +511,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if reason is not None:
         print(reason, file=sys.stderr)
         return EXIT_REFUSED
+    # A SIGTERM to the tool ends it through SystemExit, so the context manager kills the nodes.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     started = time.monotonic()
     with SimulatedJob(ns.nodes, ns.nproc_per_node, args) as job:
         job.start()
         running: list[int] = []
         try:
-            results = job.wait(ns.timeout)
+            results = job.wait(ns.timeout, failure_grace=ns.failure_grace)
         except SimulatedJobTimeout as e:
             results, running = e.results, e.running
     for r in results:
@@ -452,7 +526,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"[{node_name(r.node)}] {line}")
     failed = [r for r in results if r.returncode != 0]
     for r in failed:
-        print(f"simulated node failed: node={node_name(r.node)} returncode={r.returncode}", file=sys.stderr)
+        what = "killed by the launcher" if r.returncode == -signal.SIGKILL else "failed"
+        print(f"simulated node {what}: node={node_name(r.node)} returncode={r.returncode}", file=sys.stderr)
     print(f"simulated job ended: nodes={ns.nodes} nproc_per_node={ns.nproc_per_node} "
           f"seconds={time.monotonic() - started:.1f}", file=sys.stderr)
     if running:

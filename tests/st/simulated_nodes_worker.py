@@ -1,6 +1,6 @@
 """Rank script for tests/st/test_simulated_nodes.py, run by torchrun inside simulated nodes (torch + gloo only).
 
-Usage: ``simulated_nodes_worker.py check TAG`` or ``simulated_nodes_worker.py kill TIMEOUT_S``.
+Usage: ``simulated_nodes_worker.py check TAG``, ``... kill TIMEOUT_S``, ``... exit NODE`` or ``... sleep``.
 
 ``check``: every rank reports what a rank of a real multi-node job would see (its hostname, what that name resolves
 to, the addresses its gloo sockets listen on, which /dev/shm files named TAG-* it can see after every rank created
@@ -10,6 +10,10 @@ its own) and the result of a gloo all_reduce; rank 0 prints every rank's report 
 ``kill``: after a barrier, the ranks of node 1 print ``SLEEPING <rank>`` and sleep; the ranks of node 0 print
 ``COLLECTIVE <rank>`` and run an all_reduce that cannot finish until the test kills node 1, in a process group
 whose timeout is TIMEOUT_S. A rank of node 0 whose collective raises prints ``FAILED <rank>`` and exits with 1.
+
+``exit``: the ranks of node NODE print ``EXITING <rank>`` and exit with 3, the others with 0 (no torch, no group).
+
+``sleep``: every rank sleeps (no torch, no group), for the tests of timeouts.
 """
 
 from __future__ import annotations
@@ -95,10 +99,20 @@ def kill(timeout_s: float) -> None:
     print(f"FINISHED {rank}", flush=True)
 
 
+def exit_on(node: int) -> None:
+    if int(os.environ["GROUP_RANK"]) == node:
+        print(f"EXITING {os.environ['RANK']}", flush=True)
+        sys.exit(3)
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "check":
+    if sys.argv[1] == "exit":
+        exit_on(int(sys.argv[2]))
+    elif sys.argv[1] == "sleep":
+        time.sleep(3600)  # the test's timeout kills it long before
+    elif sys.argv[1] == "check":
         check(sys.argv[2])
     elif sys.argv[1] == "kill":
         kill(float(sys.argv[2]))
     else:
-        sys.exit(f"the mode must be `check` or `kill`, but got {sys.argv[1]!r}")
+        sys.exit(f"the mode must be `check`, `kill`, `exit` or `sleep`, but got {sys.argv[1]!r}")
