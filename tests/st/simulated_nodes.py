@@ -28,9 +28,12 @@ like a machine that goes down.
 Ranks tell their node by ``GROUP_RANK`` (set by torchrun), ``LOCAL_RANK`` and
 their hostname ``node{k}``.
 
-Command line (exit status: 0 every node succeeded, 1 some node failed, 2 bad
+Command line: when the job has ended it prints each node's output, every line
+prefixed by ``[node{k}]``. ``--failure-grace S`` (default 10): once a node has
+failed, the others are killed S seconds later (torchrun's exit barrier would
+keep them 300 s). Exit status: 0 every node succeeded, 1 some node failed, 2 bad
 usage, 3 the timeout passed and the nodes still running were killed,
-``EXIT_REFUSED`` = 77 this machine refuses the namespaces; the reason is
+``EXIT_REFUSED`` = 77 this machine refuses the namespaces (the reason is
 printed)::
 
     python tests/st/simulated_nodes.py --nodes 2 --nproc-per-node 2 [--timeout S] \\
@@ -302,6 +305,9 @@ class SimulatedJob:
 
     def start(self) -> None:
         """Start every node (its setup, then torchrun); returns at once.
+
+        The nodes die with the thread that calls this (PR_SET_PDEATHSIG), so a launcher killed before
+        :meth:`close` leaves no node behind; call it from a thread that outlives the job.
 
         Raises:
             SimulatedNodesError: The job was started before.

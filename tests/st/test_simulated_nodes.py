@@ -197,3 +197,31 @@ def test_probe_raises_for_a_failure_that_is_not_a_refusal(tmp_path: Any) -> None
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("ERROR the simulated-node probe failed"), done.stdout + done.stderr
     assert "something else went wrong" in done.stdout, done.stdout
+
+
+def test_nodes_die_with_a_launcher_that_dies() -> None:
+    # A launcher killed before close() (a test runner's timeout, say) must not leave nodes running.
+    code = (f"import os, sys, time\nsys.path.insert(0, {HERE!r})\nfrom simulated_nodes import SimulatedJob\n"
+            f"job = SimulatedJob({NODES}, {NPROC}, [{WORKER!r}, 'sleep'])\njob.start()\n"
+            "time.sleep(1)\n"
+            "pid1s = [open(f'/proc/{p.pid}/task/{p.pid}/children').read().split() for p in job._procs]\n"
+            "print(' '.join(str(p.pid) for p in job._procs), ' '.join(sum(pid1s, [])), flush=True)\n"
+            "os._exit(0)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # Each node's unshare process and its namespace's PID 1 (which ends after every other process of the node).
+    pids = [int(pid) for pid in done.stdout.split()]
+    assert len(pids) == 2 * NODES, done.stdout
+    deadline = time.monotonic() + 10
+    while any(_running(pid) for pid in pids):
+        assert time.monotonic() < deadline, f"nodes outlived their launcher: pids={pids}"
+        time.sleep(0.1)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:][:1] not in ("Z", "X")  # a zombie has ended
