@@ -199,15 +199,17 @@ def test_probe_raises_for_a_failure_that_is_not_a_refusal(tmp_path: Any) -> None
     assert "something else went wrong" in done.stdout, done.stdout
 
 
-def test_nodes_die_with_a_launcher_that_dies() -> None:
-    # A launcher killed before close() (a test runner's timeout, say) must not leave nodes running.
+def test_nodes_die_with_a_launcher_that_dies(tmp_path: Any) -> None:
+    # A launcher killed before close() (a test runner's timeout, say) must not leave nodes running. Its job's
+    # directory does stay: TMPDIR puts it under pytest's tmp_path.
     code = (f"import os, sys, time\nsys.path.insert(0, {HERE!r})\nfrom simulated_nodes import SimulatedJob\n"
             f"job = SimulatedJob({NODES}, {NPROC}, [{WORKER!r}, 'sleep'])\njob.start()\n"
             "time.sleep(1)\n"
             "pid1s = [open(f'/proc/{p.pid}/task/{p.pid}/children').read().split() for p in job._procs]\n"
             "print(' '.join(str(p.pid) for p in job._procs), ' '.join(sum(pid1s, [])), flush=True)\n"
             "os._exit(0)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "TMPDIR": str(tmp_path)})
     assert done.returncode == 0, done.stdout + done.stderr
     # Each node's unshare process and its namespace's PID 1 (which ends after every other process of the node).
     pids = [int(pid) for pid in done.stdout.split()]
