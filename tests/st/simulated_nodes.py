@@ -173,9 +173,14 @@ def _write_node_files(directory: str, nodes: int) -> tuple[str, str]:
     nsswitch = os.path.join(directory, "nsswitch.conf")
     with open(hosts, "w", encoding="ascii") as f:
         f.write(_hosts_text(nodes))
-    with open(nsswitch, "w", encoding="ascii") as f:
-        # Only `hosts` matters here; the rest keeps user and group look-ups working as usual.
-        f.write("passwd: files\ngroup: files\nshadow: files\nhosts: files\n")
+    # The host's nsswitch.conf with its `hosts` line replaced: user, group and other look-ups work as on the host.
+    try:
+        with open("/etc/nsswitch.conf", encoding="utf-8", errors="replace") as f:
+            kept = [line for line in f.read().splitlines() if not line.strip().startswith("hosts:")]
+    except OSError:
+        kept = []
+    with open(nsswitch, "w", encoding="utf-8") as f:
+        f.write("\n".join([*kept, "hosts: files"]) + "\n")
     # mount --bind needs the files readable by whoever reads /etc/hosts inside the node.
     os.chmod(hosts, 0o644)
     os.chmod(nsswitch, 0o644)
@@ -411,7 +416,7 @@ class SimulatedJob:
             raise SimulatedNodesError("a simulated job is waited for after start()")
         now = time.monotonic()
         deadline, cut_at = now + timeout, None
-        running = []
+        running: list[int] = []
         while True:
             codes = [p.poll() for p in self._procs]
             running = [k for k, code in enumerate(codes) if code is None]
