@@ -3,8 +3,9 @@
 Usage: ``simulated_nodes_worker.py check TAG``, ``... kill TIMEOUT_S``, ``... exit NODE`` or ``... sleep``.
 
 ``check``: every rank reports what a rank of a real multi-node job would see (its hostname, what that name resolves
-to, the addresses its gloo sockets listen on, which /dev/shm files named TAG-* it can see after every rank created
-its own) and the result of a gloo all_reduce; rank 0 prints every rank's report as one ``REPORT <json>`` line. The
+to, what every node's name and localhost resolve to, the addresses its gloo sockets listen on, the variable
+SIMULATED_NODES_TEST_MARKER, which /dev/shm files named TAG-* it can see after every rank created its own) and the
+result of a gloo all_reduce; rank 0 prints every rank's report as one ``REPORT <json>`` line. The
 /dev/shm files are left in place on purpose: they must vanish with their node.
 
 ``kill``: after a barrier, the ranks of node 1 print ``SLEEPING <rank>`` and sleep; the ranks of node 0 print
@@ -68,6 +69,9 @@ def check(tag: str) -> None:
         "local_rank": int(os.environ["LOCAL_RANK"]),
         "hostname": hostname,
         "address": socket.gethostbyname(hostname),
+        "names": {name: socket.gethostbyname(name)
+                  for name in ["localhost", *(f"node{j}" for j in range(int(os.environ["GROUP_WORLD_SIZE"])))]},
+        "marker": os.environ.get("SIMULATED_NODES_TEST_MARKER"),
         "listen": _listen_addresses(),
         "visible": visible,
         "sum": total.item(),

@@ -52,7 +52,7 @@ def _namespaces_allowed() -> None:
 def check_job() -> Iterator[dict[str, Any]]:
     """Run the ``check`` job once; hand out its tag, per-node results, rank reports and temp directory."""
     tag = f"simnodes-{uuid.uuid4().hex}"
-    with SimulatedJob(NODES, NPROC, [WORKER, "check", tag]) as job:
+    with SimulatedJob(NODES, NPROC, [WORKER, "check", tag], env={"SIMULATED_NODES_TEST_MARKER": tag}) as job:
         job.start()
         directory = job.directory
         results = job.wait(JOB_TIMEOUT_S)
@@ -80,6 +80,17 @@ def test_node_names_resolve_to_their_own_loopback_address(check_job: dict[str, A
         assert report["address"] == node_address(node), report
         # gloo picks its address from the hostname: its listening sockets are on the node's own address only.
         assert report["listen"] == [node_address(node)], report
+
+
+def test_every_node_name_resolves_from_every_node(check_job: dict[str, Any]) -> None:
+    expected = {"localhost": "127.0.0.1", **{node_name(j): node_address(j) for j in range(NODES)}}
+    for report in check_job["reports"]:
+        assert report["names"] == expected, report
+
+
+def test_environment_reaches_the_ranks(check_job: dict[str, Any]) -> None:
+    for report in check_job["reports"]:
+        assert report["marker"] == check_job["tag"], report
 
 
 def test_dev_shm_is_shared_within_a_node_only(check_job: dict[str, Any]) -> None:
