@@ -28,8 +28,8 @@ like a machine that goes down.
 Ranks tell their node by ``GROUP_RANK`` (set by torchrun), ``LOCAL_RANK`` and
 their hostname ``node{k}``.
 
-Command line: when the job has ended it prints each node's output, every line
-prefixed by ``[node{k}]``. ``--failure-grace S`` (default 10): once a node has
+Command line: it prints each node's output as it comes, a line at a time, every
+line prefixed by ``[node{k}]``. ``--failure-grace S`` (default 10): once a node has
 failed, the others are killed S seconds later (torchrun's exit barrier would
 keep them 300 s). Exit status: 0 every node succeeded, 1 some node failed, 2 bad
 usage, 3 the timeout passed and the nodes still running were killed,
@@ -55,6 +55,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Optional
@@ -489,6 +490,37 @@ def _alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2:][:1] not in ("Z", "X")
 
 
+class _LinePrinter:
+    """Prints the nodes' output as it comes, a whole line at a time, each prefixed by ``[node{k}]``."""
+
+    def __init__(self, nodes: int) -> None:
+        self._printed = [0] * nodes  # characters of each node's output printed so far
+
+    def emit(self, k: int, text: str, final: bool) -> None:
+        """Print node ``k``'s complete lines of ``text`` (all of it when ``final``) not printed before."""
+        start = self._printed[k]
+        end = len(text) if final else text.rfind("\n", start) + 1
+        if end > start:
+            for line in text[start:end].splitlines():
+                print(f"[{node_name(k)}] {line}", flush=True)
+            self._printed[k] = end
+
+
+# Seconds between the command line tool's reads of the nodes' output.
+_FOLLOW_S = 0.2
+
+
+def _follow(job: SimulatedJob, printer: _LinePrinter, stop: threading.Event) -> None:
+    """Print the nodes' output while the job runs, until ``stop`` or until the job's files are gone."""
+    while not stop.wait(_FOLLOW_S):
+        for k in range(job.nodes):
+            try:
+                text = job.output(k)
+            except (SimulatedNodesError, OSError):
+                return
+            printer.emit(k, text, final=False)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line tool (see the module's docstring for the exit statuses).
 
@@ -525,16 +557,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # A SIGTERM to the tool ends it through SystemExit, so the context manager kills the nodes.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     started = time.monotonic()
+    printer = _LinePrinter(ns.nodes)
     with SimulatedJob(ns.nodes, ns.nproc_per_node, args) as job:
         job.start()
+        stop = threading.Event()
+        follower = threading.Thread(target=_follow, args=(job, printer, stop), daemon=True)
+        follower.start()
         running: list[int] = []
         try:
             results = job.wait(ns.timeout, failure_grace=ns.failure_grace)
         except SimulatedJobTimeout as e:
             results, running = e.results, e.running
+        finally:
+            stop.set()
+            follower.join()
     for r in results:
-        for line in r.output.splitlines():
-            print(f"[{node_name(r.node)}] {line}")
+        printer.emit(r.node, r.output, final=True)
     failed = [r for r in results if r.returncode != 0]
     for r in failed:
         what = "killed by the launcher" if r.returncode == -signal.SIGKILL else "failed"

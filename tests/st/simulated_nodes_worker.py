@@ -14,7 +14,7 @@ whose timeout is TIMEOUT_S. A rank of node 0 whose collective raises prints ``FA
 
 ``exit``: the ranks of node NODE print ``EXITING <rank>`` and exit with 3, the others with 0 (no torch, no group).
 
-``sleep``: every rank sleeps (no torch, no group), for the tests of timeouts.
+``sleep``: every rank prints ``SLEEPING <rank>`` and sleeps (no torch, no group), for the tests of timeouts.
 """
 
 from __future__ import annotations
@@ -113,6 +113,7 @@ if __name__ == "__main__":
     if sys.argv[1] == "exit":
         exit_on(int(sys.argv[2]))
     elif sys.argv[1] == "sleep":
+        print(f"SLEEPING {os.environ['RANK']}", flush=True)
         time.sleep(3600)  # the test's timeout kills it long before
     elif sys.argv[1] == "check":
         check(sys.argv[2])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -169,6 +170,35 @@ def test_command_line_timeout_names_the_running_nodes() -> None:
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == EXIT_TIMEOUT, done.stdout + done.stderr
     assert "running=node0, node1" in done.stderr, done.stderr
+
+
+def test_command_line_prints_output_as_it_comes_and_ends_its_nodes_on_sigterm(tmp_path: Any) -> None:
+    proc = subprocess.Popen([sys.executable, LAUNCHER, "--nodes", str(NODES), "--nproc-per-node", str(NPROC),
+                             "--timeout", str(JOB_TIMEOUT_S), "--", WORKER, "sleep"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert proc.stdout is not None
+    try:
+        seen = b""
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        # Every rank's line arrives while the job still runs (the ranks sleep for an hour).
+        while seen.count(b"SLEEPING") < NODES * NPROC:
+            assert time.monotonic() < deadline and proc.poll() is None, seen.decode(errors="replace")
+            ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+            if ready:
+                seen += os.read(proc.stdout.fileno(), 1 << 16)
+        lines = seen.decode(errors="replace").splitlines()
+        assert proc.poll() is None, "\n".join(lines)
+        for k in range(NODES):
+            assert any(line.startswith(f"[{node_name(k)}] SLEEPING") for line in lines), "\n".join(lines)
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 128 + signal.SIGTERM, (seen + rest).decode(errors="replace")
+    # The tool's exit removed its job's files, which it does only after every node has ended.
+    assert not os.listdir(tmp_path), os.listdir(tmp_path)
 
 
 def test_command_line_needs_a_command() -> None:
