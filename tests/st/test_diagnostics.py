@@ -51,6 +51,7 @@ FIELDS = [
     "calls_in_flight",
     "live_teams",
     "reaches_peer_memory",
+    "nodes",
     # upstream hyper-parallel's keys the project's vocabulary names otherwise (test_upstream_names.py)
     "root_rank",
     "root_size",
@@ -281,6 +282,14 @@ def _case_reaches_peer_memory_as_the_kernel_allows() -> None:
     assert shmem.debug_state()["reaches_peer_memory"] is False  # no runtime, no device
 
 
+def _case_ranks_of_one_machine_are_one_node() -> None:
+    assert_clean()
+    with shmem.acquire_shmem():
+        assert shmem.debug_state()["nodes"] == [0] * dist.get_world_size()
+        assert not shmem.root_team().spans_nodes
+    assert shmem.debug_state()["nodes"] == []  # no runtime
+
+
 # --------------------------------------------------------------------------
 # Tests.
 # --------------------------------------------------------------------------
@@ -334,3 +343,8 @@ def test_default_log_level_logs_no_allocations(world_factory) -> None:
     outputs: list[CaseOutput] = run_case(world_factory(2, ENV), _case_allocation_log, None, capture_stderr=True)
     for out in outputs:
         assert "op=Empty" not in out.stderr and "op=Free" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("nranks", [1, 3])
+def test_debug_state_puts_the_ranks_of_one_machine_on_one_node(world_factory, nranks: int) -> None:
+    run_case(world_factory(nranks, ENV), _case_ranks_of_one_machine_are_one_node)

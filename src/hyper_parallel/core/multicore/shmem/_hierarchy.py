@@ -3,9 +3,9 @@
 Symmetric memory is node-local on the host device: each node maps its own ranks' heaps only. A team whose members
 live on several nodes therefore runs each collective in phases. The node-local phases are single calls into the
 runtime's engine, on the team's *node team*: the members on this node. The phase across nodes runs over
-torch.distributed, on *lanes*. Lane i is the ProcessGroup of the i-th member of every node (members ordered by
-group rank). The team creates each lane once, so every member of a node carries its share of the traffic in
-parallel, as NCCL's and DeepEP's hierarchical algorithms do:
+torch.distributed, on *lanes*. Lane i is the i-th member of every node (members ordered by group rank): each
+member exchanges only with its lane, so every member of a node carries its share of the traffic in parallel, as
+NCCL's and DeepEP's hierarchical algorithms do:
 
 ====================  =====================================================================================
 all_reduce            node reduce_scatter -> lane exchange of this member's part, reduced -> node all_gather
@@ -13,7 +13,7 @@ reduce_scatter        node reduce_scatter of the parts regrouped by lane -> lane
 all_gather            lane exchange -> node all_gather -> regrouped into group-rank order
 all_to_all            node all_to_all (each part to the member in its receiver's lane) -> lane exchange
 barrier               node barrier -> lane exchange -> node barrier
-send / recv           the engine within a node; a ProcessGroup of the two ranks across nodes
+send / recv           the engine within a node; point to point over the team's ProcessGroup across nodes
 ====================  =====================================================================================
 
 Every collective first agrees on the call within the node (a fingerprinted sync of the engine). The lane exchange
@@ -24,12 +24,18 @@ so that the other nodes raise at once instead of waiting. Each receive across no
 for. Reductions across nodes add the lane's parts in node order on every member of the lane, so every member ends
 with the same bits. Low precision encodes the parts that cross nodes too (``codec``), where it saves the most.
 
+The traffic across nodes is point to point on the team's own ProcessGroup, under two tags the members agree on
+when the team is made (one for the lanes, one for send/recv): gloo connects every pair of a group once, so lanes
+need no groups of their own. (torch 2.13's ``new_group(use_local_synchronization=True)`` names a group after the
+number of groups each member has made so far, so groups made by the members of different teams would not meet.)
+
 A team that spans nodes needs the same number of members on every node (lanes pair them up), and runs its
 collectives on the calling thread: the current stream's work is waited for first.
 """
 
 from __future__ import annotations
 
+import os
 import time
 import zlib
 from datetime import timedelta
@@ -40,7 +46,7 @@ import torch.distributed as dist
 
 from hyper_parallel.core.multicore.shmem import codec
 from hyper_parallel.core.multicore.shmem._binding import C
-from hyper_parallel.core.multicore.shmem._lifecycle import _bootstrap, _Root
+from hyper_parallel.core.multicore.shmem._lifecycle import _all_gather_bytes, _bootstrap, _Root
 from hyper_parallel.core.multicore.shmem._streams import DEFAULT_HANDLE, current_handle
 from hyper_parallel.core.multicore.shmem.errors import ShmemMismatchError, ShmemStateError, ShmemTimeoutError
 
@@ -55,6 +61,10 @@ _MAX = _REDUCE_OPS["max"]
 # element count, dtype id), and the payload's byte count.
 _HEADER_WORDS = 8
 _OK, _FAILED_MISMATCH, _FAILED = 0, 1, 2
+# The tags of a team's traffic across nodes: above the sequence numbers of gloo's own collectives on the group, two
+# per team (lanes, then send/recv), picked at random by the team's first member.
+_TAG_BASE = 1 << 30
+_TAG_TEAMS = 1 << 28
 _DTYPE_NAMES = {zlib.crc32(name.encode()): name for name in (
     "float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int64", "int32", "int16", "int8",
     "uint8", "bool", "complex64", "complex128")}
@@ -173,18 +183,21 @@ class Hierarchy:
         self.layout = layout = NodeLayout(pes, me, root.nodes)
         self.size = len(pes)
         self._timeout_sec = C.read_config()["timeout_sec"]
+        # Every member arrives, and takes the first member's tags.
+        offers = _all_gather_bytes(group, os.urandom(4), "team_create")
+        if isinstance(offers, str):
+            raise ShmemTimeoutError(offers)
+        self._tag = _TAG_BASE + 2 * (int.from_bytes(offers[:4], "little") % _TAG_TEAMS)
         node_members = layout.members[layout.node]
         all_gather, barrier = _bootstrap(group, "team_create", members=node_members)
         self.node_team = C.team_create([pes[g] for g in node_members], layout.local, all_gather, barrier)
+        self._group = group
         self._global = tuple(root.ranks[pe] for pe in pes)  # global rank of each group rank
         self._lane_ranks = tuple(self._global[g] for g in layout.lane)
-        self._lane_group = dist.new_group(sorted(self._lane_ranks), timeout=timedelta(seconds=self._timeout_sec),
-                                          use_local_synchronization=True)
-        self._pair_groups: dict = {}
         self.broken = ""
 
     def release(self) -> None:
-        """Lets go of the node team (local, never waits); the lane's connections close with the team."""
+        """Lets go of the node team (local, never waits)."""
         self.broken = self.broken or "the team was released"
         if C.state() == "initialized":
             try:
@@ -201,9 +214,20 @@ class Hierarchy:
         if handle != DEFAULT_HANDLE:
             C.synchronize_stream(handle)  # the phases run on this thread, after the stream's work
 
-    def _wait(self, works: list, deadline: float, op: str) -> None:
-        """Waits for every (node index, work) until the deadline; names the lane members that did not answer."""
-        missing: dict = {}
+    def _post(self, works: list, missing: dict, node: int, post) -> None:
+        """Posts one transfer with the lane's member on ``node``; gloo refuses to post on a connection it already saw
+        close, and that member is then missing."""
+        if node in missing:
+            return
+        try:
+            works.append((node, post()))
+        except RuntimeError as error:
+            missing[node] = str(error).splitlines()[0] if str(error) else type(error).__name__
+
+    def _wait(self, works: list, deadline: float, op: str, missing: Optional[dict] = None) -> None:
+        """Waits for every (node index, work) until the deadline; names the lane members that did not answer (and
+        those already ``missing``)."""
+        missing = {} if missing is None else missing
         for node, work in works:
             if node in missing:
                 continue
@@ -240,26 +264,32 @@ class Hierarchy:
         deadline = time.monotonic() + self._timeout_sec
         peers = [k for k in range(layout.count) if k != layout.node]
         headers = {k: torch.empty(_HEADER_WORDS, dtype=torch.int64) for k in peers}
-        receives = [(k, dist.irecv(headers[k], src=self._lane_ranks[k], group=self._lane_group)) for k in peers]
-        outgoing, keep = [], []
+        missing: dict = {}
+        receives, outgoing, keep = [], [], []
+        for k in peers:
+            self._post(receives, missing, k, lambda k=k: dist.irecv(headers[k], src=self._lane_ranks[k],
+                                                                    group=self._group, tag=self._tag))
         for k in peers:
             payload = None if status != _OK or sends[k] is None else _bytes(sends[k])
             header = torch.tensor([status, *call, 0 if payload is None else payload.numel()], dtype=torch.int64)
             keep.append(header)
-            outgoing.append((k, dist.isend(header, dst=self._lane_ranks[k], group=self._lane_group)))
+            self._post(outgoing, missing, k, lambda k=k, t=header: dist.isend(t, dst=self._lane_ranks[k],
+                                                                              group=self._group, tag=self._tag))
             if payload is not None and payload.numel():
                 keep.append(payload)
-                outgoing.append((k, dist.isend(payload, dst=self._lane_ranks[k], group=self._lane_group)))
-        self._wait(receives, deadline, op)
+                self._post(outgoing, missing, k, lambda k=k, t=payload: dist.isend(t, dst=self._lane_ranks[k],
+                                                                                   group=self._group, tag=self._tag))
+        self._wait(receives, deadline, op, missing)
         received: list = [None] * layout.count
         data = []
         for k in peers:
             nbytes = int(headers[k][-1])
             received[k] = torch.empty(nbytes, dtype=torch.uint8)
             if nbytes:
-                data.append((k, dist.irecv(received[k], src=self._lane_ranks[k], group=self._lane_group)))
-        self._wait(data, deadline, op)
-        self._wait(outgoing, deadline, op)
+                self._post(data, missing, k, lambda k=k: dist.irecv(received[k], src=self._lane_ranks[k],
+                                                                    group=self._group, tag=self._tag))
+        self._wait(data, deadline, op, missing)
+        self._wait(outgoing, deadline, op, missing)
         del keep
         for k in peers:  # every payload is in: the channels stay aligned whatever is raised now
             theirs = headers[k].tolist()
@@ -511,16 +541,6 @@ class Hierarchy:
 
     # ---- point to point ------------------------------------------------------------------------------------------
 
-    def _pair(self, peer: int) -> tuple:
-        """(the group of this member and ``peer``, ``peer``'s global rank), made the first time they talk."""
-        rank = self._global[peer]
-        group = self._pair_groups.get(peer)
-        if group is None:
-            group = dist.new_group(sorted((self._global[self._me_group()], rank)),
-                                   timeout=timedelta(seconds=self._timeout_sec), use_local_synchronization=True)
-            self._pair_groups[peer] = group
-        return group, rank
-
     def send(self, tensor: torch.Tensor, peer: int) -> None:
         """Sends ``tensor`` to member ``peer``: through the engine on this node, over a pair group across nodes."""
         _check_tensor(tensor, "tensor")
@@ -529,13 +549,14 @@ class Hierarchy:
         if node == self.layout.node:
             C.send(self.node_team, tensor, local, DEFAULT_HANDLE)
             return
-        group, rank = self._pair(peer)
+        rank, tag = self._global[peer], self._tag + 1
         header = torch.tensor([tensor.numel() * tensor.element_size(), _dtype_id(tensor.dtype)], dtype=torch.int64)
         deadline = time.monotonic() + self._timeout_sec
-        works = [(node, dist.isend(header, dst=rank, group=group))]
+        posts = [lambda: dist.isend(header, dst=rank, group=self._group, tag=tag)]
         if header[0]:
-            works.append((node, dist.isend(_bytes(tensor), dst=rank, group=group)))
-        self._wait_pair(works, deadline, "send", rank)
+            payload = _bytes(tensor)
+            posts.append(lambda: dist.isend(payload, dst=rank, group=self._group, tag=tag))
+        self._transfer(posts, deadline, "send", rank)
 
     def recv(self, tensor: torch.Tensor, peer: int) -> None:
         """Receives the next message of member ``peer`` into ``tensor`` (of the message's byte size)."""
@@ -545,27 +566,29 @@ class Hierarchy:
         if node == self.layout.node:
             C.recv(self.node_team, tensor, local, DEFAULT_HANDLE)
             return
-        group, rank = self._pair(peer)
+        rank, tag = self._global[peer], self._tag + 1
         header = torch.empty(2, dtype=torch.int64)
         deadline = time.monotonic() + self._timeout_sec
-        self._wait_pair([(node, dist.irecv(header, src=rank, group=group))], deadline, "recv", rank)
+        self._transfer([lambda: dist.irecv(header, src=rank, group=self._group, tag=tag)], deadline, "recv", rank)
         nbytes = int(header[0])
         expected = tensor.numel() * tensor.element_size()
         target = _bytes(tensor) if nbytes == expected else torch.empty(nbytes, dtype=torch.uint8)
         if nbytes:
-            self._wait_pair([(node, dist.irecv(target, src=rank, group=group))], deadline, "recv", rank)
+            self._transfer([lambda: dist.irecv(target, src=rank, group=self._group, tag=tag)], deadline, "recv", rank)
         if nbytes != expected:
             raise ValueError(f"`tensor` must have the message's size ({nbytes} bytes from rank {rank}), but got "
                              f"{expected} bytes")
 
-    def _wait_pair(self, works: list, deadline: float, op: str, rank: int) -> None:
-        for _node, work in works:
-            try:
+    def _transfer(self, posts: list, deadline: float, op: str, rank: int) -> None:
+        """Posts every transfer of ``posts`` with ``rank``, then waits for each until the deadline."""
+        try:
+            works = [post() for post in posts]
+            for work in works:
                 work.wait(timeout=timedelta(seconds=max(deadline - time.monotonic(), 0.05)))
-            except RuntimeError as error:
-                first = str(error).splitlines()[0] if str(error) else type(error).__name__
-                raise ShmemTimeoutError(f"cross-node {op} failed: missing_ranks=[{rank}] "
-                                        f"timeout_sec={self._timeout_sec:g} (gloo: {first})") from None
+        except RuntimeError as error:
+            first = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise ShmemTimeoutError(f"cross-node {op} failed: missing_ranks=[{rank}] "
+                                    f"timeout_sec={self._timeout_sec:g} (gloo: {first})") from None
 
     # ---- agreement -----------------------------------------------------------------------------------------------
 

@@ -66,24 +66,39 @@ def _all_gather_bytes(group: dist.ProcessGroup, payload: bytes, op: str,
     order = tuple(range(size)) if members is None else members
     peers = [r for r in order if r != me]
     received = {r: mine if r == me else torch.empty_like(mine) for r in order}
-    receives = {r: dist.irecv(received[r], src=dist.get_global_rank(group, r), group=group) for r in peers}
-    sends = {r: dist.isend(mine, dst=dist.get_global_rank(group, r), group=group) for r in peers}
-    deadline = time.monotonic() + timeout_sec
     missing = []
+    broken = ""  # the first connection failure: its peer is gone (a dead process, a dead machine)
+
+    def lost(peer: int, error: RuntimeError) -> None:
+        nonlocal broken
+        if "Timed out" not in str(error):
+            broken = broken or (str(error).splitlines() or [type(error).__name__])[0]
+        if peer not in missing:
+            missing.append(peer)
+
+    works = []
+    for peer in peers:
+        # gloo refuses to post on a connection it already saw close: that peer is gone.
+        try:
+            works.append((peer, dist.irecv(received[peer], src=dist.get_global_rank(group, peer), group=group)))
+            works.append((peer, dist.isend(mine, dst=dist.get_global_rank(group, peer), group=group)))
+        except RuntimeError as error:
+            lost(peer, error)
+    deadline = time.monotonic() + timeout_sec
     # A send completes once its peer has received: a peer that never does is missing too.
-    for peer, work in [*receives.items(), *sends.items()]:
+    for peer, work in works:
         if peer in missing:
             continue
         remaining = max(deadline - time.monotonic(), _BOOTSTRAP_GRACE_SEC)
         try:
             work.wait(timeout=timedelta(seconds=remaining))
         except RuntimeError as error:
-            if "Timed out" not in str(error):
-                raise  # the peer's connection failed: gloo's message says how
-            missing.append(peer)
+            lost(peer, error)
     if missing:
         ranks = sorted(dist.get_global_rank(group, r) for r in missing)
-        return f"bootstrap timed out: op={op} step=all_gather missing_ranks={ranks} timeout_sec={timeout_sec:g}"
+        what = f"failed: op={op}" if broken else f"timed out: op={op}"
+        cause = f" (gloo: {broken})" if broken else ""
+        return f"bootstrap {what} step=all_gather missing_ranks={ranks} timeout_sec={timeout_sec:g}{cause}"
     return b"".join(received[r].numpy().tobytes() for r in order)
 
 
@@ -177,8 +192,6 @@ class Handle:
                 return
             all_gather, barrier = _local_bootstrap() if root.group is None else _bootstrap(root.group, "shutdown")
             try:
-                if root.spans_nodes:
-                    _refuse_shutdown_with_live_allocations(root)
                 C.shutdown(root.rank, len(root.ranks), all_gather, barrier)
             except Exception as error:
                 attach_fields(error, "shutdown")
@@ -195,24 +208,6 @@ class Handle:
 
     def __repr__(self) -> str:
         return f"Handle(lifecycle={self._lifecycle}, closed={self._closed})"
-
-
-def _refuse_shutdown_with_live_allocations(root: _Root) -> None:
-    """Refuses a shutdown on every rank of a root that spans nodes alike while any rank holds live allocations (the
-    runtime's own check covers the ranks of this node).
-
-    Raises:
-        ShmemStateError: live allocations remain on some rank (the message lists them).
-        ShmemTimeoutError: a rank did not reach the shutdown in time.
-    """
-    live = len(C.debug_state()["active_allocations"])
-    gathered = _all_gather_bytes(root.group, live.to_bytes(8, "little"), "shutdown")
-    if isinstance(gathered, str):
-        raise ShmemTimeoutError(gathered)
-    counts = [int.from_bytes(gathered[r * 8:r * 8 + 8], "little") for r in range(len(root.ranks))]
-    holders = " ".join(f"rank{rank}={count}" for rank, count in enumerate(counts) if count)
-    if holders:
-        raise ShmemStateError(f"shutdown refused: live allocations remain (free them, then close again): {holders}")
 
 
 def acquire_shmem(root_group: Optional[dist.ProcessGroup] = None) -> Handle:

@@ -1,0 +1,106 @@
+"""Jobs that span machines, simulated on this one: 2 nodes x 2 ranks (simulated_nodes.py).
+
+Each node has its own /dev/shm, hostname and PID namespace; gloo runs across the nodes' loopback addresses. One
+job runs every case of multinode_worker.py (every collective against gloo, groups within and across nodes, the
+user API and fused ops, one-sided refusals, mismatches within and across nodes, an allocation that differs across
+nodes); another kills a node and checks that the other one fails in time, naming the dead ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+
+import pytest
+
+from simulated_nodes import SimulatedJob, unshare_refusal
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multinode_worker.py")
+with open(WORKER) as _source:
+    CASES = re.findall(r"^def (case_\w+)\(", _source.read(), re.MULTILINE)
+NODES, PER_NODE = 2, 2
+WORLD = NODES * PER_NODE
+# The runtime's timeout inside the jobs: every wait of a failure path is bounded by it.
+TIMEOUT_SEC = 10
+
+_REFUSAL = unshare_refusal()
+pytestmark = pytest.mark.skipif(_REFUSAL is not None, reason=f"simulated nodes need Linux namespaces: {_REFUSAL}")
+
+
+def _env() -> dict:
+    return dict(os.environ, HYPER_PARALLEL_SHMEM_TIMEOUT_SEC=str(TIMEOUT_SEC), HYPER_PARALLEL_SHMEM_HEAP_SIZE="64M")
+
+
+@pytest.fixture(scope="module")
+def case_results(tmp_path_factory) -> dict:
+    """Every rank's results of every case, from one 2 x 2 job."""
+    out = tmp_path_factory.mktemp("multinode")
+    with SimulatedJob(NODES, PER_NODE, [WORKER, "cases", str(out)], env=_env()) as job:
+        job.start()
+        results = job.wait(timeout=300, failure_grace=10)
+    failed = [r for r in results if r.returncode != 0]
+    assert not failed, "\n".join(f"--- node {r.node} ---\n{r.output[-6000:]}" for r in failed)
+    return {rank: json.loads((out / f"rank{rank}.json").read_text()) for rank in range(WORLD)}
+
+
+def test_every_case_is_found():
+    assert len(CASES) >= 15, CASES
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_case_holds_on_every_rank(case_results: dict, case: str) -> None:
+    for rank in range(WORLD):
+        result = case_results[rank][case]
+        assert result["ok"], f"rank {rank}:\n{result['value']}"
+
+
+def test_ranks_that_disagree_across_nodes_all_name_both_calls(case_results: dict) -> None:
+    for rank in range(WORLD):
+        message = case_results[rank]["case_mismatch_across_nodes_raises_everywhere"]["value"]
+        lane_peer = (rank + PER_NODE) % WORLD
+        mine, theirs = (8, 16) if rank < PER_NODE else (16, 8)
+        assert f"rank={rank} collective=all_reduce op=sum wire=full count={mine}" in message, message
+        assert f"rank={lane_peer} collective=all_reduce op=sum wire=full count={theirs}" in message, message
+
+
+def test_a_mismatch_inside_one_node_reaches_the_other_node(case_results: dict) -> None:
+    for rank in range(PER_NODE):  # node 0's ranks saw it themselves
+        assert "rank 1 calls collective=all_gather" in case_results[rank][
+            "case_mismatch_within_a_node_reaches_the_other_node"]["value"]
+    for rank in range(PER_NODE, WORLD):  # node 1's heard it from their lane
+        assert "ranks disagree on a collective on another node: op=all_reduce rank=" in case_results[rank][
+            "case_mismatch_within_a_node_reaches_the_other_node"]["value"]
+
+
+def test_a_dead_node_is_named_by_the_others_in_time(tmp_path) -> None:
+    with SimulatedJob(NODES, PER_NODE, [WORKER, "node_death", str(tmp_path)], env=_env()) as job:
+        job.start()
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"ready{rank}").exists() for rank in range(PER_NODE, WORLD)):
+            assert time.monotonic() < deadline, f"node 1 never got ready:\n{job.output(0)}\n{job.output(1)}"
+            assert all(code is None for code in job.poll()), f"a node ended early:\n{job.output(0)}\n{job.output(1)}"
+            time.sleep(0.1)
+        job.kill_node(1)
+        (tmp_path / "node1_killed").touch()
+        # Node 0's ranks record what they saw and leave; torchrun's agent would then wait for node 1's forever.
+        records = [tmp_path / f"rank{rank}.json" for rank in range(PER_NODE)]
+        deadline = time.monotonic() + 3 * TIMEOUT_SEC + 30
+        while not all(record.exists() for record in records):
+            assert time.monotonic() < deadline, f"node 0 never recorded the failure:\n{job.output(0)}"
+            assert job.poll()[0] is None, f"node 0 ended early:\n{job.output(0)}"
+            time.sleep(0.1)
+        job.kill_node(0)
+    for rank in range(PER_NODE):
+        record = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        lane_peer = rank + PER_NODE
+        all_reduce = record["all_reduce"]
+        assert all_reduce["raised"].startswith("ShmemTimeoutError: cross-node phase failed: op=all_reduce "
+                                               f"missing_ranks=[{lane_peer}]"), all_reduce
+        barrier = record["barrier"]
+        assert barrier["raised"].startswith("ShmemTimeoutError: bootstrap "), barrier
+        assert "missing_ranks=[2, 3]" in barrier["raised"], barrier
+        for step in (all_reduce, barrier):
+            assert step["seconds"] < TIMEOUT_SEC + 5, record
+        assert record["dev_shm"] == [], record
