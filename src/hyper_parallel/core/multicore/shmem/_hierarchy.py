@@ -35,7 +35,6 @@ collectives on the calling thread: the current stream's work is waited for first
 
 from __future__ import annotations
 
-import os
 import time
 import zlib
 from datetime import timedelta
@@ -46,7 +45,7 @@ import torch.distributed as dist
 
 from hyper_parallel.core.multicore.shmem import codec
 from hyper_parallel.core.multicore.shmem._binding import C
-from hyper_parallel.core.multicore.shmem._lifecycle import _all_gather_bytes, _bootstrap, _Root
+from hyper_parallel.core.multicore.shmem._lifecycle import _bootstrap, _Root
 from hyper_parallel.core.multicore.shmem._streams import DEFAULT_HANDLE, current_handle
 from hyper_parallel.core.multicore.shmem.errors import ShmemMismatchError, ShmemStateError, ShmemTimeoutError
 
@@ -173,21 +172,18 @@ class Hierarchy:
         pes: the PE of every group rank.
         me: this member's group rank.
         root: the active root.
+        word: a random word every member received from the first (it picks the team's tags).
 
     Raises:
         ValueError: the nodes hold different numbers of the team's members.
         ShmemTimeoutError: a member did not arrive in time.
     """
 
-    def __init__(self, group: dist.ProcessGroup, pes: Sequence[int], me: int, root: _Root) -> None:
+    def __init__(self, group: dist.ProcessGroup, pes: Sequence[int], me: int, root: _Root, word: int) -> None:
         self.layout = layout = NodeLayout(pes, me, root.nodes)
         self.size = len(pes)
         self._timeout_sec = C.read_config()["timeout_sec"]
-        # Every member arrives, and takes the first member's tags.
-        offers = _all_gather_bytes(group, os.urandom(4), "team_create")
-        if isinstance(offers, str):
-            raise ShmemTimeoutError(offers)
-        self._tag = _TAG_BASE + 2 * (int.from_bytes(offers[:4], "little") % _TAG_TEAMS)
+        self._tag = _TAG_BASE + 2 * (word % _TAG_TEAMS)
         node_members = layout.members[layout.node]
         all_gather, barrier = _bootstrap(group, "team_create", members=node_members)
         self.node_team = C.team_create([pes[g] for g in node_members], layout.local, all_gather, barrier)

@@ -213,8 +213,9 @@ class Handle:
 def acquire_shmem(root_group: Optional[dist.ProcessGroup] = None) -> Handle:
     """Returns a reference to the process's SHMEM runtime, initialising it on first use.
 
-    The first handle is collective over ``root_group``: every rank maps every other rank's symmetric heap
-    (``HYPER_PARALLEL_SHMEM_HEAP_SIZE`` bytes, read anew for every lifecycle). Later handles only count, also
+    The first handle is collective over ``root_group``: every rank finds the ranks of its node (those that can open
+    its shared memory) and maps their symmetric heaps (``HYPER_PARALLEL_SHMEM_HEAP_SIZE`` bytes, read anew for every
+    lifecycle). Later handles only count, also
     those of a one-PE runtime that :func:`shmem.acquire` started without torch.distributed.
 
     Args:

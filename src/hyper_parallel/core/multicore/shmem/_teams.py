@@ -14,6 +14,7 @@ node-local phases in the engine, one phase across nodes over torch.distributed (
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Optional
 
@@ -24,7 +25,7 @@ from hyper_parallel.core.multicore.shmem._binding import C
 from hyper_parallel.core.multicore.shmem._hierarchy import Hierarchy
 from hyper_parallel.core.multicore.shmem._lifecycle import _bootstrap, _local_bootstrap, require_root
 from hyper_parallel.core.multicore.shmem._streams import current_handle
-from hyper_parallel.core.multicore.shmem.errors import ShmemStateError, attach_fields
+from hyper_parallel.core.multicore.shmem.errors import ShmemStateError, ShmemTimeoutError, attach_fields
 
 # The numberings are the runtime's (runtime/team.h, ops/reduce_op.h): exported once, never retyped.
 COLLECTIVES: dict = dict(C.collectives())
@@ -67,8 +68,12 @@ class Team:
         self.nodes = tuple(root.nodes[pe] for pe in pes)
         self._hierarchy: Optional[Hierarchy] = None
         try:
+            # Every member arrives (bounded, naming who does not come) and learns the first member's random word.
+            offers = bootstrap[0](os.urandom(4))
+            if isinstance(offers, str):
+                raise ShmemTimeoutError(offers)
             if len(set(self.nodes)) > 1:
-                self._hierarchy = Hierarchy(group, pes, me, root)
+                self._hierarchy = Hierarchy(group, pes, me, root, int.from_bytes(offers[:4], "little"))
                 self._id = self._hierarchy.node_team
             else:
                 self._id = C.team_create(list(pes), me, *bootstrap)
