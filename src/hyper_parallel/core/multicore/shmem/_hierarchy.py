@@ -60,6 +60,8 @@ _MAX = _REDUCE_OPS["max"]
 # element count, dtype id), and the payload's byte count.
 _HEADER_WORDS = 8
 _OK, _FAILED_MISMATCH, _FAILED = 0, 1, 2
+# A payload up to this many bytes travels in its header's message (one message per lane peer instead of two).
+_EAGER_BYTES = 64 << 10
 # The tags of a team's traffic across nodes: above the sequence numbers of gloo's own collectives on the group, two
 # per team (lanes, then send/recv), picked at random by the team's first member.
 _TAG_BASE = 1 << 30
@@ -210,27 +212,16 @@ class Hierarchy:
         if handle != DEFAULT_HANDLE:
             C.synchronize_stream(handle)  # the phases run on this thread, after the stream's work
 
-    def _post(self, works: list, missing: dict, node: int, post) -> None:
-        """Posts one transfer with the lane's member on ``node``; gloo refuses to post on a connection it already saw
-        close, and that member is then missing."""
-        if node in missing:
-            return
+    def _step(self, missing: dict, node: int, deadline: float, post) -> None:
+        """Posts one transfer with the lane's member on ``node`` and waits for it until the deadline; a member whose
+        transfer fails (gloo refuses to post on a connection it saw close) or times out is ``missing``."""
         try:
-            works.append((node, post()))
+            post().wait(timeout=timedelta(seconds=max(deadline - time.monotonic(), 0.05)))
         except RuntimeError as error:
             missing[node] = str(error).splitlines()[0] if str(error) else type(error).__name__
 
-    def _wait(self, works: list, deadline: float, op: str, missing: Optional[dict] = None) -> None:
-        """Waits for every (node index, work) until the deadline; names the lane members that did not answer (and
-        those already ``missing``)."""
-        missing = {} if missing is None else missing
-        for node, work in works:
-            if node in missing:
-                continue
-            try:
-                work.wait(timeout=timedelta(seconds=max(deadline - time.monotonic(), 0.05)))
-            except RuntimeError as error:
-                missing[node] = str(error).splitlines()[0] if str(error) else type(error).__name__
+    def _raise_missing(self, missing: dict, op: str) -> None:
+        """Raises, naming the lane members that did not answer, if any; the team is broken from then on."""
         if missing:
             ranks = sorted(self._lane_ranks[k] for k in missing)
             first = next(iter(missing.values()))
@@ -238,8 +229,8 @@ class Hierarchy:
                            f"timeout_sec={self._timeout_sec:g} (gloo: {first})")
             raise ShmemTimeoutError(self.broken)
 
-    def exchange(self, op: str, call: tuple, sends: Sequence[Optional[torch.Tensor]],
-                 status: int = _OK) -> list:
+    def exchange(self, op: str, call: tuple, sends: Sequence[Optional[torch.Tensor]], status: int = _OK,
+                 into: Optional[Sequence[Optional[torch.Tensor]]] = None) -> list:
         """Sends ``sends[k]`` to this lane's member on node k and receives one payload from each of them.
 
         Args:
@@ -247,9 +238,12 @@ class Hierarchy:
             call: the call's fingerprint (collective, reduce op + 1, wire, peer, element count, dtype id).
             sends: per node, a contiguous tensor (its bytes travel) or None (nothing); this node's entry is unused.
             status: _OK, or how this member's node-local phase failed (it then sends nothing and raises after).
+            into: per node, a flat uint8 tensor for its payload where the caller knows its size (a payload of that
+                size lands there), or None.
 
         Returns:
-            Per node, the received bytes (a uint8 tensor), None at this node's index.
+            Per node, the received bytes (a uint8 tensor: ``into``'s where the payload fit it), None at this node's
+            index.
 
         Raises:
             ShmemTimeoutError: a lane member did not answer in time, or its connection failed (named).
@@ -259,34 +253,50 @@ class Hierarchy:
         layout = self.layout
         deadline = time.monotonic() + self._timeout_sec
         peers = [k for k in range(layout.count) if k != layout.node]
-        headers = {k: torch.empty(_HEADER_WORDS, dtype=torch.int64) for k in peers}
-        missing: dict = {}
-        receives, outgoing, keep = [], [], []
-        for k in peers:
-            self._post(receives, missing, k, lambda k=k: dist.irecv(headers[k], src=self._lane_ranks[k],
-                                                                    group=self._group, tag=self._tag))
-        for k in peers:
-            payload = None if status != _OK or sends[k] is None else _bytes(sends[k])
-            header = torch.tensor([status, *call, 0 if payload is None else payload.numel()], dtype=torch.int64)
-            keep.append(header)
-            self._post(outgoing, missing, k, lambda k=k, t=header: dist.isend(t, dst=self._lane_ranks[k],
-                                                                              group=self._group, tag=self._tag))
-            if payload is not None and payload.numel():
-                keep.append(payload)
-                self._post(outgoing, missing, k, lambda k=k, t=payload: dist.isend(t, dst=self._lane_ranks[k],
-                                                                                   group=self._group, tag=self._tag))
-        self._wait(receives, deadline, op, missing)
+        header_bytes = _HEADER_WORDS * 8
         received: list = [None] * layout.count
-        data = []
+        headers: dict = {}
+        missing: dict = {}
+        # Pair by pair in ascending order of the lower node, the lower one sending first: every pair of nodes meets
+        # in the same order on both sides (no cycle of waits), and a send that finds its receive already posted is
+        # a single hand-off (posting both directions at once costs twice as much on gloo).
         for k in peers:
-            nbytes = int(headers[k][-1])
-            received[k] = torch.empty(nbytes, dtype=torch.uint8)
-            if nbytes:
-                self._post(data, missing, k, lambda k=k: dist.irecv(received[k], src=self._lane_ranks[k],
-                                                                    group=self._group, tag=self._tag))
-        self._wait(data, deadline, op, missing)
-        self._wait(outgoing, deadline, op, missing)
-        del keep
+            rank = self._lane_ranks[k]
+            for step in ("send", "recv") if layout.node < k else ("recv", "send"):
+                if k in missing:
+                    break
+                if step == "send":
+                    payload = None if status != _OK or sends[k] is None else _bytes(sends[k])
+                    nbytes = 0 if payload is None else payload.numel()
+                    header = _bytes(torch.tensor([status, *call, nbytes], dtype=torch.int64))
+                    # A payload up to _EAGER_BYTES travels in its header's message; a longer one follows it.
+                    first = torch.cat([header, payload]) if 0 < nbytes <= _EAGER_BYTES else header
+                    self._step(missing, k, deadline, lambda: dist.isend(first, dst=rank, group=self._group,
+                                                                       tag=self._tag))
+                    if nbytes > _EAGER_BYTES:
+                        self._step(missing, k, deadline, lambda: dist.isend(payload, dst=rank, group=self._group,
+                                                                           tag=self._tag))
+                    continue
+                # Room for a header and an eager payload: gloo takes a message shorter than the buffer (and aborts
+                # the process on a longer one), and the header says how long the payload is.
+                inbox = torch.empty(header_bytes + _EAGER_BYTES, dtype=torch.uint8)
+                self._step(missing, k, deadline, lambda: dist.irecv(inbox, src=rank, group=self._group, tag=self._tag))
+                if k in missing:
+                    break
+                headers[k] = inbox[:header_bytes].view(torch.int64)
+                nbytes = int(headers[k][-1])
+                target = None if into is None else into[k]
+                if target is not None and target.numel() != nbytes:
+                    target = None  # the call differs: raised below, once every payload is in
+                if nbytes <= _EAGER_BYTES:
+                    received[k] = inbox[header_bytes:header_bytes + nbytes]
+                    if target is not None:
+                        received[k] = target.copy_(received[k])
+                    continue
+                received[k] = torch.empty(nbytes, dtype=torch.uint8) if target is None else target
+                self._step(missing, k, deadline, lambda: dist.irecv(received[k], src=rank, group=self._group,
+                                                                    tag=self._tag))
+        self._raise_missing(missing, op)
         for k in peers:  # every payload is in: the channels stay aligned whatever is raised now
             theirs = headers[k].tolist()
             rank = self._lane_ranks[k]
@@ -422,7 +432,8 @@ class Hierarchy:
         self._begin("reduce_scatter")
         self._agree_on_node("reduce_scatter", call, "reduce_scatter", output.dtype, chunk, op + 1, wire)
         # Member i of this node reduces the parts of lane i, in node order.
-        regrouped = input.reshape(self.size, chunk)[list(layout.lane_major)].reshape(-1)
+        parts = input.reshape(self.size, chunk)
+        regrouped = torch.cat([parts[g] for g in layout.lane_major])
         mine = torch.empty(layout.count, chunk, dtype=output.dtype)
         node_op = _SUM if op == _AVG else op
         self._node_phase("reduce_scatter", call, C.reduce_scatter, mine.reshape(-1), regrouped, node_op,
@@ -459,13 +470,15 @@ class Hierarchy:
         call = (_COLLECTIVES["all_gather"], 0, 0, -1, input.numel(), _dtype_id(input.dtype))
         self._begin("all_gather")
         self._agree_on_node("all_gather", call, "all_gather", input.dtype, input.numel())
-        mine = _bytes(input).clone()  # `input` may lie inside `output`
-        received = self.exchange("all_gather", call, [mine] * layout.count)
-        lane = torch.stack([mine if k == layout.node else received[k] for k in range(layout.count)])
+        # Node k's input lands in row k of `lane` (this member's own too), then the node gathers every lane.
+        lane = torch.empty(layout.count, nbytes, dtype=torch.uint8)
+        lane[layout.node].copy_(_bytes(input))
+        self.exchange("all_gather", call, [lane[layout.node]] * layout.count, into=list(lane))
         gathered = torch.empty(layout.per_node * layout.count, nbytes, dtype=torch.uint8)
         self._node_phase("all_gather", call, C.all_gather, gathered.reshape(-1), lane.reshape(-1), DEFAULT_HANDLE)
-        index = torch.tensor(layout.lane_major, dtype=torch.int64)
-        _bytes(output).view(self.size, nbytes).index_copy_(0, index, gathered)
+        rows = _bytes(output).view(self.size, nbytes)
+        for block, group_rank in enumerate(layout.lane_major):  # row copies: index_copy_ of bytes is far slower
+            rows[group_rank].copy_(gathered[block])
 
     def all_to_all(self, sends: Sequence[torch.Tensor], receive: torch.Tensor, receive_counts: Sequence[int]) -> None:
         """``sends[j]`` goes to member j; ``receive`` gets member i's part after the counts of members < i."""
