@@ -4,7 +4,7 @@ NPROC_DEMO ?= 4
 BUILD_CPP := build/cpp
 BUILD_SAN := build/cpp-sanitize
 
-.PHONY: deps install demo perf test test-cpp test-cpp-sanitize test-py clean
+.PHONY: deps install demo perf perf-multinode test test-cpp test-cpp-sanitize test-py clean
 
 # Build and test requirements: torch's CPU build, the Python build tools, and googletest from Debian.
 deps:
@@ -24,6 +24,12 @@ demo: install
 perf: install
 	mpiexec -n 2 $(PYTHON) -m hyper_parallel.perf --op all --baseline gloo,mpi -b 8 -e 64M -f 2 --ordinary-tensors \
 	  --json perf.json --plot docs/perf.png
+
+# The README's rows across nodes: 2 simulated nodes x 2 ranks of this machine (tests/st/simulated_nodes.py: needs root
+# or CAP_SYS_ADMIN for the namespaces), ours beside gloo (docs/multinode.md).
+perf-multinode: install
+	$(PYTHON) tests/st/simulated_nodes.py --nodes 2 --nproc-per-node 2 --timeout 1500 -- -m hyper_parallel.perf --op all \
+	  --baseline gloo -b 8 -e 16M -f 4 -r 5 --ordinary-tensors --json perf-multinode.json
 
 test: install test-cpp test-cpp-sanitize test-py
 

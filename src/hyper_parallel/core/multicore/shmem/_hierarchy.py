@@ -213,10 +213,12 @@ class Hierarchy:
             C.synchronize_stream(handle)  # the phases run on this thread, after the stream's work
 
     def _step(self, missing: dict, node: int, deadline: float, post) -> None:
-        """Posts one transfer with the lane's member on ``node`` and waits for it until the deadline; a member whose
-        transfer fails (gloo refuses to post on a connection it saw close) or times out is ``missing``."""
+        """Posts transfers with the lane's member on ``node`` (``post`` returns their works) and waits for them until
+        the deadline; a member whose transfer fails (gloo refuses to post on a connection it saw close) or times out
+        is ``missing``."""
         try:
-            post().wait(timeout=timedelta(seconds=max(deadline - time.monotonic(), 0.05)))
+            for work in post():
+                work.wait(timeout=timedelta(seconds=max(deadline - time.monotonic(), 0.05)))
         except RuntimeError as error:
             missing[node] = str(error).splitlines()[0] if str(error) else type(error).__name__
 
@@ -257,45 +259,43 @@ class Hierarchy:
         received: list = [None] * layout.count
         headers: dict = {}
         missing: dict = {}
-        # Pair by pair in ascending order of the lower node, the lower one sending first: every pair of nodes meets
-        # in the same order on both sides (no cycle of waits), and a send that finds its receive already posted is
-        # a single hand-off (posting both directions at once costs twice as much on gloo).
+        # Pair by pair in ascending order of the lower node: every pair of nodes meets in the same order on both sides
+        # (no cycle of waits). The headers go first, the lower node's first: a send that finds its receive already
+        # posted is a single hand-off (posting both directions at once costs twice as much on gloo). A payload up to
+        # _EAGER_BYTES rides in its header's message; longer ones then cross in both directions at once.
         for k in peers:
             rank = self._lane_ranks[k]
-            for step in ("send", "recv") if layout.node < k else ("recv", "send"):
-                if k in missing:
-                    break
-                if step == "send":
-                    payload = None if status != _OK or sends[k] is None else _bytes(sends[k])
-                    nbytes = 0 if payload is None else payload.numel()
-                    header = _bytes(torch.tensor([status, *call, nbytes], dtype=torch.int64))
-                    # A payload up to _EAGER_BYTES travels in its header's message; a longer one follows it.
-                    first = torch.cat([header, payload]) if 0 < nbytes <= _EAGER_BYTES else header
-                    self._step(missing, k, deadline, lambda: dist.isend(first, dst=rank, group=self._group,
-                                                                       tag=self._tag))
-                    if nbytes > _EAGER_BYTES:
-                        self._step(missing, k, deadline, lambda: dist.isend(payload, dst=rank, group=self._group,
-                                                                           tag=self._tag))
-                    continue
-                # Room for a header and an eager payload: gloo takes a message shorter than the buffer (and aborts
-                # the process on a longer one), and the header says how long the payload is.
-                inbox = torch.empty(header_bytes + _EAGER_BYTES, dtype=torch.uint8)
-                self._step(missing, k, deadline, lambda: dist.irecv(inbox, src=rank, group=self._group, tag=self._tag))
-                if k in missing:
-                    break
-                headers[k] = inbox[:header_bytes].view(torch.int64)
-                nbytes = int(headers[k][-1])
-                target = None if into is None else into[k]
-                if target is not None and target.numel() != nbytes:
-                    target = None  # the call differs: raised below, once every payload is in
-                if nbytes <= _EAGER_BYTES:
-                    received[k] = inbox[header_bytes:header_bytes + nbytes]
-                    if target is not None:
-                        received[k] = target.copy_(received[k])
-                    continue
-                received[k] = torch.empty(nbytes, dtype=torch.uint8) if target is None else target
-                self._step(missing, k, deadline, lambda: dist.irecv(received[k], src=rank, group=self._group,
-                                                                    tag=self._tag))
+            payload = None if status != _OK or sends[k] is None else _bytes(sends[k])
+            nbytes = 0 if payload is None else payload.numel()
+            header = _bytes(torch.tensor([status, *call, nbytes], dtype=torch.int64))
+            first = torch.cat([header, payload]) if 0 < nbytes <= _EAGER_BYTES else header
+            # Room for a header and an eager payload: gloo takes a message shorter than the buffer (and aborts the
+            # process on a longer one); the header says how long the payload is.
+            inbox = torch.empty(header_bytes + _EAGER_BYTES, dtype=torch.uint8)
+            send = lambda: [dist.isend(first, dst=rank, group=self._group, tag=self._tag)]  # noqa: E731
+            recv = lambda: [dist.irecv(inbox, src=rank, group=self._group, tag=self._tag)]  # noqa: E731
+            for post in (send, recv) if layout.node < k else (recv, send):
+                self._step(missing, k, deadline, post)
+            if k in missing:
+                continue
+            headers[k] = inbox[:header_bytes].view(torch.int64)
+            theirs = int(headers[k][-1])
+            target = None if into is None else into[k]
+            if target is not None and target.numel() != theirs:
+                target = None  # the call differs: raised below, once every payload is in
+            if theirs <= _EAGER_BYTES:
+                received[k] = inbox[header_bytes:header_bytes + theirs]
+                if target is not None:
+                    received[k] = target.copy_(received[k])
+            else:
+                received[k] = torch.empty(theirs, dtype=torch.uint8) if target is None else target
+            long_ones = []
+            if theirs > _EAGER_BYTES:
+                long_ones.append(lambda: dist.irecv(received[k], src=rank, group=self._group, tag=self._tag))
+            if nbytes > _EAGER_BYTES:
+                long_ones.append(lambda: dist.isend(payload, dst=rank, group=self._group, tag=self._tag))
+            if long_ones:
+                self._step(missing, k, deadline, lambda: [post() for post in long_ones])
         self._raise_missing(missing, op)
         for k in peers:  # every payload is in: the channels stay aligned whatever is raised now
             theirs = headers[k].tolist()
