@@ -325,11 +325,14 @@ def case_mismatch_across_nodes_raises_everywhere():
         assert "ranks disagree on a collective across nodes" in text, text
     else:
         raise AssertionError("a mismatch across nodes went through")
-    # The team is still usable.
+    _still_usable(team)
+    return text
+
+
+def _still_usable(team) -> None:
     t = torch.ones(4)
     team.all_reduce(t)
     assert torch.equal(t, torch.full((4,), float(WORLD)))
-    return text
 
 
 def case_mismatch_within_a_node_reaches_the_other_node():
@@ -343,9 +346,7 @@ def case_mismatch_within_a_node_reaches_the_other_node():
         text = str(error)
     else:
         raise AssertionError("a mismatch within node 0 went through")
-    t = torch.ones(4)
-    team.all_reduce(t)
-    assert torch.equal(t, torch.full((4,), float(WORLD)))
+    _still_usable(team)
     return text
 
 

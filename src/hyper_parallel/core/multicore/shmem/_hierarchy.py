@@ -550,17 +550,24 @@ class Hierarchy:
 
     # ---- point to point ------------------------------------------------------------------------------------------
 
-    def send(self, tensor: torch.Tensor, peer: int) -> None:
-        """Sends ``tensor`` to member ``peer``: through the engine on this node, over a pair group across nodes."""
+    def _point_to_point(self, op: str, tensor: torch.Tensor, peer: int, on_node) -> Optional[tuple]:
+        """Runs ``on_node`` (the engine's send or recv) when ``peer`` is on this node; otherwise returns the peer's
+        global rank, the tag and the deadline of the transfer across nodes."""
         _check_tensor(tensor, "tensor")
-        self._begin("send")
+        self._begin(op)
         node, local = self.layout.position[peer]
         if node == self.layout.node:
-            C.send(self.node_team, tensor, local, DEFAULT_HANDLE)
+            on_node(self.node_team, tensor, local, DEFAULT_HANDLE)
+            return None
+        return self._global[peer], self._tag + 1, time.monotonic() + self._timeout_sec
+
+    def send(self, tensor: torch.Tensor, peer: int) -> None:
+        """Sends ``tensor`` to member ``peer``: through the engine on this node, point to point across nodes."""
+        across = self._point_to_point("send", tensor, peer, C.send)
+        if across is None:
             return
-        rank, tag = self._global[peer], self._tag + 1
+        rank, tag, deadline = across
         header = torch.tensor([tensor.numel() * tensor.element_size(), _dtype_id(tensor.dtype)], dtype=torch.int64)
-        deadline = time.monotonic() + self._timeout_sec
         posts = [lambda: dist.isend(header, dst=rank, group=self._group, tag=tag)]
         if header[0]:
             payload = _bytes(tensor)
@@ -569,15 +576,11 @@ class Hierarchy:
 
     def recv(self, tensor: torch.Tensor, peer: int) -> None:
         """Receives the next message of member ``peer`` into ``tensor`` (of the message's byte size)."""
-        _check_tensor(tensor, "tensor")
-        self._begin("recv")
-        node, local = self.layout.position[peer]
-        if node == self.layout.node:
-            C.recv(self.node_team, tensor, local, DEFAULT_HANDLE)
+        across = self._point_to_point("recv", tensor, peer, C.recv)
+        if across is None:
             return
-        rank, tag = self._global[peer], self._tag + 1
+        rank, tag, deadline = across
         header = torch.empty(2, dtype=torch.int64)
-        deadline = time.monotonic() + self._timeout_sec
         self._transfer([lambda: dist.irecv(header, src=rank, group=self._group, tag=tag)], deadline, "recv", rank)
         nbytes = int(header[0])
         expected = tensor.numel() * tensor.element_size()
