@@ -25,6 +25,7 @@ from tolerances import assert_sums_close  # noqa: E402  (beside this file)
 
 import hyper_parallel.core.symmetric_memory as symm  # noqa: E402
 from hyper_parallel.core.multicore import shmem  # noqa: E402
+from hyper_parallel.core.multicore.shmem._binding import C  # noqa: E402  (a guard of the runtime's own teams)
 
 RANK = WORLD = 0
 NODE_OF = {}  # global rank -> its node as the runtime numbers it (the node's lowest rank)
@@ -363,6 +364,45 @@ def case_allocation_mismatch_across_nodes_changes_nothing():
     t = shmem.empty(16, dtype=torch.float32)  # allocation still works, at the same offset everywhere
     shmem.free(t)
     return text
+
+
+def case_bad_inputs_on_a_spanning_team_raise_and_move_nothing():
+    team = shmem.root_team()
+    seen = []
+
+    def refused(exc, call, *fragments):
+        try:
+            call()
+        except exc as error:
+            text = str(error)
+            assert all(f in text for f in fragments), (fragments, text)
+            seen.append(text)
+        else:
+            raise AssertionError(f"accepted: {fragments}")
+
+    refused(ValueError, lambda: team.all_reduce(torch.ones(4), input=torch.ones(5)),
+            "`input` must have the dtype and size of `tensor` (torch.float32, 4), but got torch.float32, 5")
+    refused(ValueError, lambda: team.all_reduce(torch.ones(4, dtype=torch.int32), "avg"),
+            "`op` must be sum, max or min for int32, but got avg")
+    refused(ValueError, lambda: team.reduce_scatter(torch.empty(2), torch.ones(7)),
+            f"`input` must hold {WORLD} x output's 2 elements of torch.float32, but got 7 of torch.float32")
+    refused(ValueError, lambda: team.all_gather(torch.empty(3), torch.ones(1)),
+            f"`output` must hold {WORLD} x input's 4 bytes, but got 12 bytes")
+    refused(ValueError, lambda: team.all_to_all([torch.ones(1)] * (WORLD - 1), torch.empty(WORLD), [1] * WORLD),
+            f"`sends` and `receive_counts` must have one entry per member ({WORLD}), but got {WORLD - 1} and {WORLD}")
+    refused(ValueError, lambda: team.all_to_all([torch.ones(1)] * WORLD, torch.empty(WORLD), [2] * WORLD),
+            f"`receive_counts` must be non-negative and sum to receive's {WORLD} elements, but got")
+    refused(ValueError, lambda: team.all_reduce(torch.ones(4, 2).t()), "`tensor` must be a contiguous CPU tensor")
+    refused(TypeError, lambda: team.all_gather([1.0], torch.ones(1)), "`output` must be a torch.Tensor, but got list")
+    refused(ValueError, lambda: team.send(torch.ones(1), RANK), "`peer` must be another group rank in [0, 4)")
+    # The runtime's own teams are node-local: a direct call with a rank of the other node is refused before any
+    # exchange (the library's teams never ask it).
+    other = (RANK + 2) % WORLD
+    refused(ValueError, lambda: C.team_create(sorted((RANK, other)), sorted((RANK, other)).index(RANK),
+                                              lambda payload: payload, lambda: None),
+            "`pes` must lie on this rank's node (host device: a team's members map each other's heaps), but got")
+    _still_usable(team)
+    return seen
 
 
 CASES = [value for name, value in list(globals().items()) if name.startswith("case_")]
