@@ -144,7 +144,8 @@ class Runtime {
                   StreamHandle stream, KeepAlive keep);
   Status Send(std::uint64_t team, const void* data, std::size_t bytes, int peer, StreamHandle stream, KeepAlive keep);
   Status Recv(std::uint64_t team, void* data, std::size_t bytes, int peer, StreamHandle stream, KeepAlive keep);
-  // A fingerprinted sync that publishes `values` (at most 2n + 1) and returns every member's.
+  // A fingerprinted sync that publishes `values` (at most 2n + 1, n the most PEs of one node) and returns every
+  // member's.
   Result<std::vector<std::vector<std::int64_t>>> Agree(std::uint64_t team, const Fingerprint& fingerprint,
                                                        const std::vector<std::int64_t>& values, StreamHandle stream);
 

@@ -61,8 +61,9 @@ class GroupChannel:
         self.team.barrier()
 
     def publish(self, parity: int, values: list, **fingerprint) -> list:
-        """Every member's ``values`` (ints, at most 2 x world + 1) after a fingerprinted sync: row i is group rank
-        i's. ``fingerprint`` (dtype, count, op, wire) describes the call; the collective is the channel's op."""
+        """Every member's ``values`` (ints, at most 2 x the largest node's size + 1) after a fingerprinted sync: row i
+        is group rank i's. ``fingerprint`` (dtype, count, op, wire) describes the call; the collective is the channel's
+        op."""
         del parity  # the team double-buffers its tables itself
         collective = _COLLECTIVE_OF_OP.get(self.op, "barrier")
         return self.team.agree(collective, values, **fingerprint)

@@ -235,7 +235,7 @@ class Team:
     def agree(self, collective: str, values: Sequence[int] = (), dtype: Optional[torch.dtype] = None, count: int = 0,
               op: Optional[str] = None, wire: Optional[torch.dtype] = None, peer: int = -1) -> list:
         """A fingerprinted sync for algorithms written over the primitives: every member's ``values`` (at most
-        2 x root size + 1 ints), after checking that every member makes the same call.
+        2 x the largest node's size + 1 ints), after checking that every member makes the same call.
 
         Args:
             collective: a name of :data:`COLLECTIVES`.
