@@ -62,8 +62,8 @@ _HEADER_WORDS = 8
 _OK, _FAILED_MISMATCH, _FAILED = 0, 1, 2
 # A payload up to this many bytes travels in its header's message (one message per lane peer instead of two).
 _EAGER_BYTES = 64 << 10
-# The tags of a team's traffic across nodes: above the sequence numbers of gloo's own collectives on the group, two
-# per team (lanes, then send/recv), picked at random by the team's first member.
+# The tags of a team's point-to-point traffic across nodes, two per team (lanes, then send/recv), picked at random by
+# the team's first member: far from the tags users give their own point-to-point calls on the group (0 by default).
 _TAG_BASE = 1 << 30
 _TAG_TEAMS = 1 << 28
 _DTYPE_NAMES = {zlib.crc32(name.encode()): name for name in (
