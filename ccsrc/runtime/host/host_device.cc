@@ -51,6 +51,25 @@ bool Compare(T observed, CompareOp cmp, T expected) {
   return false;
 }
 
+// Creates a segment of `bytes` on every rank of `bootstrap` alike: the segment, or on every rank the failure of the
+// lowest rank that failed (a rank whose creation failed never leaves its peers waiting in the next step).
+Result<ShmSegment> CreateOnEveryRank(Bootstrap& bootstrap, std::size_t bytes, const char* step) {
+  auto segment = ShmSegment::Create(bytes);
+  HP_RETURN_IF_ERROR(AgreeOnStatus(bootstrap, segment.ok() ? Status::Ok() : segment.status(), step));
+  return segment;
+}
+
+// Every rank's segment name, in rank order.
+Result<std::vector<std::string>> GatherNames(Bootstrap& bootstrap, const ShmSegment& own) {
+  char name[64] = {};
+  std::strncpy(name, own.name().c_str(), sizeof(name) - 1);
+  std::vector<char> gathered(sizeof(name) * static_cast<std::size_t>(bootstrap.world_size()));
+  HP_RETURN_IF_ERROR(bootstrap.AllGather(name, sizeof(name), gathered.data()));
+  std::vector<std::string> names;
+  for (std::size_t at = 0; at < gathered.size(); at += sizeof(name)) names.emplace_back(&gathered[at]);
+  return names;
+}
+
 template <typename T>
 void ApplySignal(T* address, T value, SignalOp op) {
   if (op == SignalOp::kSet) {
@@ -148,26 +167,15 @@ Status HostDevice::Init(const DeviceInitArgs& args, Bootstrap& bootstrap) {
   //    The reservation itself is the last word (another program may take /dev/shm between the check and it).
   HP_RETURN_IF_ERROR(AgreeOnStatus(bootstrap, CheckShmCapacity(segment_bytes * node_pes_.size()),
                                    "creating the symmetric heap"));
-  ShmSegment own;
-  Status created = Status::Ok();
-  auto segment = ShmSegment::Create(segment_bytes);
-  if (segment.ok()) {
-    own = std::move(segment).value();
-  } else {
-    created = segment.status();
-  }
-  HP_RETURN_IF_ERROR(AgreeOnStatus(bootstrap, created, "creating the symmetric heap"));
+  HP_ASSIGN_OR_RETURN(ShmSegment own, CreateOnEveryRank(bootstrap, segment_bytes, "creating the symmetric heap"));
 
   // 3. Learn every rank's segment name and map those of our node.
-  char name[64] = {};
-  std::strncpy(name, own.name().c_str(), sizeof(name) - 1);
-  std::vector<char> names(sizeof(name) * static_cast<std::size_t>(world_size_));
-  HP_RETURN_IF_ERROR(bootstrap.AllGather(name, sizeof(name), names.data()));
+  HP_ASSIGN_OR_RETURN(std::vector<std::string> names, GatherNames(bootstrap, own));
   std::vector<ShmSegment> segments(static_cast<std::size_t>(world_size_));
   Status mapped = Status::Ok();
   for (int r : node_pes_) {
     if (r == rank_ || !mapped.ok()) continue;
-    auto peer = ShmSegment::Open(std::string(&names[sizeof(name) * static_cast<std::size_t>(r)]), segment_bytes);
+    auto peer = ShmSegment::Open(names[static_cast<std::size_t>(r)], segment_bytes);
     if (peer.ok()) {
       segments[static_cast<std::size_t>(r)] = std::move(peer).value();
     } else {
@@ -210,21 +218,10 @@ Status HostDevice::DiscoverNodes(Bootstrap& bootstrap) {
     std::int64_t rank;
   };
   const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
-  ShmSegment probe;
-  Status created = Status::Ok();
-  auto segment = ShmSegment::Create(page);
-  if (segment.ok()) {
-    probe = std::move(segment).value();
-    *static_cast<ProbeWord*>(probe.data()) = ProbeWord{kMagic, rank_};
-  } else {
-    created = segment.status();
-  }
-  HP_RETURN_IF_ERROR(AgreeOnStatus(bootstrap, created, "probing which ranks share memory"));
-  char name[64] = {};
-  std::strncpy(name, probe.name().c_str(), sizeof(name) - 1);
+  HP_ASSIGN_OR_RETURN(ShmSegment probe, CreateOnEveryRank(bootstrap, page, "probing which ranks share memory"));
+  *static_cast<ProbeWord*>(probe.data()) = ProbeWord{kMagic, rank_};
+  HP_ASSIGN_OR_RETURN(std::vector<std::string> names, GatherNames(bootstrap, probe));
   const auto world = static_cast<std::size_t>(world_size_);
-  std::vector<char> names(sizeof(name) * world);
-  HP_RETURN_IF_ERROR(bootstrap.AllGather(name, sizeof(name), names.data()));
   std::vector<std::uint8_t> mine(world, 0);
   for (std::size_t r = 0; r < world; ++r) {
     if (static_cast<int>(r) == rank_) {
@@ -232,7 +229,7 @@ Status HostDevice::DiscoverNodes(Bootstrap& bootstrap) {
       continue;
     }
     // A probe this rank cannot open lies in another node's shared memory (no such name here).
-    auto peer = ShmSegment::Open(std::string(&names[sizeof(name) * r]), page);
+    auto peer = ShmSegment::Open(names[r], page);
     if (!peer.ok()) continue;
     const ProbeWord word = *static_cast<const ProbeWord*>(peer.value().data());
     mine[r] = word.magic == kMagic && word.rank == static_cast<std::int64_t>(r) ? 1 : 0;
