@@ -1,9 +1,9 @@
 """The ranks' side of the multi-node system tests (test_multinode.py), run by torchrun on simulated nodes.
 
-``python multinode_worker.py cases OUT_DIR`` runs every case of :data:`CASES` in order on every rank and writes
-``OUT_DIR/rank<r>.json``: per case, whether it held and what was seen. ``python multinode_worker.py node_death
-OUT_DIR`` is the node-death scenario: node 1's ranks announce they are ready and wait to be killed, node 0's ranks
-then call collectives and record how they fail.
+``python multinode_worker.py cases OUT_DIR`` runs every case of :data:`CASES` in order on every rank (2 nodes x 2
+ranks) and writes ``OUT_DIR/rank<r>.json``: per case, whether it held and what was seen. ``any_shape`` checks every
+collective on any number of nodes and ranks per node. ``node_death`` is the node-death scenario: node 1's ranks
+announce they are ready and wait to be killed, node 0's ranks then call collectives and record how they fail.
 
 References are torch.distributed's own gloo collectives on the same inputs, or values computed in one process.
 """
@@ -422,6 +422,53 @@ def _run_cases(out_dir: str) -> None:
         json.dump(results, f)
 
 
+def _any_shape(out_dir: str) -> None:
+    """Every collective of the root team, a group of every other rank, and send/recv across the job, on any number of
+    nodes and ranks per node; each rank records what differed from the reference ("" when nothing did)."""
+    wrong = []
+    with shmem.acquire_shmem():
+        team = shmem.root_team()
+        for count in (1, 5, 100003):
+            for dtype in (torch.float32, torch.int64):
+                t = (torch.arange(count) * (RANK + 1)).to(dtype)
+                reference = t.clone()
+                dist.all_reduce(reference)
+                team.all_reduce(t)
+                if not torch.equal(t, reference):
+                    wrong.append(f"all_reduce {dtype} {count}")
+        out = torch.empty(WORLD * 7)
+        team.all_gather(out, torch.full((7,), float(RANK)))
+        if out.tolist() != [float(r) for r in range(WORLD) for _ in range(7)]:
+            wrong.append("all_gather")
+        part = torch.empty(3)
+        team.reduce_scatter(part, torch.arange(3 * WORLD, dtype=torch.float32))
+        if not torch.equal(part, torch.arange(3 * WORLD, dtype=torch.float32)[3 * RANK:3 * RANK + 3] * WORLD):
+            wrong.append("reduce_scatter")
+        sends = [torch.full(((RANK + d) % 3 + 1,), 100.0 * RANK + d) for d in range(WORLD)]
+        counts = [(s + RANK) % 3 + 1 for s in range(WORLD)]
+        receive = torch.empty(sum(counts))
+        team.all_to_all(sends, receive, counts)
+        if not torch.equal(receive, torch.cat([torch.full((c,), 100.0 * s + RANK) for s, c in enumerate(counts)])):
+            wrong.append("all_to_all")
+        team.barrier()
+        every_other = dist.new_group(list(range(0, WORLD, 2)))  # one rank in two of every node: spans every node
+        if RANK % 2 == 0:
+            x = torch.ones(3)
+            shmem.Team(every_other).all_reduce(x)
+            if not torch.equal(x, torch.full((3,), WORLD / 2)):
+                wrong.append("every_other")
+        if RANK == 0:
+            team.send(torch.arange(4.0), WORLD - 1)
+        if RANK == WORLD - 1:
+            y = torch.empty(4)
+            team.recv(y, 0)
+            if not torch.equal(y, torch.arange(4.0)):
+                wrong.append("send_recv")
+        shmem.barrier()
+    with open(os.path.join(out_dir, f"rank{RANK}.json"), "w") as f:
+        json.dump({"wrong": wrong}, f)
+
+
 def _node_death(out_dir: str) -> None:
     """Node 1 dies (the test kills it) while node 0 carries on: node 0's calls fail in time, naming node 1's ranks."""
     handle = shmem.acquire_shmem()
@@ -460,6 +507,9 @@ def main() -> None:
     NODE_OF.update({r: r // per_node * per_node for r in range(WORLD)})
     if mode == "cases":
         _run_cases(out_dir)
+        dist.destroy_process_group()
+    elif mode == "any_shape":
+        _any_shape(out_dir)
         dist.destroy_process_group()
     else:
         _node_death(out_dir)

@@ -3,7 +3,8 @@
 Each node has its own /dev/shm, hostname and PID namespace; gloo runs across the nodes' loopback addresses. One
 job runs every case of multinode_worker.py (every collective against gloo, groups within and across nodes, the
 user API and fused ops, one-sided refusals, mismatches within and across nodes, an allocation that differs across
-nodes); another kills a node and checks that the other one fails in time, naming the dead ranks.
+nodes); two more check every collective on 4 nodes x 2 ranks and 2 nodes x 4; another kills a node and checks that
+the other one fails in time, naming the dead ranks.
 """
 
 from __future__ import annotations
@@ -72,6 +73,18 @@ def test_a_mismatch_inside_one_node_reaches_the_other_node(case_results: dict) -
     for rank in range(PER_NODE, WORLD):  # node 1's heard it from their lane
         assert "ranks disagree on a collective on another node: op=all_reduce rank=" in case_results[rank][
             "case_mismatch_within_a_node_reaches_the_other_node"]["value"]
+
+
+@pytest.mark.parametrize("nodes, per_node", [(4, 2), (2, 4)])
+def test_every_collective_on_more_nodes_or_more_ranks_per_node(tmp_path, nodes: int, per_node: int) -> None:
+    """4 nodes exchange with 3 lane peers each; 4 ranks per node run 4 lanes (8 ranks on this machine's cores)."""
+    with SimulatedJob(nodes, per_node, [WORKER, "any_shape", str(tmp_path)], env=_env()) as job:
+        job.start()
+        results = job.wait(timeout=240, failure_grace=10)
+    failed = [r for r in results if r.returncode != 0]
+    assert not failed, "\n".join(f"--- node {r.node} ---\n{r.output[-6000:]}" for r in failed)
+    for rank in range(nodes * per_node):
+        assert json.loads((tmp_path / f"rank{rank}.json").read_text())["wrong"] == [], rank
 
 
 def test_a_dead_node_is_named_by_the_others_in_time(tmp_path) -> None:
