@@ -69,6 +69,7 @@ __all__ = [
     "main",
     "node_address",
     "node_name",
+    "process_alive",
     "unshare_refusal",
 ]
 
@@ -473,14 +474,14 @@ class SimulatedJob:
             raise SimulatedNodesError(f"a SIGKILLed simulated node did not end: node={node_name(k)} pid={proc.pid} "
                                       f"timeout_s={_REAP_TIMEOUT_S:g}") from e
         for pid in self._pid1s.pop(k, []):
-            while _alive(pid):
+            while process_alive(pid):
                 if time.monotonic() > deadline:
                     raise SimulatedNodesError(f"a SIGKILLed simulated node's PID 1 did not end: node={node_name(k)} "
                                               f"pid={pid} timeout_s={_REAP_TIMEOUT_S:g}")
                 time.sleep(_POLL_S)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """Whether process ``pid`` runs (a zombie has ended: its namespace's processes are gone)."""
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:

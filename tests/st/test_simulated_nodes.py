@@ -27,6 +27,7 @@ from simulated_nodes import (
     SimulatedJobTimeout,
     node_address,
     node_name,
+    process_alive,
     unshare_refusal,
 )
 
@@ -219,8 +220,8 @@ def _probe_in_subprocess(prefix: list[str], env: dict[str, str]) -> subprocess.C
 
 def test_probe_reports_a_refusal_without_the_capability() -> None:
     # Without capabilities (an empty bounding set), even root may not create the namespaces: a real refusal.
-    if shutil.which("setpriv") is None:
-        pytest.skip("dropping capabilities needs `setpriv` (util-linux), which is not on PATH")
+    # util-linux ships `setpriv` beside `unshare`, which this module needs anyway.
+    assert shutil.which("setpriv"), "dropping capabilities needs `setpriv` (util-linux), which is not on PATH"
     done = _probe_in_subprocess(["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all"],
                                 dict(os.environ))
     assert done.returncode == 0, done.stdout + done.stderr
@@ -256,15 +257,6 @@ def test_nodes_die_with_a_launcher_that_dies(tmp_path: Any) -> None:
     pids = [int(pid) for pid in done.stdout.split()]
     assert len(pids) == 2 * NODES, done.stdout
     deadline = time.monotonic() + 10
-    while any(_running(pid) for pid in pids):
+    while any(process_alive(pid) for pid in pids):
         assert time.monotonic() < deadline, f"nodes outlived their launcher: pids={pids}"
         time.sleep(0.1)
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2:][:1] not in ("Z", "X")  # a zombie has ended
