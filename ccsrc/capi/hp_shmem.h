@@ -1,0 +1,154 @@
+/* The runtime's C ABI: the seam between the C++ runtime and a framework handler that cannot share its C++ ABI.
+ *
+ * MindSpore's extensions are built with the pre-C++11 library ABI and torch's with the C++11 one, so the two
+ * framework handlers cannot link one C++ library. This header is plain C: every handler other than torch's (whose
+ * binding links the runtime directly) reaches the runtime through it, in libhp_shmem_c.so.
+ *
+ * Conventions:
+ *  - Every function returns an hp_shmem_status (HP_SHMEM_OK, or the runtime's StatusCode); on failure
+ *    hp_shmem_last_error() gives the message ("`x` must be y, but got z" or "<fact>: key=value ...").
+ *  - Each call runs on the calling thread and completes before it returns (the host device's default stream):
+ *    buffers may be reused as soon as a call returns.
+ *  - Addresses are this process's. A symmetric address lies inside an active allocation of this lifecycle.
+ *  - "Collective over X" means every rank of X makes the same call in the same order; ranks that disagree find out
+ *    (HP_SHMEM_MISMATCH on every rank) and nothing is written.
+ *  - Every wait is bounded by HYPER_PARALLEL_SHMEM_TIMEOUT_SEC (HP_SHMEM_TIMEOUT naming what was missing).
+ */
+#ifndef HP_SHMEM_CAPI_HP_SHMEM_H_
+#define HP_SHMEM_CAPI_HP_SHMEM_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HP_SHMEM_API __attribute__((visibility("default")))
+
+/* Bumped on every incompatible change; a caller checks it before anything else. */
+#define HP_SHMEM_ABI_VERSION 1
+
+/* The runtime's StatusCode values (runtime/status.h), asserted equal there. */
+typedef enum {
+  HP_SHMEM_OK = 0,
+  HP_SHMEM_INVALID_ARGUMENT = 1,
+  HP_SHMEM_TYPE_ERROR = 2,
+  HP_SHMEM_STATE_ERROR = 3,
+  HP_SHMEM_TIMEOUT = 4,
+  HP_SHMEM_OUT_OF_MEMORY = 5,
+  HP_SHMEM_MISMATCH = 6,
+  HP_SHMEM_DEVICE_ERROR = 7,
+  HP_SHMEM_INTERNAL = 8,
+  HP_SHMEM_INTERRUPTED = 9,
+} hp_shmem_status;
+
+/* How ranks exchange bytes at initialisation and team creation: the framework's own process group, as callbacks.
+ * Each callback returns HP_SHMEM_OK, or a failure code (HP_SHMEM_TIMEOUT, HP_SHMEM_DEVICE_ERROR) after writing a
+ * NUL-terminated message of at most `error_bytes` bytes into `error`. */
+typedef struct {
+  void* context;
+  int rank;         /* this rank inside the exchanging group */
+  int world_size;   /* ranks of the exchanging group */
+  /* Every rank contributes `bytes` bytes of `in`; `out` receives world_size * bytes, in rank order. */
+  int (*all_gather)(void* context, const void* in, size_t bytes, void* out, char* error, size_t error_bytes);
+  int (*barrier)(void* context, char* error, size_t error_bytes);
+} hp_shmem_bootstrap;
+
+/* An element type as the engine names it in fingerprints and messages. `reduce_dtype` is an hp_shmem_dtype for
+ * types that reduce, -1 for those that only move (all_gather, all_to_all of any type). */
+typedef struct {
+  const char* name;   /* "float32", at most 23 characters */
+  size_t bytes;       /* bytes per element */
+  int reduce_dtype;
+} hp_shmem_element_type;
+
+/* The element types the runtime reduces: ops::DataType's values (ops/reduce_op.h), asserted equal there. */
+typedef enum {
+  HP_SHMEM_FLOAT32 = 0,
+  HP_SHMEM_FLOAT64 = 1,
+  HP_SHMEM_FLOAT16 = 2,
+  HP_SHMEM_BFLOAT16 = 3,
+  HP_SHMEM_INT8 = 4,
+  HP_SHMEM_UINT8 = 5,
+  HP_SHMEM_INT32 = 6,
+  HP_SHMEM_INT64 = 7,
+} hp_shmem_dtype;
+
+/* ReduceOp (sum, avg, max, min), SignalOp (set, add), CompareOp (eq, ne, gt, ge, lt, le) and LowFormat (the wire
+ * formats of low-precision reductions: float8_e4m3fn, float8_e5m2, float16, bfloat16) keep the runtime's values;
+ * wire -1 means the tensor's own dtype. */
+
+typedef struct {
+  uint64_t id;            /* never reused, not even across lifecycles */
+  void* address;          /* this rank's copy */
+  uint64_t bytes;
+  uint64_t heap_offset;   /* the same on every rank */
+} hp_shmem_allocation;
+
+HP_SHMEM_API int hp_shmem_abi_version(void);
+/* The message of this thread's latest failed call ("" if none); valid until this thread's next call. */
+HP_SHMEM_API const char* hp_shmem_last_error(void);
+
+/* Lifecycle. Collective over `bootstrap` (the root: every rank of the job, rank = PE): starts a lifecycle on the
+ * device HYPER_PARALLEL_SHMEM_DEVICE names, with the heap HYPER_PARALLEL_SHMEM_HEAP_SIZE sets. */
+HP_SHMEM_API int hp_shmem_init(const hp_shmem_bootstrap* bootstrap);
+/* Collective over the root: refused alike on every rank while any rank holds live allocations. */
+HP_SHMEM_API int hp_shmem_shutdown(const hp_shmem_bootstrap* bootstrap);
+/* 0 uninitialised, 1 initialised, 2 failed (terminal). */
+HP_SHMEM_API int hp_shmem_state(void);
+HP_SHMEM_API int hp_shmem_rank(void);
+HP_SHMEM_API int hp_shmem_world_size(void);
+
+/* Collective over the root: a symmetric allocation, checked against every rank's. `call_site` is logged. */
+HP_SHMEM_API int hp_shmem_allocate(size_t bytes, size_t alignment, const char* call_site, hp_shmem_allocation* out);
+/* Collective over the root: frees an active allocation, checked against every rank's. */
+HP_SHMEM_API int hp_shmem_free(uint64_t allocation_id, const char* call_site);
+/* Where [symmetric, symmetric + bytes) lies on `pe` (a rank of this rank's node). Local, orders nothing. */
+HP_SHMEM_API int hp_shmem_peer_address(const void* symmetric, size_t bytes, int pe, void** out);
+
+/* One-sided data plane. Local calls; `pe` is a root rank on this rank's node. Zero bytes are checked no-ops. */
+HP_SHMEM_API int hp_shmem_put(void* symmetric_dst, const void* src, size_t dst_bytes, size_t src_bytes, int pe);
+HP_SHMEM_API int hp_shmem_get(void* dst, const void* symmetric_src, size_t dst_bytes, size_t src_bytes, int pe);
+/* `signal_bytes` 4 or 8: an int32 or int64 signal, naturally aligned, inside an allocation. Ordered after this
+ * rank's earlier puts to `pe`. */
+HP_SHMEM_API int hp_shmem_signal(void* symmetric_signal, int signal_bytes, int64_t value, int signal_op, int pe);
+HP_SHMEM_API int hp_shmem_wait_signal(const void* symmetric_signal, int signal_bytes, int compare_op, int64_t value);
+/* Collective over the root's ranks of this node: every earlier put is visible everywhere after it. */
+HP_SHMEM_API int hp_shmem_barrier(void);
+/* dst[i] = op over `pes` (in their order) of symmetric_src[i] on each pe. */
+HP_SHMEM_API int hp_shmem_reduce(void* dst, size_t dst_bytes, const void* symmetric_src, size_t src_bytes, int dtype,
+                                 int reduce_op, const int* pes, int npes);
+
+/* Teams: the members' PEs in group-rank order. Collective over `bootstrap` (rank = group rank). */
+HP_SHMEM_API int hp_shmem_team_create(const int* pes, int npes, const hp_shmem_bootstrap* bootstrap, uint64_t* team);
+/* Local, never waits; later calls on the team are refused. */
+HP_SHMEM_API int hp_shmem_team_release(uint64_t team);
+
+/* The collective engine, one call each; collective over the team. Buffers are local; a buffer inside an active
+ * allocation at the same heap offset on every member takes the copy-free path. */
+HP_SHMEM_API int hp_shmem_team_barrier(uint64_t team);
+HP_SHMEM_API int hp_shmem_all_gather(uint64_t team, void* output, size_t output_bytes, const void* input,
+                                     size_t input_bytes, const hp_shmem_element_type* type);
+/* `input` NULL: in place on `tensor`; otherwise `bytes` of input reduced into `tensor` (no overlap). */
+HP_SHMEM_API int hp_shmem_all_reduce(uint64_t team, void* tensor, const void* input, size_t bytes, int dtype,
+                                     int reduce_op, int wire);
+HP_SHMEM_API int hp_shmem_reduce_scatter(uint64_t team, void* output, size_t output_bytes, const void* input,
+                                         size_t input_bytes, int dtype, int reduce_op, int wire);
+/* sends[j] (send_bytes[j] bytes) goes to group rank j; `receive` gets rank i's part after receive_counts[<i]
+ * elements. Counts are checked across members before anything is written. */
+HP_SHMEM_API int hp_shmem_all_to_all(uint64_t team, const void* const* sends, const size_t* send_bytes, int nsends,
+                                     void* receive, size_t receive_bytes, const uint64_t* receive_counts, int ncounts,
+                                     const hp_shmem_element_type* type);
+HP_SHMEM_API int hp_shmem_send(uint64_t team, const void* data, size_t bytes, int peer);
+HP_SHMEM_API int hp_shmem_recv(uint64_t team, void* data, size_t bytes, int peer);
+
+/* The runtime's snapshot as one JSON object (keys as debug_state's). Writes at most `capacity` bytes including the
+ * NUL and sets `*needed` to the full length + 1; call again with a larger buffer when `*needed` > `capacity`. */
+HP_SHMEM_API int hp_shmem_debug_state_json(char* buffer, size_t capacity, size_t* needed);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif  /* HP_SHMEM_CAPI_HP_SHMEM_H_ */
