@@ -4,7 +4,7 @@ NPROC_DEMO ?= 4
 BUILD_CPP := build/cpp
 BUILD_SAN := build/cpp-sanitize
 
-.PHONY: deps install demo perf perf-multinode test test-cpp test-cpp-sanitize test-py clean
+.PHONY: deps install demo perf perf-multinode test test-cpp test-cpp-sanitize test-py test-mindspore mindspore-env clean
 
 # Build and test requirements: torch's CPU build, the Python build tools, and googletest from Debian.
 deps:
@@ -31,7 +31,7 @@ perf-multinode: install
 	$(PYTHON) tests/st/simulated_nodes.py --nodes 2 --nproc-per-node 2 --timeout 1500 -- -m hyper_parallel.perf --op all \
 	  --baseline gloo -b 8 -e 16M -f 4 -r 5 --ordinary-tensors --json perf-multinode.json
 
-test: install test-cpp test-cpp-sanitize test-py
+test: install test-cpp test-cpp-sanitize test-py test-mindspore
 
 test-cpp: deps
 	cmake -S . -B $(BUILD_CPP) -DHP_BUILD_TORCH_BINDING=OFF -DHP_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
@@ -46,6 +46,19 @@ test-cpp-sanitize: deps
 # Run from tests/ against the installed package, never the source tree's src/.
 test-py: install
 	$(PYTHON) -m pytest tests -q
+
+# MindSpore's handler runs in an environment of its own: MindSpore pins numpy<2, and its wheel brings no torch. The
+# package is built there without the torch binding (the C ABI library libhp_shmem_c.so is in every build).
+MS_VENV := build/venv-mindspore
+MS_PYTHON := $(MS_VENV)/bin/python
+mindspore-env: deps
+	@test -x $(MS_PYTHON) || $(PYTHON) -m venv $(MS_VENV)
+	$(MS_PYTHON) -m pip install --quiet "mindspore==2.10.0" "numpy<2" "pytest>=8" hypothesis "scikit-build-core>=0.10" ninja
+	$(MS_PYTHON) -m pip install --quiet --no-build-isolation --no-deps --config-settings=build-dir=build/wheel-mindspore \
+	  --config-settings=cmake.define.HP_BUILD_TORCH_BINDING=OFF .
+
+test-mindspore: mindspore-env
+	$(MS_PYTHON) -m pytest tests/mindspore -q
 
 clean:
 	rm -rf build

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from hyper_parallel.core.multicore import shmem
 from hyper_parallel.core.multicore.shmem._checks import keyword_alias
-from hyper_parallel.core.multicore.shmem.errors import attach_fields
+from hyper_parallel.core.multicore.errors import attach_fields
 
 _NOTE = "[HYPER_PARALLEL_SHMEM_ERROR] error_code={} operation={} phase={} cann_error_code={} message={}"
 

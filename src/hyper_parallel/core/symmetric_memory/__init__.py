@@ -30,36 +30,63 @@ handle over every rank's copy), and ``set_signal_pad_size``/``get_signal_pad_siz
 upstream: signals are symmetric tensors here).
 """
 
-from hyper_parallel.core.symmetric_memory._collectives import (
-    shmem_allgather,
-    shmem_allreduce,
-    shmem_alltoall,
-    shmem_recv,
-    shmem_reduce_scatter,
-    shmem_send,
-)
-from hyper_parallel.core.symmetric_memory._fused import fused_all_gather_matmul, fused_matmul_reduce_scatter
-from hyper_parallel.core.symmetric_memory._setup import (
-    SymmetricMemory,
-    get_signal_pad_size,
-    is_shmem_available,
-    rendezvous,
-    set_signal_pad_size,
-)
-from hyper_parallel.core.symmetric_memory._primitives import (
-    barrier,
-    empty,
-    free,
-    shmem_get,
-    shmem_put,
-    shmem_put_with_signal,
-    shmem_signal_op,
-    shmem_wait_for_signal,
-    shutdown,
-)
-from hyper_parallel.core.symmetric_memory import _ops  # noqa: F401  (registers the torch operators)
+from hyper_parallel.core.symmetric_memory._framework import FRAMEWORK
 
-__all__ = [
+if FRAMEWORK == "torch":
+    from hyper_parallel.core.symmetric_memory._collectives import (
+        shmem_allgather,
+        shmem_allreduce,
+        shmem_alltoall,
+        shmem_recv,
+        shmem_reduce_scatter,
+        shmem_send,
+    )
+    from hyper_parallel.core.symmetric_memory._fused import fused_all_gather_matmul, fused_matmul_reduce_scatter
+    from hyper_parallel.core.symmetric_memory._setup import (
+        SymmetricMemory,
+        get_signal_pad_size,
+        is_shmem_available,
+        rendezvous,
+        set_signal_pad_size,
+    )
+    from hyper_parallel.core.symmetric_memory._primitives import (
+        barrier,
+        empty,
+        free,
+        shmem_get,
+        shmem_put,
+        shmem_put_with_signal,
+        shmem_signal_op,
+        shmem_wait_for_signal,
+        shutdown,
+    )
+    from hyper_parallel.core.symmetric_memory import _ops  # noqa: F401  (registers the torch operators)
+else:
+    from hyper_parallel.core.symmetric_memory._on_mindspore import (
+        barrier,
+        debug_state,
+        empty,
+        free,
+        fused_all_gather_matmul,
+        fused_matmul_reduce_scatter,
+        shmem_allgather,
+        shmem_allreduce,
+        shmem_alltoall,
+        shmem_get,
+        shmem_put,
+        shmem_put_with_signal,
+        shmem_recv,
+        shmem_reduce_scatter,
+        shmem_send,
+        shmem_signal_op,
+        shmem_wait_for_signal,
+        shutdown,
+        is_shmem_available,
+        get_signal_pad_size,
+        set_signal_pad_size,
+    )
+
+_PUBLIC = [
     "SymmetricMemory",
     "barrier",
     "empty",
@@ -83,3 +110,4 @@ __all__ = [
     "shmem_wait_for_signal",
     "shutdown",
 ]
+__all__ = [name for name in _PUBLIC if name in globals()]   # rendezvous is torch-only

@@ -10,6 +10,7 @@ from typing import Union
 import torch
 
 from hyper_parallel.core.symmetric_memory import _context
+from hyper_parallel.core.symmetric_memory._rules import REDUCE_OPS
 
 Count = Union[int, torch.Tensor]
 
@@ -17,7 +18,6 @@ Count = Union[int, torch.Tensor]
 REDUCIBLE_DTYPES = (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int32, torch.int64
 )
-REDUCE_OPS = ("sum", "avg", "max", "min")
 
 
 def type_name(value: object) -> str:

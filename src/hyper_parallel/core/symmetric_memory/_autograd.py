@@ -36,8 +36,8 @@ from torch.autograd import Function
 
 from hyper_parallel.core.multicore import shmem
 from hyper_parallel.core.symmetric_memory import _groups
+from hyper_parallel.core.symmetric_memory._rules import BACKWARD_MODES
 
-BACKWARD_MODES = ("identity", "allreduce")
 _DIFFERENTIABLE_OPS = ("sum", "avg")
 _FULL_PRECISION = "none"
 

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.multicore.shmem.errors import ShmemStateError
+from hyper_parallel.core.multicore.errors import ShmemStateError
 
 _HEAP_VAR = "HYPER_PARALLEL_SHMEM_HEAP_SIZE"
 _HEAP_ALIAS = "SYMMETRIC_MEMORY_HEAP_SIZE"

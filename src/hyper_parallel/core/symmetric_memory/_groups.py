@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch.distributed as dist
 
-from hyper_parallel.core.multicore.shmem.errors import ShmemStateError
+from hyper_parallel.core.multicore.errors import ShmemStateError
 
 WORLD = ""
 

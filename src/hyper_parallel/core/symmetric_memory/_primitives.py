@@ -14,12 +14,9 @@ import torch
 import torch.distributed as dist
 
 from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.symmetric_memory import _args, _autograd, _context, _groups
+from hyper_parallel.core.symmetric_memory import _args, _autograd, _context, _groups, _rules
 from hyper_parallel.core.symmetric_memory._args import Count
 
-_SIGNAL_OPS = {0: "set", 1: "add"}
-# Seed 000 numbers EQ, GT, LT; the rest extend it.
-_COMPARE_OPS = {0: "eq", 1: "gt", 2: "lt", 3: "ne", 4: "ge", 5: "le"}
 _SIGNAL_DTYPES = (torch.int32, torch.int64)
 
 
@@ -149,13 +146,6 @@ def _signal_element(signal: torch.Tensor, signal_offset: Count) -> torch.Tensor:
     return _args.window(signal, "signal", _args.count(signal_offset, "signal_offset"), 1, "signal_offset")
 
 
-def _choice(value: object, name: str, choices: dict) -> str:
-    if isinstance(value, bool) or not isinstance(value, int) or value not in choices:
-        listed = ", ".join(f"{k} ({v.upper()})" for k, v in choices.items())
-        raise ValueError(f"`{name}` must be one of {listed}, but got {value!r}")
-    return choices[value]
-
-
 def shmem_signal_op(signal: torch.Tensor, signal_offset: Count, signal_value: Count, signal_op: int,
                     target_rank: int, group: Optional[dist.ProcessGroup] = None) -> None:
     """Atomically SETs or ADDs ``signal_value`` to ``signal[signal_offset]`` on ``target_rank``.
@@ -174,7 +164,7 @@ def shmem_signal_op(signal: torch.Tensor, signal_offset: Count, signal_value: Co
         TypeError, ValueError: a bad argument; nothing is written.
     """
     element = _signal_element(signal, signal_offset)
-    op = _choice(signal_op, "signal_op", _SIGNAL_OPS)
+    op = _rules.choice(signal_op, "signal_op", _rules.SIGNAL_OPS)
     value = _args.integer(signal_value, "signal_value")
     rank = _args.integer(target_rank, "target_rank")
     _autograd.call("signal_", _signal_op, (), element, value, op, rank, _groups.name(group))
@@ -200,7 +190,7 @@ def shmem_wait_for_signal(depend_tensor: Optional[torch.Tensor], signal: torch.T
     if depend_tensor is not None and not isinstance(depend_tensor, torch.Tensor):
         raise TypeError(f"`depend_tensor` must be a torch.Tensor or None, but got {type(depend_tensor).__name__}")
     element = _signal_element(signal, signal_offset)
-    cmp = _choice(compare_op, "compare_op", _COMPARE_OPS)
+    cmp = _rules.choice(compare_op, "compare_op", _rules.COMPARE_OPS)
     value = _args.integer(compare_value, "compare_value")
     _autograd.call("wait_for_signal", _wait_for_signal_op, (), depend_tensor, element, value, cmp)
 
@@ -221,7 +211,7 @@ def shmem_put_with_signal(target: torch.Tensor, target_offset: Count, src: torch
     """
     dst, source = _windows(target, target_offset, src, src_offset, size)
     element = _signal_element(signal, signal_offset)
-    op = _choice(signal_op, "signal_op", _SIGNAL_OPS)
+    op = _rules.choice(signal_op, "signal_op", _rules.SIGNAL_OPS)
     value = _args.integer(signal_value, "signal_value")
     rank = _args.integer(target_rank, "target_rank")
     _autograd.call("put_with_signal_", _put_with_signal_op, (), dst, source, element, value, op, rank,

@@ -24,7 +24,7 @@ from hyper_parallel.core.multicore.shmem._references import acquire, acquire_shm
 from hyper_parallel.core.multicore.shmem._rma import all_gather, barrier, get, put, reduce, signal, wait_signal
 from hyper_parallel.core.multicore.shmem._streams import Stream, current_stream, default_stream, stream
 from hyper_parallel.core.multicore.shmem._teams import COLLECTIVES, REDUCE_OPS, Team, plain_eager, root_team
-from hyper_parallel.core.multicore.shmem.errors import (
+from hyper_parallel.core.multicore.errors import (
     ShmemDeviceError,
     ShmemError,
     ShmemMismatchError,

@@ -16,7 +16,7 @@ import torch
 
 from hyper_parallel.core.multicore.shmem._binding import C
 from hyper_parallel.core.multicore.shmem._lifecycle import _all_gather_bytes, _Root
-from hyper_parallel.core.multicore.shmem.errors import (
+from hyper_parallel.core.multicore.errors import (
     ShmemMismatchError,
     ShmemOutOfMemoryError,
     ShmemStateError,

@@ -10,8 +10,8 @@ if importlib.util.find_spec("torch_npu") is not None:
     import torch_npu  # noqa: F401
 
 from hyper_parallel import _shmem_torch as C
-from hyper_parallel.core.multicore.shmem import errors as _errors
+from hyper_parallel.core.multicore import errors as _errors
 
-_errors._register(C)
+_errors.register_binding(C)
 
 __all__ = ["C"]

@@ -5,7 +5,7 @@ Tensors, PEs and signal values are checked by the binding (C++), on the hot path
 
 from __future__ import annotations
 
-from hyper_parallel.core.multicore.shmem.errors import ShmemTypeError, ShmemValueError
+from hyper_parallel.core.multicore.errors import ShmemTypeError, ShmemValueError
 
 
 def type_name(value: object) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from hyper_parallel.core.multicore.shmem import errors
+from hyper_parallel.core.multicore import errors
 from hyper_parallel.core.multicore.shmem._binding import C
 from hyper_parallel.core.multicore.shmem._lifecycle import root_info
 

@@ -47,7 +47,7 @@ from hyper_parallel.core.multicore.shmem import codec
 from hyper_parallel.core.multicore.shmem._binding import C
 from hyper_parallel.core.multicore.shmem._lifecycle import _bootstrap, _Root
 from hyper_parallel.core.multicore.shmem._streams import DEFAULT_HANDLE, current_handle
-from hyper_parallel.core.multicore.shmem.errors import ShmemMismatchError, ShmemStateError, ShmemTimeoutError
+from hyper_parallel.core.multicore.errors import ShmemMismatchError, ShmemStateError, ShmemTimeoutError
 
 _COLLECTIVES = dict(C.collectives())
 _REDUCE_OPS = dict(C.reduce_ops())

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from hyper_parallel.core.multicore.shmem._binding import C
-from hyper_parallel.core.multicore.shmem.errors import ShmemStateError, ShmemTimeoutError, attach_fields
+from hyper_parallel.core.multicore.errors import ShmemStateError, ShmemTimeoutError, attach_fields
 
 _lock = threading.RLock()
 

@@ -12,7 +12,7 @@ from hyper_parallel.core.multicore.shmem import _across_nodes
 from hyper_parallel.core.multicore.shmem._binding import C
 from hyper_parallel.core.multicore.shmem._checks import type_name
 from hyper_parallel.core.multicore.shmem._lifecycle import root_info
-from hyper_parallel.core.multicore.shmem.errors import ShmemTypeError, ShmemValueError, attach_fields
+from hyper_parallel.core.multicore.errors import ShmemTypeError, ShmemValueError, attach_fields
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 _LOG_DEBUG = 0

@@ -26,7 +26,7 @@ from hyper_parallel.core.multicore.shmem._lifecycle import (
     root_info,
 )
 from hyper_parallel.core.multicore.shmem._streams import current_handle
-from hyper_parallel.core.multicore.shmem.errors import (
+from hyper_parallel.core.multicore.errors import (
     ShmemStateError,
     ShmemTimeoutError,
     ShmemValueError,

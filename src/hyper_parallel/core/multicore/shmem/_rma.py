@@ -18,7 +18,7 @@ from hyper_parallel.core.multicore.shmem._checks import check_choice, keyword_al
 from hyper_parallel.core.multicore.shmem._lifecycle import require_root, root_info
 from hyper_parallel.core.multicore.shmem._streams import DEFAULT_HANDLE, current_handle
 from hyper_parallel.core.multicore.shmem._teams import root_team
-from hyper_parallel.core.multicore.shmem.errors import ShmemTimeoutError, ShmemTypeError, attach_fields
+from hyper_parallel.core.multicore.errors import ShmemTimeoutError, ShmemTypeError, attach_fields
 
 # The runtime's numberings (ops/reduce_op.h, runtime/device.h), read once from the binding.
 _SIGNAL_OPS = dict(C.signal_ops())

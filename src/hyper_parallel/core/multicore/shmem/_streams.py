@@ -14,7 +14,7 @@ from typing import Optional
 
 from hyper_parallel.core.multicore.shmem._binding import C
 from hyper_parallel.core.multicore.shmem._lifecycle import require_root, root_info
-from hyper_parallel.core.multicore.shmem.errors import ShmemStateError
+from hyper_parallel.core.multicore.errors import ShmemStateError
 
 #: The runtime's handle of the default stream (the calling thread on the host device).
 DEFAULT_HANDLE = 0

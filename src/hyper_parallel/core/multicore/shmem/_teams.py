@@ -25,7 +25,7 @@ from hyper_parallel.core.multicore.shmem._binding import C
 from hyper_parallel.core.multicore.shmem._hierarchy import Hierarchy
 from hyper_parallel.core.multicore.shmem._lifecycle import _bootstrap, _local_bootstrap, require_root
 from hyper_parallel.core.multicore.shmem._streams import current_handle
-from hyper_parallel.core.multicore.shmem.errors import ShmemStateError, ShmemTimeoutError, attach_fields
+from hyper_parallel.core.multicore.errors import ShmemStateError, ShmemTimeoutError, attach_fields
 
 # The numberings are the runtime's (runtime/team.h, ops/reduce_op.h): exported once, never retyped.
 COLLECTIVES: dict = dict(C.collectives())

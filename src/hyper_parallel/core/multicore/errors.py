@@ -1,4 +1,4 @@
-"""Exceptions of the SHMEM runtime.
+"""Exceptions of the SHMEM runtime, for every framework handler (no framework is imported here).
 
 Broken contracts raise ``ValueError``/``TypeError`` ("`x` must be y, but got z"). Facts about state raise a
 :class:`ShmemError` subclass ("<fact>: key=value ..."), whose ``code`` names the runtime status code.
@@ -212,18 +212,25 @@ def attach_fields(error: BaseException, operation: str) -> None:
     error._upstream_noted = True
 
 
-def _register(binding) -> None:
-    """Tells the binding which Python class to raise for each runtime status code."""
+# The class raised for each runtime status code name (runtime/status.h), by every handler.
+CLASSES_BY_CODE = {
+    "INVALID_ARGUMENT": ShmemValueError,
+    "TYPE_ERROR": ShmemTypeError,
+    "STATE_ERROR": ShmemStateError,
+    "TIMEOUT": ShmemTimeoutError,
+    "OUT_OF_MEMORY": ShmemOutOfMemoryError,
+    "MISMATCH": ShmemMismatchError,
+    "DEVICE_ERROR": ShmemDeviceError,
+    "INTERNAL": ShmemError,
+    "INTERRUPTED": KeyboardInterrupt,  # normally the pending KeyboardInterrupt itself surfaces
+}
+
+
+def register_binding(binding) -> None:
+    """Tells a binding which Python class to raise for each runtime status code.
+
+    Args:
+        binding: a module with ``status_codes()`` (name -> int) and ``set_error_classes(dict)``.
+    """
     codes = binding.status_codes()
-    classes = {
-        "INVALID_ARGUMENT": ShmemValueError,
-        "TYPE_ERROR": ShmemTypeError,
-        "STATE_ERROR": ShmemStateError,
-        "TIMEOUT": ShmemTimeoutError,
-        "OUT_OF_MEMORY": ShmemOutOfMemoryError,
-        "MISMATCH": ShmemMismatchError,
-        "DEVICE_ERROR": ShmemDeviceError,
-        "INTERNAL": ShmemError,
-        "INTERRUPTED": KeyboardInterrupt,  # normally the pending KeyboardInterrupt itself surfaces
-    }
-    binding.set_error_classes({codes[name]: cls for name, cls in classes.items()})
+    binding.set_error_classes({codes[name]: cls for name, cls in CLASSES_BY_CODE.items()})

@@ -1,0 +1,350 @@
+"""The runtime through its C ABI (``libhp_shmem_c.so``, ``ccsrc/capi/hp_shmem.h``), for handlers without torch.
+
+The torch handler links the C++ runtime directly; MindSpore's extensions use another C++ library ABI, so the
+MindSpore handler reaches the same runtime through this plain-C seam. Everything here works on addresses and byte
+counts: no framework is imported. Every call runs on the calling thread and completes before it returns; ctypes
+releases the GIL for its duration, and the bootstrap callbacks take it back.
+
+A failed call raises the runtime's exception class for its status code (:mod:`hyper_parallel.core.multicore.errors`)
+with the runtime's message, carrying upstream's fields for the operation named.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Optional
+
+from hyper_parallel.core.multicore import errors
+
+LIBRARY_NAME = "libhp_shmem_c.so"
+ABI_VERSION = 1   # HP_SHMEM_ABI_VERSION of the header this module was written against
+
+# hp_shmem_dtype, ReduceOp, SignalOp, CompareOp and LowFormat: the runtime's values (the header asserts them).
+DTYPE_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int8": 4, "uint8": 5, "int32": 6, "int64": 7}
+REDUCE_OP_CODES = {"sum": 0, "avg": 1, "max": 2, "min": 3}
+SIGNAL_OP_CODES = {"set": 0, "add": 1}
+COMPARE_OP_CODES = {"eq": 0, "ne": 1, "gt": 2, "ge": 3, "lt": 4, "le": 5}
+WIRE_CODES = {"float8_e4m3fn": 0, "float8_e5m2": 1, "float16": 2, "bfloat16": 3}
+_ERROR_BYTES = 1024
+
+
+class _Bootstrap(ctypes.Structure):
+    _fields_ = [
+        ("context", ctypes.c_void_p),
+        ("rank", ctypes.c_int),
+        ("world_size", ctypes.c_int),
+        ("all_gather", ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)),
+        ("barrier", ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)),
+    ]
+
+
+class _ElementType(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("bytes", ctypes.c_size_t), ("reduce_dtype", ctypes.c_int)]
+
+
+class _Allocation(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_uint64), ("address", ctypes.c_void_p), ("bytes", ctypes.c_uint64),
+                ("heap_offset", ctypes.c_uint64)]
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A symmetric allocation: its id (never reused), this rank's address, its size and its heap offset."""
+
+    id: int
+    address: int
+    bytes: int
+    heap_offset: int
+
+
+@dataclass(frozen=True)
+class ElementType:
+    """An element type as the engine names it: ``name`` ("float32"), bytes per element, and the name of the
+    reduction type (a key of :data:`DTYPE_CODES`) or None for types that only move."""
+
+    name: str
+    bytes: int
+    reduce_dtype: Optional[str] = None
+
+
+_P = ctypes.c_void_p
+_SIGNATURES = {
+    "hp_shmem_abi_version": [],
+    "hp_shmem_last_error": [],
+    "hp_shmem_status_name": [ctypes.c_int],
+    "hp_shmem_init": [ctypes.POINTER(_Bootstrap)],
+    "hp_shmem_shutdown": [ctypes.POINTER(_Bootstrap)],
+    "hp_shmem_state": [],
+    "hp_shmem_rank": [],
+    "hp_shmem_world_size": [],
+    "hp_shmem_allocate": [ctypes.c_size_t, ctypes.c_size_t, ctypes.c_char_p, ctypes.POINTER(_Allocation)],
+    "hp_shmem_free": [ctypes.c_uint64, ctypes.c_char_p],
+    "hp_shmem_peer_address": [_P, ctypes.c_size_t, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)],
+    "hp_shmem_put": [_P, _P, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int],
+    "hp_shmem_get": [_P, _P, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int],
+    "hp_shmem_signal": [_P, ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int],
+    "hp_shmem_wait_signal": [_P, ctypes.c_int, ctypes.c_int, ctypes.c_int64],
+    "hp_shmem_barrier": [],
+    "hp_shmem_reduce": [_P, ctypes.c_size_t, _P, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                        ctypes.POINTER(ctypes.c_int), ctypes.c_int],
+    "hp_shmem_team_create": [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.POINTER(_Bootstrap),
+                             ctypes.POINTER(ctypes.c_uint64)],
+    "hp_shmem_team_release": [ctypes.c_uint64],
+    "hp_shmem_team_barrier": [ctypes.c_uint64],
+    "hp_shmem_all_gather": [ctypes.c_uint64, _P, ctypes.c_size_t, _P, ctypes.c_size_t, ctypes.POINTER(_ElementType)],
+    "hp_shmem_all_reduce": [ctypes.c_uint64, _P, _P, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int],
+    "hp_shmem_reduce_scatter": [ctypes.c_uint64, _P, ctypes.c_size_t, _P, ctypes.c_size_t, ctypes.c_int,
+                                ctypes.c_int, ctypes.c_int],
+    "hp_shmem_all_to_all": [ctypes.c_uint64, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t),
+                            ctypes.c_int, _P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64), ctypes.c_int,
+                            ctypes.POINTER(_ElementType)],
+    "hp_shmem_send": [ctypes.c_uint64, _P, ctypes.c_size_t, ctypes.c_int],
+    "hp_shmem_recv": [ctypes.c_uint64, _P, ctypes.c_size_t, ctypes.c_int],
+    "hp_shmem_debug_state_json": [ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],
+}
+_RESTYPES = {"hp_shmem_last_error": ctypes.c_char_p, "hp_shmem_status_name": ctypes.c_char_p}
+
+
+def library_path() -> str:
+    """Where the C ABI library of this installation lies (beside the ``hyper_parallel`` package's modules)."""
+    package_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.path.join(package_dir, LIBRARY_NAME)
+
+
+@functools.lru_cache(maxsize=None)
+def library() -> ctypes.CDLL:
+    """The C ABI library, loaded once, its functions typed.
+
+    Raises:
+        ShmemStateError: the library is missing (an installation without it) or of another ABI version.
+    """
+    path = library_path()
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as error:
+        raise errors.ShmemStateError(f"the runtime's C ABI library cannot be loaded: path={path} reason={error}") \
+            from error
+    for name, argtypes in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes = argtypes
+        fn.restype = _RESTYPES.get(name, ctypes.c_int)
+    version = lib.hp_shmem_abi_version()
+    if version != ABI_VERSION:
+        raise errors.ShmemStateError(f"the runtime's C ABI library has another version: path={path} "
+                                     f"expected={ABI_VERSION} observed={version}")
+    return lib
+
+
+def _check(status: int, operation: str) -> None:
+    if status == 0:
+        return
+    lib = library()
+    message = lib.hp_shmem_last_error().decode("utf-8", "replace")
+    name = lib.hp_shmem_status_name(status).decode()
+    cls = errors.CLASSES_BY_CODE.get(name, errors.ShmemError)
+    error = cls(message)
+    errors.attach_fields(error, operation)
+    raise error
+
+
+def _call(operation: str, name: str, *args: object) -> None:
+    _check(getattr(library(), name)(*args), operation)
+
+
+class Bootstrap:
+    """A group's exchange as the runtime needs it, over two Python callables (the framework's collectives).
+
+    Args:
+        rank: this rank inside the group.
+        world_size: the group's size.
+        all_gather: bytes -> every rank's bytes concatenated in rank order (each rank passes as many).
+        barrier: waits for every rank of the group.
+
+    A callable that raises fails the runtime's step with its message (a ShmemTimeoutError as a timeout).
+    """
+
+    def __init__(self, rank: int, world_size: int, all_gather: Callable[[bytes], bytes],
+                 barrier: Callable[[], None]) -> None:
+        self._all_gather = all_gather
+        self._barrier = barrier
+        fields = dict(_Bootstrap._fields_)
+        # The callbacks live as long as this object: the runtime calls them only during the call that was given it.
+        self._gather_cb = fields["all_gather"](self._on_all_gather)
+        self._barrier_cb = fields["barrier"](self._on_barrier)
+        self.struct = _Bootstrap(None, rank, world_size, self._gather_cb, self._barrier_cb)
+
+    @staticmethod
+    def _fail(error: BaseException, buffer: int, capacity: int) -> int:
+        text = f"{type(error).__name__}: {error}".encode("utf-8", "replace")[: max(capacity - 1, 0)]
+        ctypes.memmove(buffer, text + b"\0", len(text) + 1)
+        return 4 if isinstance(error, errors.ShmemTimeoutError) else 7   # HP_SHMEM_TIMEOUT, HP_SHMEM_DEVICE_ERROR
+
+    def _on_all_gather(self, _context: int, data: int, nbytes: int, out: int, error: int, capacity: int) -> int:
+        try:
+            gathered = self._all_gather(ctypes.string_at(data, nbytes))
+            expected = nbytes * self.struct.world_size
+            if len(gathered) != expected:
+                raise errors.ShmemError(f"bootstrap all_gather returned an unexpected size: expected={expected} "
+                                        f"observed={len(gathered)}")
+            ctypes.memmove(out, gathered, expected)
+            return 0
+        except BaseException as e:  # noqa: BLE001 (nothing may unwind through C)
+            return self._fail(e, error, capacity)
+
+    def _on_barrier(self, _context: int, error: int, capacity: int) -> int:
+        try:
+            self._barrier()
+            return 0
+        except BaseException as e:  # noqa: BLE001
+            return self._fail(e, error, capacity)
+
+
+def init(bootstrap: Bootstrap) -> None:
+    """Starts a lifecycle (collective over the root: every rank of the job, rank = PE)."""
+    _call("initialize", "hp_shmem_init", ctypes.byref(bootstrap.struct))
+
+
+def shutdown(bootstrap: Bootstrap) -> None:
+    """Ends the lifecycle (collective over the root; refused alike while any rank holds allocations)."""
+    _call("shutdown", "hp_shmem_shutdown", ctypes.byref(bootstrap.struct))
+
+
+def state() -> str:
+    """'uninitialized', 'initialized' or 'failed'."""
+    return ("uninitialized", "initialized", "failed")[library().hp_shmem_state()]
+
+
+def rank() -> int:
+    """This process's PE in the current lifecycle (-1 outside one)."""
+    return library().hp_shmem_rank()
+
+
+def allocate(nbytes: int, alignment: int, call_site: str) -> Allocation:
+    """A symmetric allocation (collective over the root, checked against every rank's)."""
+    out = _Allocation()
+    _call("allocate", "hp_shmem_allocate", nbytes, alignment, call_site.encode(), ctypes.byref(out))
+    return Allocation(out.id, out.address or 0, out.bytes, out.heap_offset)
+
+
+def free(allocation_id: int, call_site: str) -> None:
+    """Frees an allocation (collective over the root, checked against every rank's)."""
+    _call("free", "hp_shmem_free", allocation_id, call_site.encode())
+
+
+def peer_address(symmetric: int, nbytes: int, pe: int) -> int:
+    """Where ``[symmetric, symmetric + nbytes)`` lies on ``pe``."""
+    out = ctypes.c_void_p()
+    _call("peer_tensor", "hp_shmem_peer_address", symmetric, nbytes, pe, ctypes.byref(out))
+    return out.value or 0
+
+
+def put(dst: int, src: int, dst_bytes: int, src_bytes: int, pe: int) -> None:
+    """Writes local ``src`` into ``pe``'s copy of the symmetric ``dst``."""
+    _call("put", "hp_shmem_put", dst, src, dst_bytes, src_bytes, pe)
+
+
+def get(dst: int, src: int, dst_bytes: int, src_bytes: int, pe: int) -> None:
+    """Reads ``pe``'s copy of the symmetric ``src`` into local ``dst``."""
+    _call("get", "hp_shmem_get", dst, src, dst_bytes, src_bytes, pe)
+
+
+def signal(address: int, width: int, value: int, op: str, pe: int) -> None:
+    """SETs or ADDs ``value`` to the int32/int64 (``width`` 4/8) signal on ``pe``, after this rank's puts."""
+    _call("signal", "hp_shmem_signal", address, width, value, SIGNAL_OP_CODES[op], pe)
+
+
+def wait_signal(address: int, width: int, cmp: str, value: int) -> None:
+    """Waits (bounded by the runtime's timeout) until the local signal compares true against ``value``."""
+    _call("wait_signal", "hp_shmem_wait_signal", address, width, COMPARE_OP_CODES[cmp], value)
+
+
+def barrier() -> None:
+    """Every rank of this node's root arrives; earlier puts are visible everywhere after it."""
+    _call("barrier", "hp_shmem_barrier")
+
+
+def team_create(pes: Sequence[int], bootstrap: Bootstrap) -> int:
+    """A team of ``pes`` in group-rank order (collective over ``bootstrap``'s group); returns its id."""
+    array = (ctypes.c_int * len(pes))(*pes)
+    out = ctypes.c_uint64()
+    _call("team_create", "hp_shmem_team_create", array, len(pes), ctypes.byref(bootstrap.struct), ctypes.byref(out))
+    return out.value
+
+
+def team_release(team: int) -> None:
+    """Releases a team (local; later calls on it are refused)."""
+    _call("team_release", "hp_shmem_team_release", team)
+
+
+def team_barrier(team: int) -> None:
+    """Every member reaches it (collective over the team)."""
+    _call("barrier", "hp_shmem_team_barrier", team)
+
+
+def _element(element: ElementType) -> _ElementType:
+    code = -1 if element.reduce_dtype is None else DTYPE_CODES[element.reduce_dtype]
+    return _ElementType(element.name.encode(), element.bytes, code)
+
+
+def _wire(wire: Optional[str]) -> int:
+    return -1 if wire is None else WIRE_CODES[wire]
+
+
+def all_gather(team: int, output: int, output_bytes: int, data: int, data_bytes: int, element: ElementType) -> None:
+    """``output`` receives every member's ``data`` in group-rank order."""
+    _call("all_gather", "hp_shmem_all_gather", team, output, output_bytes, data, data_bytes,
+          ctypes.byref(_element(element)))
+
+
+def all_reduce(team: int, tensor: int, data: Optional[int], nbytes: int, dtype: str, op: str,
+               wire: Optional[str] = None) -> None:
+    """Reduces ``tensor`` in place (``data`` None) or ``data`` into ``tensor`` across the team."""
+    _call("all_reduce", "hp_shmem_all_reduce", team, tensor, data, nbytes, DTYPE_CODES[dtype], REDUCE_OP_CODES[op],
+          _wire(wire))
+
+
+def reduce_scatter(team: int, output: int, output_bytes: int, data: int, data_bytes: int, dtype: str, op: str,
+                   wire: Optional[str] = None) -> None:
+    """``output`` receives part ``me`` of ``data`` reduced across the team."""
+    _call("reduce_scatter", "hp_shmem_reduce_scatter", team, output, output_bytes, data, data_bytes,
+          DTYPE_CODES[dtype], REDUCE_OP_CODES[op], _wire(wire))
+
+
+def all_to_all(team: int, sends: Sequence[tuple[int, int]], receive: int, receive_bytes: int,
+               receive_counts: Sequence[int], element: ElementType) -> None:
+    """``sends[j]`` (address, bytes) goes to group rank j; ``receive`` gets rank i's part after counts[<i]."""
+    n = len(sends)
+    addresses = (ctypes.c_void_p * n)(*(a for a, _ in sends))
+    sizes = (ctypes.c_size_t * n)(*(b for _, b in sends))
+    counts = (ctypes.c_uint64 * len(receive_counts))(*receive_counts)
+    _call("all_to_all", "hp_shmem_all_to_all", team, addresses, sizes, n, receive, receive_bytes, counts,
+          len(receive_counts), ctypes.byref(_element(element)))
+
+
+def send(team: int, data: int, nbytes: int, peer: int) -> None:
+    """Sends ``nbytes`` at ``data`` to group rank ``peer`` (its :func:`recv` takes them)."""
+    _call("send", "hp_shmem_send", team, data, nbytes, peer)
+
+
+def recv(team: int, data: int, nbytes: int, peer: int) -> None:
+    """Receives the next message of group rank ``peer`` into ``data``."""
+    _call("recv", "hp_shmem_recv", team, data, nbytes, peer)
+
+
+def debug_state() -> dict:
+    """The runtime's snapshot as a dict (the keys of the torch runtime face's ``debug_state``)."""
+    lib = library()
+    needed = ctypes.c_size_t(0)
+    capacity = 4096
+    while True:
+        buffer = ctypes.create_string_buffer(capacity)
+        _check(lib.hp_shmem_debug_state_json(buffer, capacity, ctypes.byref(needed)), "debug_state")
+        if needed.value <= capacity:
+            return json.loads(buffer.value.decode("utf-8"))
+        capacity = needed.value

@@ -1,0 +1,507 @@
+"""The user API over a framework handler and the runtime's C ABI: the path of frameworks other than torch.
+
+Everything a framework does differently lives in its handler (:mod:`hyper_parallel.platform.mindspore`): what a
+tensor is, its dtype and address, tensors over heap memory, synchronisation, groups and their bootstrap, and
+autograd. Everything else is here, once: argument rules, group-local ranks, the runtime's lifecycle and teams,
+and the calls of :mod:`hyper_parallel.core.multicore.c_runtime`. The semantics are those of the torch path
+(seeds 000 and 004): offsets and sizes count elements, collectives accept ordinary tensors, ``group=`` takes
+group-local ranks, ranks that disagree about a call all raise ``ShmemMismatchError``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from hyper_parallel.core.multicore import c_runtime
+from hyper_parallel.core.multicore.errors import ShmemStateError
+from hyper_parallel.core.symmetric_memory import _rules
+
+_ALIGNMENT = 64   # bytes, the runtime face's default: a cache line
+_HEAP_ALIAS = "SYMMETRIC_MEMORY_HEAP_SIZE"
+_HEAP_VARIABLE = "HYPER_PARALLEL_SHMEM_HEAP_SIZE"
+_LOW_PRECISION_VARIABLE = "SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE"
+_WIRE_WIDTH = {"float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+
+@dataclass
+class _Team:
+    id: int
+    pes: list
+    me: int
+
+
+class Api:
+    """seed 000/004's functions for one framework handler; one instance per process and framework."""
+
+    def __init__(self, handler: Any) -> None:
+        self.h = handler
+        self._lock = threading.RLock()
+        self._allocations: dict = {}   # address -> c_runtime.Allocation, for free
+        self._teams: dict = {}         # group name -> _Team
+
+    # ------------------------------------------------------------------ lifecycle
+    def _ensure_runtime(self, op: str) -> None:
+        self.h.require_initialized(op)
+        if c_runtime.state() == "initialized":
+            return
+        if _HEAP_ALIAS in os.environ and _HEAP_VARIABLE not in os.environ:
+            os.environ[_HEAP_VARIABLE] = os.environ[_HEAP_ALIAS]
+        c_runtime.init(self.h.bootstrap(self.h.world_group()))
+
+    def _team(self, group: Optional[object], op: str) -> _Team:
+        """The team of ``group`` (created on its first collective: collective over the group)."""
+        with self._lock:
+            self._ensure_runtime(op)
+            name = self.h.group_name(group)
+            team = self._teams.get(name)
+            if team is None:
+                pes = self.h.group_ranks(name)
+                me = pes.index(self.h.world_rank())
+                team = _Team(c_runtime.team_create(pes, self.h.bootstrap(name)), pes, me)
+                self._teams[name] = team
+            return team
+
+    def _pe(self, target_rank: object, group: Optional[object], name: str) -> int:
+        pes = self.h.group_ranks(self.h.group_name(group))
+        return pes[_rules.rank_in_group(self._integer(target_rank, name), name, len(pes))]
+
+    def empty(self, shape: object, dtype: object = None) -> Any:
+        """See :func:`hyper_parallel.core.symmetric_memory.empty`."""
+        dtype = self.h.default_dtype() if dtype is None else dtype
+        dims = _rules.shape(shape)
+        info = self.h.dtype_info(dtype)
+        numel = 1
+        for d in dims:
+            numel *= d
+        with self._lock:
+            self._ensure_runtime("empty")
+            allocation = c_runtime.allocate(numel * info.itemsize, _ALIGNMENT, _rules.call_site())
+            self._allocations[allocation.address] = allocation
+        return self.h.wrap(allocation.address, dims, dtype)
+
+    def free(self, tensor: Any) -> None:
+        """See :func:`hyper_parallel.core.symmetric_memory.free`."""
+        self._tensor(tensor, "tensor")
+        address = self.h.address(tensor)
+        with self._lock:
+            allocation = self._allocations.get(address)
+            if allocation is None:
+                raise ValueError(f"`tensor` must be a tensor from symm.empty (not freed yet), but got one at "
+                                 f"{address:#x}")
+            self.h.synchronize()
+            c_runtime.free(allocation.id, _rules.call_site())
+            del self._allocations[address]
+
+    def shutdown(self) -> None:
+        """See :func:`hyper_parallel.core.symmetric_memory.shutdown`."""
+        with self._lock:
+            if c_runtime.state() != "initialized":
+                return
+            self.h.synchronize()
+            c_runtime.shutdown(self.h.bootstrap(self.h.world_group()))
+            self._teams.clear()
+
+    def debug_state(self) -> dict:
+        """The runtime's snapshot (keys as the torch runtime face's ``debug_state``)."""
+        return c_runtime.debug_state()
+
+    # ------------------------------------------------------------------ arguments
+    def _integer(self, value: object, name: str) -> int:
+        if self.h.is_tensor(value):
+            if int(value.size) != 1 or not self.h.is_integer_dtype(value.dtype):
+                raise TypeError(f"`{name}` must be an int or a one-element integer tensor, but got a tensor of "
+                                f"{int(value.size)} {value.dtype} elements")
+            return int(value.item())
+        return _rules.integer(value, name)
+
+    def _count(self, value: object, name: str) -> int:
+        result = self._integer(value, name)
+        if result < 0:
+            raise ValueError(f"`{name}` must be non-negative, but got {result}")
+        return result
+
+    def _tensor(self, value: object, name: str) -> Any:
+        if not self.h.is_tensor(value):
+            raise TypeError(f"`{name}` must be a {self.h.tensor_type_name}, but got {type(value).__name__}")
+        if not value.is_contiguous():
+            raise ValueError(f"`{name}` must be contiguous, but got strides {tuple(value.stride())}")
+        self.h.dtype_info(value.dtype)
+        return value
+
+    def _same_dtype(self, value: Any, name: str, reference: Any, reference_name: str) -> None:
+        if value.dtype != reference.dtype:
+            raise TypeError(f"`{name}` must have the dtype of `{reference_name}` ({reference.dtype}), but got "
+                            f"{value.dtype}")
+
+    def _window(self, value: Any, name: str, offset: int, size: int, offset_name: str) -> tuple:
+        """(address, bytes) of the flat slice ``value[offset : offset + size]``."""
+        numel = int(value.size)
+        if offset + size > numel:
+            raise ValueError(f"`{offset_name} + size` must be at most {name}.numel() ({numel}), but got {offset} + "
+                             f"{size} = {offset + size}")
+        itemsize = int(value.itemsize)
+        return self.h.address(value) + offset * itemsize, size * itemsize
+
+    def _windows(self, target: Any, target_offset: object, src: Any, src_offset: object, size: object) -> tuple:
+        target = self._tensor(target, "target")
+        src = self._tensor(src, "src")
+        self._same_dtype(src, "src", target, "target")
+        n = self._count(size, "size")
+        return (self._window(target, "target", self._count(target_offset, "target_offset"), n, "target_offset"),
+                self._window(src, "src", self._count(src_offset, "src_offset"), n, "src_offset"))
+
+    def _signal(self, signal: Any, signal_offset: object) -> tuple:
+        """(address, width) of ``signal[signal_offset]``, an int32/int64 element."""
+        signal = self._tensor(signal, "signal")
+        if not self.h.is_signal_dtype(signal.dtype):
+            raise TypeError(f"`signal` must have dtype {self.h.signal_dtype_names}, but got {signal.dtype}")
+        address, _ = self._window(signal, "signal", self._count(signal_offset, "signal_offset"), 1, "signal_offset")
+        return address, int(signal.itemsize)
+
+    # ------------------------------------------------------------------ primitives
+    def shmem_put(self, target: Any, target_offset: object, src: Any, src_offset: object, size: object,
+                  target_rank: object, group: Optional[object] = None) -> None:
+        """See :func:`hyper_parallel.core.symmetric_memory.shmem_put`."""
+        (dst, n), (source, _) = self._windows(target, target_offset, src, src_offset, size)
+        pe = self._pe(target_rank, group, "target_rank")
+        self._ensure_runtime("shmem_put")
+        self.h.synchronize()
+        c_runtime.put(dst, source, n, n, pe)
+
+    def shmem_get(self, target: Any, target_offset: object, src: Any, src_offset: object, size: object,
+                  target_rank: object, group: Optional[object] = None) -> None:
+        """See :func:`hyper_parallel.core.symmetric_memory.shmem_get`."""
+        (dst, n), (source, _) = self._windows(target, target_offset, src, src_offset, size)
+        pe = self._pe(target_rank, group, "target_rank")
+        self._ensure_runtime("shmem_get")
+        self.h.synchronize()
+        c_runtime.get(dst, source, n, n, pe)
+
+    def shmem_signal_op(self, signal: Any, signal_offset: object, signal_value: object, signal_op: int,
+                        target_rank: object, group: Optional[object] = None) -> None:
+        """See :func:`hyper_parallel.core.symmetric_memory.shmem_signal_op`."""
+        address, width = self._signal(signal, signal_offset)
+        op = _rules.choice(signal_op, "signal_op", _rules.SIGNAL_OPS)
+        value = self._integer(signal_value, "signal_value")
+        pe = self._pe(target_rank, group, "target_rank")
+        self._ensure_runtime("shmem_signal_op")
+        self.h.synchronize()
+        c_runtime.signal(address, width, value, op, pe)
+
+    def shmem_wait_for_signal(self, depend_tensor: Optional[Any], signal: Any, signal_offset: object,
+                              compare_value: object, compare_op: int) -> None:
+        """See :func:`hyper_parallel.core.symmetric_memory.shmem_wait_for_signal`."""
+        if depend_tensor is not None and not self.h.is_tensor(depend_tensor):
+            raise TypeError(f"`depend_tensor` must be a {self.h.tensor_type_name} or None, but got "
+                            f"{type(depend_tensor).__name__}")
+        address, width = self._signal(signal, signal_offset)
+        cmp = _rules.choice(compare_op, "compare_op", _rules.COMPARE_OPS)
+        value = self._integer(compare_value, "compare_value")
+        self._ensure_runtime("shmem_wait_for_signal")
+        self.h.synchronize()
+        c_runtime.wait_signal(address, width, cmp, value)
+
+    def shmem_put_with_signal(self, target: Any, target_offset: object, src: Any, src_offset: object, size: object,
+                              signal: Any, signal_offset: object, signal_value: object, signal_op: int,
+                              target_rank: object, group: Optional[object] = None) -> None:
+        """See :func:`hyper_parallel.core.symmetric_memory.shmem_put_with_signal`."""
+        (dst, n), (source, _) = self._windows(target, target_offset, src, src_offset, size)
+        address, width = self._signal(signal, signal_offset)
+        op = _rules.choice(signal_op, "signal_op", _rules.SIGNAL_OPS)
+        value = self._integer(signal_value, "signal_value")
+        pe = self._pe(target_rank, group, "target_rank")
+        self._ensure_runtime("shmem_put_with_signal")
+        self.h.synchronize()
+        c_runtime.put(dst, source, n, n, pe)
+        c_runtime.signal(address, width, value, op, pe)
+
+    def barrier(self, group: Optional[object] = None) -> None:
+        """See :func:`hyper_parallel.core.symmetric_memory.barrier`."""
+        team = self._team(group, "barrier")
+        self.h.synchronize()
+        c_runtime.team_barrier(team.id)
+
+    # ------------------------------------------------------------------ collectives
+    def _reduce_op(self, op: object, dtype: object) -> str:
+        if op not in _rules.REDUCE_OPS:
+            raise ValueError(f"`op` must be one of {', '.join(repr(o) for o in _rules.REDUCE_OPS)}, but got {op!r}")
+        info = self.h.dtype_info(dtype)
+        if info.reduce is None:
+            names = ", ".join(self.h.reducible_dtype_names())
+            raise TypeError(f"`tensor` must have one of dtypes {names}, but got {dtype}")
+        if op == "avg" and not info.floating:
+            raise ValueError(f"`op` must be 'sum', 'max' or 'min' for the integer dtype {dtype}, but got 'avg'")
+        return op
+
+    def _wire(self, value: object, dtype: object, op: str) -> Optional[str]:
+        """The wire format a reduction travels in (None: the tensor's own dtype); see the torch path's rules."""
+        explicit = value is not None
+        name = value if explicit else os.environ.get(_LOW_PRECISION_VARIABLE, "")
+        wire = _rules.low_precision_name(self.h.dtype_name(name) if not isinstance(name, str) else name,
+                                         "low_precision_dtype" if explicit else _LOW_PRECISION_VARIABLE)
+        if wire is None:
+            return None
+        info = self.h.dtype_info(dtype)
+        rule = None
+        if op not in ("sum", "avg"):
+            rule = f"None for op {op!r} (low precision applies to 'sum' and 'avg')"
+        elif not info.floating:
+            rule = f"None for the integer dtype {dtype} (low precision applies to floating-point tensors)"
+        elif _WIRE_WIDTH[wire] >= info.itemsize:
+            rule = f"narrower than the tensor's dtype {dtype}"
+        if rule is None:
+            return wire
+        if explicit:
+            raise ValueError(f"`low_precision_dtype` must be {rule}, but got {wire}")
+        return None
+
+    def _check_multiple(self, whole: Any, whole_name: str, part: Any, part_name: str, n: int) -> None:
+        if int(whole.size) != n * int(part.size):
+            raise ValueError(f"`{whole_name}` must have group-size ({n}) times the elements of `{part_name}` "
+                             f"({n} x {int(part.size)} = {n * int(part.size)}), but got {int(whole.size)}")
+
+    def all_gather_into(self, output: Any, data: Any, group: Optional[object]) -> Any:
+        """all_gather on checked arguments (no autograd): ``output`` receives every member's ``data``."""
+        team = self._team(group, "shmem_allgather")
+        self.h.synchronize()
+        c_runtime.all_gather(team.id, self.h.address(output), self.h.nbytes(output), self.h.address(data),
+                             self.h.nbytes(data), self.h.element_type(data))
+        return output
+
+    def shmem_allgather(self, output_tensor: Any, input_tensor: Any, group: Optional[object] = None) -> Any:
+        """See :func:`hyper_parallel.core.symmetric_memory.shmem_allgather`."""
+        output = self._tensor(output_tensor, "output_tensor")
+        data = self._tensor(input_tensor, "input_tensor")
+        self._same_dtype(data, "input_tensor", output, "output_tensor")
+        name = self.h.group_name(group)
+        self._check_multiple(output, "output_tensor", data, "input_tensor", len(self.h.group_ranks(name)))
+        return self.h.differentiable("all_gather", self, (output, data), {"group": name})
+
+    def all_reduce_into(self, tensor: Any, op: str, group: Optional[object], wire: Optional[str] = None) -> Any:
+        """all_reduce in place on checked arguments (no autograd)."""
+        team = self._team(group, "shmem_allreduce")
+        self.h.synchronize()
+        c_runtime.all_reduce(team.id, self.h.address(tensor), None, self.h.nbytes(tensor),
+                             self.h.dtype_info(tensor.dtype).reduce, op, wire)
+        return tensor
+
+    def shmem_allreduce(self, tensor: Any, op: str = "sum", group: Optional[object] = None,
+                        low_precision_dtype: Optional[object] = None, backward: str = "identity") -> Any:
+        """See :func:`hyper_parallel.core.symmetric_memory.shmem_allreduce`."""
+        t = self._tensor(tensor, "tensor")
+        op = self._reduce_op(op, t.dtype)
+        wire = self._wire(low_precision_dtype, t.dtype, op)
+        if backward not in _rules.BACKWARD_MODES:
+            raise ValueError(f"`backward` must be one of {', '.join(repr(m) for m in _rules.BACKWARD_MODES)}, but "
+                             f"got {backward!r}")
+        return self.h.differentiable("all_reduce", self, (t,),
+                                     {"op": op, "group": self.h.group_name(group), "wire": wire, "backward": backward})
+
+    def reduce_scatter_into(self, output: Any, data: Any, op: str, group: Optional[object],
+                            wire: Optional[str] = None) -> Any:
+        """reduce_scatter on checked arguments (no autograd)."""
+        team = self._team(group, "shmem_reduce_scatter")
+        self.h.synchronize()
+        c_runtime.reduce_scatter(team.id, self.h.address(output), self.h.nbytes(output), self.h.address(data),
+                                 self.h.nbytes(data), self.h.dtype_info(data.dtype).reduce, op, wire)
+        return output
+
+    def shmem_reduce_scatter(self, output_tensor: Any, input_tensor: Any, op: str = "sum",
+                             group: Optional[object] = None, low_precision_dtype: Optional[object] = None) -> Any:
+        """See :func:`hyper_parallel.core.symmetric_memory.shmem_reduce_scatter`."""
+        output = self._tensor(output_tensor, "output_tensor")
+        data = self._tensor(input_tensor, "input_tensor")
+        self._same_dtype(output, "output_tensor", data, "input_tensor")
+        op = self._reduce_op(op, data.dtype)
+        wire = self._wire(low_precision_dtype, data.dtype, op)
+        name = self.h.group_name(group)
+        self._check_multiple(data, "input_tensor", output, "output_tensor", len(self.h.group_ranks(name)))
+        return self.h.differentiable("reduce_scatter", self, (output, data), {"op": op, "group": name, "wire": wire})
+
+    def all_to_all_into(self, sends: Sequence[Any], receive: Any, receive_counts: Sequence[int],
+                        group: Optional[object]) -> Any:
+        """all_to_all on checked arguments (no autograd)."""
+        team = self._team(group, "shmem_alltoall")
+        self.h.synchronize()
+        c_runtime.all_to_all(team.id, [(self.h.address(t), self.h.nbytes(t)) for t in sends], self.h.address(receive),
+                             self.h.nbytes(receive), list(receive_counts), self.h.element_type(receive))
+        return receive
+
+    def shmem_alltoall(self, send_tensor_list: Sequence[Any], receive_tensor: Any, receive_list: Sequence[int],
+                       group: Optional[object] = None) -> Any:
+        """See :func:`hyper_parallel.core.symmetric_memory.shmem_alltoall`."""
+        receive = self._tensor(receive_tensor, "receive_tensor")
+        name = self.h.group_name(group)
+        n = len(self.h.group_ranks(name))
+        if self.h.is_tensor(send_tensor_list) or not isinstance(send_tensor_list, Sequence):
+            raise TypeError(f"`send_tensor_list` must be a sequence of {n} tensors, but got "
+                            f"{type(send_tensor_list).__name__}")
+        if len(send_tensor_list) != n:
+            raise ValueError(f"`send_tensor_list` must have one tensor per rank of the group ({n}), but got "
+                             f"{len(send_tensor_list)}")
+        for j, t in enumerate(send_tensor_list):
+            self._tensor(t, f"send_tensor_list[{j}]")
+            self._same_dtype(t, f"send_tensor_list[{j}]", receive, "receive_tensor")
+        if self.h.is_tensor(receive_list):
+            receive_list = [int(v) for v in receive_list.asnumpy().reshape(-1)]
+        if isinstance(receive_list, (str, bytes)) or not isinstance(receive_list, Sequence):
+            raise TypeError(f"`receive_list` must be a sequence of {n} ints, but got {type(receive_list).__name__}")
+        if len(receive_list) != n:
+            raise ValueError(f"`receive_list` must have one count per rank of the group ({n}), but got "
+                             f"{len(receive_list)}")
+        counts = [self._count(c, f"receive_list[{i}]") for i, c in enumerate(receive_list)]
+        if sum(counts) > int(receive.size):
+            raise ValueError(f"`sum(receive_list)` must be at most receive_tensor.numel() ({int(receive.size)}), but "
+                             f"got {sum(counts)}")
+        return self.h.differentiable("all_to_all", self, (receive, *send_tensor_list),
+                                     {"group": name, "receive_counts": tuple(counts)})
+
+    def _peer(self, value: object, name: str, team: _Team) -> int:
+        peer = _rules.rank_in_group(self._integer(value, name), name, len(team.pes))
+        if peer == team.me:
+            raise ValueError(f"`{name}` must be a rank of the group other than this one ({team.me}), but got {peer}")
+        return peer
+
+    def shmem_send(self, tensor: Any, dst_rank: object, group: Optional[object] = None) -> None:
+        """See :func:`hyper_parallel.core.symmetric_memory.shmem_send`."""
+        t = self._tensor(tensor, "tensor")
+        team = self._team(group, "shmem_send")
+        peer = self._peer(dst_rank, "dst_rank", team)
+        self.h.synchronize()
+        c_runtime.send(team.id, self.h.address(t), self.h.nbytes(t), peer)
+
+    def shmem_recv(self, tensor: Any, src_rank: object, group: Optional[object] = None) -> Any:
+        """See :func:`hyper_parallel.core.symmetric_memory.shmem_recv`."""
+        t = self._tensor(tensor, "tensor")
+        team = self._team(group, "shmem_recv")
+        peer = self._peer(src_rank, "src_rank", team)
+        self.h.synchronize()
+        c_runtime.recv(team.id, self.h.address(t), self.h.nbytes(t), peer)
+        return t
+
+    # ------------------------------------------------------------------ fused ops
+    def fused_all_gather_matmul(self, a: Any, b: Any, c: Optional[Any], gather_out: Any, signal: Optional[Any] = None,
+                                block_size: int = 128, group: Optional[object] = None) -> tuple:
+        """See :func:`hyper_parallel.core.symmetric_memory.fused_all_gather_matmul`."""
+        del signal, block_size   # the pipeline's tuning knobs of the NPU kernels; this path runs one gather
+        self.shmem_allgather(gather_out, a, group)
+        product = self.h.matmul(gather_out, b)
+        if c is not None:
+            self._tensor(c, "c")
+            self.h.copy_into(c, product)
+            return gather_out, c
+        return gather_out, product
+
+    def fused_matmul_reduce_scatter(self, x1: Any, x2: Any, symm_tensor: Any, signal: Optional[Any] = None,
+                                    reduce_op: str = "sum", group: Optional[object] = None) -> Any:
+        """See :func:`hyper_parallel.core.symmetric_memory.fused_matmul_reduce_scatter`: here one matmul, then
+        the product reduce-scattered through ``symm_tensor`` (not pipelined)."""
+        del signal   # the pipeline's scratch on the torch path
+        if reduce_op not in ("sum", "avg"):
+            raise ValueError(f"`reduce_op` must be one of 'sum', 'avg', but got {reduce_op!r}")
+        product = self.h.matmul(x1, x2)
+        n = len(self.h.group_ranks(self.h.group_name(group)))
+        rows = product.shape[0]
+        if rows % n:
+            raise ValueError(f"`x1.shape[0]` must be a multiple of the group size ({n}), but got {rows}")
+        self._tensor(symm_tensor, "symm_tensor")
+        if int(symm_tensor.size) < int(product.size):
+            raise ValueError(f"`symm_tensor` must hold M * N = {int(product.size)} elements, but got "
+                             f"{int(symm_tensor.size)}")
+        output = self.h.new_flat(int(product.size) // n, product.dtype).reshape((rows // n, product.shape[1]))
+        return self.shmem_reduce_scatter(output, product, reduce_op, group)
+
+    def is_shmem_available(self) -> bool:
+        """Whether the runtime's C ABI library loads in this installation."""
+        try:
+            c_runtime.library()
+        except ShmemStateError:
+            return False
+        return True
+
+    @staticmethod
+    def set_signal_pad_size(size: int) -> None:
+        """Upstream's signal pad: not used here (signals are symmetric tensors), as on the torch path."""
+        raise NotImplementedError("set_signal_pad_size: signals are symmetric tensors from symm.empty here")
+
+    @staticmethod
+    def get_signal_pad_size() -> int:
+        """Upstream's signal pad: not used here (signals are symmetric tensors), as on the torch path."""
+        raise NotImplementedError("get_signal_pad_size: signals are symmetric tensors from symm.empty here")
+
+
+def differentiable_backward(api: Api, op: str, params: dict, inputs: tuple, grad: Any) -> tuple:
+    """The gradients of a collective's inputs from its output's gradient (seed 004's table), framework-free:
+    the handler wraps it in its autograd mechanism and provides ``new_like``/``scale``.
+
+    Args:
+        api: the API whose collectives compute the gradients.
+        op: 'all_gather', 'all_reduce', 'reduce_scatter' or 'all_to_all'.
+        params: the call's parameters (group, op, receive_counts, backward).
+        inputs: the forward's tensor inputs.
+        grad: the gradient of the output.
+
+    Returns:
+        One gradient per input (zeros for the buffers the forward only wrote).
+    """
+    h = api.h
+    group = params["group"]
+    n = len(h.group_ranks(group))
+    if op == "all_gather":
+        output, data = inputs
+        part = h.new_like(data)
+        api.reduce_scatter_into(part, h.contiguous(grad), "sum", group)
+        return h.zeros_like(output), part
+    if op == "all_reduce":
+        if params["op"] not in ("sum", "avg"):
+            raise ValueError(f"`op` must be 'sum' or 'avg' when the tensor requires grad, but got {params['op']!r}")
+        result = h.contiguous(grad)
+        if params["backward"] == "allreduce":
+            result = api.all_reduce_into(h.copy(result), params["op"], group)
+        elif params["op"] == "avg":
+            result = h.scale(result, 1.0 / n)
+        return (result,)
+    if op == "reduce_scatter":
+        output, data = inputs
+        if params["op"] not in ("sum", "avg"):
+            raise ValueError(f"`op` must be 'sum' or 'avg' when the input requires grad, but got {params['op']!r}")
+        whole = h.new_like(data)
+        api.all_gather_into(whole, h.contiguous(grad), group)
+        if params["op"] == "avg":
+            whole = h.scale(whole, 1.0 / n)
+        return h.zeros_like(output), whole
+    if op == "all_to_all":
+        receive, *sends = inputs
+        counts = params["receive_counts"]
+        flat = h.contiguous(grad).reshape(-1)
+        parts, start = [], 0
+        for c in counts:
+            parts.append(h.contiguous(flat[start:start + c]))
+            start += c
+        back = [h.new_like(s) for s in sends]
+        joined = h.new_flat(sum(int(s.size) for s in sends), receive.dtype)
+        api.all_to_all_into(parts, joined, [int(s.size) for s in sends], group)
+        start = 0
+        for j, s in enumerate(sends):
+            h.copy_into(back[j], joined[start:start + int(s.size)].reshape(s.shape))
+            start += int(s.size)
+        return (h.zeros_like(receive), *back)
+    raise ValueError(f"`op` must be a differentiable collective, but got {op!r}")
+
+
+def run_forward(api: Api, op: str, params: dict, inputs: tuple) -> Any:
+    """The forward of a collective on checked arguments (the handler's autograd runs it)."""
+    group = params["group"]
+    if op == "all_gather":
+        return api.all_gather_into(inputs[0], inputs[1], group)
+    if op == "all_reduce":
+        return api.all_reduce_into(inputs[0], params["op"], group, params["wire"])
+    if op == "reduce_scatter":
+        return api.reduce_scatter_into(inputs[0], inputs[1], params["op"], group, params["wire"])
+    if op == "all_to_all":
+        return api.all_to_all_into(inputs[1:], inputs[0], params["receive_counts"], group)
+    raise ValueError(f"`op` must be a collective, but got {op!r}")

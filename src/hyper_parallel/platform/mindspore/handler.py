@@ -1,0 +1,155 @@
+"""The MindSpore handler as the user API sees it (:class:`hyper_parallel.core.symmetric_memory._over_c_abi.Api`):
+tensors, groups, synchronisation and autograd, each in MindSpore's terms.
+
+Autograd: each collective runs inside an ``nn.Cell`` whose ``bprop`` gives seed 004's gradients, so that
+``mindspore.grad``/``value_and_grad`` differentiate through it (an operation MindSpore cannot see would otherwise
+get a silently wrong gradient). The Cells are made once per collective and parameters, and reused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mindspore as ms
+from mindspore import nn, ops
+
+from hyper_parallel.core.multicore.c_runtime import ElementType
+from hyper_parallel.platform.mindspore import groups, tensors
+
+
+class _Collective(nn.Cell):
+    """One collective as MindSpore's autograd sees it: forward on the runtime, backward by seed 004's table."""
+
+    def __init__(self, forward: Any, backward: Any) -> None:
+        super().__init__()
+        self._forward = forward
+        self._backward = backward
+        self.call: tuple = ()   # (api, op, params), fixed per Cell: bprop may run after later calls
+
+    def construct(self, *inputs: Any) -> Any:
+        api, op, params = self.call
+        return self._forward(api, op, params, inputs)
+
+    def bprop(self, *args: Any) -> tuple:
+        *inputs, _out, dout = args
+        api, op, params = self.call
+        return tuple(self._backward(api, op, params, tuple(inputs), dout))
+
+
+class Handler:
+    """MindSpore's side of the user API."""
+
+    name = "mindspore"
+    tensor_type_name = "mindspore.Tensor"
+    signal_dtype_names = "mindspore.int32 or mindspore.int64"
+
+    def __init__(self, forward: Any, backward: Any) -> None:
+        self._forward = forward
+        self._backward = backward
+        self._cells: dict = {}
+
+    # groups
+    require_initialized = staticmethod(groups.require_initialized)
+    group_name = staticmethod(groups.name)
+    group_ranks = staticmethod(groups.ranks)
+    world_rank = staticmethod(groups.world_rank)
+    bootstrap = staticmethod(groups.bootstrap)
+
+    @staticmethod
+    def world_group() -> str:
+        """The world group's name."""
+        return groups.WORLD
+
+    # tensors
+    is_tensor = staticmethod(tensors.is_tensor)
+    dtype_info = staticmethod(tensors.dtype_info)
+    wrap = staticmethod(tensors.wrap)
+    address = staticmethod(tensors.address)
+    nbytes = staticmethod(tensors.nbytes)
+    synchronize = staticmethod(tensors.synchronize)
+
+    @staticmethod
+    def element_type(tensor: ms.Tensor) -> ElementType:
+        """The tensor's element type as the engine names it."""
+        return tensors.element_type(tensor)
+
+    @staticmethod
+    def default_dtype() -> Any:
+        """The dtype of ``symm.empty`` without one."""
+        return ms.float32
+
+    @staticmethod
+    def is_integer_dtype(dtype: Any) -> bool:
+        """Whether ``dtype`` holds integers."""
+        return dtype in (ms.int8, ms.uint8, ms.int16, ms.int32, ms.int64)
+
+    @staticmethod
+    def is_signal_dtype(dtype: Any) -> bool:
+        """Whether a signal may have ``dtype``."""
+        return dtype in (ms.int32, ms.int64)
+
+    @staticmethod
+    def reducible_dtype_names() -> list:
+        """The dtypes reductions take, as messages name them."""
+        return [str(d) for d, info in tensors.DTYPES.items() if info.reduce is not None]
+
+    @staticmethod
+    def dtype_name(dtype: Any) -> Any:
+        """A MindSpore dtype's engine name (for ``low_precision_dtype=mindspore.float16``); other values as given."""
+        info = tensors.DTYPES.get(dtype)
+        return info.name if info is not None else dtype
+
+    # tensor arithmetic the backward passes need
+    @staticmethod
+    def new_like(tensor: ms.Tensor) -> ms.Tensor:
+        """A new uninitialised contiguous tensor of ``tensor``'s shape and dtype."""
+        return ops.zeros(tensor.shape, tensor.dtype)
+
+    @staticmethod
+    def new_flat(count: int, dtype: Any) -> ms.Tensor:
+        """A new 1-D tensor of ``count`` elements."""
+        return ops.zeros((count,), dtype)
+
+    @staticmethod
+    def zeros_like(tensor: ms.Tensor) -> ms.Tensor:
+        """Zeros of ``tensor``'s shape and dtype."""
+        return ops.zeros_like(tensor)
+
+    @staticmethod
+    def contiguous(tensor: ms.Tensor) -> ms.Tensor:
+        """``tensor`` itself when contiguous, else a contiguous copy."""
+        return tensor if tensor.is_contiguous() else tensor.contiguous()
+
+    @staticmethod
+    def copy(tensor: ms.Tensor) -> ms.Tensor:
+        """A new tensor with ``tensor``'s values."""
+        return tensor.copy()
+
+    @staticmethod
+    def copy_into(dst: ms.Tensor, src: ms.Tensor) -> None:
+        """Writes ``src``'s values into ``dst`` in place."""
+        dst.copy_(src.reshape(dst.shape))
+
+    @staticmethod
+    def scale(tensor: ms.Tensor, factor: float) -> ms.Tensor:
+        """``tensor * factor`` in a new tensor."""
+        return tensor * factor
+
+    @staticmethod
+    def matmul(a: ms.Tensor, b: ms.Tensor) -> ms.Tensor:
+        """``a @ b``."""
+        return ops.matmul(a, b)
+
+    # autograd
+    def differentiable(self, op: str, api: Any, inputs: tuple, params: dict) -> Any:
+        """Runs collective ``op`` on ``inputs`` inside its Cell, so that its bprop gives the gradients.
+
+        One Cell per distinct (op, parameters): a bprop runs after the whole forward, so a Cell's parameters must
+        not change between calls.
+        """
+        key = (id(api), op, tuple(sorted(params.items())))
+        cell = self._cells.get(key)
+        if cell is None:
+            cell = self._cells[key] = _Collective(self._forward, self._backward)
+            cell.call = (api, op, params)
+        return cell(*inputs)
