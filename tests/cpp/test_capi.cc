@@ -612,7 +612,7 @@ TEST_P(CapiWorld, MismatchIsSeenByEveryRankAndTheTeamRecovers) {
   }));
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, CapiWorld, ::testing::Values(2, 4),
+INSTANTIATE_TEST_SUITE_P(Ranks, CapiWorld, ::testing::Values(2, 4, 8),
                          [](const ::testing::TestParamInfo<int>& info) { return std::to_string(info.param) + "Ranks"; });
 
 // The checks of the C layer: exact messages, and the runtime left as it was.
