@@ -9,7 +9,8 @@
  *    hp_shmem_last_error() gives the message ("`x` must be y, but got z" or "<fact>: key=value ...").
  *  - Each call runs on the calling thread and completes before it returns (the host device's default stream):
  *    buffers may be reused as soon as a call returns.
- *  - Addresses are this process's. A symmetric address lies inside an active allocation of this lifecycle.
+ *  - Addresses are this process's. A symmetric address lies inside an active allocation of this lifecycle. A data
+ *    buffer may be NULL only with zero bytes (an empty tensor has no data pointer).
  *  - "Collective over X" means every rank of X makes the same call in the same order; ranks that disagree find out
  *    (HP_SHMEM_MISMATCH on every rank) and nothing is written.
  *  - Every wait is bounded by HYPER_PARALLEL_SHMEM_TIMEOUT_SEC (HP_SHMEM_TIMEOUT naming what was missing).

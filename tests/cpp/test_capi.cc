@@ -1,0 +1,786 @@
+// The C ABI (libhp_shmem_c.so, linked as the shared library: its exported symbols are what runs here).
+//
+// The C ABI drives the process-wide Runtime, so ranks are processes: each test forks one child per rank. The
+// children bootstrap over an anonymous shared mapping made before the fork (a barrier and an all_gather on
+// atomics, every spin bounded), report a failure's text through a pipe and their verdict through the exit code;
+// the parent waits for them with a deadline and kills them when it passes.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "capi/hp_shmem.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// ---- the bootstrap: groups of ranks in shared memory ----
+
+constexpr int kMaxRanks = 8;
+constexpr std::size_t kSlotBytes = 4096;   // the runtime gathers segment names and small records
+constexpr auto kSpinTimeout = std::chrono::seconds(30);
+
+// One exchanging group: a sense-reversing barrier (the generation flips once everyone arrived) and a slot per rank.
+struct alignas(64) Group {
+  std::atomic<int> arrived;
+  std::atomic<int> generation;
+  char slots[kMaxRanks][kSlotBytes];
+};
+static_assert(std::atomic<int>::is_always_lock_free, "the barrier's atomics work across processes");
+
+constexpr int kGroups = 4;   // 0: the root; 1, 2: sub-teams; 3: spare
+struct Shared {
+  Group groups[kGroups];
+};
+
+struct Member {
+  Group* group;
+  int rank;
+  int world_size;
+};
+
+void WriteError(char* error, std::size_t error_bytes, const std::string& message) {
+  if (error_bytes == 0) return;
+  std::snprintf(error, error_bytes, "%s", message.c_str());
+}
+
+int GroupBarrier(void* context, char* error, std::size_t error_bytes) {
+  auto* member = static_cast<Member*>(context);
+  Group& g = *member->group;
+  const int generation = g.generation.load();
+  if (g.arrived.fetch_add(1) + 1 == member->world_size) {
+    g.arrived.store(0);
+    g.generation.fetch_add(1);
+    return HP_SHMEM_OK;
+  }
+  const auto deadline = Clock::now() + kSpinTimeout;
+  while (g.generation.load() == generation) {
+    if (Clock::now() > deadline) {
+      WriteError(error, error_bytes, "test bootstrap barrier timed out: rank=" + std::to_string(member->rank));
+      return HP_SHMEM_TIMEOUT;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  return HP_SHMEM_OK;
+}
+
+int GroupAllGather(void* context, const void* in, std::size_t bytes, void* out, char* error, std::size_t error_bytes) {
+  auto* member = static_cast<Member*>(context);
+  if (bytes > kSlotBytes) {
+    WriteError(error, error_bytes, "test bootstrap all_gather too large: bytes=" + std::to_string(bytes));
+    return HP_SHMEM_DEVICE_ERROR;
+  }
+  // The previous exchange's trailing barrier let every rank read its slots: they are free to write.
+  std::memcpy(member->group->slots[member->rank], in, bytes);
+  if (int rc = GroupBarrier(context, error, error_bytes); rc != HP_SHMEM_OK) return rc;
+  for (int r = 0; r < member->world_size; ++r) {
+    std::memcpy(static_cast<char*>(out) + static_cast<std::size_t>(r) * bytes, member->group->slots[r], bytes);
+  }
+  return GroupBarrier(context, error, error_bytes);
+}
+
+hp_shmem_bootstrap BootstrapOf(Member* member) {
+  hp_shmem_bootstrap b{};
+  b.context = member;
+  b.rank = member->rank;
+  b.world_size = member->world_size;
+  b.all_gather = &GroupAllGather;
+  b.barrier = &GroupBarrier;
+  return b;
+}
+
+// ---- a child's checks: the first failure ends the child with its text ----
+
+struct ChildFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+std::string Where(const char* file, int line) { return std::string(file) + ":" + std::to_string(line) + ": "; }
+
+#define REQUIRE(cond)                                                                                \
+  do {                                                                                               \
+    if (!(cond)) throw ChildFailure(Where(__FILE__, __LINE__) + "failed: " #cond " (last_error='" + \
+                                    hp_shmem_last_error() + "')");                                   \
+  } while (0)
+
+#define REQUIRE_RC(expected, call)                                                                           \
+  do {                                                                                                       \
+    const int rc_ = (call);                                                                                  \
+    if (rc_ != (expected)) {                                                                                 \
+      throw ChildFailure(Where(__FILE__, __LINE__) + #call " returned " + std::to_string(rc_) + ", expected " + \
+                         std::to_string(expected) + " (last_error='" + hp_shmem_last_error() + "')");        \
+    }                                                                                                        \
+  } while (0)
+
+#define REQUIRE_OK(call)                                                                               \
+  do {                                                                                                 \
+    REQUIRE_RC(HP_SHMEM_OK, call);                                                                     \
+    if (hp_shmem_last_error()[0] != '\0') {                                                            \
+      throw ChildFailure(Where(__FILE__, __LINE__) + #call " succeeded but left last_error='" +       \
+                         hp_shmem_last_error() + "'");                                                 \
+    }                                                                                                  \
+  } while (0)
+
+#define REQUIRE_ERROR(code, message, call)                                                               \
+  do {                                                                                                   \
+    REQUIRE_RC(code, call);                                                                              \
+    if (std::string(hp_shmem_last_error()) != (message)) {                                               \
+      throw ChildFailure(Where(__FILE__, __LINE__) + #call ": last_error='" + hp_shmem_last_error() +   \
+                         "', expected '" + std::string(message) + "'");                                  \
+    }                                                                                                    \
+  } while (0)
+
+// What a rank runs: its root membership and the shared groups.
+struct Rank {
+  int rank;
+  int world_size;
+  Shared* shared;
+  Member root;
+  hp_shmem_bootstrap bootstrap;
+};
+
+using RankBody = std::function<void(Rank&)>;
+
+// Forks `world_size` ranks running `body` and returns every rank's failure text ("" for success). Never hangs:
+// past the deadline every child still running is killed and named.
+std::vector<std::string> RunRanks(int world_size, const RankBody& body, std::chrono::seconds deadline_after =
+                                                                            std::chrono::seconds(120)) {
+  void* mapping = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mapping == MAP_FAILED) return {std::string("mmap failed: ") + std::strerror(errno)};
+  auto* shared = new (mapping) Shared();
+  std::vector<pid_t> pids;
+  std::vector<int> pipes;
+  for (int r = 0; r < world_size; ++r) {
+    int fds[2];
+    if (pipe(fds) != 0) return {std::string("pipe failed: ") + std::strerror(errno)};
+    const pid_t pid = fork();
+    if (pid == 0) {
+      close(fds[0]);
+      // A small heap and short waits: tests run beside others on few cores.
+      setenv("HYPER_PARALLEL_SHMEM_HEAP_SIZE", "4M", 1);
+      setenv("HYPER_PARALLEL_SHMEM_TIMEOUT_SEC", "10", 1);
+      setenv("HYPER_PARALLEL_SHMEM_DEVICE", "host", 1);
+      std::string failure;
+      try {
+        Rank me{r, world_size, shared, Member{&shared->groups[0], r, world_size}, {}};
+        me.bootstrap = BootstrapOf(&me.root);
+        body(me);
+      } catch (const std::exception& e) {
+        failure = e.what();
+      } catch (...) {
+        failure = "unknown exception";
+      }
+      if (!failure.empty()) {
+        failure = "rank " + std::to_string(r) + ": " + failure;
+        ssize_t ignored = write(fds[1], failure.data(), failure.size());
+        (void)ignored;
+      }
+      _exit(failure.empty() ? 0 : 1);   // no atexit handlers, no gtest teardown in a child
+    }
+    close(fds[1]);
+    if (pid < 0) return {std::string("fork failed: ") + std::strerror(errno)};
+    fcntl(fds[0], F_SETFL, O_NONBLOCK);
+    pids.push_back(pid);
+    pipes.push_back(fds[0]);
+  }
+  std::vector<std::string> results(static_cast<std::size_t>(world_size));
+  std::vector<bool> done(static_cast<std::size_t>(world_size), false);
+  const auto deadline = Clock::now() + deadline_after;
+  int running = world_size;
+  while (running > 0) {
+    for (int r = 0; r < world_size; ++r) {
+      char buffer[4096];
+      ssize_t n;
+      while ((n = read(pipes[static_cast<std::size_t>(r)], buffer, sizeof(buffer))) > 0) {
+        results[static_cast<std::size_t>(r)].append(buffer, static_cast<std::size_t>(n));
+      }
+      if (done[static_cast<std::size_t>(r)]) continue;
+      int status = 0;
+      if (waitpid(pids[static_cast<std::size_t>(r)], &status, WNOHANG) == pids[static_cast<std::size_t>(r)]) {
+        done[static_cast<std::size_t>(r)] = true;
+        --running;
+        const bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        if (!clean && results[static_cast<std::size_t>(r)].empty()) {
+          results[static_cast<std::size_t>(r)] =
+              "rank " + std::to_string(r) + " ended without a report: status=" + std::to_string(status);
+        }
+      }
+    }
+    if (running > 0 && Clock::now() > deadline) {
+      for (int r = 0; r < world_size; ++r) {
+        if (done[static_cast<std::size_t>(r)]) continue;
+        kill(pids[static_cast<std::size_t>(r)], SIGKILL);
+        waitpid(pids[static_cast<std::size_t>(r)], nullptr, 0);
+        results[static_cast<std::size_t>(r)] += " rank " + std::to_string(r) + " killed at the test's deadline";
+      }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (int fd : pipes) close(fd);
+  munmap(mapping, sizeof(Shared));
+  return results;
+}
+
+void ExpectAllRanksPass(const std::vector<std::string>& results) {
+  for (std::size_t r = 0; r < results.size(); ++r) EXPECT_EQ(results[r], "") << "rank " << r;
+}
+
+void InitRoot(Rank& me) {
+  REQUIRE_OK(hp_shmem_init(&me.bootstrap));
+  REQUIRE(hp_shmem_state() == 1);
+  REQUIRE(hp_shmem_rank() == me.rank);
+  REQUIRE(hp_shmem_world_size() == me.world_size);
+}
+
+void ShutdownRoot(Rank& me) {
+  REQUIRE_OK(hp_shmem_shutdown(&me.bootstrap));
+  REQUIRE(hp_shmem_state() == 0);
+}
+
+std::uint64_t CreateRootTeam(Rank& me) {
+  std::vector<int> pes(static_cast<std::size_t>(me.world_size));
+  std::iota(pes.begin(), pes.end(), 0);
+  std::uint64_t team = 0;
+  REQUIRE_OK(hp_shmem_team_create(pes.data(), me.world_size, &me.bootstrap, &team));
+  return team;
+}
+
+const hp_shmem_element_type kFloat32{"float32", 4, HP_SHMEM_FLOAT32};
+const hp_shmem_element_type kInt32{"int32", 4, HP_SHMEM_INT32};
+
+// ---- a minimal JSON reader: enough to check the debug state's document round-trips ----
+
+struct Json {
+  enum Kind { kNull, kBool, kNumber, kString, kArray, kObject } kind = kNull;
+  bool boolean = false;
+  double number = 0;
+  std::string text;
+  std::vector<Json> items;
+  std::map<std::string, Json> fields;
+  const Json& operator[](const std::string& key) const {
+    auto it = fields.find(key);
+    if (kind != kObject || it == fields.end()) throw ChildFailure("JSON key missing: " + key);
+    return it->second;
+  }
+};
+
+class JsonParser {
+ public:
+  explicit JsonParser(const std::string& text) : s_(text) {}
+  Json Parse() {
+    Json value = Value();
+    Space();
+    if (at_ != s_.size()) Fail("trailing text");
+    return value;
+  }
+
+ private:
+  [[noreturn]] void Fail(const std::string& what) {
+    throw ChildFailure("JSON " + what + " at " + std::to_string(at_) + " in " + s_);
+  }
+  void Space() {
+    while (at_ < s_.size() && std::strchr(" \t\r\n", s_[at_]) != nullptr) ++at_;
+  }
+  bool Take(char c) {
+    Space();
+    if (at_ < s_.size() && s_[at_] == c) {
+      ++at_;
+      return true;
+    }
+    return false;
+  }
+  void Expect(char c) {
+    if (!Take(c)) Fail(std::string("expected '") + c + "'");
+  }
+  std::string String() {
+    Expect('"');
+    std::string out;
+    while (at_ < s_.size() && s_[at_] != '"') {
+      char c = s_[at_++];
+      if (static_cast<unsigned char>(c) < 0x20) Fail("raw control character in a string");
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      if (at_ >= s_.size()) Fail("unterminated escape");
+      c = s_[at_++];
+      switch (c) {
+        case '"': out += '"'; break;
+        case '\\': out += '\\'; break;
+        case '/': out += '/'; break;
+        case 'n': out += '\n'; break;
+        case 'r': out += '\r'; break;
+        case 't': out += '\t'; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'u': {
+          if (at_ + 4 > s_.size()) Fail("short \\u escape");
+          const unsigned long code = std::stoul(s_.substr(at_, 4), nullptr, 16);
+          if (code >= 0x80) Fail("non-ASCII \\u escape (not produced for control characters)");
+          out += static_cast<char>(code);
+          at_ += 4;
+          break;
+        }
+        default: Fail("bad escape");
+      }
+    }
+    Expect('"');
+    return out;
+  }
+  Json Value() {
+    Space();
+    if (at_ >= s_.size()) Fail("unexpected end");
+    Json v;
+    const char c = s_[at_];
+    if (c == '{') {
+      ++at_;
+      v.kind = Json::kObject;
+      if (Take('}')) return v;
+      do {
+        std::string key = String();
+        Expect(':');
+        v.fields[key] = Value();
+      } while (Take(','));
+      Expect('}');
+    } else if (c == '[') {
+      ++at_;
+      v.kind = Json::kArray;
+      if (Take(']')) return v;
+      do v.items.push_back(Value());
+      while (Take(','));
+      Expect(']');
+    } else if (c == '"') {
+      v.kind = Json::kString;
+      v.text = String();
+    } else if (s_.compare(at_, 4, "true") == 0 || s_.compare(at_, 5, "false") == 0) {
+      v.kind = Json::kBool;
+      v.boolean = s_[at_] == 't';
+      at_ += v.boolean ? 4 : 5;
+    } else {
+      std::size_t used = 0;
+      v.kind = Json::kNumber;
+      try {
+        v.number = std::stod(s_.substr(at_), &used);
+      } catch (const std::exception&) {
+        Fail("bad value");
+      }
+      at_ += used;
+    }
+    return v;
+  }
+
+  const std::string& s_;
+  std::size_t at_ = 0;
+};
+
+// The debug state through the needed/capacity protocol, parsed.
+Json DebugState() {
+  std::size_t needed = 0;
+  REQUIRE_OK(hp_shmem_debug_state_json(nullptr, 0, &needed));
+  REQUIRE(needed > 2);
+  std::vector<char> small(needed - 1, 'x');
+  std::size_t again = 0;
+  REQUIRE_OK(hp_shmem_debug_state_json(small.data(), small.size(), &again));
+  REQUIRE(small[0] == '\0');   // too small: no truncated document
+  // The state may grow between calls only if something else runs; nothing does here.
+  REQUIRE(again == needed);
+  std::vector<char> buffer(needed, 'x');
+  REQUIRE_OK(hp_shmem_debug_state_json(buffer.data(), buffer.size(), &again));
+  REQUIRE(again == needed);
+  REQUIRE(std::strlen(buffer.data()) == needed - 1);
+  return JsonParser(buffer.data()).Parse();
+}
+
+class CapiWorld : public ::testing::TestWithParam<int> {};
+
+// ---- tests ----
+
+TEST(Capi, AbiVersionAndNoErrorBeforeAnyCall) {
+  EXPECT_EQ(hp_shmem_abi_version(), HP_SHMEM_ABI_VERSION);
+  EXPECT_STREQ(hp_shmem_last_error(), "");
+}
+
+// The data plane over the root: put, get, signal and wait, barrier, reduce, then free and shut down.
+TEST_P(CapiWorld, DataPlaneFromInitToShutdown) {
+  ExpectAllRanksPass(RunRanks(GetParam(), [](Rank& me) {
+    InitRoot(me);
+    const int n = me.world_size;
+    const int next = (me.rank + 1) % n;
+    const int prev = (me.rank + n - 1) % n;
+    constexpr int kCount = 64;
+    hp_shmem_allocation data{};
+    REQUIRE_OK(hp_shmem_allocate(kCount * sizeof(float), 64, "test_capi data", &data));
+    REQUIRE(data.address != nullptr && data.bytes == kCount * sizeof(float) && data.id > 0);
+    hp_shmem_allocation signal{};
+    REQUIRE_OK(hp_shmem_allocate(sizeof(std::int64_t), 8, "test_capi signal", &signal));
+    auto* values = static_cast<float*>(data.address);
+    std::fill(values, values + kCount, 0.0f);
+    *static_cast<std::int64_t*>(signal.address) = 0;
+    REQUIRE_OK(hp_shmem_barrier());
+
+    // Put into the next rank's copy, then tell it so: the signal is ordered after the put.
+    std::vector<float> mine(kCount);
+    for (int i = 0; i < kCount; ++i) mine[static_cast<std::size_t>(i)] = static_cast<float>(me.rank * 1000 + i);
+    REQUIRE_OK(hp_shmem_put(data.address, mine.data(), data.bytes, data.bytes, next));
+    REQUIRE_OK(hp_shmem_signal(signal.address, 8, me.rank + 1, /*add*/ 1, next));
+    REQUIRE_OK(hp_shmem_wait_signal(signal.address, 8, /*eq*/ 0, prev + 1));
+    for (int i = 0; i < kCount; ++i) REQUIRE(values[i] == static_cast<float>(prev * 1000 + i));
+    REQUIRE_OK(hp_shmem_barrier());
+
+    // Get the previous rank's copy back (it holds what its own previous rank put).
+    std::vector<float> got(kCount);
+    REQUIRE_OK(hp_shmem_get(got.data(), data.address, data.bytes, data.bytes, prev));
+    const int prev2 = (prev + n - 1) % n;
+    for (int i = 0; i < kCount; ++i) REQUIRE(got[static_cast<std::size_t>(i)] == static_cast<float>(prev2 * 1000 + i));
+    void* peer = nullptr;
+    REQUIRE_OK(hp_shmem_peer_address(data.address, data.bytes, prev, &peer));
+    REQUIRE(peer != nullptr && std::memcmp(peer, got.data(), data.bytes) == 0);
+    // Zero bytes: a checked no-op, NULL allowed.
+    REQUIRE_OK(hp_shmem_put(data.address, nullptr, 0, 0, next));
+    REQUIRE_OK(hp_shmem_barrier());
+
+    // Reduce every rank's copy into local memory, in the order of `pes`.
+    for (int i = 0; i < kCount; ++i) values[i] = static_cast<float>(me.rank + 1);
+    REQUIRE_OK(hp_shmem_barrier());
+    std::vector<int> pes(static_cast<std::size_t>(n));
+    std::iota(pes.begin(), pes.end(), 0);
+    std::vector<float> sum(kCount);
+    REQUIRE_OK(hp_shmem_reduce(sum.data(), data.bytes, data.address, data.bytes, HP_SHMEM_FLOAT32, /*sum*/ 0,
+                               pes.data(), n));
+    for (float v : sum) REQUIRE(v == static_cast<float>(n * (n + 1) / 2));
+    REQUIRE_OK(hp_shmem_barrier());   // nobody frees memory a peer still reduces from
+
+    REQUIRE_OK(hp_shmem_free(signal.id, "test_capi signal"));
+    REQUIRE_OK(hp_shmem_free(data.id, "test_capi data"));
+    ShutdownRoot(me);
+    // A second lifecycle starts on the same process.
+    InitRoot(me);
+    ShutdownRoot(me);
+  }));
+}
+
+// Teams on every rank and on two halves, and every collective of the engine.
+TEST_P(CapiWorld, TeamsAndCollectives) {
+  ExpectAllRanksPass(RunRanks(GetParam(), [](Rank& me) {
+    InitRoot(me);
+    const int n = me.world_size;
+    const std::uint64_t team = CreateRootTeam(me);
+    REQUIRE_OK(hp_shmem_team_barrier(team));
+
+    // all_gather: 3 floats from each rank, in rank order.
+    std::vector<float> in(3), out(static_cast<std::size_t>(3 * n));
+    for (int i = 0; i < 3; ++i) in[static_cast<std::size_t>(i)] = static_cast<float>(10 * me.rank + i);
+    REQUIRE_OK(hp_shmem_all_gather(team, out.data(), out.size() * 4, in.data(), in.size() * 4, &kFloat32));
+    for (int r = 0; r < n; ++r) {
+      for (int i = 0; i < 3; ++i) REQUIRE(out[static_cast<std::size_t>(3 * r + i)] == static_cast<float>(10 * r + i));
+    }
+
+    // all_reduce in place (int32 sum), out of place (float32 max), and on a low-precision wire (bfloat16 carries
+    // these small integers and their sums exactly).
+    std::vector<std::int32_t> ints(17, me.rank + 1);
+    REQUIRE_OK(hp_shmem_all_reduce(team, ints.data(), nullptr, ints.size() * 4, HP_SHMEM_INT32, 0, -1));
+    for (auto v : ints) REQUIRE(v == n * (n + 1) / 2);
+    std::vector<float> source(33), result(33, -1.0f);
+    for (std::size_t i = 0; i < source.size(); ++i) source[i] = static_cast<float>((me.rank * 7 + i) % 11);
+    REQUIRE_OK(hp_shmem_all_reduce(team, result.data(), source.data(), source.size() * 4, HP_SHMEM_FLOAT32,
+                                   /*max*/ 2, -1));
+    for (std::size_t i = 0; i < result.size(); ++i) {
+      float expected = 0;
+      for (int r = 0; r < n; ++r) expected = std::max(expected, static_cast<float>((r * 7 + i) % 11));
+      REQUIRE(result[i] == expected);
+    }
+    std::vector<float> low(300);
+    for (std::size_t i = 0; i < low.size(); ++i) low[i] = static_cast<float>(me.rank + i % 5);
+    REQUIRE_OK(hp_shmem_all_reduce(team, low.data(), nullptr, low.size() * 4, HP_SHMEM_FLOAT32, 0,
+                                   /*bfloat16*/ 3));
+    for (std::size_t i = 0; i < low.size(); ++i) {
+      REQUIRE(low[i] == static_cast<float>(n * (n - 1) / 2 + n * static_cast<int>(i % 5)));
+    }
+
+    // reduce_scatter: n parts of 5 doubles; this rank gets its part summed.
+    std::vector<double> parts(static_cast<std::size_t>(5 * n)), mine(5);
+    for (std::size_t i = 0; i < parts.size(); ++i) parts[i] = static_cast<double>(me.rank) + 0.5 * static_cast<double>(i);
+    REQUIRE_OK(hp_shmem_reduce_scatter(team, mine.data(), mine.size() * 8, parts.data(), parts.size() * 8,
+                                       HP_SHMEM_FLOAT64, 0, -1));
+    for (int i = 0; i < 5; ++i) {
+      const double index = 5.0 * me.rank + i;
+      REQUIRE(mine[static_cast<std::size_t>(i)] == n * (n - 1) / 2.0 + n * 0.5 * index);
+    }
+
+    // all_to_all with unequal counts: rank r sends r + j + 1 ints to rank j.
+    std::vector<std::vector<std::int32_t>> sends(static_cast<std::size_t>(n));
+    std::vector<const void*> send_ptrs;
+    std::vector<std::size_t> send_bytes;
+    for (int j = 0; j < n; ++j) {
+      sends[static_cast<std::size_t>(j)].assign(static_cast<std::size_t>(me.rank + j + 1), 100 * me.rank + j);
+      send_ptrs.push_back(sends[static_cast<std::size_t>(j)].data());
+      send_bytes.push_back(sends[static_cast<std::size_t>(j)].size() * 4);
+    }
+    std::vector<std::uint64_t> counts;
+    std::size_t total = 0;
+    for (int i = 0; i < n; ++i) {
+      counts.push_back(static_cast<std::uint64_t>(i + me.rank + 1));
+      total += counts.back();
+    }
+    std::vector<std::int32_t> received(total, -1);
+    REQUIRE_OK(hp_shmem_all_to_all(team, send_ptrs.data(), send_bytes.data(), n, received.data(), total * 4,
+                                   counts.data(), n, &kInt32));
+    std::size_t at = 0;
+    for (int i = 0; i < n; ++i) {
+      for (std::uint64_t k = 0; k < counts[static_cast<std::size_t>(i)]; ++k) REQUIRE(received[at++] == 100 * i + me.rank);
+    }
+
+    // send/recv in pairs (0->1, 2->3), then back.
+    std::vector<std::int64_t> message(40);
+    const int partner = me.rank ^ 1;
+    for (int round = 0; round < 2; ++round) {
+      const bool sender = (me.rank % 2 == 0) == (round == 0);
+      if (sender) {
+        std::iota(message.begin(), message.end(), std::int64_t{1000} * me.rank + round);
+        REQUIRE_OK(hp_shmem_send(team, message.data(), message.size() * 8, partner));
+      } else {
+        std::fill(message.begin(), message.end(), -1);
+        REQUIRE_OK(hp_shmem_recv(team, message.data(), message.size() * 8, partner));
+        for (std::size_t i = 0; i < message.size(); ++i) {
+          REQUIRE(message[i] == std::int64_t{1000} * partner + round + static_cast<std::int64_t>(i));
+        }
+      }
+    }
+
+    // Two halves, each a team of its own over its own exchanging group; group rank = position in `pes`.
+    const int half = n / 2;
+    const bool low_half = me.rank < half;
+    std::vector<int> pes;
+    for (int pe = low_half ? 0 : half; pe < (low_half ? half : n); ++pe) pes.push_back(pe);
+    Member sub_member{&me.shared->groups[low_half ? 1 : 2], me.rank - (low_half ? 0 : half),
+                      static_cast<int>(pes.size())};
+    const hp_shmem_bootstrap sub_bootstrap = BootstrapOf(&sub_member);
+    std::uint64_t sub = 0;
+    REQUIRE_OK(hp_shmem_team_create(pes.data(), static_cast<int>(pes.size()), &sub_bootstrap, &sub));
+    REQUIRE(sub != team);
+    std::vector<std::int64_t> sub_values(9, me.rank);
+    REQUIRE_OK(hp_shmem_all_reduce(sub, sub_values.data(), nullptr, sub_values.size() * 8, HP_SHMEM_INT64, 0, -1));
+    std::int64_t sub_sum = 0;
+    for (int pe : pes) sub_sum += pe;
+    for (auto v : sub_values) REQUIRE(v == sub_sum);
+    REQUIRE_OK(hp_shmem_team_release(sub));
+    REQUIRE_RC(HP_SHMEM_STATE_ERROR, hp_shmem_team_barrier(sub));   // released: refused
+
+    REQUIRE_OK(hp_shmem_team_barrier(team));
+    REQUIRE_OK(hp_shmem_team_release(team));
+    ShutdownRoot(me);
+  }));
+}
+
+// Ranks that disagree on a collective all find out, and the team still works afterwards.
+TEST_P(CapiWorld, MismatchIsSeenByEveryRankAndTheTeamRecovers) {
+  ExpectAllRanksPass(RunRanks(GetParam(), [](Rank& me) {
+    InitRoot(me);
+    const int n = me.world_size;
+    const std::uint64_t team = CreateRootTeam(me);
+    std::vector<float> values(me.rank == 0 ? 4 : 8, 1.0f);
+    REQUIRE_RC(HP_SHMEM_MISMATCH, hp_shmem_all_reduce(team, values.data(), nullptr, values.size() * 4,
+                                                      HP_SHMEM_FLOAT32, 0, -1));
+    REQUIRE(hp_shmem_last_error()[0] != '\0');
+    for (float v : values) REQUIRE(v == 1.0f);   // nothing was written
+    std::vector<float> agreed(8, static_cast<float>(me.rank));
+    REQUIRE_OK(hp_shmem_all_reduce(team, agreed.data(), nullptr, agreed.size() * 4, HP_SHMEM_FLOAT32, 0, -1));
+    for (float v : agreed) REQUIRE(v == static_cast<float>(n * (n - 1) / 2));
+    REQUIRE_OK(hp_shmem_team_release(team));
+    ShutdownRoot(me);
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, CapiWorld, ::testing::Values(2, 4, 8),
+                         [](const ::testing::TestParamInfo<int>& info) { return std::to_string(info.param) + "Ranks"; });
+
+// The checks of the C layer: exact messages, and the runtime left as it was.
+TEST(Capi, ArgumentErrorsHaveExactMessagesAndChangeNothing) {
+  ExpectAllRanksPass(RunRanks(2, [](Rank& me) {
+    // Before init: the runtime's own state check.
+    int dummy = 0;
+    REQUIRE_RC(HP_SHMEM_STATE_ERROR, hp_shmem_put(&dummy, &dummy, 4, 4, 0));
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`bootstrap` must be a non-null pointer, but got NULL",
+                  hp_shmem_init(nullptr));
+    hp_shmem_bootstrap broken = me.bootstrap;
+    broken.barrier = nullptr;
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`bootstrap->barrier` must be a non-null function pointer, but got NULL",
+                  hp_shmem_init(&broken));
+    REQUIRE(hp_shmem_state() == 0);
+    InitRoot(me);
+    const std::uint64_t team = CreateRootTeam(me);
+    hp_shmem_allocation a{};
+    REQUIRE_OK(hp_shmem_allocate(256, 64, "args", &a));
+    const Json before = DebugState();
+
+    int pes[2] = {0, 1};
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`team` must be a non-null pointer, but got NULL",
+                  hp_shmem_team_create(pes, 2, &me.bootstrap, nullptr));
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`npes` must be >= 0, but got -1",
+                  hp_shmem_team_create(pes, -1, &me.bootstrap, nullptr));
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`pes` must be a non-null pointer, but got NULL",
+                  hp_shmem_reduce(a.address, 4, a.address, 4, HP_SHMEM_FLOAT32, 0, nullptr, 2));
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`out` must be a non-null pointer, but got NULL",
+                  hp_shmem_allocate(64, 64, "args", nullptr));
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`src` must be a non-null pointer, but got NULL",
+                  hp_shmem_put(a.address, nullptr, 4, 4, 1));
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT,
+                  "`reduce_op` must be one of 0 (sum), 1 (avg), 2 (max), 3 (min), but got 7",
+                  hp_shmem_all_reduce(team, a.address, nullptr, 16, HP_SHMEM_FLOAT32, 7, -1));
+    REQUIRE_ERROR(HP_SHMEM_TYPE_ERROR,
+                  "`dtype` must be one of 0 (float32), 1 (float64), 2 (float16), 3 (bfloat16), 4 (int8), 5 (uint8), "
+                  "6 (int32), 7 (int64), but got 8",
+                  hp_shmem_all_reduce(team, a.address, nullptr, 16, 8, 0, -1));
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT,
+                  "`wire` must be one of -1 (the tensor's own dtype), 0 (float8_e4m3fn), 1 (float8_e5m2), "
+                  "2 (float16), 3 (bfloat16), but got 4",
+                  hp_shmem_reduce_scatter(team, a.address, 8, a.address, 16, HP_SHMEM_FLOAT32, 0, 4));
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`signal_bytes` must be 4 (int32) or 8 (int64), but got 2",
+                  hp_shmem_signal(a.address, 2, 1, 0, 1));
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`signal_op` must be one of 0 (set), 1 (add), but got 2",
+                  hp_shmem_signal(a.address, 8, 1, 2, 1));
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT,
+                  "`compare_op` must be one of 0 (eq), 1 (ne), 2 (gt), 3 (ge), 4 (lt), 5 (le), but got 6",
+                  hp_shmem_wait_signal(a.address, 8, 6, 1));
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`signal_bytes` must be 4 (int32) or 8 (int64), but got 16",
+                  hp_shmem_wait_signal(a.address, 16, 0, 1));
+    const hp_shmem_element_type long_name{"a_type_name_of_24_chars_", 4, -1};
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`type->name` must have 1 to 23 characters, but got more",
+                  hp_shmem_all_gather(team, a.address, 8, a.address, 4, &long_name));
+    const hp_shmem_element_type no_bytes{"float32", 0, -1};
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`type->bytes` must be > 0, but got 0",
+                  hp_shmem_all_gather(team, a.address, 8, a.address, 4, &no_bytes));
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`type` must be a non-null pointer, but got NULL",
+                  hp_shmem_all_gather(team, a.address, 8, a.address, 4, nullptr));
+    const void* sends[2] = {a.address, nullptr};
+    const std::size_t send_bytes[2] = {4, 4};
+    const std::uint64_t counts[2] = {1, 1};
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`sends[1]` must be a non-null pointer, but got NULL",
+                  hp_shmem_all_to_all(team, sends, send_bytes, 2, a.address, 8, counts, 2, &kInt32));
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`ncounts` must be >= 0, but got -2",
+                  hp_shmem_all_to_all(team, sends, send_bytes, 2, a.address, 8, counts, -2, &kInt32));
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`needed` must be a non-null pointer, but got NULL",
+                  hp_shmem_debug_state_json(nullptr, 0, nullptr));
+
+    // Nothing of it reached the runtime: same state, same allocations, no failure recorded, and the next
+    // collective still agrees on every rank.
+    REQUIRE(hp_shmem_state() == 1);
+    const Json after = DebugState();
+    REQUIRE(after["latest_failure"].text == before["latest_failure"].text);
+    REQUIRE(after["active_allocations"].items.size() == before["active_allocations"].items.size());
+    REQUIRE(after["allocated"].number == before["allocated"].number);
+    REQUIRE_OK(hp_shmem_team_barrier(team));
+    REQUIRE_OK(hp_shmem_free(a.id, "args"));
+    REQUIRE_OK(hp_shmem_team_release(team));
+    ShutdownRoot(me);
+  }));
+}
+
+// A bootstrap callback's failure is the init's: its code and message; the runtime stays uninitialised, and a
+// working bootstrap starts it afterwards.
+int FailingAllGather(void*, const void*, std::size_t, void*, char* error, std::size_t error_bytes) {
+  WriteError(error, error_bytes, "test bootstrap all_gather timed out: group=root waited_sec=0");
+  return HP_SHMEM_TIMEOUT;
+}
+
+int UnknownCodeAllGather(void*, const void*, std::size_t, void*, char* error, std::size_t error_bytes) {
+  WriteError(error, error_bytes, "framework said no");
+  return 42;
+}
+
+TEST(Capi, FailingBootstrapCallbackFailsInitWithItsCodeAndMessage) {
+  ExpectAllRanksPass(RunRanks(2, [](Rank& me) {
+    hp_shmem_bootstrap failing = me.bootstrap;
+    failing.all_gather = &FailingAllGather;
+    REQUIRE_ERROR(HP_SHMEM_TIMEOUT, "test bootstrap all_gather timed out: group=root waited_sec=0",
+                  hp_shmem_init(&failing));
+    REQUIRE(hp_shmem_state() == 0);
+    failing.all_gather = &UnknownCodeAllGather;
+    REQUIRE_ERROR(HP_SHMEM_DEVICE_ERROR, "framework said no (bootstrap all_gather returned unknown code=42)",
+                  hp_shmem_init(&failing));
+    REQUIRE(hp_shmem_state() == 0);
+    InitRoot(me);
+    ShutdownRoot(me);
+  }));
+}
+
+// The debug state: the torch binding's keys, values that match the lifecycle, and strings escaped.
+TEST(Capi, DebugStateJsonRoundTrips) {
+  {
+    // In this (parent) process the runtime never started.
+    std::size_t needed = 0;
+    ASSERT_EQ(hp_shmem_debug_state_json(nullptr, 0, &needed), HP_SHMEM_OK);
+    std::vector<char> buffer(needed);
+    ASSERT_EQ(hp_shmem_debug_state_json(buffer.data(), buffer.size(), &needed), HP_SHMEM_OK);
+    EXPECT_STREQ(hp_shmem_last_error(), "");
+    const std::string text(buffer.data());
+    EXPECT_NE(text.find("\"state\":\"uninitialized\""), std::string::npos) << text;
+    EXPECT_NE(text.find("\"active_allocations\":[]"), std::string::npos) << text;
+  }
+  ExpectAllRanksPass(RunRanks(2, [](Rank& me) {
+    InitRoot(me);
+    const std::string call_site = "site \"quoted\" back\\slash\nnew line\x01";
+    hp_shmem_allocation a{};
+    REQUIRE_OK(hp_shmem_allocate(1000, 256, call_site.c_str(), &a));
+    const Json state = DebugState();
+    for (const char* key : {"state", "lifecycle", "rank", "world_size", "device", "config", "heap_base", "heap_size",
+                            "allocated", "max_allocated", "remaining", "active_allocations", "leaked_allocations",
+                            "latest_failure", "calls_in_flight", "live_teams", "reaches_peer_memory", "nodes"}) {
+      (void)state[key];   // throws when missing
+    }
+    REQUIRE(state.fields.size() == 18);
+    REQUIRE(state["state"].text == "initialized");
+    REQUIRE(state["rank"].number == me.rank);
+    REQUIRE(state["world_size"].number == 2);
+    REQUIRE(state["device"].text == "host");
+    REQUIRE(state["config"]["heap_size"].number == 4 * 1024 * 1024);
+    REQUIRE(state["config"]["timeout_sec"].number == 10);
+    REQUIRE(state["config"]["device"].text == "host");
+    REQUIRE(state["heap_size"].number >= 4 * 1024 * 1024);
+    REQUIRE(state["nodes"].kind == Json::kArray && state["nodes"].items.size() == 2);
+    REQUIRE(state["reaches_peer_memory"].kind == Json::kBool);
+    const auto& active = state["active_allocations"].items;
+    REQUIRE(active.size() == 1);
+    REQUIRE(active[0]["allocation_id"].number == static_cast<double>(a.id));
+    REQUIRE(active[0]["bytes"].number == 1000);
+    REQUIRE(active[0]["reserved"].number >= 1000);
+    REQUIRE(active[0]["offset"].number == static_cast<double>(a.heap_offset));
+    REQUIRE(active[0]["base"].number == static_cast<double>(reinterpret_cast<std::uintptr_t>(a.address)));
+    REQUIRE(active[0]["state"].text == "active");
+    REQUIRE(active[0]["call_site"].text == call_site);
+    REQUIRE(state["allocated"].number >= 1000);
+    REQUIRE(state["latest_failure"].text.empty());
+    // A failure shows up as the latest one.
+    REQUIRE_RC(HP_SHMEM_INVALID_ARGUMENT, hp_shmem_put(a.address, &me, 4, 8, 1 - me.rank));
+    const std::string failure = hp_shmem_last_error();
+    REQUIRE(DebugState()["latest_failure"].text.find(failure) != std::string::npos);
+    REQUIRE_OK(hp_shmem_barrier());
+    REQUIRE_OK(hp_shmem_free(a.id, "debug"));
+    REQUIRE(DebugState()["active_allocations"].items.empty());
+    ShutdownRoot(me);
+    REQUIRE(DebugState()["state"].text == "uninitialized");
+  }));
+}
+
+}  // namespace
