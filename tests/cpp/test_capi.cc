@@ -421,6 +421,14 @@ TEST(Capi, AbiVersionAndNoErrorBeforeAnyCall) {
   EXPECT_STREQ(hp_shmem_last_error(), "");
 }
 
+TEST(Capi, StatusNamesAreTheRuntimes) {
+  EXPECT_STREQ(hp_shmem_status_name(HP_SHMEM_OK), "OK");
+  EXPECT_STREQ(hp_shmem_status_name(HP_SHMEM_MISMATCH), "MISMATCH");
+  EXPECT_STREQ(hp_shmem_status_name(HP_SHMEM_INTERRUPTED), "INTERRUPTED");
+  EXPECT_STREQ(hp_shmem_status_name(-1), "UNKNOWN");
+  EXPECT_STREQ(hp_shmem_status_name(HP_SHMEM_INTERRUPTED + 1), "UNKNOWN");
+}
+
 // The data plane over the root: put, get, signal and wait, barrier, reduce, then free and shut down.
 TEST_P(CapiWorld, DataPlaneFromInitToShutdown) {
   ExpectAllRanksPass(RunRanks(GetParam(), [](Rank& me) {

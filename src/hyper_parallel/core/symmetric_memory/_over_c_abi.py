@@ -482,12 +482,11 @@ def differentiable_backward(api: Api, op: str, params: dict, inputs: tuple, grad
         for c in counts:
             parts.append(h.contiguous(flat[start:start + c]))
             start += c
-        back = [h.new_like(s) for s in sends]
         joined = h.new_flat(sum(int(s.size) for s in sends), receive.dtype)
         api.all_to_all_into(parts, joined, [int(s.size) for s in sends], group)
-        start = 0
-        for j, s in enumerate(sends):
-            h.copy_into(back[j], joined[start:start + int(s.size)].reshape(s.shape))
+        back, start = [], 0
+        for s in sends:
+            back.append(joined[start:start + int(s.size)].reshape(s.shape))
             start += int(s.size)
         return (h.zeros_like(receive), *back)
     raise ValueError(f"`op` must be a differentiable collective, but got {op!r}")
