@@ -90,6 +90,8 @@ typedef struct {
 HP_SHMEM_API int hp_shmem_abi_version(void);
 /* The message of this thread's latest failed call ("" if none); valid until this thread's next call. */
 HP_SHMEM_API const char* hp_shmem_last_error(void);
+/* The name of a status code as the runtime spells it ("INVALID_ARGUMENT"), "UNKNOWN" for other values. */
+HP_SHMEM_API const char* hp_shmem_status_name(int status);
 
 /* Lifecycle. Collective over `bootstrap` (the root: every rank of the job, rank = PE): starts a lifecycle on the
  * device HYPER_PARALLEL_SHMEM_DEVICE names, with the heap HYPER_PARALLEL_SHMEM_HEAP_SIZE sets. */
