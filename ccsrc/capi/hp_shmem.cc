@@ -423,6 +423,8 @@ int hp_shmem_abi_version(void) { return HP_SHMEM_ABI_VERSION; }
 
 const char* hp_shmem_last_error(void) { return hp::shmem::capi::t_last_error.c_str(); }
 
+// Reads nothing of this thread's state: it leaves the last error alone, so that a caller may name the status of the
+// call that failed before reading that call's message.
 const char* hp_shmem_status_name(int status) {
   if (status < HP_SHMEM_OK || status > HP_SHMEM_INTERRUPTED) return "UNKNOWN";
   return hp::shmem::StatusCodeName(static_cast<hp::shmem::StatusCode>(status));

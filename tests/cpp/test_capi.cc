@@ -423,10 +423,21 @@ TEST(Capi, AbiVersionAndNoErrorBeforeAnyCall) {
 
 TEST(Capi, StatusNamesAreTheRuntimes) {
   EXPECT_STREQ(hp_shmem_status_name(HP_SHMEM_OK), "OK");
+  EXPECT_STREQ(hp_shmem_status_name(HP_SHMEM_INVALID_ARGUMENT), "INVALID_ARGUMENT");
+  EXPECT_STREQ(hp_shmem_status_name(HP_SHMEM_TYPE_ERROR), "TYPE_ERROR");
+  EXPECT_STREQ(hp_shmem_status_name(HP_SHMEM_STATE_ERROR), "STATE_ERROR");
+  EXPECT_STREQ(hp_shmem_status_name(HP_SHMEM_TIMEOUT), "TIMEOUT");
+  EXPECT_STREQ(hp_shmem_status_name(HP_SHMEM_OUT_OF_MEMORY), "OUT_OF_MEMORY");
   EXPECT_STREQ(hp_shmem_status_name(HP_SHMEM_MISMATCH), "MISMATCH");
+  EXPECT_STREQ(hp_shmem_status_name(HP_SHMEM_DEVICE_ERROR), "DEVICE_ERROR");
+  EXPECT_STREQ(hp_shmem_status_name(HP_SHMEM_INTERNAL), "INTERNAL");
   EXPECT_STREQ(hp_shmem_status_name(HP_SHMEM_INTERRUPTED), "INTERRUPTED");
   EXPECT_STREQ(hp_shmem_status_name(-1), "UNKNOWN");
-  EXPECT_STREQ(hp_shmem_status_name(HP_SHMEM_INTERRUPTED + 1), "UNKNOWN");
+  EXPECT_STREQ(hp_shmem_status_name(10), "UNKNOWN");
+  // It keeps the failed call's message readable.
+  ASSERT_EQ(hp_shmem_init(nullptr), HP_SHMEM_INVALID_ARGUMENT);
+  EXPECT_STREQ(hp_shmem_status_name(HP_SHMEM_INVALID_ARGUMENT), "INVALID_ARGUMENT");
+  EXPECT_STREQ(hp_shmem_last_error(), "`bootstrap` must be a non-null pointer, but got NULL");
 }
 
 // The data plane over the root: put, get, signal and wait, barrier, reduce, then free and shut down.
