@@ -58,7 +58,7 @@ mindspore-env: deps
 	  --config-settings=cmake.define.HP_BUILD_TORCH_BINDING=OFF .
 
 test-mindspore: mindspore-env
-	$(MS_PYTHON) -m pytest tests/mindspore -q
+	$(MS_PYTHON) -m pytest tests/on_mindspore -q
 
 clean:
 	rm -rf build

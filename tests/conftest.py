@@ -1,10 +1,10 @@
-"""Each framework's tests run in that framework's environment: `make test` runs tests/mindspore in the isolated
+"""Each framework's tests run in that framework's environment: `make test` runs tests/on_mindspore in the isolated
 MindSpore environment it creates (MindSpore pins numpy<2) and everything else in the torch one."""
 
 import importlib.util
 
 collect_ignore = []
 if importlib.util.find_spec("mindspore") is None:
-    collect_ignore.append("mindspore")
+    collect_ignore.append("on_mindspore")
 if importlib.util.find_spec("torch") is None:
     collect_ignore += ["st", "unit"]

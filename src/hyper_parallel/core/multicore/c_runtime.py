@@ -181,7 +181,9 @@ class Bootstrap:
 
     @staticmethod
     def _fail(error: BaseException, buffer: int, capacity: int) -> int:
-        text = f"{type(error).__name__}: {error}".encode("utf-8", "replace")[: max(capacity - 1, 0)]
+        # The runtime's own errors keep their message; anything else is named by its type.
+        described = str(error) if isinstance(error, errors.ShmemError) else f"{type(error).__name__}: {error}"
+        text = described.encode("utf-8", "replace")[: max(capacity - 1, 0)]
         ctypes.memmove(buffer, text + b"\0", len(text) + 1)
         return 4 if isinstance(error, errors.ShmemTimeoutError) else 7   # HP_SHMEM_TIMEOUT, HP_SHMEM_DEVICE_ERROR
 

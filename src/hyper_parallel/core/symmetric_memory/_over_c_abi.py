@@ -66,6 +66,7 @@ class Api:
             return team
 
     def _pe(self, target_rank: object, group: Optional[object], name: str) -> int:
+        self.h.require_initialized(name)
         pes = self.h.group_ranks(self.h.group_name(group))
         return pes[_rules.rank_in_group(self._integer(target_rank, name), name, len(pes))]
 
@@ -277,6 +278,7 @@ class Api:
         output = self._tensor(output_tensor, "output_tensor")
         data = self._tensor(input_tensor, "input_tensor")
         self._same_dtype(data, "input_tensor", output, "output_tensor")
+        self.h.require_initialized("shmem_allgather")
         name = self.h.group_name(group)
         self._check_multiple(output, "output_tensor", data, "input_tensor", len(self.h.group_ranks(name)))
         return self.h.differentiable("all_gather", self, (output, data), {"group": name})
@@ -318,6 +320,7 @@ class Api:
         self._same_dtype(output, "output_tensor", data, "input_tensor")
         op = self._reduce_op(op, data.dtype)
         wire = self._wire(low_precision_dtype, data.dtype, op)
+        self.h.require_initialized("shmem_reduce_scatter")
         name = self.h.group_name(group)
         self._check_multiple(data, "input_tensor", output, "output_tensor", len(self.h.group_ranks(name)))
         return self.h.differentiable("reduce_scatter", self, (output, data), {"op": op, "group": name, "wire": wire})
@@ -335,6 +338,7 @@ class Api:
                        group: Optional[object] = None) -> Any:
         """See :func:`hyper_parallel.core.symmetric_memory.shmem_alltoall`."""
         receive = self._tensor(receive_tensor, "receive_tensor")
+        self.h.require_initialized("shmem_alltoall")
         name = self.h.group_name(group)
         n = len(self.h.group_ranks(name))
         if self.h.is_tensor(send_tensor_list) or not isinstance(send_tensor_list, Sequence):

@@ -10,24 +10,70 @@ from __future__ import annotations
 
 from typing import Optional
 
+import os
+import threading
+from collections.abc import Callable
+
+import mindspore as ms
 from mindspore import communication
 from mindspore.mint import distributed
 
 from hyper_parallel.core.multicore import c_runtime
-from hyper_parallel.core.multicore.errors import ShmemStateError
+from hyper_parallel.core.multicore.errors import ShmemStateError, ShmemTimeoutError
+
+_TIMEOUT_VARIABLE = "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC"
+_DEFAULT_TIMEOUT_SEC = 120.0   # the runtime's default (runtime/config.h)
 
 WORLD = communication.GlobalComm.WORLD_COMM_GROUP
 
 
 def require_initialized(op: str) -> None:
-    """Raises ShmemStateError unless MindSpore's communication is initialised.
+    """Raises ShmemStateError unless MindSpore's communication is initialised and the call runs eagerly.
 
     Raises:
-        ShmemStateError: ``mindspore.communication.init()`` was not called.
+        ShmemStateError: ``mindspore.communication.init()`` was not called, or MindSpore runs in graph mode (its
+            compiler cannot run the host device's calls, which are Python calls into the runtime).
     """
     if not distributed.is_initialized():
         raise ShmemStateError(f"mindspore communication is not initialised (call mindspore.communication.init() "
                               f"on every rank first): op={op}")
+    if ms.get_context("mode") != ms.PYNATIVE_MODE:
+        raise ShmemStateError(f"symmetric memory on MindSpore runs in PyNative mode only (the host device's calls "
+                              f"are Python calls into the runtime, which graph mode cannot compile): op={op} "
+                              f"mode=GRAPH_MODE")
+
+
+def _timeout_sec() -> float:
+    try:
+        return float(os.environ.get(_TIMEOUT_VARIABLE, _DEFAULT_TIMEOUT_SEC))
+    except ValueError:
+        return _DEFAULT_TIMEOUT_SEC   # the runtime refuses the bad value with its own message first
+
+
+def _bounded(step: Callable[[], object], what: str, group: str) -> object:
+    """Runs one of MindSpore's blocking collectives, giving up after the runtime's timeout.
+
+    MindSpore's collectives wait without a deadline; this waits for ``step`` on a helper thread and raises when
+    the timeout passes (the thread stays blocked: the group is unusable from then on, as after any timeout).
+    """
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = step()
+        except BaseException as e:  # noqa: BLE001 (re-raised on the caller's thread)
+            outcome["error"] = e
+
+    timeout = _timeout_sec()
+    worker = threading.Thread(target=run, name=f"hp-shmem-bootstrap-{what}", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise ShmemTimeoutError(f"bootstrap {what} over the MindSpore group timed out (a rank did not take part): "
+                                f"group={group} timeout_sec={timeout:g}")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
 
 
 def name(group: Optional[str]) -> str:
@@ -64,10 +110,10 @@ def bootstrap(group: str) -> c_runtime.Bootstrap:
 
     def all_gather(payload: bytes) -> bytes:
         gathered = [None] * size
-        distributed.all_gather_object(gathered, payload, group=scope)
+        _bounded(lambda: distributed.all_gather_object(gathered, payload, group=scope), "all_gather", group)
         return b"".join(gathered)
 
     def barrier() -> None:
-        distributed.barrier(group=scope)
+        _bounded(lambda: distributed.barrier(group=scope), "barrier", group)
 
     return c_runtime.Bootstrap(me, size, all_gather, barrier)

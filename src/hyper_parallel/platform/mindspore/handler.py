@@ -8,6 +8,7 @@ get a silently wrong gradient). The Cells are made once per collective and param
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 import mindspore as ms
@@ -15,6 +16,9 @@ from mindspore import nn, ops
 
 from hyper_parallel.core.multicore.c_runtime import ElementType
 from hyper_parallel.platform.mindspore import groups, tensors
+
+
+_CELLS_KEPT = 256
 
 
 class _Collective(nn.Cell):
@@ -46,7 +50,7 @@ class Handler:
     def __init__(self, forward: Any, backward: Any) -> None:
         self._forward = forward
         self._backward = backward
-        self._cells: dict = {}
+        self._cells: OrderedDict = OrderedDict()
 
     # groups
     require_initialized = staticmethod(groups.require_initialized)
@@ -145,11 +149,16 @@ class Handler:
         """Runs collective ``op`` on ``inputs`` inside its Cell, so that its bprop gives the gradients.
 
         One Cell per distinct (op, parameters): a bprop runs after the whole forward, so a Cell's parameters must
-        not change between calls.
+        not change between calls. The most recently used ones are kept (all_to_all's counts change from call to
+        call in MoE dispatch); an evicted Cell lives on in any graph that still holds it.
         """
         key = (id(api), op, tuple(sorted(params.items())))
         cell = self._cells.get(key)
         if cell is None:
             cell = self._cells[key] = _Collective(self._forward, self._backward)
             cell.call = (api, op, params)
+            if len(self._cells) > _CELLS_KEPT:
+                self._cells.popitem(last=False)
+        else:
+            self._cells.move_to_end(key)
         return cell(*inputs)

@@ -457,6 +457,29 @@ def shutdown_refused_then_done(rank, world):
     return {"refused": refused, "state": state}
 
 
+@case
+def graph_mode_is_refused(rank, world):
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        error = raises(symm.barrier)
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    return {"error": error}
+
+
+@case
+def absent_rank_times_out(rank, world):
+    """Rank 0 starts a collective on a new group that the other ranks never join: it raises in time (the last
+    case: the group stays blocked)."""
+    symm.barrier()
+    communication.create_group("hp_absent", list(range(world)))
+    if rank != 0:
+        return {}
+    start = time.monotonic()
+    error = raises(symm.barrier, group="hp_absent")
+    return {"error": error, "seconds": time.monotonic() - start}
+
+
 def main() -> None:
     communication.init()
     rank, world = rank_world()

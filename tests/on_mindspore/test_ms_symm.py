@@ -178,3 +178,24 @@ def test_shutdown_refused_while_allocated(job):
     for res in records(job, "shutdown_refused_then_done"):
         assert res["refused"]["type"] == "ShmemStateError", res["refused"]
         assert res["state"] == "uninitialized"
+
+
+def test_graph_mode_is_refused_with_the_reason(job):
+    for res in records(job, "graph_mode_is_refused"):
+        assert res["error"]["type"] == "ShmemStateError"
+        assert res["error"]["message"].startswith("symmetric memory on MindSpore runs in PyNative mode only")
+
+
+def test_an_absent_rank_makes_the_bootstrap_time_out(job):
+    res = records(job, "absent_rank_times_out")[0]
+    assert res["error"]["type"] == "ShmemTimeoutError", res["error"]
+    assert "bootstrap all_gather over the MindSpore group timed out" in res["error"]["message"]
+    assert "group=hp_absent timeout_sec=5" in res["error"]["message"]
+    assert res["seconds"] < 30
+
+
+def test_seed_example_one_runs_as_a_script():
+    example = os.path.join(_HERE, "..", "..", "examples", "mindspore_producer_consumer.py")
+    result = ms_job.run(os.path.abspath(example), 2, timeout=200, env=_ENV)
+    assert result.returncode == 0, result.logs[-6000:]
+    assert "rank 1 received 4096 halves" in result.logs and "intact=True" in result.logs, result.logs[-6000:]

@@ -1,0 +1,81 @@
+"""The MindSpore path's parts that need no second rank: framework choice, the C ABI's loading, tensors over raw
+memory, and the refusal before MindSpore's communication is initialised."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+
+import mindspore as ms
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import hyper_parallel.core.symmetric_memory as symm
+from hyper_parallel.core.multicore import c_runtime
+from hyper_parallel.core.multicore.errors import ShmemStateError
+from hyper_parallel.core.symmetric_memory import _framework, _on_mindspore
+from hyper_parallel.platform.mindspore import tensors
+
+
+def test_the_user_api_is_mindspores_here():
+    assert _framework.FRAMEWORK == "mindspore"
+    assert symm.empty == _on_mindspore.empty and symm.shmem_allreduce == _on_mindspore.shmem_allreduce
+    assert "rendezvous" not in symm.__all__ and "shmem_alltoall" in symm.__all__
+    assert symm.is_shmem_available() is True
+
+
+def test_an_unknown_platform_is_refused(monkeypatch):
+    monkeypatch.setenv(_framework.VARIABLE, "jax")
+    with pytest.raises(ValueError, match=r"^`HYPER_PARALLEL_PLATFORM` must be one of torch, mindspore, but got 'jax'$"):
+        _framework.choose()
+    monkeypatch.setenv(_framework.VARIABLE, "MindSpore")
+    assert _framework.choose() == "mindspore"
+
+
+def test_the_c_abi_library_loads_with_its_version():
+    lib = c_runtime.library()
+    assert lib.hp_shmem_abi_version() == c_runtime.ABI_VERSION
+    assert lib.hp_shmem_status_name(6) == b"MISMATCH"
+    assert c_runtime.state() == "uninitialized"
+
+
+def test_calls_before_mindspore_communication_is_initialised_are_refused():
+    code = ("import mindspore, hyper_parallel.core.symmetric_memory as symm\n"
+            "try:\n    symm.empty(4)\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "ShmemStateError mindspore communication is not initialised (call mindspore.communication.init() on " \
+           "every rank first): op=empty" in out.stdout, out.stdout + out.stderr
+
+
+_DTYPES = [ms.float32, ms.float64, ms.float16, ms.bfloat16, ms.int8, ms.uint8, ms.int16, ms.int32, ms.int64]
+
+
+@settings(max_examples=60, deadline=None)
+@given(dtype=st.sampled_from(_DTYPES), shape=st.lists(st.integers(0, 5), min_size=0, max_size=3))
+def test_a_wrapped_tensor_shares_the_memory_it_wraps(dtype, shape):
+    info = tensors.dtype_info(dtype)
+    count = int(np.prod(shape)) if shape else 1
+    raw = (ctypes.c_byte * max(count * info.itemsize, 1))()
+    address = ctypes.addressof(raw)
+    t = tensors.wrap(address, shape, dtype)
+    assert tuple(t.shape) == tuple(shape) and t.dtype == dtype
+    if count == 0:
+        return
+    assert tensors.address(t) == address and tensors.nbytes(t) == count * info.itemsize
+    view = np.frombuffer(raw, dtype=info.numpy, count=count)
+    view[:] = np.arange(count) % 7            # written through memory, read through MindSpore
+    got = t.astype(ms.float32).asnumpy().reshape(-1) if dtype == ms.bfloat16 else t.asnumpy().reshape(-1)
+    expected = (np.arange(count) % 7).astype(info.numpy)
+    if dtype == ms.bfloat16:   # the uint16 pattern k is a tiny bfloat16; compare bits instead
+        assert np.array_equal(t.view(ms.uint16).asnumpy().reshape(-1), expected)
+    else:
+        assert np.array_equal(got, expected)
+
+
+def test_an_unsupported_dtype_is_named():
+    with pytest.raises(TypeError, match=r"^`dtype` must be one of .*, but got Complex64$"):
+        tensors.dtype_info(ms.complex64)
