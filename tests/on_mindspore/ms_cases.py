@@ -20,7 +20,6 @@ from mindspore import communication, ops
 from mindspore.mint import distributed as md
 
 import hyper_parallel.core.symmetric_memory as symm
-from hyper_parallel.core.multicore import errors
 
 CASES = {}
 
@@ -81,6 +80,14 @@ def empty_and_free(rank, world):
     out["bad_shape"] = raises(symm.empty, (2, -1))
     out["bad_dtype"] = raises(symm.empty, 4, dtype=ms.complex64)
     return out
+
+
+@case
+def heap_size_from_the_environment(rank, world):
+    t = symm.empty(1)
+    size = symm.debug_state()["heap_size"]
+    symm.free(t)
+    return {"heap_size": size}
 
 
 @case

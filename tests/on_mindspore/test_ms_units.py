@@ -4,7 +4,6 @@ memory, and the refusal before MindSpore's communication is initialised."""
 from __future__ import annotations
 
 import ctypes
-import os
 import subprocess
 import sys
 
@@ -16,7 +15,6 @@ from hypothesis import strategies as st
 
 import hyper_parallel.core.symmetric_memory as symm
 from hyper_parallel.core.multicore import c_runtime
-from hyper_parallel.core.multicore.errors import ShmemStateError
 from hyper_parallel.core.symmetric_memory import _framework, _on_mindspore
 from hyper_parallel.platform.mindspore import tensors
 

@@ -91,8 +91,6 @@ _SIGNATURES = {
     "hp_shmem_signal": [_P, ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int],
     "hp_shmem_wait_signal": [_P, ctypes.c_int, ctypes.c_int, ctypes.c_int64],
     "hp_shmem_barrier": [],
-    "hp_shmem_reduce": [_P, ctypes.c_size_t, _P, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                        ctypes.POINTER(ctypes.c_int), ctypes.c_int],
     "hp_shmem_team_create": [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.POINTER(_Bootstrap),
                              ctypes.POINTER(ctypes.c_uint64)],
     "hp_shmem_team_release": [ctypes.c_uint64],

@@ -7,9 +7,10 @@ and on MindSpore.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Sequence
 from typing import Optional
+
+from hyper_parallel.core.multicore.call_site import user_call_site
 
 SIGNAL_OPS = {0: "set", 1: "add"}
 # Seed 000 numbers EQ, GT, LT; the rest extend it.
@@ -18,8 +19,7 @@ REDUCE_OPS = ("sum", "avg", "max", "min")
 BACKWARD_MODES = ("identity", "allreduce")
 LOW_PRECISION_NAMES = ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 _OFF = ("", "none")
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_LOG_DEBUG = "0"
+_LOG_DEBUG = ("0", "DEBUG")
 
 
 def type_name(value: object) -> str:
@@ -97,13 +97,7 @@ def low_precision_name(value: object, what: str) -> Optional[str]:
 
 
 def call_site() -> str:
-    """``file:line in function`` of the first frame outside this package, or "" unless logging at DEBUG (the
-    runtime logs it with the allocation)."""
-    if os.environ.get("HYPER_PARALLEL_SHMEM_LOG_LEVEL", "").strip().upper() not in (_LOG_DEBUG, "DEBUG"):
-        return ""
-    frame = sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR + os.sep):
-        frame = frame.f_back
-    if frame is None:
-        return ""
-    return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+    """The user's call site, only when HYPER_PARALLEL_SHMEM_LOG_LEVEL asks for DEBUG logs (the runtime logs it with
+    the allocation)."""
+    level = os.environ.get("HYPER_PARALLEL_SHMEM_LOG_LEVEL", "").strip().upper()
+    return user_call_site(level in _LOG_DEBUG)

@@ -2,35 +2,23 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Optional
 
 import torch
 
+from hyper_parallel.core.multicore import call_site
 from hyper_parallel.core.multicore.shmem import _across_nodes
 from hyper_parallel.core.multicore.shmem._binding import C
 from hyper_parallel.core.multicore.shmem._checks import type_name
 from hyper_parallel.core.multicore.shmem._lifecycle import root_info
 from hyper_parallel.core.multicore.errors import ShmemTypeError, ShmemValueError, attach_fields
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 _LOG_DEBUG = 0
 
 
 def user_call_site() -> str:
-    """``file:line in function`` of the first frame outside this package, or "" unless logging at DEBUG.
-
-    Only computed when HYPER_PARALLEL_SHMEM_LOG_LEVEL=0 asks for allocation logs, so it costs nothing otherwise.
-    """
-    if C.log_level() != _LOG_DEBUG:
-        return ""
-    frame = sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR + os.sep):
-        frame = frame.f_back
-    if frame is None:
-        return ""
-    return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+    """The user's call site, only when HYPER_PARALLEL_SHMEM_LOG_LEVEL=0 asks for allocation logs."""
+    return call_site.user_call_site(C.log_level() == _LOG_DEBUG)
 
 
 def _parse_size(size: tuple) -> list:
