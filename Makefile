@@ -4,7 +4,7 @@ NPROC_DEMO ?= 4
 BUILD_CPP := build/cpp
 BUILD_SAN := build/cpp-sanitize
 
-.PHONY: deps install demo perf perf-multinode test test-cpp test-cpp-sanitize test-py test-mindspore mindspore-env clean
+.PHONY: deps install demo perf perf-multinode perf-mindspore test test-cpp test-cpp-sanitize test-py test-mindspore mindspore-env clean
 
 # Build and test requirements: torch's CPU build, the Python build tools, and googletest from Debian.
 deps:
@@ -59,6 +59,16 @@ mindspore-env: deps
 
 test-mindspore: mindspore-env
 	$(MS_PYTHON) -m pytest tests/on_mindspore -q
+
+# The README's MindSpore rows: ours on MindSpore tensors beside mccl (mindspore.mint.distributed), 2 ranks under msrun
+# (docs/perf.md, "MindSpore"). msrun starts `python` from PATH: the MindSpore environment's; rank 0's table is in
+# build/perf-mindspore-logs/worker_0.log as well.
+PERF_MS_ARGS ?= --op all -b 8 -e 16M -f 4
+perf-mindspore: mindspore-env
+	PATH="$(abspath $(MS_VENV))/bin:$$PATH" GLOG_v=3 $(MS_PYTHON) -m mindspore.parallel.cluster.run --worker_num=2 \
+	  --local_worker_num=2 --master_port=$$($(MS_PYTHON) -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])') \
+	  --log_dir=build/perf-mindspore-logs --join=True python -m hyper_parallel.perf.mindspore $(PERF_MS_ARGS) \
+	  --json perf-mindspore.json
 
 clean:
 	rm -rf build

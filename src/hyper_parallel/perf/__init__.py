@@ -7,7 +7,9 @@ columns and the method. Modules:
   running under mpiexec and MPI's side (``--baseline gloo,mpi``);
 * :mod:`.ops` the table of operations and their nccl-tests accounting, :mod:`.cases` how each rank runs them;
 * :mod:`.timing` the one timing loop, :mod:`.runner` one rank's run;
-* :mod:`.report` the table, JSON and plot, :mod:`.progress` the progress bar, :mod:`.units` sizes and types.
+* :mod:`.report` the table, JSON and plot, :mod:`.progress` the progress bar, :mod:`.units` sizes and types;
+* :mod:`.mindspore` the MindSpore sibling (``python -m hyper_parallel.perf.mindspore`` under msrun): ours beside
+  mccl, on the same timing loop, accounting and table.
 
 Importing this package imports no torch: the launcher starts fast and checks its flags first.
 """

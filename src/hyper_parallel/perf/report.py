@@ -166,10 +166,16 @@ _LOW_PRECISION = [
     Column("#wrong", "", 9, _in_place(_wrong, "low_precision_wrong")),
     Column("gain", "(full/lo)", 10, _in_place(_ratio, "low_precision_gain")),
 ]
+def _optional(format_value: Callable[[Any], str], field: str) -> Callable[[Row], str]:
+    """A cell that may be missing: ``field`` of the row formatted, or blank when None (a baseline the framework
+    cannot run for that op: MindSpore's mccl reduce_scatter on CPU)."""
+    return lambda row: "" if getattr(row, field) is None else format_value(getattr(row, field))
+
+
 _BASELINE = [
-    Column("time", "(us)", 9, lambda row: format_time_us(row.baseline_time_us)),
-    Column("algbw", "(GB/s)", 7, lambda row: _fixed2(row.baseline_algbw)),
-    Column("busbw", "(GB/s)", 7, lambda row: _fixed2(row.baseline_busbw)),
+    Column("time", "(us)", 9, _optional(format_time_us, "baseline_time_us")),
+    Column("algbw", "(GB/s)", 7, _optional(_fixed2, "baseline_algbw")),
+    Column("busbw", "(GB/s)", 7, _optional(_fixed2, "baseline_busbw")),
 ]
 _SPEEDUP = Column("speedup", "", 8, lambda row: _ratio(row.speedup))
 # With an in-place group: the baseline's time over ours out of place, and over ours in place.
@@ -282,7 +288,7 @@ def footer(rows: list[Row]) -> list[str]:
     return lines
 
 
-def write_json(path: str, settings: dict[str, Any], rows: list[Row]) -> None:
+def write_json(path: str, settings: dict[str, Any], rows: list[Row], tool: str = "hp-shmem-perf") -> None:
     """Writes the run's settings and every row to ``path``.
 
     Schema: ``{"tool": "hp-shmem-perf", "schema": 5, "settings": {...}, "rows": [Row.to_json(), ...]}``.
@@ -291,11 +297,12 @@ def write_json(path: str, settings: dict[str, Any], rows: list[Row]) -> None:
         path: the file to (over)write.
         settings: the run's settings (op, nranks, dtype, iterations, ...).
         rows: the rows in size order.
+        tool: the ``tool`` field: which tool wrote the file (``hp-shmem-perf-mindspore`` for the MindSpore one).
 
     Raises:
         OSError: the file cannot be written.
     """
-    document = {"tool": "hp-shmem-perf", "schema": SCHEMA_VERSION, "settings": settings,
+    document = {"tool": tool, "schema": SCHEMA_VERSION, "settings": settings,
                 "rows": [row.to_json() for row in rows]}
     with open(path, "w", encoding="utf-8") as stream:
         json.dump(document, stream, indent=2)

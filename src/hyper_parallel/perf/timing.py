@@ -5,16 +5,16 @@ A timed loop is: the side's own barrier, a high-resolution clock started when th
 calling thread, and gloo's and MPI's calls wait for their work), the clock stopped. Repetitions alternate the sides, so
 that noise on this shared machine hits all of them alike. The reported time of a side is the median over
 repetitions of the slowest rank's loop time, divided by ``iterations`` (and by the op's ``time_divisor``).
+
+Only :func:`slowest_rank` needs torch (it imports it when called): the loop itself also times the MindSpore tool
+(:mod:`hyper_parallel.perf.mindspore`), whose processes have no torch.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable, NamedTuple
-
-import torch
-import torch.distributed as dist
+from typing import Callable, NamedTuple, Optional
 
 
 class Side(NamedTuple):
@@ -24,11 +24,15 @@ class Side(NamedTuple):
         name: ``"ours"``, ``"in_place"``, ``"low_precision"``, ``"gloo"``, ``"mpi"`` or ``"memcpy"``.
         run: one operation.
         barrier: the barrier that lines the ranks up before its loop (the side's own).
+        complete: waits until every operation run so far has finished, before the clock stops (a framework whose
+            operations return before they finish: MindSpore's); None where each operation is complete when it
+            returns.
     """
 
     name: str
     run: Callable[[], None]
     barrier: Callable[[], None]
+    complete: Optional[Callable[[], None]] = None
 
 
 def timed_loop(side: Side, iterations: int) -> float:
@@ -39,13 +43,16 @@ def timed_loop(side: Side, iterations: int) -> float:
         iterations: how many operations (0 runs only the barrier).
 
     Returns:
-        This rank's seconds from the barrier's return to the last operation's return.
+        This rank's seconds from the barrier's return to the last operation's return (its completion, with
+        ``side.complete``).
     """
     run = side.run
     side.barrier()
     start = time.perf_counter()
     for _ in range(iterations):
         run()
+    if side.complete is not None:
+        side.complete()
     return time.perf_counter() - start
 
 
@@ -87,6 +94,9 @@ def slowest_rank(elapsed: list[list[float]]) -> list[list[float]]:
     Returns:
         The same shape, each entry the slowest rank's seconds.
     """
+    import torch
+    import torch.distributed as dist
+
     table = torch.tensor(elapsed, dtype=torch.float64)
     dist.all_reduce(table, op=dist.ReduceOp.MAX)
     return table.tolist()
