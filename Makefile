@@ -63,7 +63,7 @@ test-mindspore: mindspore-env
 # The README's MindSpore rows: ours on MindSpore tensors beside mccl (mindspore.mint.distributed), 2 ranks under msrun
 # (docs/perf.md, "MindSpore"). msrun starts `python` from PATH: the MindSpore environment's; rank 0's table is in
 # build/perf-mindspore-logs/worker_0.log as well.
-PERF_MS_ARGS ?= --op all -b 8 -e 16M -f 4
+PERF_MS_ARGS ?= --op all -b 8 -e 16M -f 4 -n 100 -w 10 -r 5
 perf-mindspore: mindspore-env
 	PATH="$(abspath $(MS_VENV))/bin:$$PATH" GLOG_v=3 $(MS_PYTHON) -m mindspore.parallel.cluster.run --worker_num=2 \
 	  --local_worker_num=2 --master_port=$$($(MS_PYTHON) -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])') \

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 
 import mindspore as ms
-from mindspore import communication
+from mindspore import communication, context
 from mindspore.mint import distributed
 
 from hyper_parallel.core.multicore import c_runtime
@@ -23,6 +23,7 @@ from hyper_parallel.core.multicore.errors import ShmemStateError, ShmemTimeoutEr
 
 _TIMEOUT_VARIABLE = "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC"
 _DEFAULT_TIMEOUT_SEC = 120.0   # the runtime's default (runtime/config.h)
+_initialized = False           # MindSpore's communication was seen initialised (it stays so)
 
 WORLD = communication.GlobalComm.WORLD_COMM_GROUP
 
@@ -34,10 +35,14 @@ def require_initialized(op: str) -> None:
         ShmemStateError: ``mindspore.communication.init()`` was not called, or MindSpore runs in graph mode (its
             compiler cannot run the host device's calls, which are Python calls into the runtime).
     """
-    if not distributed.is_initialized():
-        raise ShmemStateError(f"mindspore communication is not initialised (call mindspore.communication.init() "
-                              f"on every rank first): op={op}")
-    if ms.get_context("mode") != ms.PYNATIVE_MODE:
+    global _initialized
+    if not _initialized:
+        if not distributed.is_initialized():
+            raise ShmemStateError(f"mindspore communication is not initialised (call mindspore.communication.init() "
+                                  f"on every rank first): op={op}")
+        _initialized = True
+    # context._get_mode is what get_context("mode") reads, without its argument checks: this runs on every call.
+    if context._get_mode() != ms.PYNATIVE_MODE:
         raise ShmemStateError(f"symmetric memory on MindSpore runs in PyNative mode only (the host device's calls "
                               f"are Python calls into the runtime, which graph mode cannot compile): op={op} "
                               f"mode=GRAPH_MODE")

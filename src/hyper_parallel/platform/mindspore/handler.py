@@ -1,9 +1,9 @@
 """The MindSpore handler as the user API sees it (:class:`hyper_parallel.core.symmetric_memory._over_c_abi.Api`):
 tensors, groups, synchronisation and autograd, each in MindSpore's terms.
 
-Autograd: each collective runs inside an ``nn.Cell`` whose ``bprop`` gives seed 004's gradients, so that
-``mindspore.grad``/``value_and_grad`` differentiate through it (an operation MindSpore cannot see would otherwise
-get a silently wrong gradient). The Cells are made once per collective and parameters, and reused.
+Autograd: while MindSpore records a gradient graph, each collective runs inside an ``nn.Cell`` whose ``bprop`` gives
+seed 004's gradients, so that ``mindspore.grad``/``value_and_grad`` differentiate through it (an operation MindSpore
+cannot see would otherwise get a silently wrong gradient). The Cells are made once per collective and parameters, and reused.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from typing import Any
 
 import mindspore as ms
 from mindspore import nn, ops
+# Whether MindSpore is recording a gradient graph now (inside grad/value_and_grad): public APIs do not say.
+from mindspore.common.api import _pynative_executor
 
 from hyper_parallel.core.multicore.c_runtime import ElementType
 from hyper_parallel.platform.mindspore import groups, tensors
@@ -146,12 +148,15 @@ class Handler:
 
     # autograd
     def differentiable(self, op: str, api: Any, inputs: tuple, params: dict) -> Any:
-        """Runs collective ``op`` on ``inputs`` inside its Cell, so that its bprop gives the gradients.
+        """Runs collective ``op`` on ``inputs`` inside its Cell, so that its bprop gives the gradients, when MindSpore
+        records a gradient graph; directly otherwise (a Cell call costs more than the runtime's call).
 
         One Cell per distinct (op, parameters): a bprop runs after the whole forward, so a Cell's parameters must
         not change between calls. The most recently used ones are kept (all_to_all's counts change from call to
         call in MoE dispatch); an evicted Cell lives on in any graph that still holds it.
         """
+        if not _pynative_executor.requires_grad():
+            return self._forward(api, op, params, inputs)
         key = (id(api), op, tuple(sorted(params.items())))
         cell = self._cells.get(key)
         if cell is None:
