@@ -346,10 +346,26 @@ def send_recv(rank, world):
     else:
         symm.shmem_recv(buf, prev)
         symm.shmem_send(tensor(values(rank, n)), nxt)
+    communication.create_group("hp_fresh", list(range(world)))
     return {"ok": bool(np.array_equal(buf.asnumpy(), values(prev, n))),
-            "self": raises(symm.shmem_send, buf, rank)}
+            "self": raises(symm.shmem_send, buf, rank),
+            "no_channel": raises(symm.shmem_send, buf, nxt, group="hp_fresh")}
 
 
+@case
+def send_recv_refused_while_recording(rank, world):
+    """MindSpore cannot run the receiver's backward (its buffer is never differentiated): refused, not silently
+    wrong."""
+    nxt = (rank + 1) % world
+    symm.barrier()
+    seen = {}
+
+    def loss(x):
+        seen["error"] = raises(symm.shmem_send, x * 1.0, nxt)
+        return (x * 2).sum()
+
+    ms.grad(loss)(tensor(values(rank, 4)))
+    return seen
 @case
 def sub_groups(rank, world):
     evens = [r for r in range(world) if r % 2 == 0]

@@ -162,6 +162,15 @@ def test_send_recv(job):
     for res in records(job, "send_recv"):
         assert res["ok"] is True
         assert res["self"]["message"].startswith("`dst_rank` must be a rank of the group other than this one")
+        assert res["no_channel"]["type"] == "ShmemStateError"
+        assert res["no_channel"]["message"].startswith("group has no channel yet (run a collective or symm.barrier on "
+                                                       "it first): op=shmem_send group=hp_fresh")
+
+
+def test_send_recv_are_refused_while_a_gradient_is_recorded(job):
+    for res in records(job, "send_recv_refused_while_recording"):
+        assert res["error"]["type"] == "ShmemStateError"
+        assert res["error"]["message"].startswith("shmem_send cannot be differentiated on mindspore (a Cell's bprop")
 
 
 def test_sub_groups_use_group_ranks(job):

@@ -370,18 +370,37 @@ class Api:
             raise ValueError(f"`{name}` must be a rank of the group other than this one ({team.me}), but got {peer}")
         return peer
 
+    def _registered_team(self, group: Optional[object], op: str) -> _Team:
+        """The team of a group that already ran a collective: point to point cannot create one (that is collective
+        over the whole group, and only two of its ranks take part)."""
+        self._ensure_runtime(op)
+        name = self.h.group_name(group)
+        team = self._teams.get(name)
+        if team is None:
+            raise ShmemStateError(f"group has no channel yet (run a collective or symm.barrier on it first): op={op} "
+                                  f"group={name}")
+        return team
+
+    def _refuse_recording(self, op: str) -> None:
+        if self.h.recording():
+            raise ShmemStateError(f"{op} cannot be differentiated on {self.h.name} (a Cell's bprop runs only when one "
+                                  f"of its inputs is differentiated, and a receive buffer never is, so the gradient "
+                                  f"would never travel back; call it outside grad/value_and_grad): op={op}")
+
     def shmem_send(self, tensor: Any, dst_rank: object, group: Optional[object] = None) -> None:
-        """See :func:`hyper_parallel.core.symmetric_memory.shmem_send`."""
+        """See :func:`hyper_parallel.core.symmetric_memory.shmem_send` (not while a gradient graph is recorded)."""
         t = self._tensor(tensor, "tensor")
-        team = self._team(group, "shmem_send")
+        self._refuse_recording("shmem_send")
+        team = self._registered_team(group, "shmem_send")
         peer = self._peer(dst_rank, "dst_rank", team)
         self.h.synchronize()
         c_runtime.send(team.id, self.h.address(t), self.h.nbytes(t), peer)
 
     def shmem_recv(self, tensor: Any, src_rank: object, group: Optional[object] = None) -> Any:
-        """See :func:`hyper_parallel.core.symmetric_memory.shmem_recv`."""
+        """See :func:`hyper_parallel.core.symmetric_memory.shmem_recv` (not while a gradient graph is recorded)."""
         t = self._tensor(tensor, "tensor")
-        team = self._team(group, "shmem_recv")
+        self._refuse_recording("shmem_recv")
+        team = self._registered_team(group, "shmem_recv")
         peer = self._peer(src_rank, "src_rank", team)
         self.h.synchronize()
         c_runtime.recv(team.id, self.h.address(t), self.h.nbytes(t), peer)

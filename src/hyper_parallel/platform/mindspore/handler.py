@@ -147,6 +147,11 @@ class Handler:
         return ops.matmul(a, b)
 
     # autograd
+    @staticmethod
+    def recording() -> bool:
+        """Whether MindSpore records a gradient graph now (inside grad/value_and_grad)."""
+        return bool(_pynative_executor.requires_grad())
+
     def differentiable(self, op: str, api: Any, inputs: tuple, params: dict) -> Any:
         """Runs collective ``op`` on ``inputs`` inside its Cell, so that its bprop gives the gradients, when MindSpore
         records a gradient graph; directly otherwise (a Cell call costs more than the runtime's call).
@@ -155,7 +160,7 @@ class Handler:
         not change between calls. The most recently used ones are kept (all_to_all's counts change from call to
         call in MoE dispatch); an evicted Cell lives on in any graph that still holds it.
         """
-        if not _pynative_executor.requires_grad():
+        if not self.recording():
             return self._forward(api, op, params, inputs)
         key = (id(api), op, tuple(sorted(params.items())))
         cell = self._cells.get(key)
