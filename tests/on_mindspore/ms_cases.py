@@ -20,6 +20,7 @@ from mindspore import communication, ops
 from mindspore.mint import distributed as md
 
 import hyper_parallel.core.symmetric_memory as symm
+from hyper_parallel.platform.mindspore import tensors as ms_tensors
 
 CASES = {}
 
@@ -366,6 +367,31 @@ def send_recv_refused_while_recording(rank, world):
 
     ms.grad(loss)(tensor(values(rank, 4)))
     return seen
+@case
+def rendezvous_peer_buffers(rank, world):
+    t = symm.empty(8 * world, dtype=ms.float32)
+    t.copy_(tensor(np.full(8 * world, rank, np.float32)))
+    symm.barrier()
+    mem = symm.rendezvous(t)
+    nxt = (rank + 1) % world
+    peer = mem.get_buffer(nxt, (8,), ms.float32)
+    seen = peer.asnumpy().copy()                          # the next rank's copy, read in place
+    mine_there = mem.get_buffer(nxt, (8,), ms.float32, storage_offset=8 * rank)
+    mine_there.copy_(tensor(np.full(8, 100 + rank, np.float32)))   # written into its memory
+    ms_tensors.synchronize()   # the copy_ above is queued: it must have run before the barrier
+    mem.barrier()
+    prev = (rank - 1) % world
+    got = t.asnumpy()[8 * prev:8 * prev + 8].copy()
+    out = {"read_peer": bool(np.array_equal(seen, np.full(8, nxt, np.float32))),
+           "written_by_prev": bool(np.array_equal(got, np.full(8, 100 + prev, np.float32))),
+           "world": mem.world_size == world and mem.rank == rank and mem.buffer_size == 32 * world,
+           "past_end": raises(mem.get_buffer, nxt, (9 * world,), ms.float32),
+           "mismatch": raises(symm.rendezvous, t if rank == 0 else t[8:])}
+    symm.barrier()
+    symm.free(t)
+    return out
+
+
 @case
 def sub_groups(rank, world):
     evens = [r for r in range(world) if r % 2 == 0]

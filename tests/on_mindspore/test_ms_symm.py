@@ -173,6 +173,14 @@ def test_send_recv_are_refused_while_a_gradient_is_recorded(job):
         assert res["error"]["message"].startswith("shmem_send cannot be differentiated on mindspore (a Cell's bprop")
 
 
+def test_rendezvous_gives_every_ranks_copy(job):
+    for res in records(job, "rendezvous_peer_buffers"):
+        all_true([res], ["read_peer", "written_by_prev", "world"])
+        assert res["past_end"]["message"].startswith("`sizes` and `storage_offset` must lie inside the tensor")
+        assert res["mismatch"]["type"] == "ValueError"
+        assert res["mismatch"]["message"].startswith("`tensor` must be the same symmetric tensor on every rank")
+
+
 def test_sub_groups_use_group_ranks(job):
     for res in records(job, "sub_groups"):
         all_true([res], ["all_reduce", "all_gather", "put_group_rank"])

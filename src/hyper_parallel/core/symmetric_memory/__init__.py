@@ -84,6 +84,8 @@ else:
         is_shmem_available,
         get_signal_pad_size,
         set_signal_pad_size,
+        rendezvous,
+        SymmetricMemory,
     )
 
 _PUBLIC = [
@@ -110,4 +112,4 @@ _PUBLIC = [
     "shmem_wait_for_signal",
     "shutdown",
 ]
-__all__ = [name for name in _PUBLIC if name in globals()]   # rendezvous is torch-only
+__all__ = [name for name in _PUBLIC if name in globals()]

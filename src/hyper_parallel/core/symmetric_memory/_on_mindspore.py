@@ -17,7 +17,7 @@ tensor, so after :func:`free` the tensor still reads the heap's memory: the runt
 
 from __future__ import annotations
 
-from hyper_parallel.core.symmetric_memory._over_c_abi import Api, differentiable_backward, run_forward
+from hyper_parallel.core.symmetric_memory._over_c_abi import Api, PeerBuffers, differentiable_backward, run_forward
 from hyper_parallel.platform.mindspore.handler import Handler
 
 API = Api(Handler(run_forward, differentiable_backward))
@@ -43,3 +43,5 @@ debug_state = API.debug_state
 is_shmem_available = API.is_shmem_available
 set_signal_pad_size = API.set_signal_pad_size
 get_signal_pad_size = API.get_signal_pad_size
+rendezvous = API.rendezvous
+SymmetricMemory = PeerBuffers

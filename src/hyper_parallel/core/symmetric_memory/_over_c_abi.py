@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
+from array import array
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -32,6 +33,63 @@ class _Team:
     id: int
     pes: list
     me: int
+
+
+class PeerBuffers:
+    """What ``rendezvous`` returns on this path (torch's ``SymmetricMemory``): the group's view of one symmetric
+    tensor.
+
+    Attributes:
+        rank: this process's rank inside the group.
+        world_size: the group's size.
+        buffer_size: the tensor's bytes (the same on every rank).
+        buffer_ptrs: the address, in this process, of every group rank's copy (index = group rank).
+    """
+
+    def __init__(self, api: "Api", address: int, nbytes: int, team: _Team, group: str) -> None:
+        self._api = api
+        self._group = group
+        self.rank = team.me
+        self.world_size = len(team.pes)
+        self.buffer_size = nbytes
+        self.buffer_ptrs = [c_runtime.peer_address(address, nbytes, pe) for pe in team.pes]
+
+    def get_buffer(self, rank: int, sizes: Any, dtype: Any, storage_offset: int = 0) -> Any:
+        """Group rank ``rank``'s copy as a tensor of ``sizes`` and ``dtype``, over that rank's memory (no copy).
+
+        Args:
+            rank: a rank inside the group.
+            sizes: the shape of the view.
+            dtype: its element type.
+            storage_offset: where it starts, in elements of ``dtype``.
+
+        Returns:
+            The tensor; reads and writes reach that rank's memory: order them with signals or :meth:`barrier`.
+
+        Raises:
+            TypeError: a bad ``rank``, ``sizes`` or ``dtype``.
+            ValueError: ``rank`` outside the group, a negative offset, or a view past the tensor's end.
+        """
+        h = self._api.h
+        rank = _rules.rank_in_group(self._api._integer(rank, "rank"), "rank", self.world_size)
+        shape = _rules.shape(sizes)
+        itemsize = h.dtype_info(dtype).itemsize
+        begin = self._api._count(storage_offset, "storage_offset") * itemsize
+        numel = 1
+        for d in shape:
+            numel *= d
+        end = begin + numel * itemsize
+        if end > self.buffer_size:
+            raise ValueError(f"`sizes` and `storage_offset` must lie inside the tensor ({self.buffer_size} bytes), but "
+                             f"got bytes [{begin}, {end})")
+        return h.wrap(self.buffer_ptrs[rank] + begin, shape, dtype)
+
+    def barrier(self) -> None:
+        """A barrier of the group: writes before it are visible to every rank after it."""
+        self._api.barrier(self._group)
+
+    def __repr__(self) -> str:
+        return f"SymmetricMemory(rank={self.rank}, world_size={self.world_size}, buffer_size={self.buffer_size})"
 
 
 class Api:
@@ -105,6 +163,34 @@ class Api:
             self.h.synchronize()
             c_runtime.shutdown(self.h.bootstrap(self.h.world_group()))
             self._teams.clear()
+
+    def rendezvous(self, tensor: Any, group: Optional[object] = None) -> "PeerBuffers":
+        """See :func:`hyper_parallel.core.symmetric_memory.rendezvous` (torch's): every group rank's copy of one
+        symmetric tensor, checked to be the same range on every rank (collective over the group)."""
+        t = self._tensor(tensor, "tensor")
+        if c_runtime.state() != "initialized":
+            raise ShmemStateError("symmetric memory is not initialised: op=rendezvous (call symm.empty() on every "
+                                  "rank first)")
+        address, nbytes = self.h.address(t), self.h.nbytes(t)
+        offset = -1
+        for allocation in self._allocations.values():
+            if allocation.address <= address and address + nbytes <= allocation.address + allocation.bytes:
+                offset = allocation.heap_offset + (address - allocation.address)
+        team = self._team(group, "rendezvous")
+        rows = self._exchange(team, [offset, nbytes])
+        mismatch = _rules.rendezvous_mismatch(rows)
+        if mismatch is not None:
+            raise ValueError(mismatch)
+        return PeerBuffers(self, address, nbytes, team, self.h.group_name(group))
+
+    def _exchange(self, team: _Team, values: list) -> list:
+        """Every member's ``values`` (int64s, as many on every rank), in group-rank order, through the engine."""
+        mine = array("q", values)
+        every = array("q", bytes(8 * len(values) * len(team.pes)))
+        c_runtime.all_gather(team.id, every.buffer_info()[0], len(every) * 8, mine.buffer_info()[0], len(mine) * 8,
+                             c_runtime.ElementType("int64", 8, "int64"))
+        n = len(values)
+        return [list(every[i * n:(i + 1) * n]) for i in range(len(team.pes))]
 
     def debug_state(self) -> dict:
         """The runtime's snapshot (keys as the torch runtime face's ``debug_state``)."""

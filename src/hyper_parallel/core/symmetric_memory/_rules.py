@@ -101,3 +101,16 @@ def call_site() -> str:
     the allocation)."""
     level = os.environ.get("HYPER_PARALLEL_SHMEM_LOG_LEVEL", "").strip().upper()
     return user_call_site(level in _LOG_DEBUG)
+
+
+def rendezvous_mismatch(rows: Sequence[Sequence[int]]) -> Optional[str]:
+    """The message when the group's ranks passed different tensors to ``rendezvous``, or None when they agree.
+
+    Args:
+        rows: each group rank's (heap offset, bytes); offset -1 for a tensor outside the heap.
+    """
+    if rows[0][0] >= 0 and all(list(row) == list(rows[0]) for row in rows):
+        return None
+    shown = ", ".join(f"rank{r}=(offset={o}, bytes={b})" for r, (o, b) in enumerate(rows))
+    return (f"`tensor` must be the same symmetric tensor on every rank of the group (from symm.empty; offset -1: "
+            f"not symmetric), but got {shown}")

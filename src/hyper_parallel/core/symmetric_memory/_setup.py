@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.symmetric_memory import _args, _context
+from hyper_parallel.core.symmetric_memory import _args, _context, _rules
 
 _SIGNAL_PADS = ("signal pads are not part of this library: a signal is a symmetric tensor like any other "
                 "(symm.empty(n, dtype=torch.int32), raised with shmem_signal_op and waited for with "
@@ -125,12 +125,9 @@ def rendezvous(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] = None) 
     ch = _context.channel(group)
     mine = [_context.heap_offset(t), t.numel() * t.element_size()]
     rows = ch.publish(ch.flip(), mine)
-    if mine[0] < 0 or any(row != rows[0] for row in rows):
-        shown = ", ".join(f"rank{r}=(offset={o}, bytes={b})" for r, (o, b) in enumerate(rows))
-        raise ValueError(
-            f"`tensor` must be the same symmetric tensor on every rank of the group (from symm.empty; offset -1: "
-            f"not symmetric), but got {shown}"
-        )
+    mismatch = _rules.rendezvous_mismatch(rows)
+    if mismatch is not None:
+        raise ValueError(mismatch)
     return SymmetricMemory(t, ch, group)
 
 
