@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
