@@ -190,6 +190,7 @@ def bad_primitive_arguments(rank, world):
         "ordinary_target": raises(symm.shmem_put, ms.Tensor(np.zeros(16, np.float32)), 0, src, 0, 4, 0),
         "float_offset": raises(symm.shmem_put, buf, 1.5, src, 0, 4, 0),
         "tensor_offset_2": raises(symm.shmem_put, buf, ms.Tensor([1, 2]), src, 0, 4, 0),
+        "depend_tensor": raises(symm.shmem_wait_for_signal, [1], sig, 0, 1, 0),
     }
     symm.barrier()
     # nothing was written by any refused call
@@ -293,6 +294,8 @@ def low_precision(rank, world):
         out[str(wire)] = {"within": err <= bound, "err": err}
     out["max_refused"] = raises(symm.shmem_allreduce, tensor(a), "max", None, "bfloat16")
     out["int_refused"] = raises(symm.shmem_allreduce, tensor(values(rank, 4, np.int32)), "sum", None, "float16")
+    out["not_narrower"] = raises(symm.shmem_allreduce, tensor(values(rank, 4, np.float16)), "sum", None, "bfloat16")
+    out["unknown"] = raises(symm.shmem_allreduce, tensor(a), "sum", None, "float7")
     os.environ["SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE"] = "bfloat16"
     t = tensor(a)
     symm.shmem_allreduce(t, "sum")
@@ -332,6 +335,9 @@ def all_to_all(rank, world):
     bad_counts = [c + (1 if rank == 0 and i == 1 else 0) for i, c in enumerate(counts)]
     out["count_mismatch"] = raises(symm.shmem_alltoall, sends, receive, bad_counts)
     out["wrong_length"] = raises(symm.shmem_alltoall, sends[:-1], receive, counts)
+    out["counts_type"] = raises(symm.shmem_alltoall, sends, receive, "123")
+    out["counts_past_end"] = raises(symm.shmem_alltoall, sends, receive, [c + 2 for c in counts])
+    out["counts_tensor"] = raises(symm.shmem_alltoall, sends, receive, ms.Tensor(np.array(counts, np.int64)))
     return out
 
 
@@ -487,6 +493,11 @@ def fused_ops(rank, world):
     total = sum(np.random.default_rng(q + 10).standard_normal((2 * world, k)).astype(np.float32) @ b
                 for q in range(world))
     out["reduce_scatter"] = bool(np.allclose(r.asnumpy(), total[2 * rank:2 * rank + 2], atol=1e-4))
+    out["bad_op"] = raises(symm.fused_matmul_reduce_scatter, tensor(x1), tensor(b), scratch, None, "max")
+    out["rows"] = raises(symm.fused_matmul_reduce_scatter, tensor(x1[:2 * world - 1]), tensor(b), scratch, None)
+    small = symm.empty(3, dtype=ms.float32)
+    out["scratch"] = raises(symm.fused_matmul_reduce_scatter, tensor(x1), tensor(b), small, None)
+    symm.free(small)
     symm.free(scratch)
     symm.free(gather_out)
     return out

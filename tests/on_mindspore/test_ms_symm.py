@@ -105,6 +105,7 @@ def test_bad_primitive_arguments(job):
         assert "symmetric" in res["ordinary_target"]["message"] or "allocation" in res["ordinary_target"]["message"]
         assert res["float_offset"]["type"] == "TypeError"
         assert res["tensor_offset_2"]["type"] == "TypeError"
+        assert res["depend_tensor"]["message"] == "`depend_tensor` must be a mindspore.Tensor or None, but got list"
         assert res["untouched"] is True
 
 
@@ -141,6 +142,9 @@ def test_low_precision(job):
             assert res[wire]["within"] is True, (wire, res[wire])
         assert res["max_refused"]["message"].startswith("`low_precision_dtype` must be None for op 'max'")
         assert res["int_refused"]["message"].startswith("`low_precision_dtype` must be None for the integer dtype")
+        assert res["not_narrower"]["message"] == ("`low_precision_dtype` must be narrower than the tensor's dtype "
+                                                  "Float16, but got bfloat16")
+        assert res["unknown"]["message"].startswith("`low_precision_dtype` must be one of float16, bfloat16")
         assert res["env_default_low"] is True
         assert res["env_default_int_exact"] is True
 
@@ -156,6 +160,9 @@ def test_all_to_all(job):
         assert res["ok"] is True
         assert res["count_mismatch"]["type"] in ("ShmemValueError", "ShmemMismatchError"), res["count_mismatch"]
         assert res["wrong_length"]["message"].startswith("`send_tensor_list` must have one tensor per rank")
+        assert res["counts_type"]["message"].startswith("`receive_list` must be a sequence of")
+        assert res["counts_past_end"]["message"].startswith("`sum(receive_list)` must be at most receive_tensor.numel()")
+        assert res["counts_tensor"] == {}   # a 1-D integer tensor of counts is accepted
 
 
 def test_send_recv(job):
@@ -199,7 +206,13 @@ def test_autograd_through_bprop(job):
 
 
 def test_fused_ops(job):
-    all_true(records(job, "fused_ops"))
+    nranks = job[0]
+    for res in records(job, "fused_ops"):
+        all_true([res], ["gather", "matmul", "reduce_scatter"])
+        assert res["bad_op"]["message"] == "`reduce_op` must be one of 'sum', 'avg', but got 'max'"
+        assert res["rows"]["message"] == (f"`x1.shape[0]` must be a multiple of the group size ({nranks}), but got "
+                                          f"{2 * nranks - 1}")
+        assert res["scratch"]["message"] == f"`symm_tensor` must hold M * N = {6 * nranks} elements, but got 3"
 
 
 def test_shutdown_refused_while_allocated(job):

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import hyper_parallel.core.symmetric_memory as symm
 from hyper_parallel.core.multicore import c_runtime
+from hyper_parallel.core.multicore.errors import ShmemStateError
 from hyper_parallel.core.symmetric_memory import _framework, _on_mindspore
 from hyper_parallel.platform.mindspore import tensors
 
@@ -39,6 +40,20 @@ def test_the_c_abi_library_loads_with_its_version():
     assert lib.hp_shmem_abi_version() == c_runtime.ABI_VERSION
     assert lib.hp_shmem_status_name(6) == b"MISMATCH"
     assert c_runtime.state() == "uninitialized"
+
+
+def test_a_missing_library_is_named(monkeypatch):
+    monkeypatch.setattr(c_runtime, "library_path", lambda: "/nonexistent/libhp_shmem_c.so")
+    c_runtime.library.cache_clear()
+    try:
+        with pytest.raises(ShmemStateError, match=r"^the runtime's C ABI library cannot be loaded: "
+                                                  r"path=/nonexistent/libhp_shmem_c.so reason="):
+            c_runtime.library()
+        assert symm.is_shmem_available() is False
+    finally:
+        monkeypatch.undo()
+        c_runtime.library.cache_clear()
+    assert symm.is_shmem_available() is True
 
 
 def test_calls_before_mindspore_communication_is_initialised_are_refused():
