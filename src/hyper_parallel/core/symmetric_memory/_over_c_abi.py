@@ -108,7 +108,16 @@ class Api:
             return
         if _HEAP_ALIAS in os.environ and _HEAP_VARIABLE not in os.environ:
             os.environ[_HEAP_VARIABLE] = os.environ[_HEAP_ALIAS]
-        c_runtime.init(self.h.bootstrap(self.h.world_group()))
+        c_runtime.init(self._bootstrap(self.h.world_group()))
+
+    def _bootstrap(self, group: str) -> c_runtime.Bootstrap:
+        """The runtime's bootstrap over the handler's exchange of ``group``."""
+        exchange = self.h.bootstrap(group)
+        return c_runtime.Bootstrap(exchange.rank, exchange.size, exchange.all_gather, exchange.barrier)
+
+    def _element(self, tensor: Any) -> c_runtime.ElementType:
+        """``tensor``'s element type as the engine names it."""
+        return c_runtime.ElementType(*self.h.element_type(tensor))
 
     def _team(self, group: Optional[object], op: str) -> _Team:
         """The team of ``group`` (created on its first collective: collective over the group)."""
@@ -119,7 +128,7 @@ class Api:
             if team is None:
                 pes = self.h.group_ranks(name)
                 me = pes.index(self.h.world_rank())
-                team = _Team(c_runtime.team_create(pes, self.h.bootstrap(name)), pes, me)
+                team = _Team(c_runtime.team_create(pes, self._bootstrap(name)), pes, me)
                 self._teams[name] = team
             return team
 
@@ -161,7 +170,7 @@ class Api:
             if c_runtime.state() != "initialized":
                 return
             self.h.synchronize()
-            c_runtime.shutdown(self.h.bootstrap(self.h.world_group()))
+            c_runtime.shutdown(self._bootstrap(self.h.world_group()))
             self._teams.clear()
 
     def rendezvous(self, tensor: Any, group: Optional[object] = None) -> "PeerBuffers":
@@ -356,7 +365,7 @@ class Api:
         team = self._team(group, "shmem_allgather")
         self.h.synchronize()
         c_runtime.all_gather(team.id, self.h.address(output), self.h.nbytes(output), self.h.address(data),
-                             self.h.nbytes(data), self.h.element_type(data))
+                             self.h.nbytes(data), self._element(data))
         return output
 
     def shmem_allgather(self, output_tensor: Any, input_tensor: Any, group: Optional[object] = None) -> Any:
@@ -417,7 +426,7 @@ class Api:
         team = self._team(group, "shmem_alltoall")
         self.h.synchronize()
         c_runtime.all_to_all(team.id, [(self.h.address(t), self.h.nbytes(t)) for t in sends], self.h.address(receive),
-                             self.h.nbytes(receive), list(receive_counts), self.h.element_type(receive))
+                             self.h.nbytes(receive), list(receive_counts), self._element(receive))
         return receive
 
     def shmem_alltoall(self, send_tensor_list: Sequence[Any], receive_tensor: Any, receive_list: Sequence[int],

@@ -13,12 +13,12 @@ from typing import Optional
 import os
 import threading
 from collections.abc import Callable
+from typing import NamedTuple
 
 import mindspore as ms
 from mindspore import communication, context
 from mindspore.mint import distributed
 
-from hyper_parallel.core.multicore import c_runtime
 from hyper_parallel.core.multicore.errors import ShmemStateError, ShmemTimeoutError
 
 _TIMEOUT_VARIABLE = "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC"
@@ -106,8 +106,18 @@ def world_rank() -> int:
     return distributed.get_rank()
 
 
-def bootstrap(group: str) -> c_runtime.Bootstrap:
-    """The runtime's bootstrap over ``group`` (rank = this rank's group rank)."""
+class Exchange(NamedTuple):
+    """What the runtime's bootstrap needs of a group: this rank's group rank, the group's size, an all_gather of
+    bytes (every rank's in rank order) and a barrier."""
+
+    rank: int
+    size: int
+    all_gather: Callable[[bytes], bytes]
+    barrier: Callable[[], None]
+
+
+def bootstrap(group: str) -> Exchange:
+    """The exchange the runtime's bootstrap runs over ``group``."""
     members = ranks(group)
     me = members.index(world_rank())
     size = len(members)
@@ -121,4 +131,4 @@ def bootstrap(group: str) -> c_runtime.Bootstrap:
     def barrier() -> None:
         _bounded(lambda: distributed.barrier(group=scope), "barrier", group)
 
-    return c_runtime.Bootstrap(me, size, all_gather, barrier)
+    return Exchange(me, size, all_gather, barrier)

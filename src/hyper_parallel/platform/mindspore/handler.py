@@ -16,7 +16,6 @@ from mindspore import nn, ops
 # Whether MindSpore is recording a gradient graph now (inside grad/value_and_grad): public APIs do not say.
 from mindspore.common.api import _pynative_executor
 
-from hyper_parallel.core.multicore.c_runtime import ElementType
 from hyper_parallel.platform.mindspore import groups, tensors
 
 
@@ -75,7 +74,7 @@ class Handler:
     synchronize = staticmethod(tensors.synchronize)
 
     @staticmethod
-    def element_type(tensor: ms.Tensor) -> ElementType:
+    def element_type(tensor: ms.Tensor) -> tuple:
         """The tensor's element type as the engine names it."""
         return tensors.element_type(tensor)
 

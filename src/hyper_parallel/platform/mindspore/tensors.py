@@ -19,7 +19,6 @@ import numpy as np
 # checks for an Ascend or GPU device first); this is the function it would call.
 from mindspore._c_expression import synchronize as _synchronize_executor
 
-from hyper_parallel.core.multicore.c_runtime import ElementType
 
 
 @dataclass(frozen=True)
@@ -75,10 +74,10 @@ def dtype_info(dtype: object) -> DtypeInfo:
     return info
 
 
-def element_type(tensor: ms.Tensor) -> ElementType:
+def element_type(tensor: ms.Tensor) -> tuple:
     """The tensor's element type as the engine names it."""
     info = dtype_info(tensor.dtype)
-    return ElementType(info.name, tensor.itemsize, info.reduce)
+    return info.name, int(tensor.itemsize), info.reduce
 
 
 def address(tensor: ms.Tensor) -> int:
