@@ -92,3 +92,10 @@ def test_a_wrapped_tensor_shares_the_memory_it_wraps(dtype, shape):
 def test_an_unsupported_dtype_is_named():
     with pytest.raises(TypeError, match=r"^`dtype` must be one of .*, but got Complex64$"):
         tensors.dtype_info(ms.complex64)
+
+
+def test_signal_pads_are_not_used_here_as_on_torch():
+    with pytest.raises(NotImplementedError, match=r"^set_signal_pad_size: signals are symmetric tensors"):
+        symm.set_signal_pad_size(1024)
+    with pytest.raises(NotImplementedError, match=r"^get_signal_pad_size: signals are symmetric tensors"):
+        symm.get_signal_pad_size()
