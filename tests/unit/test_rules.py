@@ -55,3 +55,10 @@ def test_rendezvous_mismatch_names_every_rank():
                                                                      "rank1=(offset=-1, bytes=64)")
     assert _rules.rendezvous_mismatch([[256, 64], [288, 32]]).endswith("rank0=(offset=256, bytes=64), "
                                                                        "rank1=(offset=288, bytes=32)")
+
+
+def test_view_bytes():
+    assert _rules.view_bytes(2, 4, 4, 24) == (8, 24)
+    with pytest.raises(ValueError, match=r"^`sizes` and `storage_offset` must lie inside the tensor \(24 bytes\), "
+                                         r"but got bytes \[8, 28\)$"):
+        _rules.view_bytes(2, 5, 4, 24)

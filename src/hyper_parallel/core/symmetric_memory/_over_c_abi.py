@@ -74,14 +74,11 @@ class PeerBuffers:
         rank = _rules.rank_in_group(self._api._integer(rank, "rank"), "rank", self.world_size)
         shape = _rules.shape(sizes)
         itemsize = h.dtype_info(dtype).itemsize
-        begin = self._api._count(storage_offset, "storage_offset") * itemsize
         numel = 1
         for d in shape:
             numel *= d
-        end = begin + numel * itemsize
-        if end > self.buffer_size:
-            raise ValueError(f"`sizes` and `storage_offset` must lie inside the tensor ({self.buffer_size} bytes), but "
-                             f"got bytes [{begin}, {end})")
+        begin, _ = _rules.view_bytes(self._api._count(storage_offset, "storage_offset"), numel, itemsize,
+                                     self.buffer_size)
         return h.wrap(self.buffer_ptrs[rank] + begin, shape, dtype)
 
     def barrier(self) -> None:

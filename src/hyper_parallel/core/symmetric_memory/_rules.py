@@ -114,3 +114,18 @@ def rendezvous_mismatch(rows: Sequence[Sequence[int]]) -> Optional[str]:
     shown = ", ".join(f"rank{r}=(offset={o}, bytes={b})" for r, (o, b) in enumerate(rows))
     return (f"`tensor` must be the same symmetric tensor on every rank of the group (from symm.empty; offset -1: "
             f"not symmetric), but got {shown}")
+
+
+def view_bytes(offset: int, numel: int, itemsize: int, buffer_size: int) -> tuple:
+    """The byte range ``[begin, end)`` of a view of ``numel`` elements starting at element ``offset`` of a
+    symmetric tensor of ``buffer_size`` bytes (``SymmetricMemory.get_buffer``).
+
+    Raises:
+        ValueError: the view runs past the tensor's end.
+    """
+    begin = offset * itemsize
+    end = begin + numel * itemsize
+    if end > buffer_size:
+        raise ValueError(f"`sizes` and `storage_offset` must lie inside the tensor ({buffer_size} bytes), but got "
+                         f"bytes [{begin}, {end})")
+    return begin, end

@@ -77,13 +77,7 @@ class SymmetricMemory:
             raise TypeError(f"`dtype` must be a torch.dtype, but got {type(dtype).__name__}")
         offset = _args.count(storage_offset, "storage_offset")
         shape = torch.Size(sizes if isinstance(sizes, (tuple, list, torch.Size)) else (sizes,))
-        begin = offset * dtype.itemsize
-        end = begin + shape.numel() * dtype.itemsize
-        if end > self.buffer_size:
-            raise ValueError(
-                f"`sizes` and `storage_offset` must lie inside the tensor ({self.buffer_size} bytes), but got bytes "
-                f"[{begin}, {end})"
-            )
+        begin, end = _rules.view_bytes(offset, shape.numel(), dtype.itemsize, self.buffer_size)
         return self._copies[rank][begin:end].view(dtype).view(shape)
 
     def barrier(self) -> None:
