@@ -116,7 +116,7 @@ def test_all_gather(job):
                 continue
             assert value is True, key
         assert res["size_mismatch"]["type"] == "ValueError"
-        assert res["size_mismatch"]["message"].startswith("`output_tensor` must have group-size")
+        assert res["size_mismatch"]["message"].startswith("`output_tensor.numel()` must be ")
         assert res["dtype_mismatch"]["type"] == "TypeError"
 
 
@@ -143,7 +143,7 @@ def test_low_precision(job):
         assert res["max_refused"]["message"].startswith("`low_precision_dtype` must be None for op 'max'")
         assert res["int_refused"]["message"].startswith("`low_precision_dtype` must be None for the integer dtype")
         assert res["not_narrower"]["message"] == ("`low_precision_dtype` must be narrower than the tensor's dtype "
-                                                  "Float16, but got bfloat16")
+                                                  "Float16 (2 bytes), but got bfloat16")
         assert res["unknown"]["message"].startswith("`low_precision_dtype` must be one of float16, bfloat16")
         assert res["env_default_low"] is True
         assert res["env_default_int_exact"] is True
@@ -168,7 +168,7 @@ def test_all_to_all(job):
 def test_send_recv(job):
     for res in records(job, "send_recv"):
         assert res["ok"] is True
-        assert res["self"]["message"].startswith("`dst_rank` must be a rank of the group other than this one")
+        assert res["self"]["message"].startswith("`dst_rank` must be another rank than this one")
         assert res["no_channel"]["type"] == "ShmemStateError"
         assert res["no_channel"]["message"].startswith("group has no channel yet (run a collective or symm.barrier on "
                                                        "it first): op=shmem_send group=hp_fresh")

@@ -3,7 +3,8 @@
 Each differentiable operator of :mod:`~hyper_parallel.core.symmetric_memory._ops` has a kernel here for the
 ``Autograd`` dispatch key (:data:`KERNELS`). When nothing requires grad it runs the operator below autograd; else
 it runs an ``autograd.Function`` whose forward is the operator below autograd and whose backward is its dual
-collective, on the same group, again through the operators (so that a compiled backward traces them):
+collective, on the same group, again through the operators (so that a compiled backward traces them). The
+collectives' gradients are :mod:`._gradients`', which MindSpore's handler runs too:
 
 =====================================  ==============================================================
 forward                                backward
@@ -35,10 +36,8 @@ import torch
 from torch.autograd import Function
 
 from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.symmetric_memory import _groups
-from hyper_parallel.core.symmetric_memory._rules import BACKWARD_MODES
+from hyper_parallel.core.symmetric_memory import _args, _gradients, _groups
 
-_DIFFERENTIABLE_OPS = ("sum", "avg")
 _FULL_PRECISION = "none"
 
 
@@ -77,44 +76,59 @@ def call(op_name: str, implementation: Callable, grad_inputs: Sequence, *args: o
     return getattr(_ops(), op_name)(*args)
 
 
-def backward_mode(value: object) -> str:
-    """``shmem_allreduce``'s ``backward`` argument, checked.
-
-    Raises:
-        ValueError: not one of :data:`BACKWARD_MODES`.
-    """
-    if value not in BACKWARD_MODES:
-        raise ValueError(f"`backward` must be one of {', '.join(map(repr, BACKWARD_MODES))}, but got {value!r}")
-    return value
-
-
-def differentiable(op: str, name: str) -> None:
-    """Raises ValueError unless ``op`` has a gradient (checked by the public functions before any op runs)."""
-    if op not in _DIFFERENTIABLE_OPS:
-        raise ValueError(f"`op` must be 'sum' or 'avg' when `{name}` requires grad, but got {op!r}")
-
-
-def _scaled(grad: torch.Tensor, op: str, n: int) -> torch.Tensor:
-    return grad / n if op == "avg" else grad
+backward_mode = _args.CHECKS.backward_mode
+differentiable = _args.CHECKS.differentiable
 
 
 def _size(group_name: str) -> int:
     return _groups.size(_groups.resolve(group_name))
 
 
-def _gathered(grad: torch.Tensor, group_name: str) -> torch.Tensor:
-    """all_gather of a gradient along dim 0, into a new tensor."""
-    grad = grad.contiguous()
-    full = grad.new_empty((_size(group_name) * grad.shape[0], *grad.shape[1:]))
-    _ops().all_gather_(full, grad, group_name)
-    return full
+class _GradientOps:
+    """torch's gradient ops (:mod:`._gradients` lists them): the collectives through the operators, so that a
+    compiled backward traces them."""
 
+    @staticmethod
+    def empty(shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+        return like.new_empty(shape)
 
-def _scattered(grad: torch.Tensor, shape: torch.Size, group_name: str) -> torch.Tensor:
-    """reduce_scatter (sum) of a gradient into a new tensor of ``shape``."""
-    part = grad.new_empty(shape)
-    _ops().reduce_scatter_(part, grad.contiguous(), "sum", group_name, _FULL_PRECISION)
-    return part
+    @staticmethod
+    def contiguous(t: torch.Tensor) -> torch.Tensor:
+        return t.contiguous()
+
+    @staticmethod
+    def copy(t: torch.Tensor) -> torch.Tensor:
+        return t.clone()
+
+    @staticmethod
+    def flat(t: torch.Tensor) -> torch.Tensor:
+        return t.view(-1)
+
+    @staticmethod
+    def view(t: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+        return t.view(shape)
+
+    @staticmethod
+    def divide(t: torch.Tensor, n: int) -> torch.Tensor:
+        return t / n
+
+    group_size = staticmethod(_size)
+
+    @staticmethod
+    def all_gather(output: torch.Tensor, data: torch.Tensor, group_name: str) -> None:
+        _ops().all_gather_(output, data, group_name)
+
+    @staticmethod
+    def reduce_scatter(output: torch.Tensor, data: torch.Tensor, group_name: str) -> None:
+        _ops().reduce_scatter_(output, data, "sum", group_name, _FULL_PRECISION)
+
+    @staticmethod
+    def all_reduce(tensor: torch.Tensor, op: str, group_name: str) -> None:
+        _ops().all_reduce_(tensor, op, group_name, _FULL_PRECISION, "allreduce")
+
+    @staticmethod
+    def all_to_all(sends: list, receive: torch.Tensor, counts: list, group_name: str) -> None:
+        _ops().all_to_all_(receive, sends, counts, group_name)
 
 
 class _Below:
@@ -141,7 +155,7 @@ class AllGather(Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return None, _scattered(grad, ctx.shape, ctx.group_name), None
+        return None, _gradients.all_gather(_GradientOps, ctx.group_name, ctx.shape, grad), None
 
 
 class ReduceScatter(Function):
@@ -157,8 +171,7 @@ class ReduceScatter(Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        full = _gathered(grad.reshape(-1), ctx.group_name).view(ctx.shape)
-        return None, _scaled(full, ctx.op, _size(ctx.group_name)), None, None, None
+        return None, _gradients.reduce_scatter(_GradientOps, ctx.group_name, ctx.op, ctx.shape, grad), None, None, None
 
 
 class AllReduce(Function):
@@ -174,12 +187,7 @@ class AllReduce(Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        if ctx.mode == "allreduce":
-            grad = grad.contiguous().clone()
-            _ops().all_reduce_(grad, ctx.op, ctx.group_name, _FULL_PRECISION, ctx.mode)
-        else:
-            grad = _scaled(grad, ctx.op, _size(ctx.group_name))
-        return grad, None, None, None, None
+        return _gradients.all_reduce(_GradientOps, ctx.group_name, ctx.op, ctx.mode, grad), None, None, None, None
 
 
 class AllToAll(Function):
@@ -196,13 +204,7 @@ class AllToAll(Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        flat = grad.contiguous().view(-1)
-        starts = [sum(ctx.receives[:i]) for i in range(len(ctx.receives))]
-        parts = [flat[s:s + count] for s, count in zip(starts, ctx.receives)]
-        sizes = [shape.numel() for shape in ctx.send_shapes]
-        back = flat.new_empty(sum(sizes))
-        _ops().all_to_all_(back, parts, sizes, ctx.group_name)
-        grads = [piece.view(shape) for piece, shape in zip(back.split(sizes), ctx.send_shapes)]
+        grads = _gradients.all_to_all(_GradientOps, ctx.group_name, ctx.receives, ctx.send_shapes, grad)
         return (None, None, None, *grads)
 
 
@@ -259,7 +261,7 @@ class FusedAllGatherMatmul(Function):
             grad_rows = grad_gather_out if grad_rows is None else grad_rows + grad_gather_out
         grad_a = None
         if ctx.needs_input_grad[0] and grad_rows is not None:
-            grad_a = _scattered(grad_rows, ctx.a_shape, ctx.group_name)
+            grad_a = _gradients.all_gather(_GradientOps, ctx.group_name, ctx.a_shape, grad_rows)
         grad_b = None
         if ctx.needs_input_grad[1] and grad_c is not None:
             grad_b = gather_out.t() @ grad_c
@@ -281,7 +283,8 @@ class FusedMatmulReduceScatter(Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         x1, x2 = ctx.saved_tensors
-        full = _scaled(_gathered(grad, ctx.group_name), ctx.op, _size(ctx.group_name))
+        full = _gradients.reduce_scatter(_GradientOps, ctx.group_name, ctx.op,
+                                         (_size(ctx.group_name) * grad.shape[0], *grad.shape[1:]), grad)
         grad_x1 = full @ x2.t() if ctx.needs_input_grad[0] else None
         grad_x2 = x1.t() @ full if ctx.needs_input_grad[1] else None
         return grad_x1, grad_x2, None, None, None, None

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.symmetric_memory import _args, _autograd, _context, _groups, _low_precision
+from hyper_parallel.core.symmetric_memory import _args, _autograd, _context, _groups, _low_precision, _rules
 from hyper_parallel.core.symmetric_memory._context import GroupChannel
 
 
@@ -28,14 +28,6 @@ from hyper_parallel.core.symmetric_memory._context import GroupChannel
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     """The flat bytes of a contiguous tensor."""
     return t.reshape(-1).view(torch.uint8)
-
-
-def _check_group_multiple(whole: torch.Tensor, whole_name: str, part: torch.Tensor, part_name: str, n: int) -> None:
-    """Raises ValueError unless ``whole`` has ``n`` times the elements of ``part`` (one part per group rank)."""
-    if whole.numel() != n * part.numel():
-        raise ValueError(
-            f"`{whole_name}.numel()` must be {n} x {part_name}.numel() ({n * part.numel()}), but got {whole.numel()}"
-        )
 
 
 def _is_part(part: torch.Tensor, whole: torch.Tensor, index: int) -> bool:
@@ -109,7 +101,7 @@ def shmem_allgather(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
     data = _args.tensor(input_tensor, "input_tensor")
     _args.same_dtype(data, "input_tensor", output, "output_tensor")
     group_name = _groups.name(group)
-    _check_group_multiple(output, "output_tensor", data, "input_tensor", _groups.size(group))
+    _args.CHECKS.group_multiple(output, "output_tensor", data, "input_tensor", _groups.size(group))
     if _autograd.tracks(input_tensor) and _is_part(data, output, _groups.rank(group)):
         raise ValueError("`input_tensor` must not be a view of `output_tensor` when it requires grad, but got "
                          "this rank's part of it (autograd cannot differentiate an in-place all_gather)")
@@ -178,7 +170,7 @@ def shmem_allreduce(tensor: torch.Tensor, op: str = "sum", group: Optional[dist.
             'max'/'min' on a tensor that requires grad.
         ShmemTimeoutError: a rank did not take part in time.
     """
-    if low_precision_dtype is None and backward in _autograd.BACKWARD_MODES and op in _FAST_OPS:
+    if low_precision_dtype is None and backward in _rules.BACKWARD_MODES and op in _FAST_OPS:
         team = _fast_team(group, tensor)
         if team is not None and _low_precision.resolve(None, tensor.dtype, op) is None:
             try:
@@ -243,7 +235,7 @@ def shmem_reduce_scatter(output_tensor: torch.Tensor, input_tensor: torch.Tensor
     op = _args.reduce_op(op, data.dtype)
     precision = _precision_name(low_precision_dtype, data.dtype, op)
     group_name = _groups.name(group)
-    _check_group_multiple(data, "input_tensor", output, "output_tensor", _groups.size(group))
+    _args.CHECKS.group_multiple(data, "input_tensor", output, "output_tensor", _groups.size(group))
     _autograd.call("reduce_scatter_", _reduce_scatter_op, (input_tensor,), output_tensor, input_tensor, op,
                    group_name, precision)
     return output_tensor
@@ -273,19 +265,6 @@ def _reduce_scatter(output: torch.Tensor, data: torch.Tensor, op: str, ch: Group
                     precision: Optional[torch.dtype] = None) -> None:
     """reduce_scatter on checked arguments (``precision`` as in :func:`_all_reduce`)."""
     ch.team.reduce_scatter(output, data, op, wire=precision)
-
-
-def _receive_counts(receive_list: object, n: int) -> list:
-    if isinstance(receive_list, torch.Tensor):
-        if receive_list.dim() != 1 or receive_list.dtype.is_floating_point or receive_list.dtype == torch.bool:
-            raise TypeError(f"`receive_list` must be a sequence of {n} ints or a 1-D integer tensor, "
-                            f"but got a tensor of shape {tuple(receive_list.shape)} and dtype {receive_list.dtype}")
-        receive_list = receive_list.tolist()
-    if not isinstance(receive_list, Sequence) or isinstance(receive_list, (str, bytes)):
-        raise TypeError(f"`receive_list` must be a sequence of {n} ints, but got {type(receive_list).__name__}")
-    if len(receive_list) != n:
-        raise ValueError(f"`receive_list` must have one count per rank of the group ({n}), but got {len(receive_list)}")
-    return [_args.count(v, f"receive_list[{i}]") for i, v in enumerate(receive_list)]
 
 
 def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: torch.Tensor, receive_list: Sequence[int],
@@ -332,24 +311,8 @@ def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: tor
                     return receive_tensor
                 except (ValueError, TypeError):
                     pass  # every rank refused alike: the checks below name the argument as this API does
-    receive = _args.tensor(receive_tensor, "receive_tensor")
     group_name = _groups.name(group)
-    n = _groups.size(group)
-    if isinstance(send_tensor_list, torch.Tensor) or not isinstance(send_tensor_list, Sequence):
-        raise TypeError(
-            f"`send_tensor_list` must be a sequence of {n} tensors, but got {type(send_tensor_list).__name__}"
-        )
-    if len(send_tensor_list) != n:
-        raise ValueError(f"`send_tensor_list` must have one tensor per rank of the group ({n}), "
-                         f"but got {len(send_tensor_list)}")
-    for j, t in enumerate(send_tensor_list):
-        t = _args.tensor(t, f"send_tensor_list[{j}]")
-        _args.same_dtype(t, f"send_tensor_list[{j}]", receive, "receive_tensor")
-    receives = _receive_counts(receive_list, n)
-    if sum(receives) > receive.numel():
-        raise ValueError(f"`sum(receive_list)` must be at most receive_tensor.numel() ({receive.numel()}), "
-                         f"but got {sum(receives)}")
-    sends = list(send_tensor_list)
+    sends, _, receives = _args.CHECKS.all_to_all(send_tensor_list, receive_tensor, receive_list, _groups.size(group))
     _autograd.call("all_to_all_", _all_to_all_op, sends, receive_tensor, sends, receives, group_name)
     return receive_tensor
 
@@ -468,7 +431,4 @@ def _recv(tensor: torch.Tensor, src: int, ch: GroupChannel) -> None:
 
 
 def _peer_rank(value: object, name: str, ch: GroupChannel) -> int:
-    rank = _args.rank_in_group(value, name, ch.size)
-    if rank == ch.me:
-        raise ValueError(f"`{name}` must be another rank than this one ({ch.me}), but got {rank}")
-    return rank
+    return _args.CHECKS.peer(value, name, ch.size, ch.me)

@@ -22,7 +22,6 @@ from hyper_parallel.core.multicore.errors import ShmemStateError
 
 _HEAP_VAR = "HYPER_PARALLEL_SHMEM_HEAP_SIZE"
 _HEAP_ALIAS = "SYMMETRIC_MEMORY_HEAP_SIZE"
-_CPU = torch.device("cpu")
 _lock = threading.RLock()
 
 
@@ -150,11 +149,6 @@ def state() -> _State:
 def active() -> Optional[_State]:
     """The state if the runtime was acquired, else None (never acquires)."""
     return _state
-
-
-def tensor_device() -> torch.device:
-    """Where the SHMEM device's tensors live: the host device's CPU."""
-    return _CPU
 
 
 def shutdown() -> None:

@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.symmetric_memory import _args, _autograd, _context, _groups
+from hyper_parallel.core.symmetric_memory import _args, _autograd, _context, _groups, _rules
 from hyper_parallel.core.symmetric_memory._context import GroupChannel, heap_offset, is_symmetric
 
 MATMUL_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -160,7 +160,7 @@ def _block_rows(block_size: object, m: int, row_bytes: int, columns: int) -> int
         at_least = max(-(-_MIN_AUTO_BLOCK_BYTES // max(row_bytes, 1)), columns)
         return max(1, -(-m // _AUTO_BLOCKS_PER_RANK), at_least)
     if isinstance(block_size, bool) or not isinstance(block_size, int):
-        raise TypeError(f"`block_size` must be a positive int or None, but got {_args.type_name(block_size)}")
+        raise TypeError(f"`block_size` must be a positive int or None, but got {_rules.type_name(block_size)}")
     if block_size <= 0:
         raise ValueError(f"`block_size` must be a positive int or None, but got {block_size}")
     return block_size

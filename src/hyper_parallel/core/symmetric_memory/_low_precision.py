@@ -88,7 +88,7 @@ from typing import Optional
 import torch
 
 from hyper_parallel.core.multicore.shmem import codec as wire
-from hyper_parallel.core.symmetric_memory import _context
+from hyper_parallel.core.symmetric_memory import _args, _context
 
 ENV_VAR = "SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE"
 
@@ -133,13 +133,7 @@ def _parse(value: object, what: str) -> Optional[torch.dtype]:
 
 def _applies(low: torch.dtype, dtype: torch.dtype, op: str) -> Optional[str]:
     """Why ``low`` cannot carry a reduction of ``dtype`` with ``op`` (a rule for the message), or None."""
-    if op not in _SUM_OPS:
-        return f"None for op {op!r} (low precision applies to 'sum' and 'avg')"
-    if not dtype.is_floating_point:
-        return f"None for the integer dtype {dtype} (low precision applies to floating-point tensors)"
-    if low.itemsize >= dtype.itemsize:
-        return f"narrower than the tensor's dtype {dtype} ({dtype.itemsize} bytes)"
-    return None
+    return _args.CHECKS.low_precision_rule(low.itemsize, dtype, op)
 
 
 # The environment's default, parsed, and the runtime lifecycle it was read in (a weak reference to the API's

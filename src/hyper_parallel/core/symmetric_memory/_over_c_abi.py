@@ -19,7 +19,8 @@ from typing import Any, Optional
 
 from hyper_parallel.core.multicore import c_runtime
 from hyper_parallel.core.multicore.errors import ShmemStateError
-from hyper_parallel.core.symmetric_memory import _rules
+from hyper_parallel.core.symmetric_memory import _gradients, _rules
+from hyper_parallel.core.symmetric_memory._checks import Checks
 
 _ALIGNMENT = 64   # bytes, the runtime face's default: a cache line
 _HEAP_ALIAS = "SYMMETRIC_MEMORY_HEAP_SIZE"
@@ -71,13 +72,13 @@ class PeerBuffers:
             ValueError: ``rank`` outside the group, a negative offset, or a view past the tensor's end.
         """
         h = self._api.h
-        rank = _rules.rank_in_group(self._api._integer(rank, "rank"), "rank", self.world_size)
+        rank = _rules.rank_in_group(self._api.checks.integer(rank, "rank"), "rank", self.world_size)
         shape = _rules.shape(sizes)
         itemsize = h.dtype_info(dtype).itemsize
         numel = 1
         for d in shape:
             numel *= d
-        begin, _ = _rules.view_bytes(self._api._count(storage_offset, "storage_offset"), numel, itemsize,
+        begin, _ = _rules.view_bytes(self._api.checks.count(storage_offset, "storage_offset"), numel, itemsize,
                                      self.buffer_size)
         return h.wrap(self.buffer_ptrs[rank] + begin, shape, dtype)
 
@@ -94,6 +95,7 @@ class Api:
 
     def __init__(self, handler: Any) -> None:
         self.h = handler
+        self.checks = Checks(handler)
         self._lock = threading.RLock()
         self._allocations: dict = {}   # address -> c_runtime.Allocation, for free
         self._teams: dict = {}         # group name -> _Team
@@ -132,7 +134,7 @@ class Api:
     def _pe(self, target_rank: object, group: Optional[object], name: str) -> int:
         self.h.require_initialized(name)
         pes = self.h.group_ranks(self.h.group_name(group))
-        return pes[_rules.rank_in_group(self._integer(target_rank, name), name, len(pes))]
+        return pes[_rules.rank_in_group(self.checks.integer(target_rank, name), name, len(pes))]
 
     def empty(self, shape: object, dtype: object = None) -> Any:
         """See :func:`hyper_parallel.core.symmetric_memory.empty`."""
@@ -150,7 +152,7 @@ class Api:
 
     def free(self, tensor: Any) -> None:
         """See :func:`hyper_parallel.core.symmetric_memory.free`."""
-        self._tensor(tensor, "tensor")
+        self.checks.tensor(tensor, "tensor")
         address = self.h.address(tensor)
         with self._lock:
             allocation = self._allocations.get(address)
@@ -173,7 +175,7 @@ class Api:
     def rendezvous(self, tensor: Any, group: Optional[object] = None) -> "PeerBuffers":
         """See :func:`hyper_parallel.core.symmetric_memory.rendezvous` (torch's): every group rank's copy of one
         symmetric tensor, checked to be the same range on every rank (collective over the group)."""
-        t = self._tensor(tensor, "tensor")
+        t = self.checks.tensor(tensor, "tensor")
         if c_runtime.state() != "initialized":
             raise ShmemStateError("symmetric memory is not initialised: op=rendezvous (call symm.empty() on every "
                                   "rank first)")
@@ -203,63 +205,25 @@ class Api:
         return c_runtime.debug_state()
 
     # ------------------------------------------------------------------ arguments
-    def _integer(self, value: object, name: str) -> int:
-        if self.h.is_tensor(value):
-            if int(value.size) != 1 or not self.h.is_integer_dtype(value.dtype):
-                raise TypeError(f"`{name}` must be an int or a one-element integer tensor, but got a tensor of "
-                                f"{int(value.size)} {value.dtype} elements")
-            return int(value.item())
-        return _rules.integer(value, name)
-
-    def _count(self, value: object, name: str) -> int:
-        result = self._integer(value, name)
-        if result < 0:
-            raise ValueError(f"`{name}` must be non-negative, but got {result}")
-        return result
-
-    def _tensor(self, value: object, name: str) -> Any:
-        if not self.h.is_tensor(value):
-            raise TypeError(f"`{name}` must be a {self.h.tensor_type_name}, but got {type(value).__name__}")
-        if not value.is_contiguous():
-            raise ValueError(f"`{name}` must be contiguous, but got strides {tuple(value.stride())}")
-        self.h.dtype_info(value.dtype)
-        return value
-
-    def _same_dtype(self, value: Any, name: str, reference: Any, reference_name: str) -> None:
-        if value.dtype != reference.dtype:
-            raise TypeError(f"`{name}` must have the dtype of `{reference_name}` ({reference.dtype}), but got "
-                            f"{value.dtype}")
-
-    def _window(self, value: Any, name: str, offset: int, size: int, offset_name: str) -> tuple:
-        """(address, bytes) of the flat slice ``value[offset : offset + size]``."""
-        numel = int(value.size)
-        if offset + size > numel:
-            raise ValueError(f"`{offset_name} + size` must be at most {name}.numel() ({numel}), but got {offset} + "
-                             f"{size} = {offset + size}")
-        itemsize = int(value.itemsize)
-        return self.h.address(value) + offset * itemsize, size * itemsize
+    def _window(self, value: Any, offset: int) -> int:
+        """The address of element ``offset`` of a checked tensor."""
+        return self.h.address(value) + offset * int(value.itemsize)
 
     def _windows(self, target: Any, target_offset: object, src: Any, src_offset: object, size: object) -> tuple:
-        target = self._tensor(target, "target")
-        src = self._tensor(src, "src")
-        self._same_dtype(src, "src", target, "target")
-        n = self._count(size, "size")
-        return (self._window(target, "target", self._count(target_offset, "target_offset"), n, "target_offset"),
-                self._window(src, "src", self._count(src_offset, "src_offset"), n, "src_offset"))
+        """put/get's checked windows: (target address, source address, bytes)."""
+        target, target_at, src, src_at, n = self.checks.windows(target, target_offset, src, src_offset, size)
+        return self._window(target, target_at), self._window(src, src_at), n * int(target.itemsize)
 
     def _signal(self, signal: Any, signal_offset: object) -> tuple:
         """(address, width) of ``signal[signal_offset]``, an int32/int64 element."""
-        signal = self._tensor(signal, "signal")
-        if not self.h.is_signal_dtype(signal.dtype):
-            raise TypeError(f"`signal` must have dtype {self.h.signal_dtype_names}, but got {signal.dtype}")
-        address, _ = self._window(signal, "signal", self._count(signal_offset, "signal_offset"), 1, "signal_offset")
-        return address, int(signal.itemsize)
+        signal, offset = self.checks.signal(signal, signal_offset)
+        return self._window(signal, offset), int(signal.itemsize)
 
     # ------------------------------------------------------------------ primitives
     def shmem_put(self, target: Any, target_offset: object, src: Any, src_offset: object, size: object,
                   target_rank: object, group: Optional[object] = None) -> None:
         """See :func:`hyper_parallel.core.symmetric_memory.shmem_put`."""
-        (dst, n), (source, _) = self._windows(target, target_offset, src, src_offset, size)
+        dst, source, n = self._windows(target, target_offset, src, src_offset, size)
         pe = self._pe(target_rank, group, "target_rank")
         self._ensure_runtime("shmem_put")
         self.h.synchronize()
@@ -268,7 +232,7 @@ class Api:
     def shmem_get(self, target: Any, target_offset: object, src: Any, src_offset: object, size: object,
                   target_rank: object, group: Optional[object] = None) -> None:
         """See :func:`hyper_parallel.core.symmetric_memory.shmem_get`."""
-        (dst, n), (source, _) = self._windows(target, target_offset, src, src_offset, size)
+        dst, source, n = self._windows(target, target_offset, src, src_offset, size)
         pe = self._pe(target_rank, group, "target_rank")
         self._ensure_runtime("shmem_get")
         self.h.synchronize()
@@ -279,7 +243,7 @@ class Api:
         """See :func:`hyper_parallel.core.symmetric_memory.shmem_signal_op`."""
         address, width = self._signal(signal, signal_offset)
         op = _rules.choice(signal_op, "signal_op", _rules.SIGNAL_OPS)
-        value = self._integer(signal_value, "signal_value")
+        value = self.checks.integer(signal_value, "signal_value")
         pe = self._pe(target_rank, group, "target_rank")
         self._ensure_runtime("shmem_signal_op")
         self.h.synchronize()
@@ -288,12 +252,10 @@ class Api:
     def shmem_wait_for_signal(self, depend_tensor: Optional[Any], signal: Any, signal_offset: object,
                               compare_value: object, compare_op: int) -> None:
         """See :func:`hyper_parallel.core.symmetric_memory.shmem_wait_for_signal`."""
-        if depend_tensor is not None and not self.h.is_tensor(depend_tensor):
-            raise TypeError(f"`depend_tensor` must be a {self.h.tensor_type_name} or None, but got "
-                            f"{type(depend_tensor).__name__}")
+        self.checks.optional_tensor(depend_tensor, "depend_tensor")
         address, width = self._signal(signal, signal_offset)
         cmp = _rules.choice(compare_op, "compare_op", _rules.COMPARE_OPS)
-        value = self._integer(compare_value, "compare_value")
+        value = self.checks.integer(compare_value, "compare_value")
         self._ensure_runtime("shmem_wait_for_signal")
         self.h.synchronize()
         c_runtime.wait_signal(address, width, cmp, value)
@@ -302,10 +264,10 @@ class Api:
                               signal: Any, signal_offset: object, signal_value: object, signal_op: int,
                               target_rank: object, group: Optional[object] = None) -> None:
         """See :func:`hyper_parallel.core.symmetric_memory.shmem_put_with_signal`."""
-        (dst, n), (source, _) = self._windows(target, target_offset, src, src_offset, size)
+        dst, source, n = self._windows(target, target_offset, src, src_offset, size)
         address, width = self._signal(signal, signal_offset)
         op = _rules.choice(signal_op, "signal_op", _rules.SIGNAL_OPS)
-        value = self._integer(signal_value, "signal_value")
+        value = self.checks.integer(signal_value, "signal_value")
         pe = self._pe(target_rank, group, "target_rank")
         self._ensure_runtime("shmem_put_with_signal")
         self.h.synchronize()
@@ -319,17 +281,6 @@ class Api:
         c_runtime.team_barrier(team.id)
 
     # ------------------------------------------------------------------ collectives
-    def _reduce_op(self, op: object, dtype: object) -> str:
-        if op not in _rules.REDUCE_OPS:
-            raise ValueError(f"`op` must be one of {', '.join(repr(o) for o in _rules.REDUCE_OPS)}, but got {op!r}")
-        info = self.h.dtype_info(dtype)
-        if info.reduce is None:
-            names = ", ".join(self.h.reducible_dtype_names())
-            raise TypeError(f"`tensor` must have one of dtypes {names}, but got {dtype}")
-        if op == "avg" and not info.floating:
-            raise ValueError(f"`op` must be 'sum', 'max' or 'min' for the integer dtype {dtype}, but got 'avg'")
-        return op
-
     def _wire(self, value: object, dtype: object, op: str) -> Optional[str]:
         """The wire format a reduction travels in (None: the tensor's own dtype); see the torch path's rules."""
         explicit = value is not None
@@ -338,24 +289,12 @@ class Api:
                                          "low_precision_dtype" if explicit else _LOW_PRECISION_VARIABLE)
         if wire is None:
             return None
-        info = self.h.dtype_info(dtype)
-        rule = None
-        if op not in ("sum", "avg"):
-            rule = f"None for op {op!r} (low precision applies to 'sum' and 'avg')"
-        elif not info.floating:
-            rule = f"None for the integer dtype {dtype} (low precision applies to floating-point tensors)"
-        elif _WIRE_WIDTH[wire] >= info.itemsize:
-            rule = f"narrower than the tensor's dtype {dtype}"
+        rule = self.checks.low_precision_rule(_WIRE_WIDTH[wire], dtype, op)
         if rule is None:
             return wire
         if explicit:
             raise ValueError(f"`low_precision_dtype` must be {rule}, but got {wire}")
         return None
-
-    def _check_multiple(self, whole: Any, whole_name: str, part: Any, part_name: str, n: int) -> None:
-        if int(whole.size) != n * int(part.size):
-            raise ValueError(f"`{whole_name}` must have group-size ({n}) times the elements of `{part_name}` "
-                             f"({n} x {int(part.size)} = {n * int(part.size)}), but got {int(whole.size)}")
 
     def all_gather_into(self, output: Any, data: Any, group: Optional[object]) -> Any:
         """all_gather on checked arguments (no autograd): ``output`` receives every member's ``data``."""
@@ -367,12 +306,12 @@ class Api:
 
     def shmem_allgather(self, output_tensor: Any, input_tensor: Any, group: Optional[object] = None) -> Any:
         """See :func:`hyper_parallel.core.symmetric_memory.shmem_allgather`."""
-        output = self._tensor(output_tensor, "output_tensor")
-        data = self._tensor(input_tensor, "input_tensor")
-        self._same_dtype(data, "input_tensor", output, "output_tensor")
+        output = self.checks.tensor(output_tensor, "output_tensor")
+        data = self.checks.tensor(input_tensor, "input_tensor")
+        self.checks.same_dtype(data, "input_tensor", output, "output_tensor")
         self.h.require_initialized("shmem_allgather")
         name = self.h.group_name(group)
-        self._check_multiple(output, "output_tensor", data, "input_tensor", len(self.h.group_ranks(name)))
+        self.checks.group_multiple(output, "output_tensor", data, "input_tensor", len(self.h.group_ranks(name)))
         return self.h.differentiable("all_gather", self, (output, data), {"group": name})
 
     def all_reduce_into(self, tensor: Any, op: str, group: Optional[object], wire: Optional[str] = None) -> Any:
@@ -386,12 +325,10 @@ class Api:
     def shmem_allreduce(self, tensor: Any, op: str = "sum", group: Optional[object] = None,
                         low_precision_dtype: Optional[object] = None, backward: str = "identity") -> Any:
         """See :func:`hyper_parallel.core.symmetric_memory.shmem_allreduce`."""
-        t = self._tensor(tensor, "tensor")
-        op = self._reduce_op(op, t.dtype)
+        t = self.checks.tensor(tensor, "tensor")
+        op = self.checks.reduce_op(op, t.dtype)
         wire = self._wire(low_precision_dtype, t.dtype, op)
-        if backward not in _rules.BACKWARD_MODES:
-            raise ValueError(f"`backward` must be one of {', '.join(repr(m) for m in _rules.BACKWARD_MODES)}, but "
-                             f"got {backward!r}")
+        self.checks.backward_mode(backward)
         return self.h.differentiable("all_reduce", self, (t,),
                                      {"op": op, "group": self.h.group_name(group), "wire": wire, "backward": backward})
 
@@ -407,14 +344,14 @@ class Api:
     def shmem_reduce_scatter(self, output_tensor: Any, input_tensor: Any, op: str = "sum",
                              group: Optional[object] = None, low_precision_dtype: Optional[object] = None) -> Any:
         """See :func:`hyper_parallel.core.symmetric_memory.shmem_reduce_scatter`."""
-        output = self._tensor(output_tensor, "output_tensor")
-        data = self._tensor(input_tensor, "input_tensor")
-        self._same_dtype(output, "output_tensor", data, "input_tensor")
-        op = self._reduce_op(op, data.dtype)
+        output = self.checks.tensor(output_tensor, "output_tensor")
+        data = self.checks.tensor(input_tensor, "input_tensor")
+        self.checks.same_dtype(output, "output_tensor", data, "input_tensor")
+        op = self.checks.reduce_op(op, data.dtype)
         wire = self._wire(low_precision_dtype, data.dtype, op)
         self.h.require_initialized("shmem_reduce_scatter")
         name = self.h.group_name(group)
-        self._check_multiple(data, "input_tensor", output, "output_tensor", len(self.h.group_ranks(name)))
+        self.checks.group_multiple(data, "input_tensor", output, "output_tensor", len(self.h.group_ranks(name)))
         return self.h.differentiable("reduce_scatter", self, (output, data), {"op": op, "group": name, "wire": wire})
 
     def all_to_all_into(self, sends: Sequence[Any], receive: Any, receive_counts: Sequence[int],
@@ -429,38 +366,15 @@ class Api:
     def shmem_alltoall(self, send_tensor_list: Sequence[Any], receive_tensor: Any, receive_list: Sequence[int],
                        group: Optional[object] = None) -> Any:
         """See :func:`hyper_parallel.core.symmetric_memory.shmem_alltoall`."""
-        receive = self._tensor(receive_tensor, "receive_tensor")
         self.h.require_initialized("shmem_alltoall")
         name = self.h.group_name(group)
-        n = len(self.h.group_ranks(name))
-        if self.h.is_tensor(send_tensor_list) or not isinstance(send_tensor_list, Sequence):
-            raise TypeError(f"`send_tensor_list` must be a sequence of {n} tensors, but got "
-                            f"{type(send_tensor_list).__name__}")
-        if len(send_tensor_list) != n:
-            raise ValueError(f"`send_tensor_list` must have one tensor per rank of the group ({n}), but got "
-                             f"{len(send_tensor_list)}")
-        for j, t in enumerate(send_tensor_list):
-            self._tensor(t, f"send_tensor_list[{j}]")
-            self._same_dtype(t, f"send_tensor_list[{j}]", receive, "receive_tensor")
-        if self.h.is_tensor(receive_list):
-            receive_list = [int(v) for v in receive_list.asnumpy().reshape(-1)]
-        if isinstance(receive_list, (str, bytes)) or not isinstance(receive_list, Sequence):
-            raise TypeError(f"`receive_list` must be a sequence of {n} ints, but got {type(receive_list).__name__}")
-        if len(receive_list) != n:
-            raise ValueError(f"`receive_list` must have one count per rank of the group ({n}), but got "
-                             f"{len(receive_list)}")
-        counts = [self._count(c, f"receive_list[{i}]") for i, c in enumerate(receive_list)]
-        if sum(counts) > int(receive.size):
-            raise ValueError(f"`sum(receive_list)` must be at most receive_tensor.numel() ({int(receive.size)}), but "
-                             f"got {sum(counts)}")
-        return self.h.differentiable("all_to_all", self, (receive, *send_tensor_list),
+        sends, receive, counts = self.checks.all_to_all(send_tensor_list, receive_tensor, receive_list,
+                                                        len(self.h.group_ranks(name)))
+        return self.h.differentiable("all_to_all", self, (receive, *sends),
                                      {"group": name, "receive_counts": tuple(counts)})
 
     def _peer(self, value: object, name: str, team: _Team) -> int:
-        peer = _rules.rank_in_group(self._integer(value, name), name, len(team.pes))
-        if peer == team.me:
-            raise ValueError(f"`{name}` must be a rank of the group other than this one ({team.me}), but got {peer}")
-        return peer
+        return self.checks.peer(value, name, len(team.pes), team.me)
 
     def _registered_team(self, group: Optional[object], op: str) -> _Team:
         """The team of a group that already ran a collective: point to point cannot create one (that is collective
@@ -481,7 +395,7 @@ class Api:
 
     def shmem_send(self, tensor: Any, dst_rank: object, group: Optional[object] = None) -> None:
         """See :func:`hyper_parallel.core.symmetric_memory.shmem_send` (not while a gradient graph is recorded)."""
-        t = self._tensor(tensor, "tensor")
+        t = self.checks.tensor(tensor, "tensor")
         self._refuse_recording("shmem_send")
         team = self._registered_team(group, "shmem_send")
         peer = self._peer(dst_rank, "dst_rank", team)
@@ -490,7 +404,7 @@ class Api:
 
     def shmem_recv(self, tensor: Any, src_rank: object, group: Optional[object] = None) -> Any:
         """See :func:`hyper_parallel.core.symmetric_memory.shmem_recv` (not while a gradient graph is recorded)."""
-        t = self._tensor(tensor, "tensor")
+        t = self.checks.tensor(tensor, "tensor")
         self._refuse_recording("shmem_recv")
         team = self._registered_team(group, "shmem_recv")
         peer = self._peer(src_rank, "src_rank", team)
@@ -506,7 +420,7 @@ class Api:
         self.shmem_allgather(gather_out, a, group)
         product = self.h.matmul(gather_out, b)
         if c is not None:
-            self._tensor(c, "c")
+            self.checks.tensor(c, "c")
             self.h.copy_into(c, product)
             return gather_out, c
         return gather_out, product
@@ -523,7 +437,7 @@ class Api:
         rows = product.shape[0]
         if rows % n:
             raise ValueError(f"`x1.shape[0]` must be a multiple of the group size ({n}), but got {rows}")
-        self._tensor(symm_tensor, "symm_tensor")
+        self.checks.tensor(symm_tensor, "symm_tensor")
         if int(symm_tensor.size) < int(product.size):
             raise ValueError(f"`symm_tensor` must hold M * N = {int(product.size)} elements, but got "
                              f"{int(symm_tensor.size)}")
@@ -549,9 +463,47 @@ class Api:
         raise NotImplementedError("get_signal_pad_size: signals are symmetric tensors from symm.empty here")
 
 
+class _GradientOps:
+    """The gradient ops of :mod:`._gradients` on this path: the handler's tensors and the API's collectives."""
+
+    def __init__(self, api: Api) -> None:
+        self._api = api
+        h = api.h
+        self.contiguous, self.copy, self.divide = h.contiguous, h.copy, h.divide
+
+    def empty(self, shape: Sequence[int], like: Any) -> Any:
+        numel = 1
+        for d in shape:
+            numel *= int(d)
+        return self._api.h.new_flat(numel, like.dtype).reshape(tuple(shape))
+
+    @staticmethod
+    def flat(t: Any) -> Any:
+        return t.reshape(-1)
+
+    @staticmethod
+    def view(t: Any, shape: Sequence[int]) -> Any:
+        return t.reshape(tuple(shape))
+
+    def group_size(self, group: str) -> int:
+        return len(self._api.h.group_ranks(group))
+
+    def all_gather(self, output: Any, data: Any, group: str) -> None:
+        self._api.all_gather_into(output, data, group)
+
+    def reduce_scatter(self, output: Any, data: Any, group: str) -> None:
+        self._api.reduce_scatter_into(output, data, "sum", group)
+
+    def all_reduce(self, tensor: Any, op: str, group: str) -> None:
+        self._api.all_reduce_into(tensor, op, group)
+
+    def all_to_all(self, sends: list, receive: Any, counts: list, group: str) -> None:
+        self._api.all_to_all_into(sends, receive, counts, group)
+
+
 def differentiable_backward(api: Api, op: str, params: dict, inputs: tuple, grad: Any) -> tuple:
-    """The gradients of a collective's inputs from its output's gradient (seed 004's table), framework-free:
-    the handler wraps it in its autograd mechanism and provides ``new_like``/``scale``.
+    """The gradients of a collective's inputs from its output's gradient (:mod:`._gradients`' table); the handler
+    runs it as its autograd mechanism's backward.
 
     Args:
         api: the API whose collectives compute the gradients.
@@ -562,48 +514,25 @@ def differentiable_backward(api: Api, op: str, params: dict, inputs: tuple, grad
 
     Returns:
         One gradient per input (zeros for the buffers the forward only wrote).
+
+    Raises:
+        ValueError: a reduction without a gradient ('max', 'min'), or an unknown ``op``.
     """
-    h = api.h
-    group = params["group"]
-    n = len(h.group_ranks(group))
+    h, ops, group = api.h, _GradientOps(api), params["group"]
     if op == "all_gather":
         output, data = inputs
-        part = h.new_like(data)
-        api.reduce_scatter_into(part, h.contiguous(grad), "sum", group)
-        return h.zeros_like(output), part
+        return h.zeros_like(output), _gradients.all_gather(ops, group, data.shape, grad)
     if op == "all_reduce":
-        if params["op"] not in ("sum", "avg"):
-            raise ValueError(f"`op` must be 'sum' or 'avg' when the tensor requires grad, but got {params['op']!r}")
-        result = h.contiguous(grad)
-        if params["backward"] == "allreduce":
-            result = api.all_reduce_into(h.copy(result), params["op"], group)
-        elif params["op"] == "avg":
-            result = h.scale(result, 1.0 / n)
-        return (result,)
+        Checks.differentiable(params["op"], "tensor")
+        return (_gradients.all_reduce(ops, group, params["op"], params["backward"], grad),)
     if op == "reduce_scatter":
         output, data = inputs
-        if params["op"] not in ("sum", "avg"):
-            raise ValueError(f"`op` must be 'sum' or 'avg' when the input requires grad, but got {params['op']!r}")
-        whole = h.new_like(data)
-        api.all_gather_into(whole, h.contiguous(grad), group)
-        if params["op"] == "avg":
-            whole = h.scale(whole, 1.0 / n)
-        return h.zeros_like(output), whole
+        Checks.differentiable(params["op"], "input_tensor")
+        return h.zeros_like(output), _gradients.reduce_scatter(ops, group, params["op"], data.shape, grad)
     if op == "all_to_all":
         receive, *sends = inputs
-        counts = params["receive_counts"]
-        flat = h.contiguous(grad).reshape(-1)
-        parts, start = [], 0
-        for c in counts:
-            parts.append(h.contiguous(flat[start:start + c]))
-            start += c
-        joined = h.new_flat(sum(int(s.size) for s in sends), receive.dtype)
-        api.all_to_all_into(parts, joined, [int(s.size) for s in sends], group)
-        back, start = [], 0
-        for s in sends:
-            back.append(joined[start:start + int(s.size)].reshape(s.shape))
-            start += int(s.size)
-        return (h.zeros_like(receive), *back)
+        grads = _gradients.all_to_all(ops, group, params["receive_counts"], [s.shape for s in sends], grad)
+        return (h.zeros_like(receive), *grads)
     raise ValueError(f"`op` must be a differentiable collective, but got {op!r}")
 
 

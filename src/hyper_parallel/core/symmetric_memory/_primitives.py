@@ -17,9 +17,6 @@ from hyper_parallel.core.multicore import shmem
 from hyper_parallel.core.symmetric_memory import _args, _autograd, _context, _groups, _rules
 from hyper_parallel.core.symmetric_memory._args import Count
 
-_SIGNAL_DTYPES = (torch.int32, torch.int64)
-
-
 def empty(shape: Union[int, Sequence[int], torch.Size], dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Allocates a tensor in symmetric memory (collective over WORLD: every rank, same order, same shape).
 
@@ -76,14 +73,8 @@ def _pe(target_rank: object, group: Optional[dist.ProcessGroup]) -> int:
 
 def _windows(target: torch.Tensor, target_offset: Count, src: torch.Tensor, src_offset: Count,
              size: Count) -> tuple:
-    target = _args.tensor(target, "target")
-    src = _args.tensor(src, "src")
-    _args.same_dtype(src, "src", target, "target")
-    n = _args.count(size, "size")
-    return (
-        _args.window(target, "target", _args.count(target_offset, "target_offset"), n, "target_offset"),
-        _args.window(src, "src", _args.count(src_offset, "src_offset"), n, "src_offset"),
-    )
+    target, target_at, src, src_at, n = _args.CHECKS.windows(target, target_offset, src, src_offset, size)
+    return target.view(-1)[target_at:target_at + n], src.view(-1)[src_at:src_at + n]
 
 
 def shmem_put(target: torch.Tensor, target_offset: Count, src: torch.Tensor, src_offset: Count, size: Count,
@@ -140,10 +131,8 @@ def _require_symmetric(t: torch.Tensor, name: str) -> None:
 
 def _signal_element(signal: torch.Tensor, signal_offset: Count) -> torch.Tensor:
     """The element ``signal[signal_offset]`` of an int32/int64 tensor (the operators check that it is symmetric)."""
-    signal = _args.tensor(signal, "signal")
-    if signal.dtype not in _SIGNAL_DTYPES:
-        raise TypeError(f"`signal` must have dtype torch.int32 or torch.int64, but got {signal.dtype}")
-    return _args.window(signal, "signal", _args.count(signal_offset, "signal_offset"), 1, "signal_offset")
+    signal, offset = _args.CHECKS.signal(signal, signal_offset)
+    return signal.view(-1)[offset:offset + 1]
 
 
 def shmem_signal_op(signal: torch.Tensor, signal_offset: Count, signal_value: Count, signal_op: int,
@@ -187,8 +176,7 @@ def shmem_wait_for_signal(depend_tensor: Optional[torch.Tensor], signal: torch.T
         TypeError, ValueError: a bad argument.
         ShmemTimeoutError: the condition did not hold in time (the message has the observed value).
     """
-    if depend_tensor is not None and not isinstance(depend_tensor, torch.Tensor):
-        raise TypeError(f"`depend_tensor` must be a torch.Tensor or None, but got {type(depend_tensor).__name__}")
+    _args.CHECKS.optional_tensor(depend_tensor, "depend_tensor")
     element = _signal_element(signal, signal_offset)
     cmp = _rules.choice(compare_op, "compare_op", _rules.COMPARE_OPS)
     value = _args.integer(compare_value, "compare_value")

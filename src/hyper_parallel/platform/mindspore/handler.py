@@ -2,8 +2,12 @@
 tensors, groups, synchronisation and autograd, each in MindSpore's terms.
 
 Autograd: while MindSpore records a gradient graph, each collective runs inside an ``nn.Cell`` whose ``bprop`` gives
-seed 004's gradients, so that ``mindspore.grad``/``value_and_grad`` differentiate through it (an operation MindSpore
-cannot see would otherwise get a silently wrong gradient). The Cells are made once per collective and parameters, and reused.
+seed 004's gradients (the shared table of ``symmetric_memory._gradients``), so that ``mindspore.grad``/
+``value_and_grad`` differentiate through it (an operation MindSpore cannot see would otherwise get a silently wrong
+gradient). The Cells are made once per collective and parameters, and reused.
+
+The tensor facts (``numel``, ``is_integer_dtype``, ``check_tensor``, ...) answer the shared argument checks
+(``symmetric_memory._checks``), as torch's do in :mod:`hyper_parallel.platform.torch.tensors`.
 """
 
 from __future__ import annotations
@@ -94,6 +98,48 @@ class Handler:
         return dtype in (ms.int32, ms.int64)
 
     @staticmethod
+    def numel(tensor: ms.Tensor) -> int:
+        """The tensor's element count."""
+        return int(tensor.size)
+
+    @staticmethod
+    def ndim(tensor: ms.Tensor) -> int:
+        """The tensor's number of dimensions."""
+        return int(tensor.ndim)
+
+    @staticmethod
+    def tolist(tensor: ms.Tensor) -> list:
+        """The tensor's elements as Python values."""
+        return tensor.asnumpy().tolist()
+
+    @staticmethod
+    def check_tensor(tensor: ms.Tensor, name: str) -> None:
+        """A tensor the runtime reads must have a dtype it carries.
+
+        Raises:
+            TypeError: a dtype outside :data:`tensors.DTYPES`.
+        """
+        del name   # the dtype is the argument named in the message
+        tensors.dtype_info(tensor.dtype)
+
+    @staticmethod
+    def is_floating_dtype(dtype: Any) -> bool:
+        """Whether ``dtype`` is floating point."""
+        info = tensors.DTYPES.get(dtype)
+        return info is not None and info.floating
+
+    @staticmethod
+    def is_reducible_dtype(dtype: Any) -> bool:
+        """Whether the reduction kernels take ``dtype``."""
+        info = tensors.DTYPES.get(dtype)
+        return info is not None and info.reduce is not None
+
+    @staticmethod
+    def itemsize(dtype: Any) -> int:
+        """Bytes per element of ``dtype``."""
+        return tensors.dtype_info(dtype).itemsize
+
+    @staticmethod
     def reducible_dtype_names() -> list:
         """The dtypes reductions take, as messages name them."""
         return [str(d) for d, info in tensors.DTYPES.items() if info.reduce is not None]
@@ -105,11 +151,6 @@ class Handler:
         return info.name if info is not None else dtype
 
     # tensor arithmetic the backward passes need
-    @staticmethod
-    def new_like(tensor: ms.Tensor) -> ms.Tensor:
-        """A new uninitialised contiguous tensor of ``tensor``'s shape and dtype."""
-        return ops.zeros(tensor.shape, tensor.dtype)
-
     @staticmethod
     def new_flat(count: int, dtype: Any) -> ms.Tensor:
         """A new 1-D tensor of ``count`` elements."""
@@ -136,9 +177,9 @@ class Handler:
         dst.copy_(src.reshape(dst.shape))
 
     @staticmethod
-    def scale(tensor: ms.Tensor, factor: float) -> ms.Tensor:
-        """``tensor * factor`` in a new tensor."""
-        return tensor * factor
+    def divide(tensor: ms.Tensor, n: int) -> ms.Tensor:
+        """``tensor / n`` in a new tensor."""
+        return tensor / n
 
     @staticmethod
     def matmul(a: ms.Tensor, b: ms.Tensor) -> ms.Tensor:

@@ -1,0 +1,253 @@
+"""The user API's argument checks, written once for every framework (seed 000 §7's shared code path).
+
+A :class:`Checks` runs over one framework's *tensor facts*: the handler's answers to what a tensor is, how many
+elements it has and what its dtype can do. Torch's facts are :mod:`hyper_parallel.platform.torch.tensors`,
+MindSpore's the handler of :mod:`hyper_parallel.platform.mindspore`. The same bad call therefore raises the same
+class and message on both; only the framework's own names (``torch.Tensor``, ``mindspore.int32``) differ.
+
+Every check runs before anything is written, so that a bad argument changes nothing.
+
+The tensor facts a framework supplies:
+
+=================================  =================================================================================
+``tensor_type_name``               the tensor class as messages name it
+``signal_dtype_names``             the dtypes a signal may have, as messages name them
+``is_tensor(value)``               whether ``value`` is a tensor of the framework
+``numel(tensor)``                  its element count
+``ndim(tensor)``                   its number of dimensions
+``tolist(tensor)``                 its elements as Python values
+``check_tensor(tensor, name)``     the framework's own contract of a tensor the runtime reads (device, dtype)
+``is_integer_dtype(dtype)``        whether ``dtype`` holds integers (not bool)
+``is_floating_dtype(dtype)``       whether ``dtype`` is floating point
+``is_reducible_dtype(dtype)``      whether the reduction kernels take ``dtype``
+``reducible_dtype_names()``        those dtypes, as messages name them
+``is_signal_dtype(dtype)``         whether a signal may have ``dtype``
+``itemsize(dtype)``                bytes per element
+=================================  =================================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from hyper_parallel.core.symmetric_memory import _rules
+
+DIFFERENTIABLE_OPS = ("sum", "avg")
+
+
+class Checks:
+    """The argument checks over one framework's tensor facts (see the module's table)."""
+
+    def __init__(self, facts: Any) -> None:
+        self.facts = facts
+
+    # ------------------------------------------------------------------ scalars
+    def integer(self, value: object, name: str) -> int:
+        """An integer given as a Python int or a one-element integer tensor (seed 000's convention).
+
+        Raises:
+            TypeError: neither an int nor a one-element integer tensor.
+        """
+        f = self.facts
+        if f.is_tensor(value):
+            if f.numel(value) != 1 or not f.is_integer_dtype(value.dtype):
+                raise TypeError(f"`{name}` must be an int or a one-element integer tensor, but got a tensor of "
+                                f"{f.numel(value)} {value.dtype} elements")
+            return int(value.item())
+        return _rules.integer(value, name)
+
+    def count(self, value: object, name: str) -> int:
+        """A non-negative element count or offset (see :meth:`integer`).
+
+        Raises:
+            TypeError: neither an int nor a one-element integer tensor.
+            ValueError: a negative value.
+        """
+        result = self.integer(value, name)
+        if result < 0:
+            raise ValueError(f"`{name}` must be non-negative, but got {result}")
+        return result
+
+    def rank_in_group(self, value: object, name: str, size: int) -> int:
+        """A rank inside a group of ``size`` ranks (see :meth:`integer`).
+
+        Raises:
+            TypeError: neither an int nor a one-element integer tensor.
+            ValueError: outside [0, size).
+        """
+        return _rules.rank_in_group(self.integer(value, name), name, size)
+
+    def peer(self, value: object, name: str, size: int, me: int) -> int:
+        """A rank of the group other than this one (``me``), for point to point.
+
+        Raises:
+            TypeError: neither an int nor a one-element integer tensor.
+            ValueError: outside the group, or this rank itself.
+        """
+        rank = self.rank_in_group(value, name, size)
+        if rank == me:
+            raise ValueError(f"`{name}` must be another rank than this one ({me}), but got {rank}")
+        return rank
+
+    # ------------------------------------------------------------------ tensors
+    def tensor(self, value: object, name: str) -> Any:
+        """A contiguous tensor the runtime can read (the framework adds its own contract: device, dtype).
+
+        Raises:
+            TypeError: not a tensor (or, by the framework's contract, a dtype it does not carry).
+            ValueError: not contiguous (or, by the framework's contract, on another device).
+        """
+        f = self.facts
+        if not f.is_tensor(value):
+            raise TypeError(f"`{name}` must be a {f.tensor_type_name}, but got {_rules.type_name(value)}")
+        f.check_tensor(value, name)
+        if not value.is_contiguous():
+            raise ValueError(f"`{name}` must be contiguous, but got strides {tuple(value.stride())}")
+        return value
+
+    def optional_tensor(self, value: object, name: str) -> None:
+        """Raises TypeError unless ``value`` is a tensor or None (``depend_tensor``: never read here)."""
+        if value is not None and not self.facts.is_tensor(value):
+            raise TypeError(f"`{name}` must be a {self.facts.tensor_type_name} or None, but got "
+                            f"{_rules.type_name(value)}")
+
+    @staticmethod
+    def same_dtype(value: Any, name: str, reference: Any, reference_name: str) -> None:
+        """Raises TypeError unless ``value`` has the dtype of ``reference``."""
+        if value.dtype != reference.dtype:
+            raise TypeError(f"`{name}` must have the dtype of `{reference_name}` ({reference.dtype}), but got "
+                            f"{value.dtype}")
+
+    def window(self, value: Any, name: str, offset: int, size: int, offset_name: str) -> None:
+        """Raises ValueError unless the flat slice ``value[offset : offset + size]`` lies inside ``value``."""
+        numel = self.facts.numel(value)
+        if offset + size > numel:
+            raise ValueError(f"`{offset_name} + size` must be at most {name}.numel() ({numel}), but got {offset} + "
+                             f"{size} = {offset + size}")
+
+    def windows(self, target: object, target_offset: object, src: object, src_offset: object,
+                size: object) -> tuple:
+        """put/get's two windows: ``(target, target_offset, src, src_offset, size)`` checked, offsets and size as
+        ints.
+
+        Raises:
+            TypeError: non-tensors, differing dtypes, bad counts.
+            ValueError: a window past its tensor's end, a tensor the runtime cannot read.
+        """
+        target = self.tensor(target, "target")
+        src = self.tensor(src, "src")
+        self.same_dtype(src, "src", target, "target")
+        n = self.count(size, "size")
+        target_at = self.count(target_offset, "target_offset")
+        self.window(target, "target", target_at, n, "target_offset")
+        src_at = self.count(src_offset, "src_offset")
+        self.window(src, "src", src_at, n, "src_offset")
+        return target, target_at, src, src_at, n
+
+    def signal(self, signal: object, signal_offset: object) -> tuple:
+        """``(signal, offset)`` of the element ``signal[signal_offset]`` of an int32/int64 tensor.
+
+        Raises:
+            TypeError: not a tensor of a signal dtype, a bad offset.
+            ValueError: the offset past the tensor's end.
+        """
+        signal = self.tensor(signal, "signal")
+        if not self.facts.is_signal_dtype(signal.dtype):
+            raise TypeError(f"`signal` must have dtype {self.facts.signal_dtype_names}, but got {signal.dtype}")
+        offset = self.count(signal_offset, "signal_offset")
+        self.window(signal, "signal", offset, 1, "signal_offset")
+        return signal, offset
+
+    # ------------------------------------------------------------------ collectives
+    def reduce_op(self, op: object, dtype: Any) -> str:
+        """A reduction's name, checked against the dtype.
+
+        Raises:
+            ValueError: an unknown op, or 'avg' on an integer dtype.
+            TypeError: a dtype the reduction kernels do not handle.
+        """
+        f = self.facts
+        if op not in _rules.REDUCE_OPS:
+            raise ValueError(f"`op` must be one of {', '.join(repr(o) for o in _rules.REDUCE_OPS)}, but got {op!r}")
+        if not f.is_reducible_dtype(dtype):
+            raise TypeError(f"`tensor` must have one of dtypes {', '.join(f.reducible_dtype_names())}, but got "
+                            f"{dtype}")
+        if op == "avg" and not f.is_floating_dtype(dtype):
+            raise ValueError(f"`op` must be 'sum', 'max' or 'min' for the integer dtype {dtype}, but got 'avg'")
+        return op
+
+    @staticmethod
+    def differentiable(op: str, name: str) -> None:
+        """Raises ValueError unless reduction ``op`` has a gradient (``name``: the input that requires grad)."""
+        if op not in DIFFERENTIABLE_OPS:
+            raise ValueError(f"`op` must be 'sum' or 'avg' when `{name}` requires grad, but got {op!r}")
+
+    @staticmethod
+    def backward_mode(value: object) -> str:
+        """``shmem_allreduce``'s ``backward`` argument.
+
+        Raises:
+            ValueError: not one of ``_rules.BACKWARD_MODES``.
+        """
+        if value not in _rules.BACKWARD_MODES:
+            raise ValueError(f"`backward` must be one of {', '.join(map(repr, _rules.BACKWARD_MODES))}, but got "
+                             f"{value!r}")
+        return value
+
+    def low_precision_rule(self, low_itemsize: int, dtype: Any, op: str) -> Optional[str]:
+        """Why a wire format of ``low_itemsize`` bytes cannot carry a reduction of ``dtype`` with ``op`` (the rule
+        a message states), or None when it can."""
+        f = self.facts
+        if op not in DIFFERENTIABLE_OPS:
+            return f"None for op {op!r} (low precision applies to 'sum' and 'avg')"
+        if not f.is_floating_dtype(dtype):
+            return f"None for the integer dtype {dtype} (low precision applies to floating-point tensors)"
+        if low_itemsize >= f.itemsize(dtype):
+            return f"narrower than the tensor's dtype {dtype} ({f.itemsize(dtype)} bytes)"
+        return None
+
+    def group_multiple(self, whole: Any, whole_name: str, part: Any, part_name: str, n: int) -> None:
+        """Raises ValueError unless ``whole`` has ``n`` times the elements of ``part`` (one part per group rank)."""
+        whole_numel, part_numel = self.facts.numel(whole), self.facts.numel(part)
+        if whole_numel != n * part_numel:
+            raise ValueError(f"`{whole_name}.numel()` must be {n} x {part_name}.numel() ({n * part_numel}), but got "
+                             f"{whole_numel}")
+
+    def all_to_all(self, send_tensor_list: object, receive_tensor: object, receive_list: object, n: int) -> tuple:
+        """all_to_all's arguments for a group of ``n``: ``(sends, receive, counts)``.
+
+        Raises:
+            TypeError: non-tensors, differing dtypes, counts that are not ints (or a 1-D integer tensor).
+            ValueError: lists of the wrong length, negative counts, counts past ``receive_tensor``'s end.
+        """
+        f = self.facts
+        receive = self.tensor(receive_tensor, "receive_tensor")
+        if f.is_tensor(send_tensor_list) or not isinstance(send_tensor_list, Sequence):
+            raise TypeError(f"`send_tensor_list` must be a sequence of {n} tensors, but got "
+                            f"{_rules.type_name(send_tensor_list)}")
+        if len(send_tensor_list) != n:
+            raise ValueError(f"`send_tensor_list` must have one tensor per rank of the group ({n}), but got "
+                             f"{len(send_tensor_list)}")
+        for j, t in enumerate(send_tensor_list):
+            self.tensor(t, f"send_tensor_list[{j}]")
+            self.same_dtype(t, f"send_tensor_list[{j}]", receive, "receive_tensor")
+        counts = self._receive_counts(receive_list, n)
+        if sum(counts) > f.numel(receive):
+            raise ValueError(f"`sum(receive_list)` must be at most receive_tensor.numel() ({f.numel(receive)}), but "
+                             f"got {sum(counts)}")
+        return list(send_tensor_list), receive, counts
+
+    def _receive_counts(self, receive_list: object, n: int) -> list:
+        f = self.facts
+        if f.is_tensor(receive_list):
+            if f.ndim(receive_list) != 1 or not f.is_integer_dtype(receive_list.dtype):
+                raise TypeError(f"`receive_list` must be a sequence of {n} ints or a 1-D integer tensor, but got a "
+                                f"tensor of shape {tuple(receive_list.shape)} and dtype {receive_list.dtype}")
+            receive_list = f.tolist(receive_list)
+        if isinstance(receive_list, (str, bytes)) or not isinstance(receive_list, Sequence):
+            raise TypeError(f"`receive_list` must be a sequence of {n} ints, but got {_rules.type_name(receive_list)}")
+        if len(receive_list) != n:
+            raise ValueError(f"`receive_list` must have one count per rank of the group ({n}), but got "
+                             f"{len(receive_list)}")
+        return [self.count(v, f"receive_list[{i}]") for i, v in enumerate(receive_list)]

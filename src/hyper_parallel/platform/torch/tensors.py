@@ -1,0 +1,78 @@
+"""torch's tensor facts, as the user API's shared checks ask for them
+(:mod:`hyper_parallel.core.symmetric_memory._checks` lists them; MindSpore's handler answers the same questions).
+"""
+
+from __future__ import annotations
+
+import torch
+
+tensor_type_name = "torch.Tensor"
+signal_dtype_names = "torch.int32 or torch.int64"
+
+# Where the host device's tensors live.
+DEVICE = torch.device("cpu")
+# The dtypes the reduction kernels accept (what `op` may combine).
+REDUCIBLE_DTYPES = (
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int32, torch.int64
+)
+_SIGNAL_DTYPES = (torch.int32, torch.int64)
+
+
+def is_tensor(value: object) -> bool:
+    """Whether ``value`` is a torch tensor."""
+    return isinstance(value, torch.Tensor)
+
+
+def numel(tensor: torch.Tensor) -> int:
+    """The tensor's element count."""
+    return tensor.numel()
+
+
+def ndim(tensor: torch.Tensor) -> int:
+    """The tensor's number of dimensions."""
+    return tensor.dim()
+
+
+def tolist(tensor: torch.Tensor) -> list:
+    """The tensor's elements as Python values."""
+    return tensor.tolist()
+
+
+def check_tensor(tensor: torch.Tensor, name: str) -> None:
+    """A tensor the runtime reads must be on the SHMEM device.
+
+    Raises:
+        ValueError: on another device.
+    """
+    if tensor.device != DEVICE:
+        raise ValueError(f"`{name}` must be a tensor on {DEVICE} (the SHMEM device), but got {tensor.device}")
+
+
+def is_integer_dtype(dtype: torch.dtype) -> bool:
+    """Whether ``dtype`` holds integers (bool does not count)."""
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+
+
+def is_floating_dtype(dtype: torch.dtype) -> bool:
+    """Whether ``dtype`` is floating point."""
+    return dtype.is_floating_point
+
+
+def is_reducible_dtype(dtype: torch.dtype) -> bool:
+    """Whether the reduction kernels take ``dtype``."""
+    return dtype in REDUCIBLE_DTYPES
+
+
+def reducible_dtype_names() -> list:
+    """The dtypes the reduction kernels take, as messages name them."""
+    return [str(d).removeprefix("torch.") for d in REDUCIBLE_DTYPES]
+
+
+def is_signal_dtype(dtype: torch.dtype) -> bool:
+    """Whether a signal may have ``dtype``."""
+    return dtype in _SIGNAL_DTYPES
+
+
+def itemsize(dtype: torch.dtype) -> int:
+    """Bytes per element of ``dtype``."""
+    return dtype.itemsize
