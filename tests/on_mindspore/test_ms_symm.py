@@ -212,7 +212,8 @@ def test_fused_ops(job):
         assert res["bad_op"]["message"] == "`reduce_op` must be one of 'sum', 'avg', but got 'max'"
         assert res["rows"]["message"] == (f"`x1.shape[0]` must be a multiple of the group size ({nranks}), but got "
                                           f"{2 * nranks - 1}")
-        assert res["scratch"]["message"] == f"`symm_tensor` must hold M * N = {6 * nranks} elements, but got 3"
+        assert res["scratch"]["message"] == (f"`symm_tensor.numel()` must be x1.shape[0] x x2.shape[1] "
+                                             f"({6 * nranks}), but got 3")
 
 
 def test_shutdown_refused_while_allocated(job):

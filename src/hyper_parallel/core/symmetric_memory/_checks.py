@@ -23,6 +23,8 @@ The tensor facts a framework supplies:
 ``reducible_dtype_names()``        those dtypes, as messages name them
 ``is_signal_dtype(dtype)``         whether a signal may have ``dtype``
 ``itemsize(dtype)``                bytes per element
+``is_matmul_dtype(dtype)``         whether the fused ops' matmuls take ``dtype``
+``matmul_dtype_names()``           those dtypes, as messages name them
 =================================  =================================================================================
 """
 
@@ -34,6 +36,7 @@ from typing import Any, Optional
 from hyper_parallel.core.symmetric_memory import _rules
 
 DIFFERENTIABLE_OPS = ("sum", "avg")
+FUSED_REDUCE_OPS = ("sum", "avg")
 
 
 class Checks:
@@ -251,3 +254,91 @@ class Checks:
             raise ValueError(f"`receive_list` must have one count per rank of the group ({n}), but got "
                              f"{len(receive_list)}")
         return [self.count(v, f"receive_list[{i}]") for i, v in enumerate(receive_list)]
+
+    # ------------------------------------------------------------------ fused ops
+    def matrix(self, value: object, name: str) -> Any:
+        """A contiguous 2-D tensor of a dtype the fused matmuls take.
+
+        Raises:
+            TypeError: not a tensor, or another dtype.
+            ValueError: not contiguous, not 2-D.
+        """
+        t = self.tensor(value, name)
+        if not self.facts.is_matmul_dtype(t.dtype):
+            raise TypeError(f"`{name}` must have one of dtypes {', '.join(self.facts.matmul_dtype_names())}, but got "
+                            f"{t.dtype}")
+        if len(t.shape) != 2:
+            raise ValueError(f"`{name}` must be 2-D, but got shape {tuple(t.shape)}")
+        return t
+
+    @staticmethod
+    def _shape(t: Any, name: str, expected: tuple, rule: str) -> None:
+        if tuple(t.shape) != expected:
+            raise ValueError(f"`{name}` must have shape {expected} ({rule}), but got {tuple(t.shape)}")
+
+    def all_gather_matmul(self, a: object, b: object, c: object, gather_out: object, n: int) -> tuple:
+        """``fused_all_gather_matmul``'s matrices for a group of ``n``: ``(m, k, columns)`` of ``a`` (m, k) and
+        ``b`` (k, columns). ``c`` may be None where the framework returns a new product.
+
+        Raises:
+            TypeError: non-tensors, unsupported or differing dtypes.
+            ValueError: shapes that do not fit.
+        """
+        a_ = self.matrix(a, "a")
+        b_ = self.matrix(b, "b")
+        c_ = None if c is None else self.matrix(c, "c")
+        out = self.matrix(gather_out, "gather_out")
+        for t, name in ((b_, "b"), (c_, "c"), (out, "gather_out")):
+            if t is not None:
+                self.same_dtype(t, name, a_, "a")
+        m, k = tuple(a_.shape)
+        if b_.shape[0] != k:
+            raise ValueError(f"`b.shape[0]` must equal a.shape[1] ({k}), but got {b_.shape[0]}")
+        columns = int(b_.shape[1])
+        self._shape(out, "gather_out", (n * m, k), "group size x a.shape[0], a.shape[1]")
+        if c_ is not None:
+            self._shape(c_, "c", (n * m, columns), "group size x a.shape[0], b.shape[1]")
+        return m, k, columns
+
+    def matmul_reduce_scatter(self, x1: object, x2: object, symm_tensor: object, reduce_op: object,
+                              n: int) -> tuple:
+        """``fused_matmul_reduce_scatter``'s arguments for a group of ``n``: ``(rows, k, columns)`` of ``x1``
+        (rows, k) and ``x2`` (k, columns).
+
+        Raises:
+            TypeError: non-tensors, unsupported or differing dtypes.
+            ValueError: shapes that do not fit, an unknown ``reduce_op``.
+        """
+        x1_ = self.matrix(x1, "x1")
+        x2_ = self.matrix(x2, "x2")
+        self.same_dtype(x2_, "x2", x1_, "x1")
+        scratch = self.tensor(symm_tensor, "symm_tensor")
+        self.same_dtype(scratch, "symm_tensor", x1_, "x1")
+        if reduce_op not in FUSED_REDUCE_OPS:
+            raise ValueError(f"`reduce_op` must be one of {', '.join(map(repr, FUSED_REDUCE_OPS))}, but got "
+                             f"{reduce_op!r}")
+        rows, k = tuple(x1_.shape)
+        if rows % n:
+            raise ValueError(f"`x1.shape[0]` must be a multiple of the group size ({n}), but got {rows}")
+        if x2_.shape[0] != k:
+            raise ValueError(f"`x2.shape[0]` must equal x1.shape[1] ({k}), but got {x2_.shape[0]}")
+        columns = int(x2_.shape[1])
+        if self.facts.numel(scratch) != rows * columns:
+            raise ValueError(f"`symm_tensor.numel()` must be x1.shape[0] x x2.shape[1] ({rows * columns}), but got "
+                             f"{self.facts.numel(scratch)}")
+        return rows, k, columns
+
+    def fused_signal(self, signal: object, n: int) -> Any:
+        """A fused op's signal: an int32/int64 tensor with an entry per group rank.
+
+        Raises:
+            TypeError: not a tensor of a signal dtype.
+            ValueError: fewer entries than the group has ranks.
+        """
+        signal = self.tensor(signal, "signal")
+        if not self.facts.is_signal_dtype(signal.dtype):
+            raise TypeError(f"`signal` must have dtype {self.facts.signal_dtype_names}, but got {signal.dtype}")
+        if self.facts.numel(signal) < n:
+            raise ValueError(f"`signal.numel()` must be at least the group size ({n}), but got "
+                             f"{self.facts.numel(signal)}")
+        return signal

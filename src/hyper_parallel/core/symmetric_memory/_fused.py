@@ -41,9 +41,6 @@ from hyper_parallel.core.multicore import shmem
 from hyper_parallel.core.symmetric_memory import _args, _autograd, _context, _groups, _rules
 from hyper_parallel.core.symmetric_memory._context import GroupChannel, heap_offset, is_symmetric
 
-MATMUL_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-SIGNAL_DTYPES = (torch.int32, torch.int64)
-FUSED_REDUCE_OPS = ("sum", "avg")
 
 # The automatic block: about this many blocks per rank (enough to overlap the first block's transfer with the
 # local matmul and the later ones with the peers' matmuls, few enough that each put and signal is worth it)...
@@ -101,22 +98,6 @@ def _cores() -> int:
 # --------------------------------------------------------------------------
 
 
-def _matrix(value: object, name: str) -> torch.Tensor:
-    """A contiguous 2-D tensor of a dtype the fused matmuls take."""
-    t = _args.tensor(value, name)
-    if t.dtype not in MATMUL_DTYPES:
-        names = ", ".join(str(d).replace("torch.", "") for d in MATMUL_DTYPES)
-        raise TypeError(f"`{name}` must have one of dtypes {names}, but got {t.dtype}")
-    if t.dim() != 2:
-        raise ValueError(f"`{name}` must be 2-D, but got shape {tuple(t.shape)}")
-    return t
-
-
-def _shape(t: torch.Tensor, name: str, expected: tuple, rule: str) -> None:
-    if tuple(t.shape) != expected:
-        raise ValueError(f"`{name}` must have shape {expected} ({rule}), but got {tuple(t.shape)}")
-
-
 def _symmetric(t: torch.Tensor, name: str) -> None:
     """Raises ValueError unless ``t`` lies in the symmetric heap (an empty tensor needs not: nobody addresses it)."""
     if t.numel() and not is_symmetric(t):
@@ -124,19 +105,9 @@ def _symmetric(t: torch.Tensor, name: str) -> None:
                          f"{t.data_ptr():#x}")
 
 
-def _signal_shape(value: object, n: int) -> torch.Tensor:
-    """An int32/int64 tensor with an entry per group rank (what its metadata tells)."""
-    signal = _args.tensor(value, "signal")
-    if signal.dtype not in SIGNAL_DTYPES:
-        raise TypeError(f"`signal` must have dtype torch.int32 or torch.int64, but got {signal.dtype}")
-    if signal.numel() < n:
-        raise ValueError(f"`signal.numel()` must be at least the group size ({n}), but got {signal.numel()}")
-    return signal
-
-
 def _signal(value: object, n: int) -> torch.Tensor:
     """A symmetric int32/int64 tensor with an entry per group rank: its first ``n`` entries."""
-    signal = _signal_shape(value, n)
+    signal = _args.CHECKS.fused_signal(value, n)
     _symmetric(signal, "signal")
     return signal.view(-1)[:n]
 
@@ -233,22 +204,12 @@ def fused_all_gather_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g
             pass different allocations or shapes.
         ShmemTimeoutError: a rank did not take part in time.
     """
-    a_ = _matrix(a, "a")
-    b_ = _matrix(b, "b")
-    c_ = _matrix(c, "c")
-    out = _matrix(gather_out, "gather_out")
-    for t, name in ((b_, "b"), (c_, "c"), (out, "gather_out")):
-        _args.same_dtype(t, name, a_, "a")
     group_name = _groups.name(group)
     n = _groups.size(group)
-    m, k = a_.shape
-    if b_.shape[0] != k:
-        raise ValueError(f"`b.shape[0]` must equal a.shape[1] ({k}), but got {b_.shape[0]}")
-    columns = b_.shape[1]
-    _shape(out, "gather_out", (n * m, k), "group size x a.shape[0], a.shape[1]")
-    _shape(c_, "c", (n * m, columns), "group size x a.shape[0], b.shape[1]")
-    _signal_shape(signal, n)
-    block = _block_rows(block_size, m, k * a_.element_size(), columns)
+    m, k, columns = _args.CHECKS.all_gather_matmul(a, b, c, gather_out, n)
+    _args.tensor(c, "c")   # required on torch, which writes the product into it (the shared check lets None by)
+    _args.CHECKS.fused_signal(signal, n)
+    block = _block_rows(block_size, m, k * a.element_size(), columns)
     _autograd.call("fused_all_gather_matmul_", _all_gather_matmul_op, (a, b), a, b, c, gather_out, signal, block,
                    group_name)
     return gather_out, c
@@ -370,25 +331,9 @@ def fused_matmul_reduce_scatter(x1: torch.Tensor, x2: torch.Tensor, symm_tensor:
             different allocations or shapes.
         ShmemTimeoutError: a rank did not take part in time.
     """
-    x1_ = _matrix(x1, "x1")
-    x2_ = _matrix(x2, "x2")
-    _args.same_dtype(x2_, "x2", x1_, "x1")
-    scratch = _args.tensor(symm_tensor, "symm_tensor")
-    _args.same_dtype(scratch, "symm_tensor", x1_, "x1")
-    if reduce_op not in FUSED_REDUCE_OPS:
-        raise ValueError(f"`reduce_op` must be one of 'sum', 'avg', but got {reduce_op!r}")
     group_name = _groups.name(group)
-    n = _groups.size(group)
-    rows, k = x1_.shape
-    if rows % n:
-        raise ValueError(f"`x1.shape[0]` must be a multiple of the group size ({n}), but got {rows}")
-    if x2_.shape[0] != k:
-        raise ValueError(f"`x2.shape[0]` must equal x1.shape[1] ({k}), but got {x2_.shape[0]}")
-    columns = x2_.shape[1]
-    if scratch.numel() != rows * columns:
-        raise ValueError(f"`symm_tensor.numel()` must be x1.shape[0] x x2.shape[1] ({rows * columns}), "
-                         f"but got {scratch.numel()}")
-    _signal_shape(signal, n)
+    _args.CHECKS.matmul_reduce_scatter(x1, x2, symm_tensor, reduce_op, _groups.size(group))
+    _args.CHECKS.fused_signal(signal, _groups.size(group))
     return _autograd.call("fused_matmul_reduce_scatter", _matmul_reduce_scatter_op, (x1, x2), x1, x2, symm_tensor,
                           signal, reduce_op, group_name)
 

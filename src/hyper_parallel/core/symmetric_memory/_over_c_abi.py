@@ -415,12 +415,17 @@ class Api:
     # ------------------------------------------------------------------ fused ops
     def fused_all_gather_matmul(self, a: Any, b: Any, c: Optional[Any], gather_out: Any, signal: Optional[Any] = None,
                                 block_size: int = 128, group: Optional[object] = None) -> tuple:
-        """See :func:`hyper_parallel.core.symmetric_memory.fused_all_gather_matmul`."""
-        del signal, block_size   # the pipeline's tuning knobs of the NPU kernels; this path runs one gather
+        """See :func:`hyper_parallel.core.symmetric_memory.fused_all_gather_matmul`: here one all_gather, then one
+        matmul (not pipelined); ``c`` may be None (the product is then a new tensor)."""
+        del block_size   # the pipeline's block; this path runs one gather
+        self.h.require_initialized("fused_all_gather_matmul")
+        n = len(self.h.group_ranks(self.h.group_name(group)))
+        self.checks.all_gather_matmul(a, b, c, gather_out, n)
+        if signal is not None:
+            self.checks.fused_signal(signal, n)   # the pipeline's scratch on torch: checked alike, unused here
         self.shmem_allgather(gather_out, a, group)
         product = self.h.matmul(gather_out, b)
         if c is not None:
-            self.checks.tensor(c, "c")
             self.h.copy_into(c, product)
             return gather_out, c
         return gather_out, product
@@ -428,20 +433,14 @@ class Api:
     def fused_matmul_reduce_scatter(self, x1: Any, x2: Any, symm_tensor: Any, signal: Optional[Any] = None,
                                     reduce_op: str = "sum", group: Optional[object] = None) -> Any:
         """See :func:`hyper_parallel.core.symmetric_memory.fused_matmul_reduce_scatter`: here one matmul, then
-        the product reduce-scattered through ``symm_tensor`` (not pipelined)."""
-        del signal   # the pipeline's scratch on the torch path
-        if reduce_op not in ("sum", "avg"):
-            raise ValueError(f"`reduce_op` must be one of 'sum', 'avg', but got {reduce_op!r}")
-        product = self.h.matmul(x1, x2)
+        the product reduce-scattered (not pipelined; ``symm_tensor`` is checked as on torch, unused here)."""
+        self.h.require_initialized("fused_matmul_reduce_scatter")
         n = len(self.h.group_ranks(self.h.group_name(group)))
-        rows = product.shape[0]
-        if rows % n:
-            raise ValueError(f"`x1.shape[0]` must be a multiple of the group size ({n}), but got {rows}")
-        self.checks.tensor(symm_tensor, "symm_tensor")
-        if int(symm_tensor.size) < int(product.size):
-            raise ValueError(f"`symm_tensor` must hold M * N = {int(product.size)} elements, but got "
-                             f"{int(symm_tensor.size)}")
-        output = self.h.new_flat(int(product.size) // n, product.dtype).reshape((rows // n, product.shape[1]))
+        rows, _, columns = self.checks.matmul_reduce_scatter(x1, x2, symm_tensor, reduce_op, n)
+        if signal is not None:
+            self.checks.fused_signal(signal, n)
+        product = self.h.matmul(x1, x2)
+        output = self.h.new_flat(rows // n * columns, product.dtype).reshape((rows // n, columns))
         return self.shmem_reduce_scatter(output, product, reduce_op, group)
 
     def is_shmem_available(self) -> bool:

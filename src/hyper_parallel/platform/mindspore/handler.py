@@ -24,6 +24,8 @@ from hyper_parallel.platform.mindspore import groups, tensors
 
 
 _CELLS_KEPT = 256
+# The dtypes the fused ops' matmuls take (as on torch).
+_MATMUL_DTYPES = (ms.float32, ms.float16, ms.bfloat16, ms.float64)
 
 
 class _Collective(nn.Cell):
@@ -138,6 +140,16 @@ class Handler:
     def itemsize(dtype: Any) -> int:
         """Bytes per element of ``dtype``."""
         return tensors.dtype_info(dtype).itemsize
+
+    @staticmethod
+    def is_matmul_dtype(dtype: Any) -> bool:
+        """Whether the fused ops' matmuls take ``dtype``."""
+        return dtype in _MATMUL_DTYPES
+
+    @staticmethod
+    def matmul_dtype_names() -> list:
+        """The dtypes the fused ops' matmuls take, as messages name them."""
+        return [str(d) for d in _MATMUL_DTYPES]
 
     @staticmethod
     def reducible_dtype_names() -> list:

@@ -16,6 +16,8 @@ REDUCIBLE_DTYPES = (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int32, torch.int64
 )
 _SIGNAL_DTYPES = (torch.int32, torch.int64)
+# The dtypes the fused ops' matmuls take.
+MATMUL_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 def is_tensor(value: object) -> bool:
@@ -76,3 +78,13 @@ def is_signal_dtype(dtype: torch.dtype) -> bool:
 def itemsize(dtype: torch.dtype) -> int:
     """Bytes per element of ``dtype``."""
     return dtype.itemsize
+
+
+def is_matmul_dtype(dtype: torch.dtype) -> bool:
+    """Whether the fused ops' matmuls take ``dtype``."""
+    return dtype in MATMUL_DTYPES
+
+
+def matmul_dtype_names() -> list:
+    """The dtypes the fused ops' matmuls take, as messages name them."""
+    return [str(d).removeprefix("torch.") for d in MATMUL_DTYPES]
