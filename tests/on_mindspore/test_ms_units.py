@@ -17,12 +17,14 @@ import hyper_parallel.core.symmetric_memory as symm
 from hyper_parallel.core.multicore import c_runtime
 from hyper_parallel.core.multicore.errors import ShmemStateError
 from hyper_parallel.core.symmetric_memory import _framework, _on_mindspore
+from hyper_parallel.core.symmetric_memory._over_c_abi import CAbiCalls
 from hyper_parallel.platform.mindspore import tensors
 
 
 def test_the_user_api_is_mindspores_here():
     assert _framework.FRAMEWORK == "mindspore"
-    assert symm.empty == _on_mindspore.empty and symm.shmem_allreduce == _on_mindspore.shmem_allreduce
+    assert symm.empty == _on_mindspore.API.empty and symm.shmem_allreduce == _on_mindspore.API.shmem_allreduce
+    assert isinstance(_on_mindspore.API.calls, CAbiCalls)
     assert {"rendezvous", "SymmetricMemory", "shmem_alltoall"} <= set(symm.__all__)
     assert symm.is_shmem_available() is True
 
@@ -95,7 +97,8 @@ def test_an_unsupported_dtype_is_named():
 
 
 def test_signal_pads_are_not_used_here_as_on_torch():
-    with pytest.raises(NotImplementedError, match=r"^set_signal_pad_size: signals are symmetric tensors"):
+    with pytest.raises(NotImplementedError, match=r"^set_signal_pad_size is not supported: size=1024 \(signal pads "
+                                                  r"are not part of this library: a signal is a symmetric tensor"):
         symm.set_signal_pad_size(1024)
-    with pytest.raises(NotImplementedError, match=r"^get_signal_pad_size: signals are symmetric tensors"):
+    with pytest.raises(NotImplementedError, match=r"^get_signal_pad_size is not supported \(signal pads are not "):
         symm.get_signal_pad_size()

@@ -25,6 +25,10 @@ The collectives, the primitives and the fused ops run as torch operators of the 
 ``hyper_parallel_shmem`` (:mod:`~hyper_parallel.core.symmetric_memory._ops`): ``torch.compile(fullgraph=True)``
 traces code that calls them.
 
+Every function is defined once (:class:`~hyper_parallel.core.symmetric_memory._api.Api`) and bound at import to the
+framework this process uses (``HYPER_PARALLEL_PLATFORM``, else the one imported): torch's calls, or MindSpore's over
+the runtime's C ABI (``docs/mindspore.md``).
+
 Upstream hyper-parallel's setup calls exist too: ``is_shmem_available()``, ``rendezvous(tensor, group)`` (a
 handle over every rank's copy), and ``set_signal_pad_size``/``get_signal_pad_size`` (NotImplementedError, as
 upstream: signals are symmetric tensors here).
@@ -33,60 +37,36 @@ upstream: signals are symmetric tensors here).
 from hyper_parallel.core.symmetric_memory._framework import FRAMEWORK
 
 if FRAMEWORK == "torch":
-    from hyper_parallel.core.symmetric_memory._collectives import (
-        shmem_allgather,
-        shmem_allreduce,
-        shmem_alltoall,
-        shmem_recv,
-        shmem_reduce_scatter,
-        shmem_send,
-    )
-    from hyper_parallel.core.symmetric_memory._fused import fused_all_gather_matmul, fused_matmul_reduce_scatter
-    from hyper_parallel.core.symmetric_memory._setup import (
-        SymmetricMemory,
-        get_signal_pad_size,
-        is_shmem_available,
-        rendezvous,
-        set_signal_pad_size,
-    )
-    from hyper_parallel.core.symmetric_memory._primitives import (
-        barrier,
-        empty,
-        free,
-        shmem_get,
-        shmem_put,
-        shmem_put_with_signal,
-        shmem_signal_op,
-        shmem_wait_for_signal,
-        shutdown,
-    )
     from hyper_parallel.core.symmetric_memory import _ops  # noqa: F401  (registers the torch operators)
+    from hyper_parallel.core.symmetric_memory._on_torch import API
+    from hyper_parallel.core.symmetric_memory._setup import SymmetricMemory
 else:
-    from hyper_parallel.core.symmetric_memory._on_mindspore import (
-        barrier,
-        debug_state,
-        empty,
-        free,
-        fused_all_gather_matmul,
-        fused_matmul_reduce_scatter,
-        shmem_allgather,
-        shmem_allreduce,
-        shmem_alltoall,
-        shmem_get,
-        shmem_put,
-        shmem_put_with_signal,
-        shmem_recv,
-        shmem_reduce_scatter,
-        shmem_send,
-        shmem_signal_op,
-        shmem_wait_for_signal,
-        shutdown,
-        is_shmem_available,
-        get_signal_pad_size,
-        set_signal_pad_size,
-        rendezvous,
-        SymmetricMemory,
-    )
+    from hyper_parallel.core.symmetric_memory._on_mindspore import API, CALLS, SymmetricMemory
+
+    debug_state = CALLS.debug_state
+
+# One definition of every function for both frameworks (_api.Api), bound to this process's framework.
+empty = API.empty
+free = API.free
+shutdown = API.shutdown
+barrier = API.barrier
+shmem_put = API.shmem_put
+shmem_get = API.shmem_get
+shmem_signal_op = API.shmem_signal_op
+shmem_wait_for_signal = API.shmem_wait_for_signal
+shmem_put_with_signal = API.shmem_put_with_signal
+shmem_allgather = API.shmem_allgather
+shmem_allreduce = API.shmem_allreduce
+shmem_reduce_scatter = API.shmem_reduce_scatter
+shmem_alltoall = API.shmem_alltoall
+shmem_send = API.shmem_send
+shmem_recv = API.shmem_recv
+fused_all_gather_matmul = API.fused_all_gather_matmul
+fused_matmul_reduce_scatter = API.fused_matmul_reduce_scatter
+rendezvous = API.rendezvous
+is_shmem_available = API.is_shmem_available
+set_signal_pad_size = API.set_signal_pad_size
+get_signal_pad_size = API.get_signal_pad_size
 
 _PUBLIC = [
     "SymmetricMemory",

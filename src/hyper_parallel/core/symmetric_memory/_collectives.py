@@ -1,4 +1,5 @@
-"""Collectives (seeds 000 and 004): argument translation over the runtime's teams.
+"""torch's calls of the collectives (seeds 000 and 004; :class:`._api.Api` checks the arguments first), over the
+runtime's teams.
 
 Every collective is one call into the runtime's collective engine (``shmem.Team``), which picks the path (one step
 for small messages, copy-free when every rank passes the same symmetric tensor, staged otherwise) and checks with
@@ -13,7 +14,6 @@ published. A group's collectives must not run on two streams at once.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Optional
 
 import torch
@@ -42,7 +42,7 @@ def _is_part(part: torch.Tensor, whole: torch.Tensor, index: int) -> bool:
     return offset == index * part.numel() * part.element_size()
 
 
-def _precision_name(low_precision_dtype: object, dtype: torch.dtype, op: str) -> str:
+def wire(low_precision_dtype: object, dtype: torch.dtype, op: str) -> str:
     """``low_precision_dtype`` as the operators take it, checked: "" (None) leaves the environment's default to
     the operator, which reads it (environment reads stay out of traced code); an explicit value is checked here,
     before anything runs."""
@@ -72,41 +72,132 @@ def _fast_team(group: Optional[dist.ProcessGroup], *tensors: object) -> Optional
 _FAST_OPS = frozenset(("sum", "avg", "max", "min"))
 
 
-def shmem_allgather(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
-                    group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
-    """Gathers every rank's ``input_tensor`` into ``output_tensor``, in group-rank order (collective).
+def _ran(call: object, *args: object) -> bool:
+    """Runs an engine call; False when the engine refused it before any rank moved (every rank refuses alike), so
+    that the API's checks run and name the argument as the API does."""
+    try:
+        call(*args)
+    except (ValueError, TypeError):
+        return False
+    return True
 
-    Args:
-        output_tensor: group-size times the input's elements, same dtype. The same symmetric tensor on every
-            rank: peers push into it directly (large messages); otherwise it is filled from staged copies.
-        input_tensor: this rank's contribution. It may be this rank's part of ``output_tensor`` (in place).
-        group: a ProcessGroup inside the root (None: WORLD).
 
-    Returns:
-        ``output_tensor``.
+class Fast:
+    """Eager calls the engine can take before the user API's checks (:class:`._api.Api`'s ``fast``): the group
+    already has a team, nothing is traced or tracked, and the arguments are of the plain kinds the engine checks
+    itself. Each method returns whether it ran the call; a call the engine refuses before any rank moved falls
+    back to the checks, which name the argument as the API does (every rank refuses alike)."""
 
-    Raises:
-        TypeError: differing dtypes, a non-tensor.
-        ValueError: sizes that do not match, or an input overlapping the output elsewhere than its own part.
-        ShmemTimeoutError: a rank did not take part in time.
-    """
-    team = _fast_team(group, output_tensor, input_tensor)
-    if team is not None and output_tensor.dtype is input_tensor.dtype:
-        try:
-            team.all_gather(output_tensor, input_tensor)
-            return output_tensor
-        except (ValueError, TypeError):
-            pass  # refused before any rank moved: the checks below name the argument as this API does
-    output = _args.tensor(output_tensor, "output_tensor")
-    data = _args.tensor(input_tensor, "input_tensor")
-    _args.same_dtype(data, "input_tensor", output, "output_tensor")
-    group_name = _groups.name(group)
-    _args.CHECKS.group_multiple(output, "output_tensor", data, "input_tensor", _groups.size(group))
-    if _autograd.tracks(input_tensor) and _is_part(data, output, _groups.rank(group)):
+    @staticmethod
+    def all_gather(output_tensor: object, input_tensor: object, group: Optional[dist.ProcessGroup]) -> bool:
+        team = _fast_team(group, output_tensor, input_tensor)
+        if team is None or output_tensor.dtype is not input_tensor.dtype:
+            return False
+        return _ran(team.all_gather, output_tensor, input_tensor)
+
+    @staticmethod
+    def all_reduce(tensor: object, op: object, group: Optional[dist.ProcessGroup], low_precision_dtype: object,
+                   backward: object) -> bool:
+        if low_precision_dtype is not None or backward not in _rules.BACKWARD_MODES or op not in _FAST_OPS:
+            return False
+        team = _fast_team(group, tensor)
+        if team is None or _low_precision.resolve(None, tensor.dtype, op) is not None:
+            return False
+        return _ran(team.all_reduce, tensor, op)
+
+    @staticmethod
+    def reduce_scatter(output_tensor: object, input_tensor: object, op: object, group: Optional[dist.ProcessGroup],
+                       low_precision_dtype: object) -> bool:
+        if low_precision_dtype is not None or op not in _FAST_OPS:
+            return False
+        team = _fast_team(group, output_tensor, input_tensor)
+        if team is None or _low_precision.resolve(None, input_tensor.dtype, op) is not None:
+            return False
+        return _ran(team.reduce_scatter, output_tensor, input_tensor, op)
+
+    @staticmethod
+    def all_to_all(send_tensor_list: object, receive_tensor: object, receive_list: object,
+                   group: Optional[dist.ProcessGroup]) -> bool:
+        if type(send_tensor_list) not in (list, tuple) or type(receive_list) not in (list, tuple):
+            return False
+        team = _fast_team(group, receive_tensor, *send_tensor_list)
+        if team is None:
+            return False
+        dtype = receive_tensor.dtype
+        for t in send_tensor_list:  # a loop, not all(): no generator on the small-message path
+            if t.dtype is not dtype:
+                return False
+        return _ran(team.all_to_all, send_tensor_list, receive_tensor, receive_list)
+
+    @staticmethod
+    def send(tensor: object, dst_rank: object, group: Optional[dist.ProcessGroup]) -> bool:
+        team = _fast_team(group, tensor)
+        if team is None or type(dst_rank) is not int or not 0 <= dst_rank < team.size or dst_rank == team.rank:
+            return False
+        team.send(tensor, dst_rank)  # the engine checks the tensor as the API does (its errors name `tensor`)
+        return True
+
+    @staticmethod
+    def recv(tensor: object, src_rank: object, group: Optional[dist.ProcessGroup]) -> bool:
+        team = _fast_team(group, tensor)
+        if team is None or type(src_rank) is not int or not 0 <= src_rank < team.size or src_rank == team.rank:
+            return False
+        team.recv(tensor, src_rank)  # the engine checks the tensor and the message's size as the API does
+        return True
+
+
+# --------------------------------------------------------------------------
+# torch's calls of the collectives on checked arguments (:class:`._api.Api`): the torch-only checks, then the
+# operators (through autograd where a tensor requires grad).
+# --------------------------------------------------------------------------
+
+
+def all_gather(output: torch.Tensor, data: torch.Tensor, group_name: str) -> torch.Tensor:
+    """``shmem_allgather`` on checked arguments."""
+    if _autograd.tracks(data) and _is_part(data, output, _groups.rank(_groups.resolve(group_name))):
         raise ValueError("`input_tensor` must not be a view of `output_tensor` when it requires grad, but got "
                          "this rank's part of it (autograd cannot differentiate an in-place all_gather)")
-    _autograd.call("all_gather_", _all_gather_op, (input_tensor,), output_tensor, input_tensor, group_name)
-    return output_tensor
+    _autograd.call("all_gather_", _all_gather_op, (data,), output, data, group_name)
+    return output
+
+
+def all_reduce(tensor: torch.Tensor, op: str, group_name: str, precision: str, mode: str) -> torch.Tensor:
+    """``shmem_allreduce`` on checked arguments."""
+    _autograd.call("all_reduce_", _all_reduce_op, (tensor,), tensor, op, group_name, precision, mode)
+    return tensor
+
+
+def reduce_scatter(output: torch.Tensor, data: torch.Tensor, op: str, group_name: str,
+                   precision: str) -> torch.Tensor:
+    """``shmem_reduce_scatter`` on checked arguments."""
+    _autograd.call("reduce_scatter_", _reduce_scatter_op, (data,), output, data, op, group_name, precision)
+    return output
+
+
+def all_to_all(sends: list, receive: torch.Tensor, counts: list, group_name: str) -> torch.Tensor:
+    """``shmem_alltoall`` on checked arguments."""
+    _autograd.call("all_to_all_", _all_to_all_op, sends, receive, sends, counts, group_name)
+    return receive
+
+
+def send(tensor: torch.Tensor, dst: int, group_name: str) -> Optional[torch.Tensor]:
+    """``shmem_send`` on checked arguments: None, or the gradient's token when ``tensor`` requires grad."""
+    token = _autograd.call("send", _send_op, (tensor,), tensor, dst, group_name)
+    return token if _autograd.tracks(tensor) else None
+
+
+def recv(tensor: torch.Tensor, src: int, group_name: str) -> torch.Tensor:
+    """``shmem_recv`` on checked arguments: ``tensor``, or a new tensor in the graph when ``tensor`` requires grad."""
+    if _autograd.tracks(tensor):
+        if not tensor.is_leaf:
+            raise ValueError("`tensor` must be a leaf (a receive buffer made with requires_grad=True) when it "
+                             f"requires grad, but got the output of {type(tensor.grad_fn).__name__}")
+        received = torch.ops.hyper_parallel_shmem.recv(tensor, src, group_name)
+        with torch.no_grad():
+            tensor.copy_(received)
+        return received
+    _autograd.call("recv_", _recv_op, (tensor,), tensor, src, group_name)
+    return tensor
 
 
 def _channel(group_name: str, op: str) -> GroupChannel:
@@ -136,56 +227,6 @@ def _all_gather(output: torch.Tensor, data: torch.Tensor, ch: GroupChannel) -> N
     ch.team.all_gather(output, data)
 
 
-def shmem_allreduce(tensor: torch.Tensor, op: str = "sum", group: Optional[dist.ProcessGroup] = None,
-                    low_precision_dtype: Optional[torch.dtype] = None, backward: str = "identity") -> torch.Tensor:
-    """Reduces ``tensor`` across the group, in place: every rank ends with bit-identical values (collective).
-
-    Small tensors (up to 256 KiB, or half the staging area if smaller) take one step: each rank reads every
-    peer's staged copy. Larger ones reduce-scatter then all-gather: the same symmetric ``tensor`` on every rank
-    is reduced in place with no copies; an ordinary tensor is read straight out of the peers' processes where the
-    host device reaches them (cross-memory attach), through the staging area otherwise. float16/bfloat16
-    accumulate in float32.
-
-    Args:
-        tensor: a contiguous CPU tensor of float32, float64, float16, bfloat16, int8, uint8, int32 or int64.
-        op: 'sum', 'avg' (floating point only), 'max' or 'min'.
-        group: a ProcessGroup inside the root (None: WORLD).
-        low_precision_dtype: travel in this dtype (float16, bfloat16, float8_e4m3fn or float8_e5m2, or its name;
-            fp8 with a power-of-two scale per 128-element block) and accumulate in the tensor's dtype (float32 at
-            least). None: the default set by ``SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE``, which applies only where it
-            can, else full precision; 'none': full precision whatever the environment says. It applies to 'sum'
-            and 'avg' on floating-point tensors wider than it (an explicit dtype elsewhere is a ValueError); see
-            :mod:`~hyper_parallel.core.symmetric_memory._low_precision` for the algorithm and the error bounds.
-        backward: the gradient when ``tensor`` requires grad. 'identity' (default): ``grad_in = grad_out``
-            (scaled by 1/n for 'avg'), right when the computation after the all-reduce is replicated on every
-            rank, so every rank's ``grad_out`` is already the full gradient (tensor parallelism). 'allreduce':
-            ``grad_in = all_reduce(grad_out)`` (same op), right when ranks go on to compute different losses.
-
-    Returns:
-        ``tensor`` (in the autograd graph when it requires grad).
-
-    Raises:
-        TypeError: an unsupported dtype.
-        ValueError: an unknown op or backward, 'avg' on integers, a low-precision dtype that does not apply,
-            'max'/'min' on a tensor that requires grad.
-        ShmemTimeoutError: a rank did not take part in time.
-    """
-    if low_precision_dtype is None and backward in _rules.BACKWARD_MODES and op in _FAST_OPS:
-        team = _fast_team(group, tensor)
-        if team is not None and _low_precision.resolve(None, tensor.dtype, op) is None:
-            try:
-                team.all_reduce(tensor, op)
-                return tensor
-            except (ValueError, TypeError):
-                pass  # refused before any rank moved: the checks below name the argument as this API does
-    t = _args.tensor(tensor, "tensor")
-    op = _args.reduce_op(op, t.dtype)
-    precision = _precision_name(low_precision_dtype, t.dtype, op)
-    mode = _autograd.backward_mode(backward)
-    _autograd.call("all_reduce_", _all_reduce_op, (tensor,), tensor, op, _groups.name(group), precision, mode)
-    return tensor
-
-
 def _all_reduce_op(tensor: torch.Tensor, op: str, group_name: str, low_precision_dtype: str, backward: str) -> None:
     """The operator ``all_reduce_`` (``backward`` is autograd's): the environment's low-precision default, the
     channel, then :func:`_all_reduce`."""
@@ -196,49 +237,6 @@ def _all_reduce_op(tensor: torch.Tensor, op: str, group_name: str, low_precision
 def _all_reduce(t: torch.Tensor, op: str, ch: GroupChannel, precision: Optional[torch.dtype] = None) -> None:
     """all_reduce on checked arguments (``precision``: the low-precision dtype to travel in, or None)."""
     ch.team.all_reduce(t, op, wire=precision)
-
-
-def shmem_reduce_scatter(output_tensor: torch.Tensor, input_tensor: torch.Tensor, op: str = "sum",
-                         group: Optional[dist.ProcessGroup] = None,
-                         low_precision_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """Reduces ``input_tensor`` across the group; rank r keeps part r of the result (collective).
-
-    Args:
-        output_tensor: 1/group-size of the input's elements, same dtype.
-        input_tensor: group-size equal parts. The same symmetric tensor on every rank: peers reduce from it
-            directly (large messages); otherwise it is staged.
-        op: 'sum', 'avg' (floating point only), 'max' or 'min'.
-        group: a ProcessGroup inside the root (None: WORLD).
-        low_precision_dtype: as in :func:`shmem_allreduce`.
-
-    Returns:
-        ``output_tensor`` (in the autograd graph when the input requires grad: the gradient of the input is the
-        all_gather of the output's, scaled by 1/n for 'avg').
-
-    Raises:
-        TypeError: differing or unsupported dtypes.
-        ValueError: sizes that do not match, an unknown op, an output overlapping the input elsewhere than this
-            rank's part, a low-precision dtype that does not apply, 'max'/'min' on an input that requires grad.
-        ShmemTimeoutError: a rank did not take part in time.
-    """
-    if low_precision_dtype is None and op in _FAST_OPS:
-        team = _fast_team(group, output_tensor, input_tensor)
-        if team is not None and _low_precision.resolve(None, input_tensor.dtype, op) is None:
-            try:
-                team.reduce_scatter(output_tensor, input_tensor, op)
-                return output_tensor
-            except (ValueError, TypeError):
-                pass  # refused before any rank moved: the checks below name the argument as this API does
-    output = _args.tensor(output_tensor, "output_tensor")
-    data = _args.tensor(input_tensor, "input_tensor")
-    _args.same_dtype(output, "output_tensor", data, "input_tensor")
-    op = _args.reduce_op(op, data.dtype)
-    precision = _precision_name(low_precision_dtype, data.dtype, op)
-    group_name = _groups.name(group)
-    _args.CHECKS.group_multiple(data, "input_tensor", output, "output_tensor", _groups.size(group))
-    _autograd.call("reduce_scatter_", _reduce_scatter_op, (input_tensor,), output_tensor, input_tensor, op,
-                   group_name, precision)
-    return output_tensor
 
 
 def _reduce_scatter_op(output: torch.Tensor, input: torch.Tensor, op: str, group_name: str,
@@ -267,56 +265,6 @@ def _reduce_scatter(output: torch.Tensor, data: torch.Tensor, op: str, ch: Group
     ch.team.reduce_scatter(output, data, op, wire=precision)
 
 
-def shmem_alltoall(send_tensor_list: Sequence[torch.Tensor], receive_tensor: torch.Tensor, receive_list: Sequence[int],
-                   group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
-    """Sends ``send_tensor_list[j]`` to rank j; ``receive_tensor`` gets every rank's part in rank order (collective).
-
-    The counts are exchanged through symmetric memory (no framework collective) and checked on every rank
-    before any data moves: a mismatch raises the same error everywhere and writes nothing. Small parts travel
-    with the counts. When every rank passes the same symmetric ``receive_tensor``, senders push into it; when
-    the send tensors are, on every rank, the blocks of that tensor where the same peer's part lands (in place),
-    each pair of ranks swaps its two blocks, moving half the bytes. Anything else is staged.
-
-    Args:
-        send_tensor_list: one contiguous tensor per group rank (any sizes, the dtype of ``receive_tensor``); they
-            may be views of ``receive_tensor``.
-        receive_tensor: the destination; the part from rank i starts after the counts from ranks < i. The
-            same symmetric tensor on every rank: senders push into it directly (large messages); otherwise
-            each rank reads its parts straight out of the senders' tensors where the host device reaches them, or
-            through the staging area.
-        receive_list: the element count expected from each rank (ints or a 1-D integer tensor); their sum must
-            fit ``receive_tensor``. Elements, not bytes: upstream hyper-parallel's documentation writes bytes, but
-            its code offsets ``receive_tensor`` by these counts as elements, and this follows the code.
-        group: a ProcessGroup inside the root (None: WORLD).
-
-    Returns:
-        ``receive_tensor``.
-
-    Raises:
-        TypeError: differing dtypes, non-tensors.
-        ValueError: a list of the wrong length, counts past ``receive_tensor``'s end, or counts that disagree
-            with what the senders send.
-        ShmemTimeoutError: a rank did not take part in time.
-    """
-    if type(send_tensor_list) in (list, tuple) and type(receive_list) in (list, tuple):
-        team = _fast_team(group, receive_tensor, *send_tensor_list)
-        if team is not None:
-            dtype = receive_tensor.dtype
-            for t in send_tensor_list:  # a loop, not all(): no generator on the small-message path
-                if t.dtype is not dtype:
-                    break
-            else:
-                try:
-                    team.all_to_all(send_tensor_list, receive_tensor, receive_list)
-                    return receive_tensor
-                except (ValueError, TypeError):
-                    pass  # every rank refused alike: the checks below name the argument as this API does
-    group_name = _groups.name(group)
-    sends, _, receives = _args.CHECKS.all_to_all(send_tensor_list, receive_tensor, receive_list, _groups.size(group))
-    _autograd.call("all_to_all_", _all_to_all_op, sends, receive_tensor, sends, receives, group_name)
-    return receive_tensor
-
-
 def _all_to_all_op(receive: torch.Tensor, sends: list, receive_counts: list, group_name: str) -> None:
     """The operator ``all_to_all_``: the channel, then :func:`_all_to_all`."""
     ch = _channel(group_name, "shmem_alltoall")
@@ -326,39 +274,6 @@ def _all_to_all_op(receive: torch.Tensor, sends: list, receive_counts: list, gro
 def _all_to_all(sends: list, receive: torch.Tensor, receives: list, ch: GroupChannel) -> None:
     """all_to_all on checked arguments: ``sends`` as flat bytes, ``receives`` as element counts."""
     ch.team.all_to_all(sends, receive, receives)
-
-
-def shmem_send(tensor: torch.Tensor, dst_rank: int,
-               group: Optional[dist.ProcessGroup] = None) -> Optional[torch.Tensor]:
-    """Sends ``tensor`` to ``dst_rank``, which receives it with :func:`shmem_recv` (point to point).
-
-    Messages travel through the receiver's mailbox in pieces, up to four in flight: a small message returns
-    at once (the tensor may be reused), a larger one waits while the receiver lags four pieces behind.
-    Messages between two ranks arrive in the order they were sent.
-
-    Args:
-        tensor: a contiguous CPU tensor.
-        dst_rank: a rank of ``group`` other than this one.
-        group: a ProcessGroup inside the root (None: WORLD) that ran a collective (or ``barrier``) before.
-
-    Returns:
-        None; when ``tensor`` requires grad, a zero scalar in the autograd graph instead: its backward receives
-        the gradient of ``tensor`` from ``dst_rank`` (whose :func:`shmem_recv` result sends it back in its own
-        backward). Add it to the loss or call ``.backward()`` on it.
-
-    Raises:
-        ValueError: ``dst_rank`` outside the group or this rank itself.
-        ShmemStateError: ``group`` never ran a collective, so it has no channel.
-        ShmemTimeoutError: the receiver did not drain a piece in time.
-    """
-    team = _fast_team(group, tensor)
-    if team is not None and type(dst_rank) is int and 0 <= dst_rank < team.size and dst_rank != team.rank:
-        team.send(tensor, dst_rank)  # the engine checks the tensor as this API does (its errors name `tensor`)
-        return None
-    _args.tensor(tensor, "tensor")
-    dst = _args.integer(dst_rank, "dst_rank")
-    token = _autograd.call("send", _send_op, (tensor,), tensor, dst, _groups.name(group))
-    return token if _autograd.tracks(tensor) else None
 
 
 def _send_op(tensor: torch.Tensor, dst: int, group_name: str) -> torch.Tensor:
@@ -372,44 +287,6 @@ def _send_op(tensor: torch.Tensor, dst: int, group_name: str) -> torch.Tensor:
 def _send(tensor: torch.Tensor, dst: int, ch: GroupChannel) -> None:
     """send on checked arguments (``dst``: a group rank)."""
     ch.team.send(_bytes(tensor), dst)
-
-
-def shmem_recv(tensor: torch.Tensor, src_rank: int, group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
-    """Receives the next message ``src_rank`` sent with :func:`shmem_send` into ``tensor``.
-
-    Args:
-        tensor: a contiguous CPU tensor of the message's byte size.
-        src_rank: a rank of ``group`` other than this one.
-        group: a ProcessGroup inside the root (None: WORLD) that ran a collective (or ``barrier``) before.
-
-    Returns:
-        ``tensor``. When ``tensor`` requires grad (a leaf made with ``requires_grad=True``), a new tensor with the
-        message (``tensor`` holds it too) in the autograd graph instead: its backward sends the gradient back to
-        ``src_rank`` (whose :func:`shmem_send` result receives it) and leaves it in ``tensor.grad`` as well.
-
-    Raises:
-        ValueError: ``src_rank`` outside the group or this rank, or a message of another size (the message is
-            drained, so the sender is not left waiting, and ``tensor`` is left unchanged).
-        ShmemStateError: ``group`` never ran a collective.
-        ShmemTimeoutError: nothing arrived in time.
-    """
-    team = _fast_team(group, tensor)
-    if team is not None and type(src_rank) is int and 0 <= src_rank < team.size and src_rank != team.rank:
-        team.recv(tensor, src_rank)  # the engine checks the tensor and the message's size as this API does
-        return tensor
-    _args.tensor(tensor, "tensor")
-    src = _args.integer(src_rank, "src_rank")
-    group_name = _groups.name(group)
-    if _autograd.tracks(tensor):
-        if not tensor.is_leaf:
-            raise ValueError("`tensor` must be a leaf (a receive buffer made with requires_grad=True) when it "
-                             f"requires grad, but got the output of {type(tensor.grad_fn).__name__}")
-        received = torch.ops.hyper_parallel_shmem.recv(tensor, src, group_name)
-        with torch.no_grad():
-            tensor.copy_(received)
-        return received
-    _autograd.call("recv_", _recv_op, (tensor,), tensor, src, group_name)
-    return tensor
 
 
 def _recv_op(tensor: torch.Tensor, src: int, group_name: str) -> None:

@@ -1,4 +1,5 @@
-"""Fused compute-communication ops (seed 000 §10): all-gather + matmul and matmul + reduce-scatter.
+"""torch's fused compute-communication ops (seed 000 §10; :class:`._api.Api` checks the shapes first): all-gather +
+matmul and matmul + reduce-scatter, pipelined.
 
 **all_gather_matmul** (``gather_out = all_gather(a)``, ``c = gather_out @ b``). Each rank's rows of ``a`` travel
 in blocks of ``block_size`` rows on a communication stream: for every block, a put into each peer's
@@ -35,7 +36,6 @@ import weakref
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 
 from hyper_parallel.core.multicore import shmem
 from hyper_parallel.core.symmetric_memory import _args, _autograd, _context, _groups, _rules
@@ -169,46 +169,13 @@ def _entry(ch: GroupChannel, signal: torch.Tensor, values: list, names: list) ->
 # --------------------------------------------------------------------------
 
 
-def fused_all_gather_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, gather_out: torch.Tensor,
-                            signal: torch.Tensor, block_size: Optional[int] = None,
-                            group: Optional[dist.ProcessGroup] = None) -> tuple:
-    """Gathers every rank's ``a`` along dim 0 and multiplies the result by ``b``, overlapped (collective).
-
-    ``gather_out = all_gather(a)`` in group-rank order and ``c = gather_out @ b``. Each rank's rows travel in
-    blocks of ``block_size`` rows, each block followed by a signal, while the calling thread multiplies the rows
-    that have arrived: its own first, then each peer's in arrival order. The puts run on a communication stream
-    when the machine has a core to spare for it, else the calling thread issues them between its own blocks'
-    matmuls.
-
-    Args:
-        a: this rank's rows, (m, k), float32, float16, bfloat16 or float64; m and k the same on every rank.
-            It may be this rank's rows of ``gather_out``.
-        b: (k, n), the dtype of ``a``.
-        c: the product, (size * m, n), the dtype of ``a``; any contiguous tensor.
-        gather_out: the gathered rows, (size * m, k), the dtype of ``a``: the same symmetric tensor
-            (``symm.empty``) on every rank, since peers write into it.
-        signal: a symmetric int32 or int64 tensor of at least group-size elements, the same on every rank; its
-            first group-size entries are the op's scratch (any contents on entry).
-        block_size: rows per block (a positive int; the last block may be shorter), or None to pick about a
-            quarter of m, but at least 1 MiB of ``a`` and at least n rows per block (each block's matmul reads
-            all of ``b``).
-        group: a ProcessGroup inside the root (None: WORLD); ranks are group ranks.
-
-    Returns:
-        ``(gather_out, c)`` (in the autograd graph when ``a`` or ``b`` requires grad).
-
-    Raises:
-        TypeError: a non-tensor, an unsupported or differing dtype, a ``block_size`` that is not an int.
-        ValueError: shapes that do not fit, a non-symmetric ``gather_out`` or ``signal``, a non-positive
-            ``block_size``, overlapping tensors, or (on every rank alike, before any data moves) ranks that
-            pass different allocations or shapes.
-        ShmemTimeoutError: a rank did not take part in time.
-    """
-    group_name = _groups.name(group)
-    n = _groups.size(group)
-    m, k, columns = _args.CHECKS.all_gather_matmul(a, b, c, gather_out, n)
-    _args.tensor(c, "c")   # required on torch, which writes the product into it (the shared check lets None by)
-    _args.CHECKS.fused_signal(signal, n)
+def all_gather_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, gather_out: torch.Tensor,
+                      signal: torch.Tensor, block_size: Optional[int], group_name: str, dims: tuple) -> tuple:
+    """``fused_all_gather_matmul`` on checked shapes (``dims``: m, k and b's columns): ``c`` is required here (the
+    pipeline writes the product into it), then the signal, the block, and the operator."""
+    _args.tensor(c, "c")
+    m, k, columns = dims
+    _args.CHECKS.fused_signal(signal, _groups.size(_groups.resolve(group_name)))
     block = _block_rows(block_size, m, k * a.element_size(), columns)
     _autograd.call("fused_all_gather_matmul_", _all_gather_matmul_op, (a, b), a, b, c, gather_out, signal, block,
                    group_name)
@@ -299,41 +266,11 @@ def _push_block(a: torch.Tensor, gather_out: torch.Tensor, signal: torch.Tensor,
 # --------------------------------------------------------------------------
 
 
-def fused_matmul_reduce_scatter(x1: torch.Tensor, x2: torch.Tensor, symm_tensor: torch.Tensor,
-                                signal: torch.Tensor, reduce_op: str = "sum",
-                                group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
-    """Multiplies ``x1`` by ``x2`` and reduce-scatters the product along dim 0, overlapped (collective).
-
-    Returns ``reduce_scatter(x1 @ x2)``: rank r gets rows ``r * M/size : (r + 1) * M/size`` of the sum (or
-    average) over ranks of their products. Each rank computes the partial product of every target's rows into
-    its ``symm_tensor``, signalling each target as soon as its rows are ready; then it adds up its own rows
-    straight from its peers' ``symm_tensor`` (in a group of two, as the addend of its own rows' matmul;
-    float16/bfloat16 accumulate in float32 and round once).
-
-    Args:
-        x1: (M, k), float32, float16, bfloat16 or float64, M a multiple of the group size; the same shape on
-            every rank.
-        x2: (k, N), the dtype of ``x1``.
-        symm_tensor: scratch for the partial products: M * N elements of ``x1``'s dtype (any shape), the same
-            symmetric tensor (``symm.empty``) on every rank.
-        signal: a symmetric int32 or int64 tensor of at least group-size elements, the same on every rank; its
-            first group-size entries are the op's scratch (any contents on entry).
-        reduce_op: 'sum' or 'avg'.
-        group: a ProcessGroup inside the root (None: WORLD); ranks are group ranks.
-
-    Returns:
-        A new (M / size, N) tensor of ``x1``'s dtype (in the autograd graph when ``x1`` or ``x2`` requires grad).
-
-    Raises:
-        TypeError: a non-tensor, an unsupported or differing dtype.
-        ValueError: shapes that do not fit, an unknown ``reduce_op``, a non-symmetric ``symm_tensor`` or
-            ``signal``, overlapping tensors, or (on every rank alike, before any data moves) ranks that pass
-            different allocations or shapes.
-        ShmemTimeoutError: a rank did not take part in time.
-    """
-    group_name = _groups.name(group)
-    _args.CHECKS.matmul_reduce_scatter(x1, x2, symm_tensor, reduce_op, _groups.size(group))
-    _args.CHECKS.fused_signal(signal, _groups.size(group))
+def matmul_reduce_scatter(x1: torch.Tensor, x2: torch.Tensor, symm_tensor: torch.Tensor, signal: torch.Tensor,
+                          reduce_op: str, group_name: str, dims: tuple) -> torch.Tensor:
+    """``fused_matmul_reduce_scatter`` on checked shapes: the signal, then the operator."""
+    del dims   # the operator reads the shapes again (its fake kernel too)
+    _args.CHECKS.fused_signal(signal, _groups.size(_groups.resolve(group_name)))
     return _autograd.call("fused_matmul_reduce_scatter", _matmul_reduce_scatter_op, (x1, x2), x1, x2, symm_tensor,
                           signal, reduce_op, group_name)
 

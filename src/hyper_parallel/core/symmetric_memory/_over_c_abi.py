@@ -1,11 +1,11 @@
-"""The user API over a framework handler and the runtime's C ABI: the path of frameworks other than torch.
+"""The runtime's calls over its C ABI for a framework handler: the path of frameworks other than torch.
 
-Everything a framework does differently lives in its handler (:mod:`hyper_parallel.platform.mindspore`): what a
+:class:`CAbiCalls` is what :class:`._api.Api` hands a checked call to on MindSpore (its module docstring lists the
+calls). What the framework does differently lives in its handler (:mod:`hyper_parallel.platform.mindspore`): what a
 tensor is, its dtype and address, tensors over heap memory, synchronisation, groups and their bootstrap, and
-autograd. Everything else is here, once: argument rules, group-local ranks, the runtime's lifecycle and teams,
-and the calls of :mod:`hyper_parallel.core.multicore.c_runtime`. The semantics are those of the torch path
-(seeds 000 and 004): offsets and sizes count elements, collectives accept ordinary tensors, ``group=`` takes
-group-local ranks, ranks that disagree about a call all raise ``ShmemMismatchError``.
+autograd. What is here needs no framework: the runtime's lifecycle and teams, group-local ranks, and the calls of
+:mod:`hyper_parallel.core.multicore.c_runtime`. Every call drains the framework's queue first
+(``handler.synchronize``); the runtime's calls complete before they return.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ class PeerBuffers:
         buffer_ptrs: the address, in this process, of every group rank's copy (index = group rank).
     """
 
-    def __init__(self, api: "Api", address: int, nbytes: int, team: _Team, group: str) -> None:
-        self._api = api
+    def __init__(self, calls: "CAbiCalls", address: int, nbytes: int, team: _Team, group: str) -> None:
+        self._calls = calls
         self._group = group
         self.rank = team.me
         self.world_size = len(team.pes)
@@ -71,36 +71,48 @@ class PeerBuffers:
             TypeError: a bad ``rank``, ``sizes`` or ``dtype``.
             ValueError: ``rank`` outside the group, a negative offset, or a view past the tensor's end.
         """
-        h = self._api.h
-        rank = _rules.rank_in_group(self._api.checks.integer(rank, "rank"), "rank", self.world_size)
+        h = self._calls.h
+        rank = self._calls.checks.rank_in_group(rank, "rank", self.world_size)
         shape = _rules.shape(sizes)
         itemsize = h.dtype_info(dtype).itemsize
         numel = 1
         for d in shape:
             numel *= d
-        begin, _ = _rules.view_bytes(self._api.checks.count(storage_offset, "storage_offset"), numel, itemsize,
+        begin, _ = _rules.view_bytes(self._calls.checks.count(storage_offset, "storage_offset"), numel, itemsize,
                                      self.buffer_size)
         return h.wrap(self.buffer_ptrs[rank] + begin, shape, dtype)
 
     def barrier(self) -> None:
         """A barrier of the group: writes before it are visible to every rank after it."""
-        self._api.barrier(self._group)
+        self._calls.barrier(self._group)
 
     def __repr__(self) -> str:
         return f"SymmetricMemory(rank={self.rank}, world_size={self.world_size}, buffer_size={self.buffer_size})"
 
 
-class Api:
-    """seed 000/004's functions for one framework handler; one instance per process and framework."""
+class CAbiCalls:
+    """The runtime's calls over its C ABI for one framework handler; one instance per process and framework."""
+
+    fast = None   # every call takes the checks: the C ABI's calls cost more than they do
 
     def __init__(self, handler: Any) -> None:
         self.h = handler
+        self.name = handler.name
         self.checks = Checks(handler)
         self._lock = threading.RLock()
         self._allocations: dict = {}   # address -> c_runtime.Allocation, for free
         self._teams: dict = {}         # group name -> _Team
 
-    # ------------------------------------------------------------------ lifecycle
+    # ------------------------------------------------------------------ groups and lifecycle
+    def group_key(self, group: Optional[object]) -> str:
+        """The group's name (None: the world group)."""
+        return self.h.group_name(group)
+
+    def group_size(self, name: str) -> int:
+        """The number of ranks of the group ``name``."""
+        self.h.require_initialized("symmetric_memory")
+        return len(self.h.group_ranks(name))
+
     def _ensure_runtime(self, op: str) -> None:
         self.h.require_initialized(op)
         if c_runtime.state() == "initialized":
@@ -118,11 +130,10 @@ class Api:
         """``tensor``'s element type as the engine names it."""
         return c_runtime.ElementType(*self.h.element_type(tensor))
 
-    def _team(self, group: Optional[object], op: str) -> _Team:
-        """The team of ``group`` (created on its first collective: collective over the group)."""
+    def _team(self, name: str, op: str) -> _Team:
+        """The team of group ``name`` (created on its first collective: collective over the group)."""
         with self._lock:
             self._ensure_runtime(op)
-            name = self.h.group_name(group)
             team = self._teams.get(name)
             if team is None:
                 pes = self.h.group_ranks(name)
@@ -131,13 +142,14 @@ class Api:
                 self._teams[name] = team
             return team
 
-    def _pe(self, target_rank: object, group: Optional[object], name: str) -> int:
-        self.h.require_initialized(name)
-        pes = self.h.group_ranks(self.h.group_name(group))
-        return pes[_rules.rank_in_group(self.checks.integer(target_rank, name), name, len(pes))]
+    def _pe(self, rank: int, name: str, op: str) -> int:
+        """The world rank of group rank ``rank`` (checked against the group)."""
+        self._ensure_runtime(op)
+        pes = self.h.group_ranks(name)
+        return pes[self.checks.rank_in_group(rank, "target_rank", len(pes))]
 
     def empty(self, shape: object, dtype: object = None) -> Any:
-        """See :func:`hyper_parallel.core.symmetric_memory.empty`."""
+        """A tensor over a new allocation of the symmetric heap (collective over the world)."""
         dtype = self.h.default_dtype() if dtype is None else dtype
         dims = _rules.shape(shape)
         info = self.h.dtype_info(dtype)
@@ -151,7 +163,7 @@ class Api:
         return self.h.wrap(allocation.address, dims, dtype)
 
     def free(self, tensor: Any) -> None:
-        """See :func:`hyper_parallel.core.symmetric_memory.free`."""
+        """Frees the allocation a tensor from :meth:`empty` starts (collective over the world)."""
         self.checks.tensor(tensor, "tensor")
         address = self.h.address(tensor)
         with self._lock:
@@ -164,7 +176,7 @@ class Api:
             del self._allocations[address]
 
     def shutdown(self) -> None:
-        """See :func:`hyper_parallel.core.symmetric_memory.shutdown`."""
+        """Releases the runtime (collective over the world); nothing to do when it is not running."""
         with self._lock:
             if c_runtime.state() != "initialized":
                 return
@@ -172,10 +184,9 @@ class Api:
             c_runtime.shutdown(self._bootstrap(self.h.world_group()))
             self._teams.clear()
 
-    def rendezvous(self, tensor: Any, group: Optional[object] = None) -> "PeerBuffers":
-        """See :func:`hyper_parallel.core.symmetric_memory.rendezvous` (torch's): every group rank's copy of one
-        symmetric tensor, checked to be the same range on every rank (collective over the group)."""
-        t = self.checks.tensor(tensor, "tensor")
+    def rendezvous(self, t: Any, group: Optional[object]) -> "PeerBuffers":
+        """Every group rank's copy of one symmetric tensor, checked to be the same range on every rank (collective
+        over the group)."""
         if c_runtime.state() != "initialized":
             raise ShmemStateError("symmetric memory is not initialised: op=rendezvous (call symm.empty() on every "
                                   "rank first)")
@@ -184,12 +195,13 @@ class Api:
         for allocation in self._allocations.values():
             if allocation.address <= address and address + nbytes <= allocation.address + allocation.bytes:
                 offset = allocation.heap_offset + (address - allocation.address)
-        team = self._team(group, "rendezvous")
+        name = self.h.group_name(group)
+        team = self._team(name, "rendezvous")
         rows = self._exchange(team, [offset, nbytes])
         mismatch = _rules.rendezvous_mismatch(rows)
         if mismatch is not None:
             raise ValueError(mismatch)
-        return PeerBuffers(self, address, nbytes, team, self.h.group_name(group))
+        return PeerBuffers(self, address, nbytes, team, name)
 
     def _exchange(self, team: _Team, values: list) -> list:
         """Every member's ``values`` (int64s, as many on every rank), in group-rank order, through the engine."""
@@ -204,85 +216,65 @@ class Api:
         """The runtime's snapshot (keys as the torch runtime face's ``debug_state``)."""
         return c_runtime.debug_state()
 
-    # ------------------------------------------------------------------ arguments
-    def _window(self, value: Any, offset: int) -> int:
-        """The address of element ``offset`` of a checked tensor."""
-        return self.h.address(value) + offset * int(value.itemsize)
-
-    def _windows(self, target: Any, target_offset: object, src: Any, src_offset: object, size: object) -> tuple:
-        """put/get's checked windows: (target address, source address, bytes)."""
-        target, target_at, src, src_at, n = self.checks.windows(target, target_offset, src, src_offset, size)
-        return self._window(target, target_at), self._window(src, src_at), n * int(target.itemsize)
-
-    def _signal(self, signal: Any, signal_offset: object) -> tuple:
-        """(address, width) of ``signal[signal_offset]``, an int32/int64 element."""
-        signal, offset = self.checks.signal(signal, signal_offset)
-        return self._window(signal, offset), int(signal.itemsize)
+    def available(self) -> bool:
+        """Whether the runtime's C ABI library loads in this installation."""
+        try:
+            c_runtime.library()
+        except ShmemStateError:
+            return False
+        return True
 
     # ------------------------------------------------------------------ primitives
-    def shmem_put(self, target: Any, target_offset: object, src: Any, src_offset: object, size: object,
-                  target_rank: object, group: Optional[object] = None) -> None:
-        """See :func:`hyper_parallel.core.symmetric_memory.shmem_put`."""
-        dst, source, n = self._windows(target, target_offset, src, src_offset, size)
-        pe = self._pe(target_rank, group, "target_rank")
-        self._ensure_runtime("shmem_put")
-        self.h.synchronize()
-        c_runtime.put(dst, source, n, n, pe)
+    def _address(self, t: Any, at: int) -> int:
+        """The address of element ``at`` of a checked tensor."""
+        return self.h.address(t) + at * int(t.itemsize)
 
-    def shmem_get(self, target: Any, target_offset: object, src: Any, src_offset: object, size: object,
-                  target_rank: object, group: Optional[object] = None) -> None:
-        """See :func:`hyper_parallel.core.symmetric_memory.shmem_get`."""
-        dst, source, n = self._windows(target, target_offset, src, src_offset, size)
-        pe = self._pe(target_rank, group, "target_rank")
-        self._ensure_runtime("shmem_get")
+    def put(self, target: Any, target_at: int, src: Any, src_at: int, n: int, rank: int, name: str) -> None:
+        """``shmem_put`` on checked windows."""
+        pe = self._pe(rank, name, "shmem_put")
+        nbytes = n * int(target.itemsize)
         self.h.synchronize()
-        c_runtime.get(dst, source, n, n, pe)
+        c_runtime.put(self._address(target, target_at), self._address(src, src_at), nbytes, nbytes, pe)
 
-    def shmem_signal_op(self, signal: Any, signal_offset: object, signal_value: object, signal_op: int,
-                        target_rank: object, group: Optional[object] = None) -> None:
-        """See :func:`hyper_parallel.core.symmetric_memory.shmem_signal_op`."""
-        address, width = self._signal(signal, signal_offset)
-        op = _rules.choice(signal_op, "signal_op", _rules.SIGNAL_OPS)
-        value = self.checks.integer(signal_value, "signal_value")
-        pe = self._pe(target_rank, group, "target_rank")
-        self._ensure_runtime("shmem_signal_op")
+    def get(self, target: Any, target_at: int, src: Any, src_at: int, n: int, rank: int, name: str) -> None:
+        """``shmem_get`` on checked windows."""
+        pe = self._pe(rank, name, "shmem_get")
+        nbytes = n * int(target.itemsize)
         self.h.synchronize()
-        c_runtime.signal(address, width, value, op, pe)
+        c_runtime.get(self._address(target, target_at), self._address(src, src_at), nbytes, nbytes, pe)
 
-    def shmem_wait_for_signal(self, depend_tensor: Optional[Any], signal: Any, signal_offset: object,
-                              compare_value: object, compare_op: int) -> None:
-        """See :func:`hyper_parallel.core.symmetric_memory.shmem_wait_for_signal`."""
-        self.checks.optional_tensor(depend_tensor, "depend_tensor")
-        address, width = self._signal(signal, signal_offset)
-        cmp = _rules.choice(compare_op, "compare_op", _rules.COMPARE_OPS)
-        value = self.checks.integer(compare_value, "compare_value")
+    def signal(self, signal: Any, offset: int, value: int, op: str, rank: int, name: str) -> None:
+        """``shmem_signal_op`` on a checked element."""
+        pe = self._pe(rank, name, "shmem_signal_op")
+        self.h.synchronize()
+        c_runtime.signal(self._address(signal, offset), int(signal.itemsize), value, op, pe)
+
+    def wait_signal(self, depend_tensor: Optional[Any], signal: Any, offset: int, value: int, cmp: str) -> None:
+        """``shmem_wait_for_signal`` on a checked element (``depend_tensor`` orders nothing here)."""
+        del depend_tensor
         self._ensure_runtime("shmem_wait_for_signal")
         self.h.synchronize()
-        c_runtime.wait_signal(address, width, cmp, value)
+        c_runtime.wait_signal(self._address(signal, offset), int(signal.itemsize), cmp, value)
 
-    def shmem_put_with_signal(self, target: Any, target_offset: object, src: Any, src_offset: object, size: object,
-                              signal: Any, signal_offset: object, signal_value: object, signal_op: int,
-                              target_rank: object, group: Optional[object] = None) -> None:
-        """See :func:`hyper_parallel.core.symmetric_memory.shmem_put_with_signal`."""
-        dst, source, n = self._windows(target, target_offset, src, src_offset, size)
-        address, width = self._signal(signal, signal_offset)
-        op = _rules.choice(signal_op, "signal_op", _rules.SIGNAL_OPS)
-        value = self.checks.integer(signal_value, "signal_value")
-        pe = self._pe(target_rank, group, "target_rank")
-        self._ensure_runtime("shmem_put_with_signal")
+    def put_with_signal(self, target: Any, target_at: int, src: Any, src_at: int, n: int, signal: Any, offset: int,
+                        value: int, op: str, rank: int, name: str) -> None:
+        """``shmem_put_with_signal`` on checked windows."""
+        pe = self._pe(rank, name, "shmem_put_with_signal")
+        nbytes = n * int(target.itemsize)
         self.h.synchronize()
-        c_runtime.put(dst, source, n, n, pe)
-        c_runtime.signal(address, width, value, op, pe)
+        c_runtime.put(self._address(target, target_at), self._address(src, src_at), nbytes, nbytes, pe)
+        c_runtime.signal(self._address(signal, offset), int(signal.itemsize), value, op, pe)
 
-    def barrier(self, group: Optional[object] = None) -> None:
-        """See :func:`hyper_parallel.core.symmetric_memory.barrier`."""
-        team = self._team(group, "barrier")
+    def barrier(self, name: str) -> None:
+        """A barrier of group ``name`` (creating its team on its first collective)."""
+        team = self._team(name, "barrier")
         self.h.synchronize()
         c_runtime.team_barrier(team.id)
 
     # ------------------------------------------------------------------ collectives
-    def _wire(self, value: object, dtype: object, op: str) -> Optional[str]:
-        """The wire format a reduction travels in (None: the tensor's own dtype); see the torch path's rules."""
+    def wire(self, value: object, dtype: object, op: str) -> Optional[str]:
+        """The wire format a reduction travels in (None: the tensor's own dtype): an explicit ``value`` that cannot
+        apply raises; the environment's default applies where it can."""
         explicit = value is not None
         name = value if explicit else os.environ.get(_LOW_PRECISION_VARIABLE, "")
         wire = _rules.low_precision_name(self.h.dtype_name(name) if not isinstance(name, str) else name,
@@ -296,91 +288,60 @@ class Api:
             raise ValueError(f"`low_precision_dtype` must be {rule}, but got {wire}")
         return None
 
-    def all_gather_into(self, output: Any, data: Any, group: Optional[object]) -> Any:
+    def all_gather(self, output: Any, data: Any, name: str) -> Any:
+        """``shmem_allgather`` on checked arguments, through the handler's autograd."""
+        return self.h.differentiable("all_gather", self, (output, data), {"group": name})
+
+    def all_reduce(self, t: Any, op: str, name: str, wire: Optional[str], backward: str) -> Any:
+        """``shmem_allreduce`` on checked arguments, through the handler's autograd."""
+        return self.h.differentiable("all_reduce", self, (t,), {"op": op, "group": name, "wire": wire,
+                                                                 "backward": backward})
+
+    def reduce_scatter(self, output: Any, data: Any, op: str, name: str, wire: Optional[str]) -> Any:
+        """``shmem_reduce_scatter`` on checked arguments, through the handler's autograd."""
+        return self.h.differentiable("reduce_scatter", self, (output, data), {"op": op, "group": name, "wire": wire})
+
+    def all_to_all(self, sends: list, receive: Any, counts: list, name: str) -> Any:
+        """``shmem_alltoall`` on checked arguments, through the handler's autograd."""
+        return self.h.differentiable("all_to_all", self, (receive, *sends),
+                                     {"group": name, "receive_counts": tuple(counts)})
+
+    def all_gather_into(self, output: Any, data: Any, name: str) -> Any:
         """all_gather on checked arguments (no autograd): ``output`` receives every member's ``data``."""
-        team = self._team(group, "shmem_allgather")
+        team = self._team(name, "shmem_allgather")
         self.h.synchronize()
         c_runtime.all_gather(team.id, self.h.address(output), self.h.nbytes(output), self.h.address(data),
                              self.h.nbytes(data), self._element(data))
         return output
 
-    def shmem_allgather(self, output_tensor: Any, input_tensor: Any, group: Optional[object] = None) -> Any:
-        """See :func:`hyper_parallel.core.symmetric_memory.shmem_allgather`."""
-        output = self.checks.tensor(output_tensor, "output_tensor")
-        data = self.checks.tensor(input_tensor, "input_tensor")
-        self.checks.same_dtype(data, "input_tensor", output, "output_tensor")
-        self.h.require_initialized("shmem_allgather")
-        name = self.h.group_name(group)
-        self.checks.group_multiple(output, "output_tensor", data, "input_tensor", len(self.h.group_ranks(name)))
-        return self.h.differentiable("all_gather", self, (output, data), {"group": name})
-
-    def all_reduce_into(self, tensor: Any, op: str, group: Optional[object], wire: Optional[str] = None) -> Any:
+    def all_reduce_into(self, tensor: Any, op: str, name: str, wire: Optional[str] = None) -> Any:
         """all_reduce in place on checked arguments (no autograd)."""
-        team = self._team(group, "shmem_allreduce")
+        team = self._team(name, "shmem_allreduce")
         self.h.synchronize()
         c_runtime.all_reduce(team.id, self.h.address(tensor), None, self.h.nbytes(tensor),
                              self.h.dtype_info(tensor.dtype).reduce, op, wire)
         return tensor
 
-    def shmem_allreduce(self, tensor: Any, op: str = "sum", group: Optional[object] = None,
-                        low_precision_dtype: Optional[object] = None, backward: str = "identity") -> Any:
-        """See :func:`hyper_parallel.core.symmetric_memory.shmem_allreduce`."""
-        t = self.checks.tensor(tensor, "tensor")
-        op = self.checks.reduce_op(op, t.dtype)
-        wire = self._wire(low_precision_dtype, t.dtype, op)
-        self.checks.backward_mode(backward)
-        return self.h.differentiable("all_reduce", self, (t,),
-                                     {"op": op, "group": self.h.group_name(group), "wire": wire, "backward": backward})
-
-    def reduce_scatter_into(self, output: Any, data: Any, op: str, group: Optional[object],
-                            wire: Optional[str] = None) -> Any:
+    def reduce_scatter_into(self, output: Any, data: Any, op: str, name: str, wire: Optional[str] = None) -> Any:
         """reduce_scatter on checked arguments (no autograd)."""
-        team = self._team(group, "shmem_reduce_scatter")
+        team = self._team(name, "shmem_reduce_scatter")
         self.h.synchronize()
         c_runtime.reduce_scatter(team.id, self.h.address(output), self.h.nbytes(output), self.h.address(data),
                                  self.h.nbytes(data), self.h.dtype_info(data.dtype).reduce, op, wire)
         return output
 
-    def shmem_reduce_scatter(self, output_tensor: Any, input_tensor: Any, op: str = "sum",
-                             group: Optional[object] = None, low_precision_dtype: Optional[object] = None) -> Any:
-        """See :func:`hyper_parallel.core.symmetric_memory.shmem_reduce_scatter`."""
-        output = self.checks.tensor(output_tensor, "output_tensor")
-        data = self.checks.tensor(input_tensor, "input_tensor")
-        self.checks.same_dtype(output, "output_tensor", data, "input_tensor")
-        op = self.checks.reduce_op(op, data.dtype)
-        wire = self._wire(low_precision_dtype, data.dtype, op)
-        self.h.require_initialized("shmem_reduce_scatter")
-        name = self.h.group_name(group)
-        self.checks.group_multiple(data, "input_tensor", output, "output_tensor", len(self.h.group_ranks(name)))
-        return self.h.differentiable("reduce_scatter", self, (output, data), {"op": op, "group": name, "wire": wire})
-
-    def all_to_all_into(self, sends: Sequence[Any], receive: Any, receive_counts: Sequence[int],
-                        group: Optional[object]) -> Any:
+    def all_to_all_into(self, sends: Sequence[Any], receive: Any, receive_counts: Sequence[int], name: str) -> Any:
         """all_to_all on checked arguments (no autograd)."""
-        team = self._team(group, "shmem_alltoall")
+        team = self._team(name, "shmem_alltoall")
         self.h.synchronize()
         c_runtime.all_to_all(team.id, [(self.h.address(t), self.h.nbytes(t)) for t in sends], self.h.address(receive),
                              self.h.nbytes(receive), list(receive_counts), self._element(receive))
         return receive
 
-    def shmem_alltoall(self, send_tensor_list: Sequence[Any], receive_tensor: Any, receive_list: Sequence[int],
-                       group: Optional[object] = None) -> Any:
-        """See :func:`hyper_parallel.core.symmetric_memory.shmem_alltoall`."""
-        self.h.require_initialized("shmem_alltoall")
-        name = self.h.group_name(group)
-        sends, receive, counts = self.checks.all_to_all(send_tensor_list, receive_tensor, receive_list,
-                                                        len(self.h.group_ranks(name)))
-        return self.h.differentiable("all_to_all", self, (receive, *sends),
-                                     {"group": name, "receive_counts": tuple(counts)})
-
-    def _peer(self, value: object, name: str, team: _Team) -> int:
-        return self.checks.peer(value, name, len(team.pes), team.me)
-
-    def _registered_team(self, group: Optional[object], op: str) -> _Team:
+    def _registered_team(self, name: str, op: str) -> _Team:
         """The team of a group that already ran a collective: point to point cannot create one (that is collective
         over the whole group, and only two of its ranks take part)."""
         self._ensure_runtime(op)
-        name = self.h.group_name(group)
         team = self._teams.get(name)
         if team is None:
             raise ShmemStateError(f"group has no channel yet (run a collective or symm.barrier on it first): op={op} "
@@ -393,79 +354,56 @@ class Api:
                                   f"of its inputs is differentiated, and a receive buffer never is, so the gradient "
                                   f"would never travel back; call it outside grad/value_and_grad): op={op}")
 
-    def shmem_send(self, tensor: Any, dst_rank: object, group: Optional[object] = None) -> None:
-        """See :func:`hyper_parallel.core.symmetric_memory.shmem_send` (not while a gradient graph is recorded)."""
-        t = self.checks.tensor(tensor, "tensor")
+    def send(self, t: Any, dst: int, name: str) -> None:
+        """``shmem_send`` on checked arguments (not while a gradient graph is recorded)."""
         self._refuse_recording("shmem_send")
-        team = self._registered_team(group, "shmem_send")
-        peer = self._peer(dst_rank, "dst_rank", team)
+        team = self._registered_team(name, "shmem_send")
+        peer = self.checks.peer(dst, "dst_rank", len(team.pes), team.me)
         self.h.synchronize()
         c_runtime.send(team.id, self.h.address(t), self.h.nbytes(t), peer)
 
-    def shmem_recv(self, tensor: Any, src_rank: object, group: Optional[object] = None) -> Any:
-        """See :func:`hyper_parallel.core.symmetric_memory.shmem_recv` (not while a gradient graph is recorded)."""
-        t = self.checks.tensor(tensor, "tensor")
+    def recv(self, t: Any, src: int, name: str) -> Any:
+        """``shmem_recv`` on checked arguments (not while a gradient graph is recorded)."""
         self._refuse_recording("shmem_recv")
-        team = self._registered_team(group, "shmem_recv")
-        peer = self._peer(src_rank, "src_rank", team)
+        team = self._registered_team(name, "shmem_recv")
+        peer = self.checks.peer(src, "src_rank", len(team.pes), team.me)
         self.h.synchronize()
         c_runtime.recv(team.id, self.h.address(t), self.h.nbytes(t), peer)
         return t
 
     # ------------------------------------------------------------------ fused ops
-    def fused_all_gather_matmul(self, a: Any, b: Any, c: Optional[Any], gather_out: Any, signal: Optional[Any] = None,
-                                block_size: int = 128, group: Optional[object] = None) -> tuple:
-        """See :func:`hyper_parallel.core.symmetric_memory.fused_all_gather_matmul`: here one all_gather, then one
-        matmul (not pipelined); ``c`` may be None (the product is then a new tensor)."""
-        del block_size   # the pipeline's block; this path runs one gather
-        self.h.require_initialized("fused_all_gather_matmul")
-        n = len(self.h.group_ranks(self.h.group_name(group)))
-        self.checks.all_gather_matmul(a, b, c, gather_out, n)
+    def all_gather_matmul(self, a: Any, b: Any, c: Optional[Any], gather_out: Any, signal: Optional[Any],
+                          block_size: Optional[int], name: str, dims: tuple) -> tuple:
+        """``fused_all_gather_matmul`` on checked shapes: one all_gather, then one matmul (not pipelined; ``c``
+        None: the product is a new tensor)."""
+        del block_size, dims   # the pipeline's block; this path runs one gather
         if signal is not None:
-            self.checks.fused_signal(signal, n)   # the pipeline's scratch on torch: checked alike, unused here
-        self.shmem_allgather(gather_out, a, group)
+            self.checks.fused_signal(signal, self.group_size(name))   # torch's pipeline scratch: checked alike
+        self.all_gather(gather_out, a, name)
         product = self.h.matmul(gather_out, b)
         if c is not None:
             self.h.copy_into(c, product)
             return gather_out, c
         return gather_out, product
 
-    def fused_matmul_reduce_scatter(self, x1: Any, x2: Any, symm_tensor: Any, signal: Optional[Any] = None,
-                                    reduce_op: str = "sum", group: Optional[object] = None) -> Any:
-        """See :func:`hyper_parallel.core.symmetric_memory.fused_matmul_reduce_scatter`: here one matmul, then
-        the product reduce-scattered (not pipelined; ``symm_tensor`` is checked as on torch, unused here)."""
-        self.h.require_initialized("fused_matmul_reduce_scatter")
-        n = len(self.h.group_ranks(self.h.group_name(group)))
-        rows, _, columns = self.checks.matmul_reduce_scatter(x1, x2, symm_tensor, reduce_op, n)
+    def matmul_reduce_scatter(self, x1: Any, x2: Any, symm_tensor: Any, signal: Optional[Any], reduce_op: str,
+                              name: str, dims: tuple) -> Any:
+        """``fused_matmul_reduce_scatter`` on checked shapes: one matmul, then one reduce_scatter (not pipelined;
+        ``symm_tensor`` is not used)."""
+        del symm_tensor
+        n = self.group_size(name)
         if signal is not None:
             self.checks.fused_signal(signal, n)
+        rows, _, columns = dims
         product = self.h.matmul(x1, x2)
         output = self.h.new_flat(rows // n * columns, product.dtype).reshape((rows // n, columns))
-        return self.shmem_reduce_scatter(output, product, reduce_op, group)
-
-    def is_shmem_available(self) -> bool:
-        """Whether the runtime's C ABI library loads in this installation."""
-        try:
-            c_runtime.library()
-        except ShmemStateError:
-            return False
-        return True
-
-    @staticmethod
-    def set_signal_pad_size(size: int) -> None:
-        """Upstream's signal pad: not used here (signals are symmetric tensors), as on the torch path."""
-        raise NotImplementedError("set_signal_pad_size: signals are symmetric tensors from symm.empty here")
-
-    @staticmethod
-    def get_signal_pad_size() -> int:
-        """Upstream's signal pad: not used here (signals are symmetric tensors), as on the torch path."""
-        raise NotImplementedError("get_signal_pad_size: signals are symmetric tensors from symm.empty here")
+        return self.reduce_scatter(output, product, reduce_op, name, None)
 
 
 class _GradientOps:
     """The gradient ops of :mod:`._gradients` on this path: the handler's tensors and the API's collectives."""
 
-    def __init__(self, api: Api) -> None:
+    def __init__(self, api: "CAbiCalls") -> None:
         self._api = api
         h = api.h
         self.contiguous, self.copy, self.divide = h.contiguous, h.copy, h.divide
@@ -500,12 +438,12 @@ class _GradientOps:
         self._api.all_to_all_into(sends, receive, counts, group)
 
 
-def differentiable_backward(api: Api, op: str, params: dict, inputs: tuple, grad: Any) -> tuple:
+def differentiable_backward(api: "CAbiCalls", op: str, params: dict, inputs: tuple, grad: Any) -> tuple:
     """The gradients of a collective's inputs from its output's gradient (:mod:`._gradients`' table); the handler
     runs it as its autograd mechanism's backward.
 
     Args:
-        api: the API whose collectives compute the gradients.
+        api: the calls whose collectives compute the gradients.
         op: 'all_gather', 'all_reduce', 'reduce_scatter' or 'all_to_all'.
         params: the call's parameters (group, op, receive_counts, backward).
         inputs: the forward's tensor inputs.
@@ -535,7 +473,7 @@ def differentiable_backward(api: Api, op: str, params: dict, inputs: tuple, grad
     raise ValueError(f"`op` must be a differentiable collective, but got {op!r}")
 
 
-def run_forward(api: Api, op: str, params: dict, inputs: tuple) -> Any:
+def run_forward(api: "CAbiCalls", op: str, params: dict, inputs: tuple) -> Any:
     """The forward of a collective on checked arguments (the handler's autograd runs it)."""
     group = params["group"]
     if op == "all_gather":

@@ -1,4 +1,5 @@
-"""Upstream hyper-parallel's setup calls of the user API: ``is_shmem_available``, ``rendezvous`` and signal pads.
+"""torch's calls of upstream hyper-parallel's setup calls (:class:`._api.Api`): ``is_shmem_available`` and
+``rendezvous``.
 
 Upstream's torch platform answers ``is_shmem_available()`` by trying to load its native adapter and raises
 NotImplementedError from the other three ("not needed in CANN SHMEM"). Here ``rendezvous`` works: it checks,
@@ -17,21 +18,11 @@ import torch.distributed as dist
 from hyper_parallel.core.multicore import shmem
 from hyper_parallel.core.symmetric_memory import _args, _context, _rules
 
-_SIGNAL_PADS = ("signal pads are not part of this library: a signal is a symmetric tensor like any other "
-                "(symm.empty(n, dtype=torch.int32), raised with shmem_signal_op and waited for with "
-                "shmem_wait_for_signal)")
 
-
-def is_shmem_available() -> bool:
-    """Whether symmetric memory can run here: the binding loaded and the configured device is built into it.
-
-    Never raises and starts nothing. ``HYPER_PARALLEL_SHMEM_DEVICE`` names the device (``host`` by default, built
-    into every wheel; ``ascend`` only in a build against CANN). A malformed ``HYPER_PARALLEL_SHMEM_*`` variable
-    answers False (the first allocation raises the error naming it).
-
-    Returns:
-        True when the first ``symm.empty`` can start the runtime, as far as this process can tell alone.
-    """
+def available() -> bool:
+    """Whether the binding loaded and the configured device is built into it (never raises, starts nothing; a
+    malformed ``HYPER_PARALLEL_SHMEM_*`` variable answers False, and the first allocation raises the error naming
+    it)."""
     return shmem.device_available()
 
 
@@ -92,26 +83,14 @@ class SymmetricMemory:
         return f"SymmetricMemory(rank={self.rank}, world_size={self.world_size}, buffer_size={self.buffer_size})"
 
 
-def rendezvous(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] = None) -> SymmetricMemory:
-    """Establishes a symmetric tensor among the ranks of ``group`` (collective over the group).
-
-    Every rank passes its copy of the same ``symm.empty`` tensor (or the same view of it): the ranks compare the
-    tensor's heap offset and byte count through symmetric memory, and all of them raise alike when they differ.
-
-    Args:
-        tensor: a tensor from ``symm.empty`` (or a contiguous view of one), the same on every rank.
-        group: a ProcessGroup inside the root (None: WORLD). Its first collective registers it.
-
-    Returns:
-        A :class:`SymmetricMemory` over every rank's copy.
+def rendezvous(t: torch.Tensor, group: Optional[dist.ProcessGroup] = None) -> SymmetricMemory:
+    """``rendezvous`` of a checked tensor: every rank of ``group`` compares the tensor's heap offset and byte count
+    through symmetric memory (collective over the group).
 
     Raises:
-        TypeError: ``tensor`` is not a tensor.
-        ValueError: ``tensor`` is not symmetric, not contiguous, or not the same allocation range on every rank.
+        ValueError: not symmetric, or not the same allocation range on every rank.
         ShmemStateError: symmetric memory is not initialised (no ``symm.empty`` yet).
-        ShmemTimeoutError: a rank did not take part in time.
     """
-    t = _args.tensor(tensor, "tensor")
     if _context.active() is None:
         raise shmem.ShmemStateError(
             "symmetric memory is not initialised: op=rendezvous (call symm.empty() on every rank first)"
@@ -123,24 +102,3 @@ def rendezvous(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] = None) 
     if mismatch is not None:
         raise ValueError(mismatch)
     return SymmetricMemory(t, ch, group)
-
-
-def set_signal_pad_size(size: int) -> None:
-    """Upstream's call, with upstream's behaviour: there are no signal pads to size.
-
-    Args:
-        size: the pad size upstream would set.
-
-    Raises:
-        NotImplementedError: always; the message says how signals are made here.
-    """
-    raise NotImplementedError(f"set_signal_pad_size is not supported: size={size!r} ({_SIGNAL_PADS})")
-
-
-def get_signal_pad_size() -> int:
-    """Upstream's call, with upstream's behaviour: there are no signal pads to size.
-
-    Raises:
-        NotImplementedError: always; the message says how signals are made here.
-    """
-    raise NotImplementedError(f"get_signal_pad_size is not supported ({_SIGNAL_PADS})")

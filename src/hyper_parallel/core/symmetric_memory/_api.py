@@ -1,0 +1,565 @@
+"""The user API of seeds 000 and 004, written once for every framework (seed 000 §7's shared code path).
+
+An :class:`Api` is the API over one framework: its *tensor facts* (what the shared checks of :mod:`._checks` ask
+about tensors) and its *calls* into the runtime. Every public function here checks its arguments with the shared
+checks, turns ``group=`` into the framework's group key, and hands the checked call to the framework's calls:
+
+* torch's (:mod:`._on_torch`): the operators of :mod:`._ops` over the C++ binding, which carry torch.compile,
+  autograd, streams and storage invalidation; they may also take an eager call *before* the checks, where they can
+  prove them (a group whose team exists, plain tensors; the small-message path);
+* MindSpore's (:mod:`._over_c_abi`): the runtime's C ABI over MindSpore's handler (tensors over heap memory,
+  synchronisation, groups, bprop).
+
+The framework's calls answer:
+
+==============================================  =====================================================================
+``fast``                                        an object taking eager calls before the checks (each method returns
+                                                True when it ran the call), or None
+``group_key(group)``, ``group_size(key)``       ``group=`` as the calls take it (checked); the group's size
+``empty(shape, dtype)``, ``free(t)``,           the lifecycle
+``shutdown()``
+``put``/``get(target, target_at, src, src_at,  the primitives on checked windows (offsets in elements), ``rank`` a
+n, rank, key)``, ``signal``, ``wait_signal``,   group rank still to be checked against the group
+``put_with_signal``, ``barrier(key)``
+``wire(low_precision_dtype, dtype, op)``        the call's wire format, checked (explicit values raise here)
+``all_gather``, ``all_reduce``,                 the collectives on checked arguments, with autograd
+``reduce_scatter``, ``all_to_all``, ``send``,
+``recv``
+``all_gather_matmul``, ``matmul_reduce_scatter``  the fused ops on checked shapes
+``rendezvous(tensor, key)``, ``available()``    the setup calls
+==============================================  =====================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from hyper_parallel.core.symmetric_memory import _rules
+from hyper_parallel.core.symmetric_memory._checks import Checks
+
+_SIGNAL_PADS = ("signal pads are not part of this library: a signal is a symmetric tensor like any other "
+                "(symm.empty(n, dtype=int32), raised with shmem_signal_op and waited for with shmem_wait_for_signal)")
+
+
+class Api:
+    """Seeds 000/004's functions over one framework (its tensor facts and its calls into the runtime)."""
+
+    def __init__(self, facts: Any, calls: Any) -> None:
+        self.checks = Checks(facts)
+        self.calls = calls
+        self.fast = calls.fast
+
+    # ------------------------------------------------------------------ lifecycle
+    def empty(self, shape: Any, dtype: Any = None) -> Any:
+        """Allocates a tensor in symmetric memory (collective over the world: every rank, same order, same shape).
+
+        The first call starts the SHMEM runtime over the world group (the framework's distributed layer must be
+        initialised). The heap has ``HYPER_PARALLEL_SHMEM_HEAP_SIZE`` bytes per rank (alias
+        ``SYMMETRIC_MEMORY_HEAP_SIZE``, default 1 GiB). The contents are uninitialised.
+
+        Args:
+            shape: the tensor's shape, an int or a sequence of ints.
+            dtype: its dtype (None: float32).
+
+        Returns:
+            A tensor whose storage lies in the symmetric heap.
+
+        Raises:
+            TypeError, ValueError: a bad shape or dtype.
+            ShmemMismatchError: ranks disagree on the allocation.
+            ShmemOutOfMemoryError: the heap is full.
+            ShmemStateError: the framework's distributed layer is not initialised.
+        """
+        return self.calls.empty(shape, dtype)
+
+    def free(self, tensor: Any) -> None:
+        """Frees a tensor from :meth:`empty` (collective over the world).
+
+        On torch its views raise on any later use; on MindSpore the runtime refuses it in every call.
+
+        Args:
+            tensor: the tensor :meth:`empty` returned.
+
+        Raises:
+            ValueError: the tensor is not a symmetric allocation.
+            ShmemMismatchError: ranks free different allocations.
+        """
+        self.calls.free(tensor)
+
+    def shutdown(self) -> None:
+        """Frees the API's workspace and releases its runtime reference (collective over the world).
+
+        Every tensor from :meth:`empty` must be freed first. A later :meth:`empty` starts afresh.
+
+        Raises:
+            ShmemStateError: symmetric tensors are still allocated on some rank (nothing is released).
+        """
+        self.calls.shutdown()
+
+    # ------------------------------------------------------------------ primitives
+    def shmem_put(self, target: Any, target_offset: Any, src: Any, src_offset: Any, size: Any, target_rank: Any,
+                  group: Optional[Any] = None) -> None:
+        """Writes ``src[src_offset : +size]`` into ``target[target_offset : +size]`` on ``target_rank`` (push).
+
+        Offsets and sizes count elements; each may be an int or a one-element integer tensor.
+
+        Args:
+            target: a symmetric tensor; its copy on ``target_rank`` is written.
+            target_offset: first element of ``target`` written.
+            src: any contiguous tensor of ``target``'s dtype.
+            src_offset: first element of ``src`` read.
+            size: number of elements.
+            target_rank: the destination, a rank of ``group``.
+            group: a group of the framework (None: the world).
+
+        Raises:
+            TypeError: wrong types or differing dtypes.
+            ValueError: ranges past a tensor's end, a rank outside the group, ``target`` not symmetric.
+        """
+        target, target_at, src, src_at, n = self.checks.windows(target, target_offset, src, src_offset, size)
+        rank = self.checks.integer(target_rank, "target_rank")
+        self.calls.put(target, target_at, src, src_at, n, rank, self.calls.group_key(group))
+
+    def shmem_get(self, target: Any, target_offset: Any, src: Any, src_offset: Any, size: Any, target_rank: Any,
+                  group: Optional[Any] = None) -> None:
+        """Reads ``src[src_offset : +size]`` as it is on ``target_rank`` into the local ``target`` (pull).
+
+        The parameters are those of :meth:`shmem_put`; the data flows the other way: from ``target_rank``'s copy
+        of the symmetric ``src`` into the local ``target``.
+
+        Args:
+            target: any contiguous tensor, written locally.
+            target_offset: first element of ``target`` written.
+            src: a symmetric tensor; its copy on ``target_rank`` is read.
+            src_offset: first element of ``src`` read.
+            size: number of elements.
+            target_rank: the rank read from, a rank of ``group``.
+            group: a group of the framework (None: the world).
+
+        Raises:
+            TypeError, ValueError: as :meth:`shmem_put`, with ``src`` the symmetric side.
+        """
+        target, target_at, src, src_at, n = self.checks.windows(target, target_offset, src, src_offset, size)
+        rank = self.checks.integer(target_rank, "target_rank")
+        self.calls.get(target, target_at, src, src_at, n, rank, self.calls.group_key(group))
+
+    def shmem_signal_op(self, signal: Any, signal_offset: Any, signal_value: Any, signal_op: int, target_rank: Any,
+                        group: Optional[Any] = None) -> None:
+        """Atomically SETs or ADDs ``signal_value`` to ``signal[signal_offset]`` on ``target_rank``.
+
+        Everything this rank issued before the call is visible on ``target_rank`` before the new signal value.
+
+        Args:
+            signal: a symmetric int32 or int64 tensor.
+            signal_offset: the element updated.
+            signal_value: the value (int or one-element tensor); it must fit the signal's dtype.
+            signal_op: 0 = SET, 1 = ADD.
+            target_rank: a rank of ``group``.
+            group: a group of the framework (None: the world).
+
+        Raises:
+            TypeError, ValueError: a bad argument; nothing is written.
+        """
+        signal, offset = self.checks.signal(signal, signal_offset)
+        op = _rules.choice(signal_op, "signal_op", _rules.SIGNAL_OPS)
+        value = self.checks.integer(signal_value, "signal_value")
+        rank = self.checks.integer(target_rank, "target_rank")
+        self.calls.signal(signal, offset, value, op, rank, self.calls.group_key(group))
+
+    def shmem_wait_for_signal(self, depend_tensor: Optional[Any], signal: Any, signal_offset: Any,
+                              compare_value: Any, compare_op: int) -> None:
+        """Waits until the local ``signal[signal_offset]`` compares true against ``compare_value``.
+
+        Spins briefly, then sleeps in the kernel; gives up after ``HYPER_PARALLEL_SHMEM_TIMEOUT_SEC``.
+
+        Args:
+            depend_tensor: the data the signal guards (orders graph-mode frameworks; unused on the host device).
+            signal: a symmetric int32 or int64 tensor.
+            signal_offset: the element waited on.
+            compare_value: the value compared with (int or one-element tensor).
+            compare_op: 0 = EQ, 1 = GT, 2 = LT, 3 = NE, 4 = GE, 5 = LE.
+
+        Raises:
+            TypeError, ValueError: a bad argument.
+            ShmemTimeoutError: the condition did not hold in time (the message has the observed value).
+        """
+        self.checks.optional_tensor(depend_tensor, "depend_tensor")
+        signal, offset = self.checks.signal(signal, signal_offset)
+        cmp = _rules.choice(compare_op, "compare_op", _rules.COMPARE_OPS)
+        value = self.checks.integer(compare_value, "compare_value")
+        self.calls.wait_signal(depend_tensor, signal, offset, value, cmp)
+
+    def shmem_put_with_signal(self, target: Any, target_offset: Any, src: Any, src_offset: Any, size: Any,
+                              signal: Any, signal_offset: Any, signal_value: Any, signal_op: int, target_rank: Any,
+                              group: Optional[Any] = None) -> None:
+        """:meth:`shmem_put`, then :meth:`shmem_signal_op` on the same rank: the data is visible before the signal.
+
+        Args:
+            target, target_offset, src, src_offset, size: as :meth:`shmem_put`.
+            signal, signal_offset, signal_value, signal_op: as :meth:`shmem_signal_op`.
+            target_rank: a rank of ``group``.
+            group: a group of the framework (None: the world).
+
+        Raises:
+            TypeError, ValueError: a bad argument; every argument is checked before anything is written.
+        """
+        target, target_at, src, src_at, n = self.checks.windows(target, target_offset, src, src_offset, size)
+        signal, offset = self.checks.signal(signal, signal_offset)
+        op = _rules.choice(signal_op, "signal_op", _rules.SIGNAL_OPS)
+        value = self.checks.integer(signal_value, "signal_value")
+        rank = self.checks.integer(target_rank, "target_rank")
+        self.calls.put_with_signal(target, target_at, src, src_at, n, signal, offset, value, op, rank,
+                                   self.calls.group_key(group))
+
+    def barrier(self, group: Optional[Any] = None) -> None:
+        """Waits until every rank of ``group`` arrives; writes before it are then visible to all of them.
+
+        Args:
+            group: a group of the framework (None: the world). The first collective on a group registers it
+                (collective over the group).
+
+        Raises:
+            ShmemTimeoutError: a rank did not arrive within ``HYPER_PARALLEL_SHMEM_TIMEOUT_SEC``.
+        """
+        self.calls.barrier(self.calls.group_key(group))
+
+    # ------------------------------------------------------------------ collectives
+    def shmem_allgather(self, output_tensor: Any, input_tensor: Any, group: Optional[Any] = None) -> Any:
+        """Gathers every rank's ``input_tensor`` into ``output_tensor``, in group-rank order (collective).
+
+        Every collective is one call of the runtime's collective engine, which picks the path (one step for small
+        messages, copy-free when every rank passes the same symmetric tensor, staged otherwise) and checks with
+        the call's first sync that every rank of the group runs the same call: ranks that disagree (another
+        collective, count, dtype, op or wire format) all raise ``ShmemMismatchError`` and the group stays usable.
+
+        Args:
+            output_tensor: group-size times the input's elements, same dtype. The same symmetric tensor on every
+                rank: peers push into it directly (large messages); otherwise it is filled from staged copies.
+            input_tensor: this rank's contribution. It may be this rank's part of ``output_tensor`` (in place).
+            group: a group of the framework (None: the world).
+
+        Returns:
+            ``output_tensor`` (in the autograd graph when the input requires grad: the gradient of the input is
+            the reduce_scatter of the output's).
+
+        Raises:
+            TypeError: differing dtypes, a non-tensor.
+            ValueError: sizes that do not match, or an input overlapping the output elsewhere than its own part.
+            ShmemTimeoutError: a rank did not take part in time.
+        """
+        if self.fast is not None and self.fast.all_gather(output_tensor, input_tensor, group):
+            return output_tensor
+        output = self.checks.tensor(output_tensor, "output_tensor")
+        data = self.checks.tensor(input_tensor, "input_tensor")
+        self.checks.same_dtype(data, "input_tensor", output, "output_tensor")
+        key = self.calls.group_key(group)
+        self.checks.group_multiple(output, "output_tensor", data, "input_tensor", self.calls.group_size(key))
+        return self.calls.all_gather(output, data, key)
+
+    def shmem_allreduce(self, tensor: Any, op: str = "sum", group: Optional[Any] = None,
+                        low_precision_dtype: Optional[Any] = None, backward: str = "identity") -> Any:
+        """Reduces ``tensor`` across the group, in place: every rank ends with bit-identical values (collective).
+
+        Small tensors (up to 256 KiB, or half the staging area if smaller) take one step: each rank reads every
+        peer's staged copy. Larger ones reduce-scatter then all-gather: the same symmetric ``tensor`` on every rank
+        is reduced in place with no copies; an ordinary tensor is read straight out of the peers' processes where
+        the host device reaches them (cross-memory attach), through the staging area otherwise. float16/bfloat16
+        accumulate in float32.
+
+        Args:
+            tensor: a contiguous tensor of float32, float64, float16, bfloat16, int8, uint8, int32 or int64.
+            op: 'sum', 'avg' (floating point only), 'max' or 'min'.
+            group: a group of the framework (None: the world).
+            low_precision_dtype: travel in this dtype (float16, bfloat16, float8_e4m3fn or float8_e5m2, or its
+                name; fp8 with a power-of-two scale per 128-element block) and accumulate in the tensor's dtype
+                (float32 at least). None: the default set by ``SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE``, which
+                applies only where it can, else full precision; 'none': full precision whatever the environment
+                says. It applies to 'sum' and 'avg' on floating-point tensors wider than it (an explicit dtype
+                elsewhere is a ValueError); see :mod:`~hyper_parallel.core.symmetric_memory._low_precision` for the
+                algorithm and the error bounds.
+            backward: the gradient when ``tensor`` requires grad. 'identity' (default): ``grad_in = grad_out``
+                (scaled by 1/n for 'avg'), right when the computation after the all-reduce is replicated on every
+                rank, so every rank's ``grad_out`` is already the full gradient (tensor parallelism). 'allreduce':
+                ``grad_in = all_reduce(grad_out)`` (same op), right when ranks go on to compute different losses.
+
+        Returns:
+            ``tensor`` (in the autograd graph when it requires grad).
+
+        Raises:
+            TypeError: an unsupported dtype.
+            ValueError: an unknown op or backward, 'avg' on integers, a low-precision dtype that does not apply,
+                'max'/'min' on a tensor that requires grad.
+            ShmemTimeoutError: a rank did not take part in time.
+        """
+        if self.fast is not None and self.fast.all_reduce(tensor, op, group, low_precision_dtype, backward):
+            return tensor
+        t = self.checks.tensor(tensor, "tensor")
+        op = self.checks.reduce_op(op, t.dtype)
+        wire = self.calls.wire(low_precision_dtype, t.dtype, op)
+        mode = self.checks.backward_mode(backward)
+        return self.calls.all_reduce(t, op, self.calls.group_key(group), wire, mode)
+
+    def shmem_reduce_scatter(self, output_tensor: Any, input_tensor: Any, op: str = "sum",
+                             group: Optional[Any] = None, low_precision_dtype: Optional[Any] = None) -> Any:
+        """Reduces ``input_tensor`` across the group; rank r keeps part r of the result (collective).
+
+        Args:
+            output_tensor: 1/group-size of the input's elements, same dtype.
+            input_tensor: group-size equal parts. The same symmetric tensor on every rank: peers reduce from it
+                directly (large messages); otherwise it is staged.
+            op: 'sum', 'avg' (floating point only), 'max' or 'min'.
+            group: a group of the framework (None: the world).
+            low_precision_dtype: as in :meth:`shmem_allreduce`.
+
+        Returns:
+            ``output_tensor`` (in the autograd graph when the input requires grad: the gradient of the input is the
+            all_gather of the output's, scaled by 1/n for 'avg').
+
+        Raises:
+            TypeError: differing or unsupported dtypes.
+            ValueError: sizes that do not match, an unknown op, an output overlapping the input elsewhere than this
+                rank's part, a low-precision dtype that does not apply, 'max'/'min' on an input that requires grad.
+            ShmemTimeoutError: a rank did not take part in time.
+        """
+        if self.fast is not None and self.fast.reduce_scatter(output_tensor, input_tensor, op, group,
+                                                              low_precision_dtype):
+            return output_tensor
+        output = self.checks.tensor(output_tensor, "output_tensor")
+        data = self.checks.tensor(input_tensor, "input_tensor")
+        self.checks.same_dtype(output, "output_tensor", data, "input_tensor")
+        op = self.checks.reduce_op(op, data.dtype)
+        wire = self.calls.wire(low_precision_dtype, data.dtype, op)
+        key = self.calls.group_key(group)
+        self.checks.group_multiple(data, "input_tensor", output, "output_tensor", self.calls.group_size(key))
+        return self.calls.reduce_scatter(output, data, op, key, wire)
+
+    def shmem_alltoall(self, send_tensor_list: Sequence[Any], receive_tensor: Any, receive_list: Sequence[int],
+                       group: Optional[Any] = None) -> Any:
+        """Sends ``send_tensor_list[j]`` to rank j; ``receive_tensor`` gets every rank's part in rank order
+        (collective).
+
+        The counts are exchanged through symmetric memory (no framework collective) and checked on every rank
+        before any data moves: a mismatch raises the same error everywhere and writes nothing. Small parts travel
+        with the counts. When every rank passes the same symmetric ``receive_tensor``, senders push into it; when
+        the send tensors are, on every rank, the blocks of that tensor where the same peer's part lands (in place),
+        each pair of ranks swaps its two blocks, moving half the bytes. Anything else is staged.
+
+        Args:
+            send_tensor_list: one contiguous tensor per group rank (any sizes, the dtype of ``receive_tensor``);
+                they may be views of ``receive_tensor``.
+            receive_tensor: the destination; the part from rank i starts after the counts from ranks < i. The
+                same symmetric tensor on every rank: senders push into it directly (large messages); otherwise
+                each rank reads its parts straight out of the senders' tensors where the host device reaches them,
+                or through the staging area.
+            receive_list: the element count expected from each rank (ints or a 1-D integer tensor); their sum must
+                fit ``receive_tensor``. Elements, not bytes: upstream hyper-parallel's documentation writes bytes,
+                but its code offsets ``receive_tensor`` by these counts as elements, and this follows the code.
+            group: a group of the framework (None: the world).
+
+        Returns:
+            ``receive_tensor`` (in the autograd graph when a send tensor requires grad).
+
+        Raises:
+            TypeError: differing dtypes, non-tensors.
+            ValueError: a list of the wrong length, counts past ``receive_tensor``'s end, or counts that disagree
+                with what the senders send.
+            ShmemTimeoutError: a rank did not take part in time.
+        """
+        if self.fast is not None and self.fast.all_to_all(send_tensor_list, receive_tensor, receive_list, group):
+            return receive_tensor
+        key = self.calls.group_key(group)
+        sends, receive, counts = self.checks.all_to_all(send_tensor_list, receive_tensor, receive_list,
+                                                        self.calls.group_size(key))
+        return self.calls.all_to_all(sends, receive, counts, key)
+
+    def shmem_send(self, tensor: Any, dst_rank: Any, group: Optional[Any] = None) -> Optional[Any]:
+        """Sends ``tensor`` to ``dst_rank``, which receives it with :meth:`shmem_recv` (point to point).
+
+        Messages travel through the receiver's mailbox in pieces, up to four in flight: a small message returns
+        at once (the tensor may be reused), a larger one waits while the receiver lags four pieces behind.
+        Messages between two ranks arrive in the order they were sent.
+
+        Args:
+            tensor: a contiguous tensor.
+            dst_rank: a rank of ``group`` other than this one.
+            group: a group of the framework (None: the world) that ran a collective (or ``barrier``) before.
+
+        Returns:
+            None; on torch, when ``tensor`` requires grad, a zero scalar in the autograd graph instead: its backward
+            receives the gradient of ``tensor`` from ``dst_rank`` (whose :meth:`shmem_recv` result sends it back in
+            its own backward). Add it to the loss or call ``.backward()`` on it.
+
+        Raises:
+            ValueError: ``dst_rank`` outside the group or this rank itself.
+            ShmemStateError: ``group`` never ran a collective, so it has no channel (or, on MindSpore, a gradient
+                is being recorded).
+            ShmemTimeoutError: the receiver did not drain a piece in time.
+        """
+        if self.fast is not None and self.fast.send(tensor, dst_rank, group):
+            return None
+        t = self.checks.tensor(tensor, "tensor")
+        dst = self.checks.integer(dst_rank, "dst_rank")
+        return self.calls.send(t, dst, self.calls.group_key(group))
+
+    def shmem_recv(self, tensor: Any, src_rank: Any, group: Optional[Any] = None) -> Any:
+        """Receives the next message ``src_rank`` sent with :meth:`shmem_send` into ``tensor``.
+
+        Args:
+            tensor: a contiguous tensor of the message's byte size.
+            src_rank: a rank of ``group`` other than this one.
+            group: a group of the framework (None: the world) that ran a collective (or ``barrier``) before.
+
+        Returns:
+            ``tensor``. On torch, when ``tensor`` requires grad (a leaf made with ``requires_grad=True``), a new
+            tensor with the message (``tensor`` holds it too) in the autograd graph instead: its backward sends the
+            gradient back to ``src_rank`` (whose :meth:`shmem_send` result receives it) and leaves it in
+            ``tensor.grad`` as well.
+
+        Raises:
+            ValueError: ``src_rank`` outside the group or this rank, or a message of another size (the message is
+                drained, so the sender is not left waiting, and ``tensor`` is left unchanged).
+            ShmemStateError: ``group`` never ran a collective (or, on MindSpore, a gradient is being recorded).
+            ShmemTimeoutError: nothing arrived in time.
+        """
+        if self.fast is not None and self.fast.recv(tensor, src_rank, group):
+            return tensor
+        t = self.checks.tensor(tensor, "tensor")
+        src = self.checks.integer(src_rank, "src_rank")
+        return self.calls.recv(t, src, self.calls.group_key(group))
+
+    # ------------------------------------------------------------------ fused ops
+    def fused_all_gather_matmul(self, a: Any, b: Any, c: Any, gather_out: Any, signal: Any,
+                                block_size: Optional[int] = None, group: Optional[Any] = None) -> tuple:
+        """Gathers every rank's ``a`` along dim 0 and multiplies the result by ``b`` (collective).
+
+        ``gather_out = all_gather(a)`` in group-rank order and ``c = gather_out @ b``. On torch the two overlap:
+        each rank's rows travel in blocks of ``block_size`` rows, each block followed by a signal, while the
+        calling thread multiplies the rows that have arrived (:mod:`~hyper_parallel.core.symmetric_memory._fused`).
+        On MindSpore one all_gather is followed by one matmul.
+
+        Args:
+            a: this rank's rows, (m, k), float32, float16, bfloat16 or float64; m and k the same on every rank.
+                It may be this rank's rows of ``gather_out``.
+            b: (k, n), the dtype of ``a``.
+            c: the product, (size * m, n), the dtype of ``a``; any contiguous tensor (on MindSpore, None: a new
+                tensor).
+            gather_out: the gathered rows, (size * m, k), the dtype of ``a``: the same symmetric tensor
+                (``symm.empty``) on every rank, since peers write into it.
+            signal: a symmetric int32 or int64 tensor of at least group-size elements, the same on every rank; its
+                first group-size entries are the op's scratch (any contents on entry). On MindSpore, None may stand
+                for it.
+            block_size: rows per block (a positive int; the last block may be shorter), or None to pick about a
+                quarter of m, but at least 1 MiB of ``a`` and at least n rows per block (each block's matmul reads
+                all of ``b``).
+            group: a group of the framework (None: the world); ranks are group ranks.
+
+        Returns:
+            ``(gather_out, c)`` (in the autograd graph when ``a`` or ``b`` requires grad).
+
+        Raises:
+            TypeError: a non-tensor, an unsupported or differing dtype, a ``block_size`` that is not an int.
+            ValueError: shapes that do not fit, a non-symmetric ``gather_out`` or ``signal``, a non-positive
+                ``block_size``, overlapping tensors, or (on every rank alike, before any data moves) ranks that
+                pass different allocations or shapes.
+            ShmemTimeoutError: a rank did not take part in time.
+        """
+        key = self.calls.group_key(group)
+        n = self.calls.group_size(key)
+        m, k, columns = self.checks.all_gather_matmul(a, b, c, gather_out, n)
+        return self.calls.all_gather_matmul(a, b, c, gather_out, signal, block_size, key, (m, k, columns))
+
+    def fused_matmul_reduce_scatter(self, x1: Any, x2: Any, symm_tensor: Any, signal: Any, reduce_op: str = "sum",
+                                    group: Optional[Any] = None) -> Any:
+        """Multiplies ``x1`` by ``x2`` and reduce-scatters the product along dim 0 (collective).
+
+        Returns ``reduce_scatter(x1 @ x2)``: rank r gets rows ``r * M/size : (r + 1) * M/size`` of the sum (or
+        average) over ranks of their products. On torch each rank computes the partial product of every target's
+        rows into its ``symm_tensor``, signalling each target as soon as its rows are ready, and adds up its own
+        rows straight from its peers' ``symm_tensor`` (float16/bfloat16 accumulate in float32 and round once). On
+        MindSpore one matmul is followed by one reduce_scatter.
+
+        Args:
+            x1: (M, k), float32, float16, bfloat16 or float64, M a multiple of the group size; the same shape on
+                every rank.
+            x2: (k, N), the dtype of ``x1``.
+            symm_tensor: scratch for the partial products: M * N elements of ``x1``'s dtype (any shape), the same
+                symmetric tensor (``symm.empty``) on every rank.
+            signal: a symmetric int32 or int64 tensor of at least group-size elements, the same on every rank; its
+                first group-size entries are the op's scratch (any contents on entry). On MindSpore, None may stand
+                for it.
+            reduce_op: 'sum' or 'avg'.
+            group: a group of the framework (None: the world); ranks are group ranks.
+
+        Returns:
+            A new (M / size, N) tensor of ``x1``'s dtype (in the autograd graph when ``x1`` or ``x2`` requires
+            grad).
+
+        Raises:
+            TypeError: a non-tensor, an unsupported or differing dtype.
+            ValueError: shapes that do not fit, an unknown ``reduce_op``, a non-symmetric ``symm_tensor`` or
+                ``signal``, overlapping tensors, or (on every rank alike, before any data moves) ranks that pass
+                different allocations or shapes.
+            ShmemTimeoutError: a rank did not take part in time.
+        """
+        key = self.calls.group_key(group)
+        n = self.calls.group_size(key)
+        dims = self.checks.matmul_reduce_scatter(x1, x2, symm_tensor, reduce_op, n)
+        return self.calls.matmul_reduce_scatter(x1, x2, symm_tensor, signal, reduce_op, key, dims)
+
+    # ------------------------------------------------------------------ setup
+    def rendezvous(self, tensor: Any, group: Optional[Any] = None) -> Any:
+        """Establishes a symmetric tensor among the ranks of ``group`` (collective over the group).
+
+        Every rank passes its copy of the same ``symm.empty`` tensor (or the same view of it): the ranks compare the
+        tensor's heap offset and byte count through symmetric memory, and all of them raise alike when they differ.
+
+        Args:
+            tensor: a tensor from ``symm.empty`` (or a contiguous view of one), the same on every rank.
+            group: a group of the framework (None: the world). Its first collective registers it.
+
+        Returns:
+            A ``SymmetricMemory`` over every rank's copy (torch's shape: ``rank``, ``world_size``, ``buffer_size``,
+            ``buffer_ptrs``, ``get_buffer(rank, sizes, dtype, storage_offset)``, ``barrier()``).
+
+        Raises:
+            TypeError: ``tensor`` is not a tensor.
+            ValueError: ``tensor`` is not symmetric, not contiguous, or not the same allocation range on every rank.
+            ShmemStateError: symmetric memory is not initialised (no ``symm.empty`` yet).
+            ShmemTimeoutError: a rank did not take part in time.
+        """
+        t = self.checks.tensor(tensor, "tensor")
+        return self.calls.rendezvous(t, group)
+
+    def is_shmem_available(self) -> bool:
+        """Whether symmetric memory can run here: the runtime's library loads and the configured device is built
+        into it.
+
+        Never raises and starts nothing. ``HYPER_PARALLEL_SHMEM_DEVICE`` names the device (``host`` by default,
+        built into every wheel; ``ascend`` only in a build against CANN).
+
+        Returns:
+            True when the first ``symm.empty`` can start the runtime, as far as this process can tell alone.
+        """
+        return self.calls.available()
+
+    @staticmethod
+    def set_signal_pad_size(size: int) -> None:
+        """Upstream's call, with upstream's behaviour: there are no signal pads to size.
+
+        Args:
+            size: the pad size upstream would set.
+
+        Raises:
+            NotImplementedError: always; the message says how signals are made here.
+        """
+        raise NotImplementedError(f"set_signal_pad_size is not supported: size={size!r} ({_SIGNAL_PADS})")
+
+    @staticmethod
+    def get_signal_pad_size() -> int:
+        """Upstream's call, with upstream's behaviour: there are no signal pads to size.
+
+        Raises:
+            NotImplementedError: always; the message says how signals are made here.
+        """
+        raise NotImplementedError(f"get_signal_pad_size is not supported ({_SIGNAL_PADS})")
