@@ -64,6 +64,11 @@ class MindSporeFramework:
         md.all_gather_object(got, a.tobytes())
         return [np.frombuffer(b, a.dtype).reshape(a.shape) for b in got]
 
+    def all_reduce(self, a: np.ndarray) -> np.ndarray:
+        t = ms.Tensor(np.array(a))
+        md.all_reduce(t)   # in place (mint.distributed)
+        return t.asnumpy()
+
     def barrier(self) -> None:
         md.barrier()
 

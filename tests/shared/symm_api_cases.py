@@ -57,6 +57,9 @@ class Framework(Protocol):
     def all_gather(self, a: np.ndarray) -> list:
         """Every rank's ``a`` (same shape and dtype everywhere), over the framework's own collectives."""
 
+    def all_reduce(self, a: np.ndarray) -> np.ndarray:
+        """The sum over the world of every rank's ``a``, by the framework's own all_reduce."""
+
     def barrier(self) -> None:
         """The framework's own barrier over the world."""
 
@@ -407,17 +410,18 @@ def all_reduce(fw: Framework) -> None:
 
 @case
 def all_reduce_matches_the_framework(fw: Framework) -> None:
-    """Against the framework's own all_reduce (gloo, mccl) on the same float32 inputs, and the same bits on every
-    rank."""
+    """Against the framework's own all_reduce (gloo, mccl) and the exact sum on the same float32 inputs, and the
+    same bits on every rank."""
     symm, rank, world, n = fw.symm, fw.rank, fw.world, 50000
     a = np.random.default_rng(100 + rank).standard_normal(n).astype(np.float32)
     ours = fw.tensor(a)
     symm.shmem_allreduce(ours, "sum")
-    everyone = fw.all_gather(a)
-    reference = np.sum(np.stack(everyone).astype(np.float64), 0)
-    # two float32 sums of `world` terms, each within (world - 1) roundings of the exact sum of magnitudes
-    magnitude = np.sum(np.abs(np.stack(everyone)).astype(np.float64), 0)
-    within(fw.numpy(ours), reference, (world - 1) * 2.0**-24 * magnitude, "all_reduce against the exact sum")
+    everyone = np.stack(fw.all_gather(a)).astype(np.float64)
+    exact, magnitude = everyone.sum(0), np.abs(everyone).sum(0)
+    # a float32 sum of `world` terms in any order is within (world - 1) roundings of the sum of magnitudes
+    bound = (world - 1) * 2.0**-24 * magnitude
+    within(fw.numpy(ours), exact, bound, "all_reduce against the exact sum")
+    within(fw.numpy(ours), fw.all_reduce(a), 2 * bound, "all_reduce against the framework's")
     copies = fw.all_gather(fw.numpy(ours))
     for r, other in enumerate(copies):
         assert other.tobytes() == copies[0].tobytes(), f"rank {r}'s all_reduce result differs from rank 0's"
@@ -508,9 +512,12 @@ def all_to_all(fw: Framework) -> None:
     equal(fw.numpy(sym)[:sum(counts)], want[:sum(counts)], "all_to_all into a symmetric tensor")
     symm.barrier()
     symm.free(sym)
+    # rank 0 expects one element more from rank 1 than rank 1 sends it: every rank refuses the call alike
     bad_counts = [c + (1 if rank == 0 and i == 1 else 0) for i, c in enumerate(counts)]
     before = fw.numpy(receive).copy()
-    expect("ValueError", symm.shmem_alltoall, sends, receive, bad_counts)
+    expect("ValueError", symm.shmem_alltoall, sends, receive, bad_counts,
+           message="`send_tensor_list[0]` of rank 1 must have the 3 elements rank 0 expects in its receive_list[1], "
+                   "but got 2")
     equal(fw.numpy(receive), before, "the receive tensor after a refused all_to_all")
     expect("ValueError", symm.shmem_alltoall, sends[:-1], receive, counts,
            message=f"`send_tensor_list` must have one tensor per rank of the group ({world}), but got {world - 1}")

@@ -54,6 +54,11 @@ class TorchFramework:
         dist.all_gather(out, torch.from_numpy(np.ascontiguousarray(a)))
         return [t.numpy() for t in out]
 
+    def all_reduce(self, a: np.ndarray) -> np.ndarray:
+        t = torch.from_numpy(np.array(a))
+        dist.all_reduce(t)
+        return t.numpy()
+
     def barrier(self) -> None:
         dist.barrier()
 
