@@ -443,6 +443,13 @@ def low_precision(fw: Framework) -> None:
         scale = np.max(np.abs(np.stack(inputs))) if wire.startswith("float8") else magnitude
         bound = 2 * unit * (world + 1) * scale + world * 2.0**-24 * magnitude
         within(fw.numpy(t), exact, bound, f"all_reduce over {wire}")
+    part = n // world
+    rows = slice(rank * part, (rank + 1) * part)
+    out = fw.tensor(np.zeros(part, np.float32))
+    symm.shmem_reduce_scatter(out, fw.tensor(a), "sum", low_precision_dtype="bfloat16")
+    within(fw.numpy(out), exact[rows], 2 * 2.0**-8 * (world + 1) * magnitude[rows] + world * 2.0**-24 * magnitude[rows],
+           "reduce_scatter over bfloat16")
+    assert np.any(fw.numpy(out) != exact[rows].astype(np.float32)), "reduce_scatter over bfloat16 rounded nothing"
     x = fw.tensor(a)
     expect("ValueError", symm.shmem_allreduce, x, "max", None, "bfloat16",
            prefix="`low_precision_dtype` must be None for op 'max'")
@@ -594,7 +601,8 @@ def sub_groups(fw: Framework) -> None:
     symm.barrier()
     expect("ValueError", symm.shmem_put, buf, 0, fw.tensor(np.zeros(8, np.float32)), 0, 8, g, group=group,
            message=f"`target_rank` must be in [0, {g}), but got {g}")
-    expect("TypeError", symm.shmem_allreduce, t, "sum", 7, message=f"`group` must be {fw.group_type} or None, but got int")
+    expect("TypeError", symm.shmem_allreduce, t, "sum", 7,
+           message=f"`group` must be {fw.group_type} or None, but got int")
     symm.free(buf)
 
 
