@@ -158,8 +158,9 @@ def within(got: np.ndarray, want: np.ndarray, bound: Any, what: str) -> None:
                            f"{err.reshape(-1)[bad[:5]].tolist()} > bound {bound.reshape(-1)[bad[:5]].tolist()}")
 
 
-def symmetric(fw: Framework, a: np.ndarray, dtype: str = "float32") -> Any:
-    """A symmetric tensor (``symm.empty``) holding ``a``."""
+def symmetric(fw: Framework, a: np.ndarray, dtype: Optional[str] = None) -> Any:
+    """A symmetric tensor (``symm.empty``) holding ``a``, of ``dtype`` (default: ``a``'s)."""
+    dtype = dtype or a.dtype.name
     t = fw.symm.empty(a.shape, dtype=fw.dtype(dtype))
     t.copy_(fw.tensor(a, dtype))
     return t
@@ -235,8 +236,7 @@ def shutdown_refused_then_done(fw: Framework) -> None:
 @case
 def put_get_ring(fw: Framework) -> None:
     symm, rank, world, n = fw.symm, fw.rank, fw.world, 1000
-    buf = symm.empty(n, dtype=fw.dtype("float32"))
-    buf.copy_(fw.tensor(np.zeros(n, np.float32)))
+    buf = symmetric(fw, np.zeros(n, np.float32))
     symm.barrier()
     nxt, prev = (rank + 1) % world, (rank - 1) % world
     symm.shmem_put(buf, 0, fw.tensor(values(rank, n)), 0, n, nxt)
@@ -259,8 +259,7 @@ def example_one_put_with_signal(fw: Framework) -> None:
     """Seed 000's example 1: rank 0 produces, rank 1 consumes."""
     symm = fw.symm
     data_buf = symm.empty(4096, dtype=fw.dtype("float16"))
-    signal = symm.empty(1, dtype=fw.dtype("int32"))
-    signal.copy_(fw.tensor(np.zeros(1, np.int32)))
+    signal = symmetric(fw, np.zeros(1, np.int32))
     symm.barrier()
     local = np.random.default_rng(5).standard_normal(4096).astype(np.float16)
 
@@ -283,8 +282,7 @@ def example_one_put_with_signal(fw: Framework) -> None:
 @case
 def signal_ops_and_compares(fw: Framework) -> None:
     symm, rank, world = fw.symm, fw.rank, fw.world
-    sig = symm.empty(4, dtype=fw.dtype("int64"))
-    sig.copy_(fw.tensor(np.zeros(4, np.int64)))
+    sig = symmetric(fw, np.zeros(4, np.int64))
     symm.barrier()
     for peer in range(world):
         symm.shmem_signal_op(sig, 1, 1, ADD, peer)       # every rank adds 1 on every rank
@@ -306,10 +304,8 @@ def signal_ops_and_compares(fw: Framework) -> None:
 def bad_primitive_arguments(fw: Framework) -> None:
     """Every refused call names its argument in the project's form, and writes nothing."""
     symm, world = fw.symm, fw.world
-    buf = symm.empty(16, dtype=fw.dtype("float32"))
-    buf.copy_(fw.tensor(np.zeros(16, np.float32)))
-    sig = symm.empty(2, dtype=fw.dtype("int32"))
-    sig.copy_(fw.tensor(np.zeros(2, np.int32)))
+    buf = symmetric(fw, np.zeros(16, np.float32))
+    sig = symmetric(fw, np.zeros(2, np.int32))
     src = fw.tensor(np.ones(16, np.float32))
     symm.barrier()
     f32, f64 = fw.dtype_text("float32"), fw.dtype_text("float64")
