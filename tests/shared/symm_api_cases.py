@@ -1,0 +1,689 @@
+"""System-test cases of the user API (``hyper_parallel.core.symmetric_memory``), written once for every framework.
+
+Each case is ``case(fw)``: it runs on every rank of a job and raises AssertionError, naming what differs, on a wrong
+value or a wrong error. ``fw`` is the framework's adapter (:class:`Framework`): torch's lives next to the gloo
+runner (``tests/st/symm_fw_torch.py``, run by ``tests/st/test_symm_shared_cases.py``), MindSpore's next to the msrun
+runner (``tests/on_mindspore/ms_fw.py``, run by ``ms_cases.py`` and asserted by ``test_ms_symm.py``).
+
+Numpy builds every input and checks every result; the references are independent of the code under test: numpy on
+inputs every rank can rebuild, or the framework's own collectives (gloo, mccl). Error messages are compared whole
+where both frameworks give the same text (the rules in ``symmetric_memory/_rules.py``); the framework's part of a
+message (``torch.Tensor``, a dtype's printed name) comes from the adapter.
+
+This module imports no framework (it is imported in both environments) and is no test module of pytest's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Callable, Optional, Protocol, Sequence
+
+import numpy as np
+
+SET, ADD = 0, 1
+EQ, GT, LT = 0, 1, 2
+
+
+class Framework(Protocol):
+    """What a framework supplies to the cases (one instance per rank and job)."""
+
+    name: str          # "torch" or "mindspore"
+    symm: Any          # hyper_parallel.core.symmetric_memory
+    rank: int
+    world: int
+    tensor_type: str   # how messages name the tensor class: "torch.Tensor", "mindspore.Tensor"
+    group_type: str    # how messages name a group: "a torch.distributed.ProcessGroup", "a MindSpore group name (str)"
+
+    def dtype(self, name: str) -> Any:
+        """The framework's dtype of numpy-style ``name`` ("float32", "bfloat16", "int64", ...)."""
+
+    def dtype_text(self, name: str) -> str:
+        """How error messages print that dtype (str of it: "torch.float32", "Float32")."""
+
+    def qualified_dtype(self, name: str) -> str:
+        """The dtype's qualified name in messages ("torch.int32", "mindspore.int32")."""
+
+    def tensor(self, a: np.ndarray, dtype: Optional[str] = None) -> Any:
+        """An ordinary tensor holding ``a`` (converted to ``dtype`` when given: "bfloat16" goes through float32)."""
+
+    def numpy(self, t: Any) -> np.ndarray:
+        """``t``'s values (bfloat16 as float32)."""
+
+    def sub_group(self, groups: Sequence[Sequence[int]]) -> Any:
+        """The group, among ``groups`` (disjoint lists of world ranks, covering the world), that holds this rank;
+        called by every rank with the same ``groups``."""
+
+    def all_gather(self, a: np.ndarray) -> list:
+        """Every rank's ``a`` (same shape and dtype everywhere), over the framework's own collectives."""
+
+    def all_reduce(self, a: np.ndarray) -> np.ndarray:
+        """The sum over the world of every rank's ``a``, by the framework's own all_reduce."""
+
+    def barrier(self) -> None:
+        """The framework's own barrier over the world."""
+
+    def debug_state(self) -> dict:
+        """The runtime's ``debug_state()``."""
+
+    def grad(self, fn: Callable[..., Any], inputs: Sequence[Any]) -> list:
+        """The gradients (numpy) of the scalar ``fn(*inputs)`` with respect to each of ``inputs``."""
+
+    def zeros_like_output(self, shape: Sequence[int], dtype: str = "float32") -> Any:
+        """A zero tensor fit to be a collective's output inside ``fn`` of :meth:`grad`."""
+
+    def synchronize(self) -> None:
+        """Waits for the tensor work this rank queued (MindSpore queues copy_; torch runs it at once)."""
+
+
+CASES: dict = {}
+
+
+def case(fn: Callable[[Framework], None]) -> Callable[[Framework], None]:
+    """Registers ``fn`` as a shared case under its name."""
+    CASES[fn.__name__] = fn
+    return fn
+
+
+def run(fw: Framework, name: str) -> None:
+    """Runs case ``name`` on this rank, then checks that it left no allocation of its own behind (an earlier case
+    that failed may have: that one is reported there).
+
+    Raises:
+        AssertionError: the case failed, or left symmetric allocations active.
+    """
+    def active() -> dict:
+        return {a["allocation_id"]: a for a in fw.debug_state()["active_allocations"] or ()}   # None: no runtime
+
+    before = active()
+    CASES[name](fw)
+    left = [a for i, a in active().items() if i not in before]
+    assert not left, f"case {name} left allocations active: {left}"
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
+def values(rank: int, n: int, dtype: str = "float32", salt: int = 0) -> np.ndarray:
+    """Rank ``rank``'s deterministic input of ``n`` elements: small integers, exact in every dtype and in sums of a few
+    ranks (bfloat16 inputs are built as float32)."""
+    return ((np.arange(n) * 7 + rank * 13 + salt) % 17 - 8).astype(np.float32 if dtype == "bfloat16" else dtype)
+
+
+def caught(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Optional[BaseException]:
+    """What ``fn(*args, **kwargs)`` raised, or None."""
+    try:
+        fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 (the caller checks it)
+        return e
+    return None
+
+
+def expect(kind: Any, fn: Callable[..., Any], *args: Any, message: Optional[str] = None, prefix: Optional[str] = None,
+           contains: Sequence[str] = (), **kwargs: Any) -> str:
+    """Runs ``fn(*args, **kwargs)``, which must raise an exception of class ``kind`` (a class name, or a tuple of
+    them: the exception's class or one of its bases, by name) whose message is ``message``, starts with ``prefix``
+    and holds each of ``contains``; returns the message.
+    """
+    e = caught(fn, *args, **kwargs)
+    # arguments by type only: printing a freed tensor raises
+    call = f"{getattr(fn, '__name__', fn)}({', '.join(type(a).__name__ for a in args)})"
+    assert e is not None, f"{call} raised nothing, but {kind} was expected"
+    text = str(e)
+    names = [c.__name__ for c in type(e).__mro__]
+    kinds = (kind,) if isinstance(kind, str) else tuple(kind)
+    assert set(kinds) & set(names), f"{call} raised {type(e).__name__} (bases {names}), not {kind}: {text!r}"
+    if message is not None:
+        assert text == message, f"{call}: message\n  {text!r}\nexpected\n  {message!r}"
+    if prefix is not None:
+        assert text.startswith(prefix), f"{call}: message\n  {text!r}\ndoes not start with\n  {prefix!r}"
+    for needle in contains:
+        assert needle in text, f"{call}: {needle!r} not in message {text!r}"
+    return text
+
+
+def equal(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    """``got`` equals ``want`` element for element (and in shape)."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
+    bad = np.flatnonzero(got.reshape(-1) != want.reshape(-1))
+    assert bad.size == 0, (f"{what}: {bad.size} of {want.size} elements differ, first at {bad[:5].tolist()}: got "
+                           f"{got.reshape(-1)[bad[:5]].tolist()}, expected {want.reshape(-1)[bad[:5]].tolist()}")
+
+
+def within(got: np.ndarray, want: np.ndarray, bound: Any, what: str) -> None:
+    """``|got - want| <= bound`` elementwise (``bound`` a scalar or an array of ``want``'s shape)."""
+    err = np.abs(np.asarray(got, np.float64) - np.asarray(want, np.float64))
+    bound = np.broadcast_to(np.asarray(bound, np.float64), err.shape)
+    bad = np.flatnonzero((err > bound).reshape(-1))
+    assert bad.size == 0, (f"{what}: {bad.size} of {err.size} elements off, first at {bad[:5].tolist()}: error "
+                           f"{err.reshape(-1)[bad[:5]].tolist()} > bound {bound.reshape(-1)[bad[:5]].tolist()}")
+
+
+def symmetric(fw: Framework, a: np.ndarray, dtype: Optional[str] = None) -> Any:
+    """A symmetric tensor (``symm.empty``) holding ``a``, of ``dtype`` (default: ``a``'s)."""
+    dtype = dtype or a.dtype.name
+    t = fw.symm.empty(a.shape, dtype=fw.dtype(dtype))
+    t.copy_(fw.tensor(a, dtype))
+    return t
+
+
+def heap_bytes(text: str) -> int:
+    """The bytes of a heap size written as the runtime's variables take it: digits and an optional K/M/G suffix."""
+    match = re.fullmatch(r"(\d+)([KMG]?)", text.strip().upper())
+    assert match, f"heap size {text!r} is not digits with an optional K, M or G"
+    return int(match.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[match.group(2)]
+
+
+# ---------------------------------------------------------------------------------------------------- memory
+@case
+def empty_and_free(fw: Framework) -> None:
+    symm = fw.symm
+    # allocations are reserved in 64-byte granules (the runtime face's alignment)
+    for name, shape, granule_bytes in (("float32", (4, 8), 128), ("bfloat16", (16,), 64), ("int64", (3, 5), 128),
+                                       ("int8", (7,), 64)):
+        t = symm.empty(shape, dtype=fw.dtype(name))
+        assert tuple(t.shape) == shape and t.dtype == fw.dtype(name), (name, t.shape, t.dtype)
+        before = fw.debug_state()["allocated"]
+        symm.free(t)
+        freed = before - fw.debug_state()["allocated"]
+        assert freed == granule_bytes, f"freeing {name}{shape} gave back {freed} bytes, expected {granule_bytes}"
+    t = symm.empty(10)
+    assert t.dtype == fw.dtype("float32") and tuple(t.shape) == (10,), (t.dtype, t.shape)
+    symm.free(t)
+    # torch refuses a freed tensor as state (ShmemStateError), MindSpore as an argument (ValueError): both say so
+    expect(("ValueError", "ShmemStateError"), symm.free, t, contains=["freed"])
+    expect("ValueError", symm.free, fw.tensor(np.zeros(4, np.float32)))
+    # worded apart today: torch "`size` must contain ..., but got [2, -1]", MindSpore "`shape` must have ... (2, -1)"
+    expect("ValueError", symm.empty, (2, -1), contains=["non-negative dimensions, but got ", "2, -1"])
+
+
+@case
+def heap_size_from_the_environment(fw: Framework) -> None:
+    """The job sets the runtime's variable or seed 004's alias (which MindSpore's path copies into the variable)."""
+    given = {v: os.environ[v] for v in ("HYPER_PARALLEL_SHMEM_HEAP_SIZE", "SYMMETRIC_MEMORY_HEAP_SIZE")
+             if v in os.environ}
+    assert len(set(given.values())) == 1, f"the job must set one heap size, but set {given}"
+    t = fw.symm.empty(1)
+    size = fw.debug_state()["heap_size"]
+    fw.symm.free(t)
+    text = next(iter(given.values()))
+    assert size == heap_bytes(text), f"heap_size {size} from {given}, expected {heap_bytes(text)}"
+
+
+@case
+def allocation_mismatch(fw: Framework) -> None:
+    """Ranks asking for different sizes all fail alike, and the runtime stays usable."""
+    expect("ShmemMismatchError", fw.symm.empty, 64 if fw.rank == 0 else 128, dtype=fw.dtype("float32"))
+    expect("RuntimeError", fw.symm.empty, 64 if fw.rank == 0 else 128, dtype=fw.dtype("float32"))
+    assert not fw.debug_state()["active_allocations"], fw.debug_state()
+    after = fw.symm.empty(8)
+    fw.symm.free(after)
+
+
+@case
+def shutdown_refused_then_done(fw: Framework) -> None:
+    symm = fw.symm
+    live = symm.empty(4)
+    expect("ShmemStateError", symm.shutdown)
+    symm.free(live)
+    symm.shutdown()
+    assert fw.debug_state()["state"] == "uninitialized", fw.debug_state()
+    again = symm.empty(4)   # a later empty starts afresh
+    symm.free(again)
+    symm.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------------- primitives
+@case
+def put_get_ring(fw: Framework) -> None:
+    symm, rank, world, n = fw.symm, fw.rank, fw.world, 1000
+    buf = symmetric(fw, np.zeros(n, np.float32))
+    symm.barrier()
+    nxt, prev = (rank + 1) % world, (rank - 1) % world
+    symm.shmem_put(buf, 0, fw.tensor(values(rank, n)), 0, n, nxt)
+    symm.barrier()
+    equal(fw.numpy(buf), values(prev, n), "put into the next rank")
+    pulled = fw.tensor(np.zeros(n, np.float32))
+    symm.shmem_get(pulled, 0, buf, 0, n, nxt)   # nxt's copy holds this rank's values
+    equal(fw.numpy(pulled), values(rank, n), "get from the next rank")
+    # offsets and sizes as one-element tensors
+    part = fw.tensor(np.zeros(10, np.float32))
+    symm.shmem_get(part, fw.tensor(np.array([2], np.int64)), buf, fw.tensor(np.array([100], np.int64)),
+                   fw.tensor(np.array([8], np.int32)), rank)
+    equal(fw.numpy(part), np.concatenate([np.zeros(2, np.float32), values(prev, n)[100:108]]), "get of a window")
+    symm.barrier()
+    symm.free(buf)
+
+
+@case
+def example_one_put_with_signal(fw: Framework) -> None:
+    """Seed 000's example 1: rank 0 produces, rank 1 consumes."""
+    symm = fw.symm
+    data_buf = symm.empty(4096, dtype=fw.dtype("float16"))
+    signal = symmetric(fw, np.zeros(1, np.int32))
+    symm.barrier()
+    local = np.random.default_rng(5).standard_normal(4096).astype(np.float16)
+
+    def one(value: int, dtype: Any = np.int64) -> Any:
+        return fw.tensor(np.array([value], dtype))
+
+    if fw.rank == 0:
+        symm.shmem_put_with_signal(target=data_buf, target_offset=one(0), src=fw.tensor(local), src_offset=one(0),
+                                   size=one(4096), signal=signal, signal_offset=one(0),
+                                   signal_value=one(1, np.int32), signal_op=SET, target_rank=1)
+    elif fw.rank == 1:
+        symm.shmem_wait_for_signal(depend_tensor=data_buf, signal=signal, signal_offset=one(0),
+                                   compare_value=one(1, np.int32), compare_op=EQ)
+        equal(fw.numpy(data_buf), local, "the consumer's data once the signal is there")
+    symm.barrier()
+    symm.free(signal)
+    symm.free(data_buf)
+
+
+@case
+def signal_ops_and_compares(fw: Framework) -> None:
+    symm, rank, world = fw.symm, fw.rank, fw.world
+    sig = symmetric(fw, np.zeros(4, np.int64))
+    symm.barrier()
+    for peer in range(world):
+        symm.shmem_signal_op(sig, 1, 1, ADD, peer)       # every rank adds 1 on every rank
+    symm.shmem_wait_for_signal(None, sig, 1, world, EQ)
+    symm.shmem_wait_for_signal(None, sig, 1, world - 1, GT)
+    symm.shmem_wait_for_signal(None, sig, 1, world + 1, LT)
+    symm.barrier()
+    symm.shmem_signal_op(sig, 2, 42, SET, (rank + 1) % world)
+    symm.shmem_wait_for_signal(None, sig, 2, 42, EQ)
+    # nobody raises element 3: the wait ends with the runtime's timeout, saying what it saw
+    expect("ShmemTimeoutError", symm.shmem_wait_for_signal, None, sig, 3, 5, EQ, contains=["observed=0"])
+    symm.barrier()
+    equal(fw.numpy(sig), np.array([0, world, 42, 0]), "the signals")
+    symm.barrier()
+    symm.free(sig)
+
+
+@case
+def bad_primitive_arguments(fw: Framework) -> None:
+    """Every refused call names its argument in the project's form, and writes nothing."""
+    symm, world = fw.symm, fw.world
+    buf = symmetric(fw, np.zeros(16, np.float32))
+    sig = symmetric(fw, np.zeros(2, np.int32))
+    src = fw.tensor(np.ones(16, np.float32))
+    symm.barrier()
+    f32, f64 = fw.dtype_text("float32"), fw.dtype_text("float64")
+    expect("TypeError", symm.shmem_put, [1.0], 0, src, 0, 4, 0,
+           message=f"`target` must be a {fw.tensor_type}, but got list")
+    expect("ValueError", symm.shmem_put, buf, 10, src, 0, 8, 0,
+           message="`target_offset + size` must be at most target.numel() (16), but got 10 + 8 = 18")
+    expect("ValueError", symm.shmem_put, buf, 0, src, 12, 8, 0,
+           prefix="`src_offset + size` must be at most src.numel() (16)")
+    expect("ValueError", symm.shmem_put, buf, -1, src, 0, 8, 0,
+           message="`target_offset` must be non-negative, but got -1")
+    expect("TypeError", symm.shmem_put, buf, 0, fw.tensor(np.ones(16, np.float64)), 0, 4, 0,
+           message=f"`src` must have the dtype of `target` ({f32}), but got {f64}")
+    expect("ValueError", symm.shmem_put, buf, 0, src, 0, 4, world,
+           message=f"`target_rank` must be in [0, {world}), but got {world}")
+    expect("ValueError", symm.shmem_signal_op, sig, 0, 1, 7, 0,
+           message="`signal_op` must be one of 0 (SET), 1 (ADD), but got 7")
+    expect("ValueError", symm.shmem_wait_for_signal, None, sig, 0, 1, 9, prefix="`compare_op` must be one of 0 (EQ), "
+           "1 (GT), 2 (LT)")
+    expect("TypeError", symm.shmem_signal_op, buf, 0, 1, SET, 0,
+           message=(f"`signal` must have dtype {fw.qualified_dtype('int32')} or {fw.qualified_dtype('int64')}, but "
+                    f"got {f32}"))
+    expect("ValueError", symm.shmem_signal_op, sig, 2, 1, SET, 0, prefix="`signal_offset + size` must be at most "
+           "signal.numel() (2)")
+    # worded apart today: torch "`target` must be a symmetric tensor from symm.empty, but got an ordinary tensor",
+    # MindSpore the runtime's "`dst` must be a symmetric tensor allocated by shmem.empty, but got an address ..."
+    expect("ValueError", symm.shmem_put, fw.tensor(np.zeros(16, np.float32)), 0, src, 0, 4, 0,
+           contains=["must be a symmetric tensor"])
+    expect("TypeError", symm.shmem_put, buf, 1.5, src, 0, 4, 0,
+           message="`target_offset` must be an int or a one-element integer tensor, but got float")
+    expect("TypeError", symm.shmem_put, buf, fw.tensor(np.array([1, 2], np.int64)), src, 0, 4, 0,
+           prefix="`target_offset` must be an int or a one-element integer tensor")
+    expect("TypeError", symm.shmem_signal_op, sig, 0, 1.5, SET, 0,
+           message="`signal_value` must be an int or a one-element integer tensor, but got float")
+    expect("TypeError", symm.shmem_wait_for_signal, [1], sig, 0, 1, EQ,
+           message=f"`depend_tensor` must be a {fw.tensor_type} or None, but got list")
+    symm.barrier()
+    equal(fw.numpy(buf), np.zeros(16, np.float32), "the target after refused calls")
+    equal(fw.numpy(sig), np.zeros(2, np.int32), "the signal after refused calls")
+    symm.barrier()
+    symm.free(sig)
+    symm.free(buf)
+
+
+# ---------------------------------------------------------------------------------------------------- collectives
+@case
+def all_gather(fw: Framework) -> None:
+    symm, rank, world = fw.symm, fw.rank, fw.world
+    for name, n in (("float32", 33), ("float32", 70000), ("int64", 5), ("bfloat16", 300), ("float16", 0)):
+        dst = fw.tensor(np.zeros(n * world, np.float32), name)
+        returned = symm.shmem_allgather(dst, fw.tensor(values(rank, n, name), name))
+        want = np.concatenate([values(r, n, name) for r in range(world)])
+        equal(fw.numpy(returned), want, f"all_gather {name} x{n}: returned")
+        equal(fw.numpy(dst), want, f"all_gather {name} x{n}: output")
+    sym = symm.empty(64 * world, dtype=fw.dtype("float32"))
+    symm.shmem_allgather(sym, fw.tensor(values(rank, 64)))
+    equal(fw.numpy(sym), np.concatenate([values(r, 64) for r in range(world)]), "all_gather into a symmetric output")
+    symm.barrier()
+    symm.free(sym)
+    expect("ValueError", symm.shmem_allgather, fw.tensor(np.zeros(5, np.float32)), fw.tensor(values(rank, 3)),
+           prefix="`output_tensor")
+    expect("TypeError", symm.shmem_allgather, fw.tensor(np.zeros(3 * world, np.float64)), fw.tensor(values(rank, 3)),
+           prefix="`input_tensor` must have the dtype of `output_tensor`")
+
+
+@case
+def all_reduce(fw: Framework) -> None:
+    symm, rank, world = fw.symm, fw.rank, fw.world
+    for dtype in ("float32", "float64", "int32", "int64", "int8", "bfloat16"):
+        for op in ("sum", "max", "min", "avg"):
+            if op == "avg" and dtype.startswith("int"):
+                continue
+            for n in (17, 100000):
+                t = fw.tensor(values(rank, n, dtype), dtype)
+                assert symm.shmem_allreduce(t, op) is t, "shmem_allreduce returns its tensor"
+                stack = np.stack([values(r, n, dtype) for r in range(world)]).astype(np.float64)
+                exact = {"sum": stack.sum(0), "max": stack.max(0), "min": stack.min(0), "avg": stack.sum(0) / world}[op]
+                if op == "avg":
+                    # the exact sum divided once: one rounding of the result's dtype
+                    unit = {"float32": 2.0**-24, "float64": 2.0**-53, "bfloat16": 2.0**-8}[dtype]
+                    within(fw.numpy(t), exact, unit * np.abs(exact), f"all_reduce {dtype} {op} x{n}")
+                else:   # small integers: exact in every dtype
+                    equal(fw.numpy(t), exact.astype(np.float32 if dtype == "bfloat16" else dtype),
+                          f"all_reduce {dtype} {op} x{n}")
+    s = symmetric(fw, values(rank, 4096))
+    symm.shmem_allreduce(s, "sum")
+    equal(fw.numpy(s), sum(values(r, 4096) for r in range(world)), "all_reduce of a symmetric tensor")
+    symm.barrier()
+    symm.free(s)
+    i32 = fw.dtype_text("int32")
+    expect("ValueError", symm.shmem_allreduce, fw.tensor(values(rank, 4, "int32")), "avg",
+           message=f"`op` must be 'sum', 'max' or 'min' for the integer dtype {i32}, but got 'avg'")
+    expect("ValueError", symm.shmem_allreduce, fw.tensor(values(rank, 4)), "prod",
+           message="`op` must be one of 'sum', 'avg', 'max', 'min', but got 'prod'")
+    expect("ValueError", symm.shmem_allreduce, fw.tensor(values(rank, 4)), "sum", None, None, "sideways",
+           message="`backward` must be one of 'identity', 'allreduce', but got 'sideways'")
+
+
+@case
+def all_reduce_matches_the_framework(fw: Framework) -> None:
+    """Against the framework's own all_reduce (gloo, mccl) and the exact sum on the same float32 inputs, and the
+    same bits on every rank."""
+    symm, rank, world, n = fw.symm, fw.rank, fw.world, 50000
+    a = np.random.default_rng(100 + rank).standard_normal(n).astype(np.float32)
+    ours = fw.tensor(a)
+    symm.shmem_allreduce(ours, "sum")
+    everyone = np.stack(fw.all_gather(a)).astype(np.float64)
+    exact, magnitude = everyone.sum(0), np.abs(everyone).sum(0)
+    # a float32 sum of `world` terms in any order is within (world - 1) roundings of the sum of magnitudes
+    bound = (world - 1) * 2.0**-24 * magnitude
+    within(fw.numpy(ours), exact, bound, "all_reduce against the exact sum")
+    within(fw.numpy(ours), fw.all_reduce(a), 2 * bound, "all_reduce against the framework's")
+    copies = fw.all_gather(fw.numpy(ours))
+    for r, other in enumerate(copies):
+        assert other.tobytes() == copies[0].tobytes(), f"rank {r}'s all_reduce result differs from rank 0's"
+
+
+@case
+def low_precision(fw: Framework) -> None:
+    """``low_precision_dtype=`` and SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE: each value rounded once when encoded and
+    the partial sums once more (two-shot), on top of float32's own roundings."""
+    symm, rank, world, n = fw.symm, fw.rank, fw.world, 4096
+    a = np.random.default_rng(7 + rank).standard_normal(n).astype(np.float32)
+    inputs = [np.random.default_rng(7 + r).standard_normal(n).astype(np.float32) for r in range(world)]
+    exact = np.sum(np.stack(inputs).astype(np.float64), 0)
+    magnitude = np.sum(np.abs(np.stack(inputs)).astype(np.float64), 0)
+    # (wire, unit roundoff); fp8 scales each block by its largest magnitude: its bound uses that
+    for wire, unit in (("bfloat16", 2.0**-8), ("float16", 2.0**-11), ("float8_e4m3fn", 2.0**-3)):
+        t = fw.tensor(a)
+        symm.shmem_allreduce(t, "sum", low_precision_dtype=wire)
+        scale = np.max(np.abs(np.stack(inputs))) if wire.startswith("float8") else magnitude
+        bound = 2 * unit * (world + 1) * scale + world * 2.0**-24 * magnitude
+        within(fw.numpy(t), exact, bound, f"all_reduce over {wire}")
+    part = n // world
+    rows = slice(rank * part, (rank + 1) * part)
+    out = fw.tensor(np.zeros(part, np.float32))
+    symm.shmem_reduce_scatter(out, fw.tensor(a), "sum", low_precision_dtype="bfloat16")
+    within(fw.numpy(out), exact[rows], 2 * 2.0**-8 * (world + 1) * magnitude[rows] + world * 2.0**-24 * magnitude[rows],
+           "reduce_scatter over bfloat16")
+    assert np.any(fw.numpy(out) != exact[rows].astype(np.float32)), "reduce_scatter over bfloat16 rounded nothing"
+    x = fw.tensor(a)
+    expect("ValueError", symm.shmem_allreduce, x, "max", None, "bfloat16",
+           prefix="`low_precision_dtype` must be None for op 'max'")
+    expect("ValueError", symm.shmem_allreduce, fw.tensor(values(rank, 4, "int32")), "sum", None, "float16",
+           prefix=f"`low_precision_dtype` must be None for the integer dtype {fw.dtype_text('int32')}")
+    expect("ValueError", symm.shmem_allreduce, fw.tensor(values(rank, 4, "float16")), "sum", None, "bfloat16",
+           prefix=f"`low_precision_dtype` must be narrower than the tensor's dtype {fw.dtype_text('float16')}")
+    expect("ValueError", symm.shmem_allreduce, x, "sum", None, "float7",
+           prefix="`low_precision_dtype` must be one of float16, bfloat16")
+    saved = os.environ.get("SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE")
+    os.environ["SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE"] = "bfloat16"
+    try:
+        t = fw.tensor(a)
+        symm.shmem_allreduce(t, "sum")
+        wired = fw.tensor(a)
+        symm.shmem_allreduce(wired, "sum", low_precision_dtype="bfloat16")
+        equal(fw.numpy(t), fw.numpy(wired), "the environment's default against the same wire given")
+        assert np.any(fw.numpy(t) != exact.astype(np.float32)), "the environment's bfloat16 default changed nothing"
+        i = fw.tensor(values(rank, 8, "int32"))
+        symm.shmem_allreduce(i, "sum")   # the default applies only where it can
+        equal(fw.numpy(i), sum(values(r, 8, "int32") for r in range(world)), "an int32 sum under the default")
+        full = fw.tensor(a)
+        symm.shmem_allreduce(full, "sum", low_precision_dtype="none")   # "none" overrides the default
+        within(fw.numpy(full), exact, world * 2.0**-24 * magnitude, "'none' under the default")
+    finally:
+        if saved is None:
+            del os.environ["SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE"]
+        else:
+            os.environ["SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE"] = saved
+
+
+@case
+def reduce_scatter(fw: Framework) -> None:
+    symm, rank, world = fw.symm, fw.rank, fw.world
+    for n in (3, 50000):
+        stack = np.stack([values(r, n * world) for r in range(world)]).astype(np.float64)
+        for op in ("sum", "avg", "max", "min"):
+            out = fw.tensor(np.zeros(n, np.float32))
+            assert symm.shmem_reduce_scatter(out, fw.tensor(values(rank, n * world)), op) is out
+            exact = {"sum": stack.sum(0), "avg": stack.sum(0) / world, "max": stack.max(0),
+                     "min": stack.min(0)}[op][rank * n:(rank + 1) * n]
+            within(fw.numpy(out), exact, 2.0**-24 * np.abs(exact), f"reduce_scatter {op} x{n}")
+    sym_in = symmetric(fw, values(rank, 8 * world))
+    out = fw.tensor(np.zeros(8, np.float32))
+    symm.shmem_reduce_scatter(out, sym_in, "sum")
+    equal(fw.numpy(out), sum(values(r, 8 * world) for r in range(world))[rank * 8:rank * 8 + 8],
+          "reduce_scatter of a symmetric input")
+    symm.barrier()
+    symm.free(sym_in)
+    expect("ValueError", symm.shmem_reduce_scatter, fw.tensor(np.zeros(3, np.float32)),
+           fw.tensor(values(rank, 3 * world + 1)), prefix="`input_tensor")
+
+
+@case
+def all_to_all(fw: Framework) -> None:
+    """Uneven counts: rank r sends (r + j) % 3 + 1 elements to rank j, valued 100 * r + j."""
+    symm, rank, world = fw.symm, fw.rank, fw.world
+    sends = [fw.tensor(np.full((rank + j) % 3 + 1, 100 * rank + j, np.float32)) for j in range(world)]
+    counts = [(i + rank) % 3 + 1 for i in range(world)]
+    receive = fw.tensor(np.full(sum(counts) + 2, -1, np.float32))
+    assert symm.shmem_alltoall(sends, receive, counts) is receive
+    want = np.concatenate([np.full(counts[i], 100 * i + rank, np.float32) for i in range(world)] + [np.full(2, -1)])
+    equal(fw.numpy(receive), want, "all_to_all with uneven counts")
+    # a 1-D integer tensor of counts, into a symmetric receive tensor of the same size everywhere
+    sym = symm.empty(3 * world, dtype=fw.dtype("float32"))
+    symm.shmem_alltoall(sends, sym, fw.tensor(np.array(counts, np.int64)))
+    equal(fw.numpy(sym)[:sum(counts)], want[:sum(counts)], "all_to_all into a symmetric tensor")
+    symm.barrier()
+    symm.free(sym)
+    # rank 0 expects one element more from rank 1 than rank 1 sends it: every rank refuses the call alike
+    bad_counts = [c + (1 if rank == 0 and i == 1 else 0) for i, c in enumerate(counts)]
+    before = fw.numpy(receive).copy()
+    expect("ValueError", symm.shmem_alltoall, sends, receive, bad_counts,
+           message="`send_tensor_list[0]` of rank 1 must have the 3 elements rank 0 expects in its receive_list[1], "
+                   "but got 2")
+    equal(fw.numpy(receive), before, "the receive tensor after a refused all_to_all")
+    expect("ValueError", symm.shmem_alltoall, sends[:-1], receive, counts,
+           message=f"`send_tensor_list` must have one tensor per rank of the group ({world}), but got {world - 1}")
+    expect("ValueError", symm.shmem_alltoall, sends, receive, counts[:-1],
+           message=f"`receive_list` must have one count per rank of the group ({world}), but got {world - 1}")
+    expect("TypeError", symm.shmem_alltoall, sends, receive, "1" * world,
+           prefix=f"`receive_list` must be a sequence of {world} ints")
+    total = sum(counts) + 2 * world
+    expect("ValueError", symm.shmem_alltoall, sends, receive, [c + 2 for c in counts],
+           message=f"`sum(receive_list)` must be at most receive_tensor.numel() ({sum(counts) + 2}), but got {total}")
+
+
+@case
+def send_recv(fw: Framework) -> None:
+    symm, rank, world, n = fw.symm, fw.rank, fw.world, 5000
+    nxt, prev = (rank + 1) % world, (rank - 1) % world
+    symm.barrier()   # registers the world group's channel
+    buf = fw.tensor(np.zeros(n, np.float32))
+    if rank % 2 == 0:
+        symm.shmem_send(fw.tensor(values(rank, n)), nxt)
+        symm.shmem_recv(buf, prev)
+    else:
+        symm.shmem_recv(buf, prev)
+        symm.shmem_send(fw.tensor(values(rank, n)), nxt)
+    equal(fw.numpy(buf), values(prev, n), "the message from the previous rank")
+    expect("ValueError", symm.shmem_send, buf, rank, prefix="`dst_rank` must be")
+    expect("ValueError", symm.shmem_send, buf, world, message=f"`dst_rank` must be in [0, {world}), but got {world}")
+    symm.barrier()
+
+
+@case
+def rendezvous_peer_buffers(fw: Framework) -> None:
+    symm, rank, world = fw.symm, fw.rank, fw.world
+    t = symmetric(fw, np.full(8 * world, rank, np.float32))
+    symm.barrier()
+    mem = symm.rendezvous(t)
+    assert (mem.rank, mem.world_size, mem.buffer_size) == (rank, world, 32 * world), (mem.rank, mem.world_size,
+                                                                                       mem.buffer_size)
+    nxt, prev = (rank + 1) % world, (rank - 1) % world
+    f32 = fw.dtype("float32")
+    equal(fw.numpy(mem.get_buffer(nxt, (8,), f32)), np.full(8, nxt, np.float32), "the next rank's copy, read in place")
+    mine_there = mem.get_buffer(nxt, (8,), f32, storage_offset=8 * rank)
+    mine_there.copy_(fw.tensor(np.full(8, 100 + rank, np.float32)))   # written into the next rank's memory
+    fw.synchronize()
+    mem.barrier()
+    equal(fw.numpy(t)[8 * prev:8 * prev + 8], np.full(8, 100 + prev, np.float32), "written by the previous rank")
+    expect("ValueError", mem.get_buffer, nxt, (9 * world,), f32,
+           prefix="`sizes` and `storage_offset` must lie inside the tensor")
+    expect("ValueError", symm.rendezvous, t if rank == 0 else t[8:],
+           prefix="`tensor` must be the same symmetric tensor on every rank")
+    symm.barrier()
+    symm.free(t)
+
+
+@case
+def sub_groups(fw: Framework) -> None:
+    """Evens and odds: collectives on the group, and primitives addressed by group-local ranks."""
+    symm, rank, world = fw.symm, fw.rank, fw.world
+    evens, odds = [r for r in range(world) if r % 2 == 0], [r for r in range(world) if r % 2 == 1]
+    group = fw.sub_group([evens, odds])
+    mine = evens if rank % 2 == 0 else odds
+    g, me = len(mine), mine.index(rank)
+    t = fw.tensor(values(rank, 100))
+    symm.shmem_allreduce(t, "sum", group=group)
+    equal(fw.numpy(t), sum(values(r, 100) for r in mine), "all_reduce on the sub-group")
+    o = fw.tensor(np.zeros(10 * g, np.float32))
+    symm.shmem_allgather(o, fw.tensor(values(rank, 10)), group=group)
+    equal(fw.numpy(o), np.concatenate([values(r, 10) for r in mine]), "all_gather on the sub-group")
+    buf = symmetric(fw, np.zeros(8, np.float32))
+    symm.barrier()
+    symm.shmem_put(buf, 0, fw.tensor(np.full(8, rank, np.float32)), 0, 8, (me + 1) % g, group=group)
+    symm.barrier(group=group)
+    equal(fw.numpy(buf), np.full(8, mine[(me - 1) % g], np.float32), "put to the next group rank")
+    symm.barrier()
+    expect("ValueError", symm.shmem_put, buf, 0, fw.tensor(np.zeros(8, np.float32)), 0, 8, g, group=group,
+           message=f"`target_rank` must be in [0, {g}), but got {g}")
+    expect("TypeError", symm.shmem_allreduce, t, "sum", 7,
+           message=f"`group` must be {fw.group_type} or None, but got int")
+    symm.free(buf)
+
+
+@case
+def mismatch_then_recover(fw: Framework) -> None:
+    """A collective whose sizes differ across ranks fails on every rank; the next one works."""
+    symm, rank, world = fw.symm, fw.rank, fw.world
+    expect("ShmemMismatchError", symm.shmem_allreduce, fw.tensor(values(rank, 8 if rank == 0 else 16)), "sum")
+    again = fw.tensor(values(rank, 8))
+    symm.shmem_allreduce(again, "sum")
+    equal(fw.numpy(again), sum(values(r, 8) for r in range(world)), "the all_reduce after the mismatch")
+
+
+# ---------------------------------------------------------------------------------------------------- autograd
+@case
+def autograd(fw: Framework) -> None:
+    """Gradients of the collectives: each rank weighs its output by its own weights, so gradients differ by rank."""
+    symm, rank, world = fw.symm, fw.rank, fw.world
+    weights = [values(r, 6 * world) + 0.5 for r in range(world)]
+    w = fw.tensor(weights[rank])
+
+    def gathered_loss(x: Any) -> Any:
+        return (symm.shmem_allgather(fw.zeros_like_output((6 * world,)), x) * w).sum()
+
+    grad, = fw.grad(gathered_loss, [fw.tensor(values(rank, 6))])
+    # the reduce_scatter (sum) of every rank's weights
+    equal(grad, sum(weights)[6 * rank:6 * rank + 6], "all_gather's gradient")
+
+    w6 = fw.tensor(weights[rank][:6])
+    for backward, want in (("identity", weights[rank][:6]), ("allreduce", sum(wr[:6] for wr in weights))):
+        def reduced_loss(x: Any, backward: str = backward) -> Any:
+            return (symm.shmem_allreduce(x * 1.0, "sum", backward=backward) * w6).sum()
+
+        grad, = fw.grad(reduced_loss, [fw.tensor(values(rank, 6))])
+        equal(grad, want, f"all_reduce's gradient (backward={backward!r})")
+
+    def scattered_loss(x: Any) -> Any:
+        return (symm.shmem_reduce_scatter(fw.zeros_like_output((6,)), x, "sum") * w6).sum()
+
+    grad, = fw.grad(scattered_loss, [fw.tensor(values(rank, 6 * world))])
+    equal(grad, np.concatenate([wr[:6] for wr in weights]), "reduce_scatter's gradient")
+
+    w2 = fw.tensor(weights[rank][:2 * world])
+
+    def exchanged_loss(*sends: Any) -> Any:
+        return (symm.shmem_alltoall(list(sends), fw.zeros_like_output((2 * world,)), [2] * world) * w2).sum()
+
+    grads = fw.grad(exchanged_loss, [fw.tensor(values(rank, 2, salt=j)) for j in range(world)])
+    for j in range(world):   # what this rank sent to j landed at j's receive[2 * rank : 2 * rank + 2]
+        equal(grads[j], weights[j][2 * rank:2 * rank + 2], f"all_to_all's gradient of the part sent to rank {j}")
+
+
+# ---------------------------------------------------------------------------------------------------- fused ops
+@case
+def fused_ops(fw: Framework) -> None:
+    symm, rank, world = fw.symm, fw.rank, fw.world
+    m, k, n = 4, 5, 3
+    unit = 2.0**-24
+    a = [np.random.default_rng(r).standard_normal((m, k)).astype(np.float32) for r in range(world)]
+    b = np.random.default_rng(99).standard_normal((k, n)).astype(np.float32)
+    signal = symm.empty(world, dtype=fw.dtype("int32"))
+    gather_out = symm.empty((m * world, k), dtype=fw.dtype("float32"))
+    c = fw.tensor(np.zeros((m * world, n), np.float32))
+    gathered, product = symm.fused_all_gather_matmul(fw.tensor(a[rank]), fw.tensor(b), c, gather_out, signal)
+    whole = np.concatenate(a).astype(np.float64)
+    equal(fw.numpy(gathered), np.concatenate(a), "fused_all_gather_matmul's gather")
+    # a float32 sum of k products in any order is within k roundings of the sum of magnitudes of the exact one
+    within(fw.numpy(product), whole @ b, k * unit * (np.abs(whole) @ np.abs(b)), "fused_all_gather_matmul's product")
+    x1 = [np.random.default_rng(q + 10).standard_normal((2 * world, k)).astype(np.float32) for q in range(world)]
+    scratch = symm.empty(2 * world * n, dtype=fw.dtype("float32"))
+    r = symm.fused_matmul_reduce_scatter(fw.tensor(x1[rank]), fw.tensor(b), scratch, signal)
+    rows = slice(2 * rank, 2 * rank + 2)
+    total = sum(x.astype(np.float64) @ b for x in x1)[rows]
+    magnitude = sum(np.abs(x.astype(np.float64)) @ np.abs(b) for x in x1)[rows]
+    # each product within k roundings, the sum over the group within world - 1 more
+    within(fw.numpy(r), total, (k + world) * unit * magnitude, "fused_matmul_reduce_scatter")
+    x = fw.tensor(x1[rank])
+    expect("ValueError", symm.fused_matmul_reduce_scatter, x, fw.tensor(b), scratch, signal, "max",
+           message="`reduce_op` must be one of 'sum', 'avg', but got 'max'")
+    expect("ValueError", symm.fused_matmul_reduce_scatter, fw.tensor(x1[rank][:2 * world - 1]), fw.tensor(b),
+           scratch, signal, message=(f"`x1.shape[0]` must be a multiple of the group size ({world}), but got "
+                                     f"{2 * world - 1}"))
+    small = symm.empty(3, dtype=fw.dtype("float32"))
+    expect("ValueError", symm.fused_matmul_reduce_scatter, x, fw.tensor(b), small, signal,
+           prefix="`symm_tensor", contains=[f"{6 * world}", "but got 3"])   # worded apart on torch and MindSpore
+    symm.barrier()
+    for t in (small, scratch, gather_out, signal):
+        symm.free(t)
