@@ -302,16 +302,16 @@ def _case_bad_arguments() -> None:
     cases = [
         (ValueError, lambda: symm.shmem_allreduce(ints, low_precision_dtype=torch.float16),
          "`low_precision_dtype` must be None for the integer dtype torch.int32 (low precision applies to "
-         "floating-point tensors), but got torch.float16"),
+         "floating-point tensors), but got float16"),
         (ValueError, lambda: symm.shmem_allreduce(x, op="max", low_precision_dtype=torch.bfloat16),
          "`low_precision_dtype` must be None for op 'max' (low precision applies to 'sum' and 'avg'), "
-         "but got torch.bfloat16"),
+         "but got bfloat16"),
         (ValueError, lambda: symm.shmem_allreduce(halves, low_precision_dtype="float16"),
          "`low_precision_dtype` must be narrower than the tensor's dtype torch.float16 (2 bytes), "
-         "but got torch.float16"),
+         "but got float16"),
         (ValueError, lambda: symm.shmem_allreduce(bf16, low_precision_dtype=torch.float16),
          "`low_precision_dtype` must be narrower than the tensor's dtype torch.bfloat16 (2 bytes), "
-         "but got torch.float16"),
+         "but got float16"),
         (ValueError, lambda: symm.shmem_allreduce(x, low_precision_dtype=torch.int8),
          f"`low_precision_dtype` must be one of {names}, but got torch.int8"),
         (ValueError, lambda: symm.shmem_allreduce(x, low_precision_dtype="fp8"),

@@ -71,7 +71,7 @@ class Api:
             ShmemOutOfMemoryError: the heap is full.
             ShmemStateError: the framework's distributed layer is not initialised.
         """
-        return self.calls.empty(shape, dtype)
+        return self.calls.empty(_rules.shape(shape), dtype)
 
     def free(self, tensor: Any) -> None:
         """Frees a tensor from :meth:`empty` (collective over the world).

@@ -100,9 +100,8 @@ def _cores() -> int:
 
 def _symmetric(t: torch.Tensor, name: str) -> None:
     """Raises ValueError unless ``t`` lies in the symmetric heap (an empty tensor needs not: nobody addresses it)."""
-    if t.numel() and not is_symmetric(t):
-        raise ValueError(f"`{name}` must be a symmetric tensor from symm.empty, but got an ordinary tensor at "
-                         f"{t.data_ptr():#x}")
+    if t.numel():
+        _rules.require_symmetric(is_symmetric(t), name, t.data_ptr())
 
 
 def _signal(value: object, n: int) -> torch.Tensor:

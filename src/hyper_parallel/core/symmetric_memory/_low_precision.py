@@ -182,7 +182,8 @@ def resolve(value: Optional[object], dtype: torch.dtype, op: str) -> Optional[to
         return None
     rule = _applies(low, dtype, op)
     if rule is not None:
-        raise ValueError(f"`low_precision_dtype` must be {rule}, but got {low}")
+        # the wire format's name, as the engine and every framework name it
+        raise ValueError(f"`low_precision_dtype` must be {rule}, but got {str(low).removeprefix('torch.')}")
     return low
 
 

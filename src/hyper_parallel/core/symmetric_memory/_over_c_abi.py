@@ -148,10 +148,9 @@ class CAbiCalls:
         pes = self.h.group_ranks(name)
         return pes[self.checks.rank_in_group(rank, "target_rank", len(pes))]
 
-    def empty(self, shape: object, dtype: object = None) -> Any:
-        """A tensor over a new allocation of the symmetric heap (collective over the world)."""
+    def empty(self, dims: tuple, dtype: object = None) -> Any:
+        """A tensor of checked ``dims`` over a new allocation of the symmetric heap (collective over the world)."""
         dtype = self.h.default_dtype() if dtype is None else dtype
-        dims = _rules.shape(shape)
         info = self.h.dtype_info(dtype)
         numel = 1
         for d in dims:
@@ -225,12 +224,19 @@ class CAbiCalls:
         return True
 
     # ------------------------------------------------------------------ primitives
+    def _require_symmetric(self, t: Any, name: str) -> None:
+        """Raises ValueError unless ``t`` lies inside a symmetric allocation of this process."""
+        address, end = self.h.address(t), self.h.address(t) + self.h.nbytes(t)
+        inside = any(a.address <= address and end <= a.address + a.bytes for a in self._allocations.values())
+        _rules.require_symmetric(inside, name, address)
+
     def _address(self, t: Any, at: int) -> int:
         """The address of element ``at`` of a checked tensor."""
         return self.h.address(t) + at * int(t.itemsize)
 
     def put(self, target: Any, target_at: int, src: Any, src_at: int, n: int, rank: int, name: str) -> None:
         """``shmem_put`` on checked windows."""
+        self._require_symmetric(target, "target")
         pe = self._pe(rank, name, "shmem_put")
         nbytes = n * int(target.itemsize)
         self.h.synchronize()
@@ -238,6 +244,7 @@ class CAbiCalls:
 
     def get(self, target: Any, target_at: int, src: Any, src_at: int, n: int, rank: int, name: str) -> None:
         """``shmem_get`` on checked windows."""
+        self._require_symmetric(src, "src")
         pe = self._pe(rank, name, "shmem_get")
         nbytes = n * int(target.itemsize)
         self.h.synchronize()
@@ -245,6 +252,7 @@ class CAbiCalls:
 
     def signal(self, signal: Any, offset: int, value: int, op: str, rank: int, name: str) -> None:
         """``shmem_signal_op`` on a checked element."""
+        self._require_symmetric(signal, "signal")
         pe = self._pe(rank, name, "shmem_signal_op")
         self.h.synchronize()
         c_runtime.signal(self._address(signal, offset), int(signal.itemsize), value, op, pe)
@@ -253,12 +261,15 @@ class CAbiCalls:
         """``shmem_wait_for_signal`` on a checked element (``depend_tensor`` orders nothing here)."""
         del depend_tensor
         self._ensure_runtime("shmem_wait_for_signal")
+        self._require_symmetric(signal, "signal")
         self.h.synchronize()
         c_runtime.wait_signal(self._address(signal, offset), int(signal.itemsize), cmp, value)
 
     def put_with_signal(self, target: Any, target_at: int, src: Any, src_at: int, n: int, signal: Any, offset: int,
                         value: int, op: str, rank: int, name: str) -> None:
         """``shmem_put_with_signal`` on checked windows."""
+        self._require_symmetric(target, "target")
+        self._require_symmetric(signal, "signal")
         pe = self._pe(rank, name, "shmem_put_with_signal")
         nbytes = n * int(target.itemsize)
         self.h.synchronize()

@@ -6,24 +6,23 @@ Every call is enqueued on the current SHMEM stream (on the default stream it is 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 
 from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.symmetric_memory import _args, _autograd, _context, _groups
+from hyper_parallel.core.symmetric_memory import _args, _autograd, _context, _groups, _rules
 
 
-def empty(shape: Union[int, Sequence[int], torch.Size], dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """A CPU tensor in the symmetric heap (collective over WORLD); the first call acquires the runtime over WORLD.
+def empty(dims: tuple, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """A CPU tensor of checked ``dims`` in the symmetric heap (collective over WORLD); the first call acquires the
+    runtime over WORLD.
 
     Raises:
-        TypeError, ValueError: a bad shape or dtype.
+        TypeError: a bad dtype.
         ShmemStateError: torch.distributed is not initialised.
     """
     _context.state()
-    dims = (shape,) if isinstance(shape, int) else tuple(shape)
     return shmem.empty(*dims, dtype=torch.float32 if dtype is None else dtype)
 
 
@@ -43,9 +42,7 @@ def _pe(target_rank: object, group: Optional[object]) -> int:
 
 
 def _require_symmetric(t: torch.Tensor, name: str) -> None:
-    if not _context.is_symmetric(t):
-        raise ValueError(f"`{name}` must be a symmetric tensor from symm.empty, but got an ordinary tensor at "
-                         f"{t.data_ptr():#x}")
+    _rules.require_symmetric(_context.is_symmetric(t), name, t.data_ptr())
 
 
 def _flat(t: torch.Tensor, at: int, n: int) -> torch.Tensor:

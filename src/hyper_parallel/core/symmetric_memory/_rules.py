@@ -103,6 +103,17 @@ def call_site() -> str:
     return user_call_site(level in _LOG_DEBUG)
 
 
+def require_symmetric(symmetric: bool, name: str, address: int) -> None:
+    """Raises ValueError unless the tensor ``name`` at ``address`` is ``symmetric`` (inside a symmetric allocation).
+
+    Raises:
+        ValueError: it is not.
+    """
+    if not symmetric:
+        raise ValueError(f"`{name}` must be a symmetric tensor from symm.empty, but got an ordinary tensor at "
+                         f"{address:#x}")
+
+
 def rendezvous_mismatch(rows: Sequence[Sequence[int]]) -> Optional[str]:
     """The message when the group's ranks passed different tensors to ``rendezvous``, or None when they agree.
 
