@@ -1,111 +1,267 @@
-"""The argument checks both user-API paths share (symmetric_memory/_checks.py), over torch's tensor facts.
+"""Unit tests of the runtime face's argument checks and of ``DebugState``, without a runtime.
 
-The MindSpore suite runs the same checks over MindSpore's handler (tests/on_mindspore): only the framework's names in
-the messages differ.
+No process group and no SHMEM lifecycle is started here: arguments are checked before the runtime is looked for. Messages are checked in full,
+since they are the contract ("`x` must be y, but got z").
 """
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import pytest
 import torch
-from hypothesis import given
-from hypothesis import strategies as st
 
-from hyper_parallel.core.symmetric_memory._checks import Checks
-from hyper_parallel.platform.torch import tensors as torch_tensors
+from hyper_parallel.core.multicore import shmem
+from hyper_parallel.core.multicore.shmem import DebugState, ShmemStateError
+from hyper_parallel.core.multicore.shmem._checks import check_choice, type_name
 
-CHECKS = Checks(torch_tensors)
-
-
-def test_integer_takes_ints_and_one_element_integer_tensors():
-    assert CHECKS.integer(3, "size") == 3
-    assert CHECKS.integer(torch.tensor([5], dtype=torch.int16), "size") == 5
-    with pytest.raises(TypeError, match=r"^`size` must be an int or a one-element integer tensor, but got a tensor "
-                                        r"of 2 torch.int64 elements$"):
-        CHECKS.integer(torch.tensor([1, 2]), "size")
-    for bad in (torch.tensor(1.0), torch.tensor(True)):
-        with pytest.raises(TypeError, match=r"^`size` must be an int or a one-element integer tensor"):
-            CHECKS.integer(bad, "size")
-    with pytest.raises(ValueError, match=r"^`size` must be non-negative, but got -1$"):
-        CHECKS.count(-1, "size")
+# --------------------------------------------------------------------------
+# _checks.py
+# --------------------------------------------------------------------------
 
 
-@given(st.integers(0, 8), st.integers(0, 8), st.integers(0, 8))
-def test_window_refuses_exactly_the_slices_past_the_end(numel, offset, size):
-    t = torch.zeros(numel)
-    if offset + size <= numel:
-        CHECKS.window(t, "src", offset, size, "src_offset")
-    else:
-        with pytest.raises(ValueError, match=rf"^`src_offset \+ size` must be at most src.numel\(\) \({numel}\), but "
-                                             rf"got {offset} \+ {size} = {offset + size}$"):
-            CHECKS.window(t, "src", offset, size, "src_offset")
+def test_type_name_is_the_short_class_name() -> None:
+    assert type_name(3) == "int"
+    assert type_name(None) == "NoneType"
+    assert type_name(torch.zeros(1)) == "Tensor"
 
 
-def test_tensor_contract():
-    with pytest.raises(TypeError, match=r"^`src` must be a torch.Tensor, but got list$"):
-        CHECKS.tensor([1.0], "src")
-    with pytest.raises(ValueError, match=r"^`src` must be contiguous, but got strides \(1, 2\)$"):
-        CHECKS.tensor(torch.zeros(2, 2).t(), "src")
-    with pytest.raises(ValueError, match=r"^`src` must be a tensor on cpu \(the SHMEM device\), but got meta$"):
-        CHECKS.tensor(torch.zeros(2, device="meta"), "src")
+# The data-plane entries check their arguments (in the binding) before they look for a runtime: with good
+# arguments and no runtime they fail with the state error, with bad ones with the contract error.
+_NO_RUNTIME = r"^shmem runtime is not initialised: op="
 
 
-def test_peer_is_another_rank_of_the_group():
-    assert CHECKS.peer(2, "dst_rank", 4, 1) == 2
-    with pytest.raises(ValueError, match=r"^`dst_rank` must be another rank than this one \(1\), but got 1$"):
-        CHECKS.peer(1, "dst_rank", 4, 1)
-    with pytest.raises(ValueError, match=r"^`dst_rank` must be in \[0, 4\), but got 4$"):
-        CHECKS.peer(4, "dst_rank", 4, 1)
+def _entries(tensor_arg_name):
+    """Each data-plane entry as a call that passes `bad` as the tensor argument named `tensor_arg_name`."""
+    good = torch.zeros(4)
+    signal = torch.zeros(1, dtype=torch.int32)
+    return {
+        "dst": lambda bad: shmem.put(bad, good, 0),
+        "src": lambda bad: shmem.get(good, bad, 0),
+        "output": lambda bad: shmem.all_gather(bad, good),
+        "input": lambda bad: shmem.all_gather(signal, bad),
+        "signal_tensor": lambda bad: shmem.signal(bad, 1, 0),
+        "tensor": lambda bad: shmem.free(bad),
+    }[tensor_arg_name]
 
 
-def test_reduce_op_and_low_precision_rules():
-    assert CHECKS.reduce_op("avg", torch.bfloat16) == "avg"
-    with pytest.raises(ValueError, match=r"^`op` must be 'sum', 'max' or 'min' for the integer dtype torch.int32"):
-        CHECKS.reduce_op("avg", torch.int32)
-    with pytest.raises(TypeError, match=r"^`tensor` must have one of dtypes float32, float64, float16, bfloat16, "):
-        CHECKS.reduce_op("sum", torch.int16)
-    assert CHECKS.low_precision_rule(2, torch.float32, "sum") is None
-    assert CHECKS.low_precision_rule(2, torch.float16, "avg") == ("narrower than the tensor's dtype torch.float16 "
-                                                                  "(2 bytes)")
-    assert CHECKS.low_precision_rule(1, torch.float32, "max").startswith("None for op 'max'")
-    assert CHECKS.low_precision_rule(1, torch.int64, "sum").startswith("None for the integer dtype torch.int64")
+def test_good_arguments_reach_the_runtime_check() -> None:
+    signal = torch.zeros(1, dtype=torch.int32)
+    for call in (
+        lambda: shmem.put(torch.zeros(3), torch.zeros(3), 0),
+        lambda: shmem.get(torch.zeros(0), torch.zeros(0), 5),
+        lambda: shmem.signal(signal, 5, 1, op="add"),
+        lambda: shmem.signal(torch.zeros(4, dtype=torch.int64)[2:3], -5, 0),  # a one-element view
+        lambda: shmem.wait_signal(signal, 0, cmp="ge"),
+        lambda: shmem.all_gather(torch.zeros(4), torch.zeros(2)),
+        lambda: shmem.barrier(),
+    ):
+        with pytest.raises(ShmemStateError, match=_NO_RUNTIME):
+            call()
 
 
-@given(st.lists(st.integers(0, 5), min_size=1, max_size=4), st.integers(0, 12))
-def test_all_to_all_counts(counts, capacity):
-    n = len(counts)
-    sends = [torch.zeros(1) for _ in range(n)]
-    receive = torch.zeros(capacity)
-    for given_counts in (counts, torch.tensor(counts, dtype=torch.int32)):
-        if sum(counts) <= capacity:
-            _, _, got = CHECKS.all_to_all(sends, receive, given_counts, n)
-            assert got == counts
-        else:
-            with pytest.raises(ValueError, match=r"^`sum\(receive_list\)` must be at most receive_tensor.numel\(\)"):
-                CHECKS.all_to_all(sends, receive, given_counts, n)
+@pytest.mark.parametrize("name", ["dst", "src", "output", "input", "signal_tensor", "tensor"])
+@pytest.mark.parametrize("value,got", [([1.0], "list"), (None, "NoneType"), (3, "int"), (torch.Size([2]), "Size")])
+def test_tensor_arguments_reject_other_types(name, value, got) -> None:
+    with pytest.raises(TypeError) as info:
+        _entries(name)(value)
+    assert str(info.value) == f"`{name}` must be a torch.Tensor, but got {got}"
 
 
-def test_all_to_all_refusals():
-    receive = torch.zeros(4)
-    with pytest.raises(ValueError, match=r"^`send_tensor_list` must have one tensor per rank of the group \(2\), "
-                                         r"but got 1$"):
-        CHECKS.all_to_all([torch.zeros(1)], receive, [1, 1], 2)
-    with pytest.raises(TypeError, match=r"^`send_tensor_list\[1\]` must have the dtype of `receive_tensor`"):
-        CHECKS.all_to_all([torch.zeros(1), torch.zeros(1, dtype=torch.int32)], receive, [1, 1], 2)
-    with pytest.raises(TypeError, match=r"^`receive_list` must be a sequence of 2 ints or a 1-D integer tensor, but "
-                                        r"got a tensor of shape \(2,\) and dtype torch.float32$"):
-        CHECKS.all_to_all([torch.zeros(1)] * 2, receive, torch.zeros(2), 2)
-    with pytest.raises(ValueError, match=r"^`receive_list\[1\]` must be non-negative, but got -1$"):
-        CHECKS.all_to_all([torch.zeros(1)] * 2, receive, [1, -1], 2)
+@pytest.mark.parametrize("name", ["dst", "src", "output", "input", "signal_tensor", "tensor"])
+def test_tensor_arguments_reject_other_devices(name) -> None:
+    with pytest.raises(ValueError) as info:
+        _entries(name)(torch.zeros(1, dtype=torch.int32, device="meta"))
+    assert str(info.value) == f"`{name}` must be a cpu tensor (the host device), but got a tensor on meta"
 
 
-def test_group_multiple_and_backward_modes():
-    CHECKS.group_multiple(torch.zeros(6), "output_tensor", torch.zeros(2), "input_tensor", 3)
-    with pytest.raises(ValueError, match=r"^`output_tensor.numel\(\)` must be 3 x input_tensor.numel\(\) \(6\), but "
-                                         r"got 5$"):
-        CHECKS.group_multiple(torch.zeros(5), "output_tensor", torch.zeros(2), "input_tensor", 3)
-    assert CHECKS.backward_mode("allreduce") == "allreduce"
-    with pytest.raises(ValueError, match=r"^`backward` must be one of 'identity', 'allreduce', but got 'x'$"):
-        CHECKS.backward_mode("x")
-    with pytest.raises(ValueError, match=r"^`op` must be 'sum' or 'avg' when `tensor` requires grad, but got 'max'$"):
-        CHECKS.differentiable("max", "tensor")
+@pytest.mark.parametrize(
+    "tensor,shape,strides",
+    [
+        (torch.zeros(8)[::2], [4], [2]),
+        (torch.zeros(3, 4).t(), [4, 3], [1, 4]),
+        (torch.zeros(2, 3, 4, 5).to(memory_format=torch.channels_last), [2, 3, 4, 5], [60, 1, 15, 3]),
+    ],
+)
+@pytest.mark.parametrize("name", ["dst", "src", "output", "input", "tensor"])
+def test_tensor_arguments_reject_non_contiguous_layouts(name, tensor, shape, strides) -> None:
+    with pytest.raises(ValueError) as info:
+        _entries(name)(tensor)
+    assert str(info.value) == f"`{name}` must be contiguous, but got a tensor of shape {shape} and strides {strides}"
+
+
+@pytest.mark.parametrize("name", ["dst", "src", "output", "input", "tensor"])
+def test_lazy_conjugate_and_negative_views_are_rejected(name) -> None:
+    # Their bytes are not their values: a raw copy would deliver the unconjugated (or un-negated) numbers.
+    x = torch.randn(4, dtype=torch.complex64)
+    for view, kind in ((x.conj(), "conjugate"), (x._neg_view(), "negative")):
+        with pytest.raises(ValueError) as info:
+            _entries(name)(view)
+        assert str(info.value) == (
+            f"`{name}` must have its lazy conjugation or negation resolved (call .resolve_conj() or .resolve_neg()), "
+            f"but got a {kind} view"
+        )
+
+
+@pytest.mark.parametrize(
+    "value,got",
+    [(True, "bool"), (False, "bool"), (1.0, "float"), ("1", "str"), (None, "NoneType"), (torch.tensor(1), "Tensor")],
+)
+def test_pe_must_be_an_int(value, got) -> None:
+    signal = torch.zeros(1, dtype=torch.int32)
+    for call in (
+        lambda: shmem.put(torch.zeros(1), torch.zeros(1), value),
+        lambda: shmem.get(torch.zeros(1), torch.zeros(1), value),
+        lambda: shmem.signal(signal, 1, value),
+    ):
+        with pytest.raises(TypeError) as info:
+            call()
+        assert str(info.value) == f"`pe` must be an int, but got {got}"
+
+
+def test_check_choice_maps_and_lists_the_options() -> None:
+    choices = {"set": 0, "add": 1}
+    assert check_choice("op", "set", choices) == 0
+    assert check_choice("op", "add", choices) == 1
+    for value, shown in (("mul", "'mul'"), ("SET", "'SET'"), (0, "0"), (None, "None"), (["set"], "['set']")):
+        with pytest.raises(ValueError) as info:  # also for an unhashable value: no TypeError leaks out
+            check_choice("op", value, choices)
+        assert str(info.value) == f"`op` must be one of 'set', 'add', but got {shown}"
+
+
+def test_signal_op_and_cmp_are_checked() -> None:
+    signal = torch.zeros(1, dtype=torch.int32)
+    # str() is the whole message: pytest's match= also searches the upstream note (see unit/test_upstream_vocabulary.py).
+    with pytest.raises(ValueError) as info:
+        shmem.signal(signal, 1, 0, op="mul")
+    assert str(info.value) == "`op` must be one of 'set', 'add', but got 'mul'"
+    with pytest.raises(ValueError) as info:
+        shmem.wait_signal(signal, 1, cmp="==")
+    assert str(info.value) == "`cmp` must be one of 'eq', 'ne', 'gt', 'ge', 'lt', 'le', but got '=='"
+
+
+@pytest.mark.parametrize(
+    "dtype,low,high",
+    [(torch.int32, -(2**31), 2**31 - 1), (torch.int64, -(2**63), 2**63 - 1)],
+)
+def test_signal_value_range_is_the_dtype_range(dtype, low, high) -> None:
+    signal = torch.zeros(1, dtype=dtype)
+    for value in (low, high):  # in range: on to the runtime
+        with pytest.raises(ShmemStateError, match=_NO_RUNTIME):
+            shmem.wait_signal(signal, value)
+    for value in (low - 1, high + 1, 2**70):
+        for call in (lambda: shmem.signal(signal, value, 0), lambda: shmem.wait_signal(signal, value)):
+            with pytest.raises(ValueError) as info:
+                call()
+            assert str(info.value) == f"`value` must fit in {dtype} [{low}, {high}], but got {value}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int16, torch.uint32, torch.bool, torch.uint8])
+def test_signal_rejects_other_dtypes(dtype) -> None:
+    for call in (lambda s: shmem.signal(s, 1, 0), lambda s: shmem.wait_signal(s, 1)):
+        with pytest.raises(TypeError) as info:
+            call(torch.zeros(1, dtype=dtype))
+        assert str(info.value) == f"`signal_tensor` must be an int32 or int64 tensor, but got {dtype}"
+
+
+@pytest.mark.parametrize("numel", [0, 2])
+def test_signal_rejects_other_sizes(numel) -> None:
+    with pytest.raises(ValueError) as info:
+        shmem.wait_signal(torch.zeros(numel, dtype=torch.int32), 1)
+    assert str(info.value) == f"`signal_tensor` must have exactly one element, but got {numel}"
+
+
+def test_signal_checks_the_tensor_first_then_dtype_size_and_value() -> None:
+    with pytest.raises(TypeError) as info:
+        shmem.signal(3, 1, 0)
+    assert str(info.value) == "`signal_tensor` must be a torch.Tensor, but got int"
+    with pytest.raises(TypeError, match=r"int32 or int64 tensor, but got torch.float32$"):
+        shmem.signal(torch.zeros(2), 1.5, 0)  # the dtype before the size and the value
+    with pytest.raises(ValueError, match=r"exactly one element, but got 2$"):
+        shmem.signal(torch.zeros(2, dtype=torch.int32), 1.5, 0)  # the size before the value
+    for value, got in ((1.5, "float"), (True, "bool"), ("1", "str")):
+        with pytest.raises(TypeError) as info:
+            shmem.signal(torch.zeros(1, dtype=torch.int32), value, 0)
+        assert str(info.value) == f"`value` must be an int, but got {got}"
+
+
+# --------------------------------------------------------------------------
+# DebugState
+# --------------------------------------------------------------------------
+
+_SNAPSHOT = {
+    "state": "initialized",
+    "lifecycle": 3,
+    "root_ranks": [0, 1],
+    "config": {"heap_size": 1024, "device": "host"},
+    "heap_base": 0x7F0000000000,
+    "active_allocations": [
+        {"allocation_id": 5, "base": 0x7F0000000100, "offset": 0x100, "bytes": 64},
+        {"allocation_id": 9, "base": 0x7F0000000200, "offset": 0x200, "bytes": 0},
+    ],
+    "leaked_allocations": [],
+    "latest_failure": "",
+}
+
+_SNAPSHOT_REPR = """DebugState(
+  state: 'initialized'
+  lifecycle: 3
+  root_ranks: [0, 1]
+  config: {heap_size=1024, device='host'}
+  heap_base: 0x7f0000000000
+  active_allocations: [
+      {allocation_id=5, base=0x7f0000000100, offset=0x100, bytes=64},
+      {allocation_id=9, base=0x7f0000000200, offset=0x200, bytes=0},
+  ]
+  leaked_allocations: []
+  latest_failure: ''
+)"""
+
+
+def test_debug_state_prints_one_field_per_line_with_hex_addresses() -> None:
+    state = DebugState(_SNAPSHOT)
+    assert repr(state) == _SNAPSHOT_REPR
+    assert str(state) == _SNAPSHOT_REPR
+    small = DebugState({"heap_base": 0, "offset": 4096})
+    assert repr(small) == "DebugState(\n  heap_base: 0x0\n  offset: 0x1000\n)"
+
+
+def test_debug_state_is_a_dict_in_field_order() -> None:
+    state = DebugState(_SNAPSHOT)
+    assert isinstance(state, dict)
+    assert state == _SNAPSHOT
+    assert list(state) == list(_SNAPSHOT)
+    assert state["heap_base"] == 0x7F0000000000  # values stay ints: only the printout is hex
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda s: s.__setitem__("state", "failed"),
+        lambda s: s.__delitem__("state"),
+        lambda s: s.clear(),
+        lambda s: s.pop("state"),
+        lambda s: s.popitem(),
+        lambda s: s.setdefault("new", 1),
+        lambda s: s.update(state="failed"),
+        lambda s: s.__ior__({"state": "failed"}),
+    ],
+    ids=["setitem", "delitem", "clear", "pop", "popitem", "setdefault", "update", "ior"],
+)
+def test_debug_state_refuses_writes(write) -> None:
+    state = DebugState(_SNAPSHOT)
+    with pytest.raises(TypeError) as info:
+        write(state)
+    assert str(info.value) == "`debug_state()` must not be modified, but got a write (it is a read-only snapshot)"
+    assert state == _SNAPSHOT
+
+
+def test_debug_state_survives_pickle_and_copy() -> None:
+    # A snapshot is something to send elsewhere: dist.all_gather_object, a multiprocessing queue, a log record.
+    state = DebugState(_SNAPSHOT)
+    for clone in (pickle.loads(pickle.dumps(state)), copy.copy(state), copy.deepcopy(state)):
+        assert type(clone) is DebugState
+        assert clone == _SNAPSHOT and repr(clone) == _SNAPSHOT_REPR
+        with pytest.raises(TypeError):
+            clone["state"] = "failed"  # still read-only

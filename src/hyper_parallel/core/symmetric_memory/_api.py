@@ -10,24 +10,20 @@ checks, turns ``group=`` into the framework's group key, and hands the checked c
 * MindSpore's (:mod:`._over_c_abi`): the runtime's C ABI over MindSpore's handler (tensors over heap memory,
   synchronisation, groups, bprop).
 
-The framework's calls answer:
+The framework's calls answer (arguments checked, groups as ``group_key`` made them):
 
-==============================================  =====================================================================
-``fast``                                        an object taking eager calls before the checks (each method returns
-                                                True when it ran the call), or None
-``group_key(group)``, ``group_size(key)``       ``group=`` as the calls take it (checked); the group's size
-``empty(shape, dtype)``, ``free(t)``,           the lifecycle
-``shutdown()``
-``put``/``get(target, target_at, src, src_at,  the primitives on checked windows (offsets in elements), ``rank`` a
-n, rank, key)``, ``signal``, ``wait_signal``,   group rank still to be checked against the group
-``put_with_signal``, ``barrier(key)``
-``wire(low_precision_dtype, dtype, op)``        the call's wire format, checked (explicit values raise here)
-``all_gather``, ``all_reduce``,                 the collectives on checked arguments, with autograd
-``reduce_scatter``, ``all_to_all``, ``send``,
-``recv``
-``all_gather_matmul``, ``matmul_reduce_scatter``  the fused ops on checked shapes
-``rendezvous(tensor, key)``, ``available()``    the setup calls
-==============================================  =====================================================================
+* ``fast``: an object that takes eager calls before the checks (each of its methods returns True when it ran the
+  call), or None;
+* ``group_key(group)``, ``group_size(key)``: ``group=`` as the calls take it (checked), and the group's size;
+* ``empty(dims, dtype)``, ``free(tensor)``, ``shutdown()``: the lifecycle;
+* ``put``/``get(target, target_at, src, src_at, n, rank, key)``, ``signal(signal, offset, value, op, rank, key)``,
+  ``wait_signal(depend_tensor, signal, offset, value, cmp)``, ``put_with_signal(...)``, ``barrier(key)``: the
+  primitives on checked windows (offsets in elements; ``rank`` a group rank the calls check against the group);
+* ``wire(low_precision_dtype, dtype, op)``: the call's wire format (an explicit value that cannot apply raises);
+* ``all_gather``, ``all_reduce``, ``reduce_scatter``, ``all_to_all``, ``send``, ``recv``: the collectives, with
+  the framework's autograd;
+* ``all_gather_matmul``, ``matmul_reduce_scatter``: the fused ops on checked shapes;
+* ``rendezvous(tensor, group)``, ``available()``: the setup calls.
 """
 
 from __future__ import annotations

@@ -1,0 +1,111 @@
+"""The argument checks both user-API paths share (symmetric_memory/_checks.py), over torch's tensor facts.
+
+The MindSpore suite runs the same checks over MindSpore's handler (tests/on_mindspore): only the framework's names in
+the messages differ.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hyper_parallel.core.symmetric_memory._checks import Checks
+from hyper_parallel.platform.torch import tensors as torch_tensors
+
+CHECKS = Checks(torch_tensors)
+
+
+def test_integer_takes_ints_and_one_element_integer_tensors():
+    assert CHECKS.integer(3, "size") == 3
+    assert CHECKS.integer(torch.tensor([5], dtype=torch.int16), "size") == 5
+    with pytest.raises(TypeError, match=r"^`size` must be an int or a one-element integer tensor, but got a tensor "
+                                        r"of 2 torch.int64 elements$"):
+        CHECKS.integer(torch.tensor([1, 2]), "size")
+    for bad in (torch.tensor(1.0), torch.tensor(True)):
+        with pytest.raises(TypeError, match=r"^`size` must be an int or a one-element integer tensor"):
+            CHECKS.integer(bad, "size")
+    with pytest.raises(ValueError, match=r"^`size` must be non-negative, but got -1$"):
+        CHECKS.count(-1, "size")
+
+
+@given(st.integers(0, 8), st.integers(0, 8), st.integers(0, 8))
+def test_window_refuses_exactly_the_slices_past_the_end(numel, offset, size):
+    t = torch.zeros(numel)
+    if offset + size <= numel:
+        CHECKS.window(t, "src", offset, size, "src_offset")
+    else:
+        with pytest.raises(ValueError, match=rf"^`src_offset \+ size` must be at most src.numel\(\) \({numel}\), but "
+                                             rf"got {offset} \+ {size} = {offset + size}$"):
+            CHECKS.window(t, "src", offset, size, "src_offset")
+
+
+def test_tensor_contract():
+    with pytest.raises(TypeError, match=r"^`src` must be a torch.Tensor, but got list$"):
+        CHECKS.tensor([1.0], "src")
+    with pytest.raises(ValueError, match=r"^`src` must be contiguous, but got strides \(1, 2\)$"):
+        CHECKS.tensor(torch.zeros(2, 2).t(), "src")
+    with pytest.raises(ValueError, match=r"^`src` must be a tensor on cpu \(the SHMEM device\), but got meta$"):
+        CHECKS.tensor(torch.zeros(2, device="meta"), "src")
+
+
+def test_peer_is_another_rank_of_the_group():
+    assert CHECKS.peer(2, "dst_rank", 4, 1) == 2
+    with pytest.raises(ValueError, match=r"^`dst_rank` must be another rank than this one \(1\), but got 1$"):
+        CHECKS.peer(1, "dst_rank", 4, 1)
+    with pytest.raises(ValueError, match=r"^`dst_rank` must be in \[0, 4\), but got 4$"):
+        CHECKS.peer(4, "dst_rank", 4, 1)
+
+
+def test_reduce_op_and_low_precision_rules():
+    assert CHECKS.reduce_op("avg", torch.bfloat16) == "avg"
+    with pytest.raises(ValueError, match=r"^`op` must be 'sum', 'max' or 'min' for the integer dtype torch.int32"):
+        CHECKS.reduce_op("avg", torch.int32)
+    with pytest.raises(TypeError, match=r"^`tensor` must have one of dtypes float32, float64, float16, bfloat16, "):
+        CHECKS.reduce_op("sum", torch.int16)
+    assert CHECKS.low_precision_rule(2, torch.float32, "sum") is None
+    assert CHECKS.low_precision_rule(2, torch.float16, "avg") == ("narrower than the tensor's dtype torch.float16 "
+                                                                  "(2 bytes)")
+    assert CHECKS.low_precision_rule(1, torch.float32, "max").startswith("None for op 'max'")
+    assert CHECKS.low_precision_rule(1, torch.int64, "sum").startswith("None for the integer dtype torch.int64")
+
+
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=4), st.integers(0, 12))
+def test_all_to_all_counts(counts, capacity):
+    n = len(counts)
+    sends = [torch.zeros(1) for _ in range(n)]
+    receive = torch.zeros(capacity)
+    for given_counts in (counts, torch.tensor(counts, dtype=torch.int32)):
+        if sum(counts) <= capacity:
+            _, _, got = CHECKS.all_to_all(sends, receive, given_counts, n)
+            assert got == counts
+        else:
+            with pytest.raises(ValueError, match=r"^`sum\(receive_list\)` must be at most receive_tensor.numel\(\)"):
+                CHECKS.all_to_all(sends, receive, given_counts, n)
+
+
+def test_all_to_all_refusals():
+    receive = torch.zeros(4)
+    with pytest.raises(ValueError, match=r"^`send_tensor_list` must have one tensor per rank of the group \(2\), "
+                                         r"but got 1$"):
+        CHECKS.all_to_all([torch.zeros(1)], receive, [1, 1], 2)
+    with pytest.raises(TypeError, match=r"^`send_tensor_list\[1\]` must have the dtype of `receive_tensor`"):
+        CHECKS.all_to_all([torch.zeros(1), torch.zeros(1, dtype=torch.int32)], receive, [1, 1], 2)
+    with pytest.raises(TypeError, match=r"^`receive_list` must be a sequence of 2 ints or a 1-D integer tensor, but "
+                                        r"got a tensor of shape \(2,\) and dtype torch.float32$"):
+        CHECKS.all_to_all([torch.zeros(1)] * 2, receive, torch.zeros(2), 2)
+    with pytest.raises(ValueError, match=r"^`receive_list\[1\]` must be non-negative, but got -1$"):
+        CHECKS.all_to_all([torch.zeros(1)] * 2, receive, [1, -1], 2)
+
+
+def test_group_multiple_and_backward_modes():
+    CHECKS.group_multiple(torch.zeros(6), "output_tensor", torch.zeros(2), "input_tensor", 3)
+    with pytest.raises(ValueError, match=r"^`output_tensor.numel\(\)` must be 3 x input_tensor.numel\(\) \(6\), but "
+                                         r"got 5$"):
+        CHECKS.group_multiple(torch.zeros(5), "output_tensor", torch.zeros(2), "input_tensor", 3)
+    assert CHECKS.backward_mode("allreduce") == "allreduce"
+    with pytest.raises(ValueError, match=r"^`backward` must be one of 'identity', 'allreduce', but got 'x'$"):
+        CHECKS.backward_mode("x")
+    with pytest.raises(ValueError, match=r"^`op` must be 'sum' or 'avg' when `tensor` requires grad, but got 'max'$"):
+        CHECKS.differentiable("max", "tensor")
