@@ -72,28 +72,23 @@ def _fast_team(group: Optional[dist.ProcessGroup], *tensors: object) -> Optional
 _FAST_OPS = frozenset(("sum", "avg", "max", "min"))
 
 
-def _ran(call: object, *args: object) -> bool:
-    """Runs an engine call; False when the engine refused it before any rank moved (every rank refuses alike), so
-    that the API's checks run and name the argument as the API does."""
-    try:
-        call(*args)
-    except (ValueError, TypeError):
-        return False
-    return True
-
-
 class Fast:
     """Eager calls the engine can take before the user API's checks (:class:`._api.Api`'s ``fast``): the group
     already has a team, nothing is traced or tracked, and the arguments are of the plain kinds the engine checks
     itself. Each method returns whether it ran the call; a call the engine refuses before any rank moved falls
-    back to the checks, which name the argument as the API does (every rank refuses alike)."""
+    back to the checks, which name the argument as the API does (every rank refuses alike). The engine's call is
+    written out in each method rather than through a helper: a frame less on the small-message path."""
 
     @staticmethod
     def all_gather(output_tensor: object, input_tensor: object, group: Optional[dist.ProcessGroup]) -> bool:
         team = _fast_team(group, output_tensor, input_tensor)
         if team is None or output_tensor.dtype is not input_tensor.dtype:
             return False
-        return _ran(team.all_gather, output_tensor, input_tensor)
+        try:
+            team.all_gather(output_tensor, input_tensor)
+        except (ValueError, TypeError):
+            return False
+        return True
 
     @staticmethod
     def all_reduce(tensor: object, op: object, group: Optional[dist.ProcessGroup], low_precision_dtype: object,
@@ -103,7 +98,11 @@ class Fast:
         team = _fast_team(group, tensor)
         if team is None or _low_precision.resolve(None, tensor.dtype, op) is not None:
             return False
-        return _ran(team.all_reduce, tensor, op)
+        try:
+            team.all_reduce(tensor, op)
+        except (ValueError, TypeError):
+            return False
+        return True
 
     @staticmethod
     def reduce_scatter(output_tensor: object, input_tensor: object, op: object, group: Optional[dist.ProcessGroup],
@@ -113,7 +112,11 @@ class Fast:
         team = _fast_team(group, output_tensor, input_tensor)
         if team is None or _low_precision.resolve(None, input_tensor.dtype, op) is not None:
             return False
-        return _ran(team.reduce_scatter, output_tensor, input_tensor, op)
+        try:
+            team.reduce_scatter(output_tensor, input_tensor, op)
+        except (ValueError, TypeError):
+            return False
+        return True
 
     @staticmethod
     def all_to_all(send_tensor_list: object, receive_tensor: object, receive_list: object,
@@ -127,7 +130,11 @@ class Fast:
         for t in send_tensor_list:  # a loop, not all(): no generator on the small-message path
             if t.dtype is not dtype:
                 return False
-        return _ran(team.all_to_all, send_tensor_list, receive_tensor, receive_list)
+        try:
+            team.all_to_all(send_tensor_list, receive_tensor, receive_list)
+        except (ValueError, TypeError):
+            return False
+        return True
 
     @staticmethod
     def send(tensor: object, dst_rank: object, group: Optional[dist.ProcessGroup]) -> bool:
