@@ -39,11 +39,12 @@ from hyper_parallel.core.symmetric_memory._framework import FRAMEWORK
 if FRAMEWORK == "torch":
     from hyper_parallel.core.symmetric_memory import _ops  # noqa: F401  (registers the torch operators)
     from hyper_parallel.core.symmetric_memory._on_torch import API
-    from hyper_parallel.core.symmetric_memory._setup import SymmetricMemory
 else:
-    from hyper_parallel.core.symmetric_memory._on_mindspore import API, CALLS, SymmetricMemory
+    from hyper_parallel.core.symmetric_memory._on_mindspore import API, CALLS
 
     debug_state = CALLS.debug_state
+
+from hyper_parallel.core.symmetric_memory._api import SymmetricMemory  # noqa: E402  (the framework chose API)
 
 # One definition of every function for both frameworks (_api.Api), bound to this process's framework.
 empty = API.empty

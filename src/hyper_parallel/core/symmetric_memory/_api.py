@@ -23,12 +23,12 @@ The framework's calls answer (arguments checked, groups as ``group_key`` made th
 * ``all_gather``, ``all_reduce``, ``reduce_scatter``, ``all_to_all``, ``send``, ``recv``: the collectives, with
   the framework's autograd;
 * ``all_gather_matmul``, ``matmul_reduce_scatter``: the fused ops on checked shapes;
-* ``rendezvous(tensor, group)``, ``available()``: the setup calls.
+* ``rendezvous(tensor, group, checks)`` (a :class:`SymmetricMemory`), ``available()``: the setup calls.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 from hyper_parallel.core.symmetric_memory import _rules
@@ -36,6 +36,70 @@ from hyper_parallel.core.symmetric_memory._checks import Checks
 
 _SIGNAL_PADS = ("signal pads are not part of this library: a signal is a symmetric tensor like any other "
                 "(symm.empty(n, dtype=int32), raised with shmem_signal_op and waited for with shmem_wait_for_signal)")
+
+
+class SymmetricMemory:
+    """What :meth:`Api.rendezvous` returns (torch's ``SymmetricMemory`` in small): the group's view of one symmetric
+    tensor.
+
+    Attributes:
+        rank: this process's rank inside the group.
+        world_size: the group's size.
+        buffer_size: the tensor's bytes (the same on every rank).
+        buffer_ptrs: the address, in this process, of every group rank's copy (index = group rank).
+    """
+
+    def __init__(self, checks: Checks, rank: int, buffer_ptrs: Sequence[int], buffer_size: int,
+                 view: Callable[[int, int, int, tuple, Any], Any], barrier: Callable[[], None]) -> None:
+        """Made by the framework's ``rendezvous`` call: ``view(rank, begin, end, shape, dtype)`` is group rank
+        ``rank``'s bytes ``[begin, end)`` as a tensor of ``shape`` and ``dtype`` over that rank's memory, and
+        ``barrier()`` the group's barrier."""
+        self._checks = checks
+        self._view = view
+        self._barrier = barrier
+        self.rank = rank
+        self.world_size = len(buffer_ptrs)
+        self.buffer_size = buffer_size
+        self.buffer_ptrs = list(buffer_ptrs)
+
+    def get_buffer(self, rank: Any, sizes: Any, dtype: Any, storage_offset: Any = 0) -> Any:
+        """Group rank ``rank``'s copy of the tensor as a tensor of ``sizes`` and ``dtype`` (torch's signature).
+
+        Reads and writes go to that rank's memory in place; order them with signals or :meth:`barrier`.
+
+        Args:
+            rank: a rank inside the group.
+            sizes: the shape of the view (an int or a sequence of ints).
+            dtype: its element type.
+            storage_offset: where it starts, in elements of ``dtype``.
+
+        Returns:
+            The view. On torch it dies with the allocation (after ``symm.free``, any use raises).
+
+        Raises:
+            TypeError: ``dtype`` is not a dtype of the framework, or ``rank``/``storage_offset``/``sizes`` not ints.
+            ValueError: ``rank`` outside the group, a negative offset, or a view past the tensor's end.
+        """
+        rank = self._checks.rank_in_group(rank, "rank", self.world_size)
+        itemsize = self._checks.facts.itemsize(dtype)
+        offset = self._checks.count(storage_offset, "storage_offset")
+        shape = _rules.shape(sizes)
+        numel = 1
+        for d in shape:
+            numel *= d
+        begin, end = _rules.view_bytes(offset, numel, itemsize, self.buffer_size)
+        return self._view(rank, begin, end, shape, dtype)
+
+    def barrier(self) -> None:
+        """A barrier of the group (``symm.barrier(group)``): writes before it are visible to every rank after it.
+
+        Raises:
+            ShmemTimeoutError: a rank did not arrive in time.
+        """
+        self._barrier()
+
+    def __repr__(self) -> str:
+        return f"SymmetricMemory(rank={self.rank}, world_size={self.world_size}, buffer_size={self.buffer_size})"
 
 
 class Api:
@@ -525,7 +589,7 @@ class Api:
             ShmemTimeoutError: a rank did not take part in time.
         """
         t = self.checks.tensor(tensor, "tensor")
-        return self.calls.rendezvous(t, group)
+        return self.calls.rendezvous(t, group, self.checks)
 
     def is_shmem_available(self) -> bool:
         """Whether symmetric memory can run here: the runtime's library loads and the configured device is built

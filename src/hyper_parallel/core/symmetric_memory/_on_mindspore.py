@@ -18,10 +18,9 @@ call, but reading it directly gives whatever the heap holds. Ops run on the call
 from __future__ import annotations
 
 from hyper_parallel.core.symmetric_memory._api import Api
-from hyper_parallel.core.symmetric_memory._over_c_abi import CAbiCalls, PeerBuffers, differentiable_backward, run_forward
+from hyper_parallel.core.symmetric_memory._over_c_abi import CAbiCalls, differentiable_backward, run_forward
 from hyper_parallel.platform.mindspore.handler import Handler
 
 _HANDLER = Handler(run_forward, differentiable_backward)
 CALLS = CAbiCalls(_HANDLER)
 API = Api(_HANDLER, CALLS)
-SymmetricMemory = PeerBuffers

@@ -20,6 +20,7 @@ from typing import Any, Optional
 from hyper_parallel.core.multicore import c_runtime
 from hyper_parallel.core.multicore.errors import ShmemStateError
 from hyper_parallel.core.symmetric_memory import _gradients, _rules
+from hyper_parallel.core.symmetric_memory._api import SymmetricMemory
 from hyper_parallel.core.symmetric_memory._checks import Checks
 
 _ALIGNMENT = 64   # bytes, the runtime face's default: a cache line
@@ -34,60 +35,6 @@ class _Team:
     id: int
     pes: list
     me: int
-
-
-class PeerBuffers:
-    """What ``rendezvous`` returns on this path (torch's ``SymmetricMemory``): the group's view of one symmetric
-    tensor.
-
-    Attributes:
-        rank: this process's rank inside the group.
-        world_size: the group's size.
-        buffer_size: the tensor's bytes (the same on every rank).
-        buffer_ptrs: the address, in this process, of every group rank's copy (index = group rank).
-    """
-
-    def __init__(self, calls: "CAbiCalls", address: int, nbytes: int, team: _Team, group: str) -> None:
-        self._calls = calls
-        self._group = group
-        self.rank = team.me
-        self.world_size = len(team.pes)
-        self.buffer_size = nbytes
-        self.buffer_ptrs = [c_runtime.peer_address(address, nbytes, pe) for pe in team.pes]
-
-    def get_buffer(self, rank: int, sizes: Any, dtype: Any, storage_offset: int = 0) -> Any:
-        """Group rank ``rank``'s copy as a tensor of ``sizes`` and ``dtype``, over that rank's memory (no copy).
-
-        Args:
-            rank: a rank inside the group.
-            sizes: the shape of the view.
-            dtype: its element type.
-            storage_offset: where it starts, in elements of ``dtype``.
-
-        Returns:
-            The tensor; reads and writes reach that rank's memory: order them with signals or :meth:`barrier`.
-
-        Raises:
-            TypeError: a bad ``rank``, ``sizes`` or ``dtype``.
-            ValueError: ``rank`` outside the group, a negative offset, or a view past the tensor's end.
-        """
-        h = self._calls.h
-        rank = self._calls.checks.rank_in_group(rank, "rank", self.world_size)
-        shape = _rules.shape(sizes)
-        itemsize = h.dtype_info(dtype).itemsize
-        numel = 1
-        for d in shape:
-            numel *= d
-        begin, _ = _rules.view_bytes(self._calls.checks.count(storage_offset, "storage_offset"), numel, itemsize,
-                                     self.buffer_size)
-        return h.wrap(self.buffer_ptrs[rank] + begin, shape, dtype)
-
-    def barrier(self) -> None:
-        """A barrier of the group: writes before it are visible to every rank after it."""
-        self._calls.barrier(self._group)
-
-    def __repr__(self) -> str:
-        return f"SymmetricMemory(rank={self.rank}, world_size={self.world_size}, buffer_size={self.buffer_size})"
 
 
 class CAbiCalls:
@@ -183,9 +130,9 @@ class CAbiCalls:
             c_runtime.shutdown(self._bootstrap(self.h.world_group()))
             self._teams.clear()
 
-    def rendezvous(self, t: Any, group: Optional[object]) -> "PeerBuffers":
+    def rendezvous(self, t: Any, group: Optional[object], checks: Checks) -> SymmetricMemory:
         """Every group rank's copy of one symmetric tensor, checked to be the same range on every rank (collective
-        over the group)."""
+        over the group); the handle views each copy as a tensor over that rank's memory."""
         if c_runtime.state() != "initialized":
             raise ShmemStateError("symmetric memory is not initialised: op=rendezvous (call symm.empty() on every "
                                   "rank first)")
@@ -200,7 +147,13 @@ class CAbiCalls:
         mismatch = _rules.rendezvous_mismatch(rows)
         if mismatch is not None:
             raise ValueError(mismatch)
-        return PeerBuffers(self, address, nbytes, team, name)
+        pointers = [c_runtime.peer_address(address, nbytes, pe) for pe in team.pes]
+
+        def view(rank: int, begin: int, end: int, shape: tuple, dtype: Any) -> Any:
+            del end   # the shape says how far the view reaches
+            return self.h.wrap(pointers[rank] + begin, shape, dtype)
+
+        return SymmetricMemory(checks, team.me, pointers, nbytes, view, lambda: self.barrier(name))
 
     def _exchange(self, team: _Team, values: list) -> list:
         """Every member's ``values`` (int64s, as many on every rank), in group-rank order, through the engine."""

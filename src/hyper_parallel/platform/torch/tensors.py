@@ -76,7 +76,13 @@ def is_signal_dtype(dtype: torch.dtype) -> bool:
 
 
 def itemsize(dtype: torch.dtype) -> int:
-    """Bytes per element of ``dtype``."""
+    """Bytes per element of ``dtype``.
+
+    Raises:
+        TypeError: not a torch.dtype.
+    """
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"`dtype` must be a torch.dtype, but got {type(dtype).__name__}")
     return dtype.itemsize
 
 
