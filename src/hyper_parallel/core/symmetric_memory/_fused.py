@@ -172,7 +172,7 @@ def all_gather_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, gather_
                       signal: torch.Tensor, block_size: Optional[int], group_name: str, dims: tuple) -> tuple:
     """``fused_all_gather_matmul`` on checked shapes (``dims``: m, k and b's columns): ``c`` is required here (the
     pipeline writes the product into it), then the signal, the block, and the operator."""
-    _args.tensor(c, "c")
+    _args.CHECKS.tensor(c, "c")
     m, k, columns = dims
     _args.CHECKS.fused_signal(signal, _groups.size(_groups.resolve(group_name)))
     block = _block_rows(block_size, m, k * a.element_size(), columns)

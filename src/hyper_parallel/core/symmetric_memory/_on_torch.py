@@ -20,7 +20,6 @@ def _group_size(group_name: str) -> int:
 class TorchCalls:
     """torch's calls into the runtime, as :class:`._api.Api` takes them (its module docstring lists them)."""
 
-    name = "torch"
     fast = _collectives.Fast
 
     group_key = staticmethod(_groups.name)

@@ -44,7 +44,6 @@ class CAbiCalls:
 
     def __init__(self, handler: Any) -> None:
         self.h = handler
-        self.name = handler.name
         self.checks = Checks(handler)
         self._lock = threading.RLock()
         self._allocations: dict = {}   # address -> c_runtime.Allocation, for free

@@ -38,7 +38,7 @@ def shutdown() -> None:
 
 def _pe(target_rank: object, group: Optional[object]) -> int:
     pes = _context.group_pes(group)
-    return pes[_args.rank_in_group(target_rank, "target_rank", len(pes))]
+    return pes[_args.CHECKS.rank_in_group(target_rank, "target_rank", len(pes))]
 
 
 def _require_symmetric(t: torch.Tensor, name: str) -> None:
