@@ -109,3 +109,14 @@ def test_group_multiple_and_backward_modes():
         CHECKS.backward_mode("x")
     with pytest.raises(ValueError, match=r"^`op` must be 'sum' or 'avg' when `tensor` requires grad, but got 'max'$"):
         CHECKS.differentiable("max", "tensor")
+
+
+def test_torch_low_precision_dtypes_are_the_shared_wire_names():
+    from hyper_parallel.core.symmetric_memory import _low_precision, _rules
+
+    assert tuple(_low_precision.LOW_PRECISION_DTYPES) == _rules.LOW_PRECISION_NAMES
+    with pytest.raises(ValueError, match=r"^`low_precision_dtype` must be one of float16, bfloat16, float8_e4m3fn, "
+                                         r"float8_e5m2 or 'none', but got 'fp8'$"):
+        _low_precision.resolve("fp8", torch.float32, "sum")
+    assert _low_precision.resolve(" Torch.BFloat16 ", torch.float32, "sum") is torch.bfloat16
+    assert _low_precision.resolve("none", torch.float32, "sum") is None

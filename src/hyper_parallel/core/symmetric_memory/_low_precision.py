@@ -88,18 +88,17 @@ from typing import Optional
 import torch
 
 from hyper_parallel.core.multicore.shmem import codec as wire
-from hyper_parallel.core.symmetric_memory import _args, _context
+from hyper_parallel.core.symmetric_memory import _args, _context, _rules
 
 ENV_VAR = "SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE"
 
+# Keyed by the wire formats' names (_rules.LOW_PRECISION_NAMES).
 LOW_PRECISION_DTYPES = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
     "float8_e4m3fn": torch.float8_e4m3fn,
     "float8_e5m2": torch.float8_e5m2,
 }
-# Names that turn low precision off (the environment variable's, or a call's override of it).
-_OFF = ("", "none")
 # Elements per fp8 scale (the host codec's block).
 BLOCK = wire.BLOCK
 _SUM_OPS = ("sum", "avg")
@@ -121,13 +120,8 @@ def _parse(value: object, what: str) -> Optional[torch.dtype]:
             return value
         raise ValueError(f"`{what}` must be one of {_names()}, but got {value}")
     if isinstance(value, str):
-        name = value.strip().lower()
-        if name in _OFF:
-            return None
-        dtype = LOW_PRECISION_DTYPES.get(name.removeprefix("torch."))
-        if dtype is None:
-            raise ValueError(f"`{what}` must be one of {_names()} or 'none', but got {value!r}")
-        return dtype
+        name = _rules.low_precision_name(value, what)   # the names both frameworks take
+        return None if name is None else LOW_PRECISION_DTYPES[name]
     raise TypeError(f"`{what}` must be a torch.dtype, its name or None, but got {type(value).__name__}")
 
 
