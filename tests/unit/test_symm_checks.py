@@ -120,3 +120,20 @@ def test_torch_low_precision_dtypes_are_the_shared_wire_names():
         _low_precision.resolve("fp8", torch.float32, "sum")
     assert _low_precision.resolve(" Torch.BFloat16 ", torch.float32, "sum") is torch.bfloat16
     assert _low_precision.resolve("none", torch.float32, "sum") is None
+
+
+def test_symmetric_memory_get_buffer_checks_before_it_views():
+    from hyper_parallel.core.symmetric_memory._api import SymmetricMemory
+
+    seen = []
+    handle = SymmetricMemory(CHECKS, 1, [0x1000, 0x2000], 64, lambda *view: seen.append(view) or view, lambda: None)
+    assert handle.get_buffer(0, (2, 3), torch.float32, 4) == (0, 16, 40, (2, 3), torch.float32)
+    with pytest.raises(TypeError, match=r"^`dtype` must be a torch.dtype, but got str$"):
+        handle.get_buffer(0, 4, "float32")
+    with pytest.raises(ValueError, match=r"^`rank` must be in \[0, 2\), but got 2$"):
+        handle.get_buffer(2, 4, torch.float32)
+    with pytest.raises(ValueError, match=r"^`sizes` and `storage_offset` must lie inside the tensor \(64 bytes\), but "
+                                         r"got bytes \[60, 68\)$"):
+        handle.get_buffer(0, 2, torch.float32, 15)
+    assert len(seen) == 1   # refusals view nothing
+    assert repr(handle) == "SymmetricMemory(rank=1, world_size=2, buffer_size=64)"
