@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 import hyper_parallel.core.symmetric_memory as symm
 from hyper_parallel.core.multicore import c_runtime
 from hyper_parallel.core.multicore.errors import ShmemStateError
-from hyper_parallel.core.symmetric_memory import _framework, _on_mindspore
-from hyper_parallel.core.symmetric_memory._over_c_abi import CAbiCalls
+from hyper_parallel.core.symmetric_memory import _framework
+from hyper_parallel.platform.mindspore import calls as _on_mindspore
+from hyper_parallel.platform.mindspore.calls import CAbiCalls
 from hyper_parallel.platform.mindspore import tensors
 
 

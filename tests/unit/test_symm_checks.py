@@ -112,7 +112,8 @@ def test_group_multiple_and_backward_modes():
 
 
 def test_torch_low_precision_dtypes_are_the_shared_wire_names():
-    from hyper_parallel.core.symmetric_memory import _low_precision, _rules
+    from hyper_parallel.core.symmetric_memory import _rules
+    from hyper_parallel.platform.torch import low_precision as _low_precision
 
     assert tuple(_low_precision.LOW_PRECISION_DTYPES) == _rules.LOW_PRECISION_NAMES
     with pytest.raises(ValueError, match=r"^`low_precision_dtype` must be one of float16, bfloat16, float8_e4m3fn, "

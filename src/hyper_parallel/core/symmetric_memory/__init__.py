@@ -37,10 +37,10 @@ upstream: signals are symmetric tensors here).
 from hyper_parallel.core.symmetric_memory._framework import FRAMEWORK
 
 if FRAMEWORK == "torch":
-    from hyper_parallel.core.symmetric_memory import _ops  # noqa: F401  (registers the torch operators)
-    from hyper_parallel.core.symmetric_memory._on_torch import API
+    from hyper_parallel.platform.torch import ops  # noqa: F401  (registers the torch operators)
+    from hyper_parallel.platform.torch.calls import API
 else:
-    from hyper_parallel.core.symmetric_memory._on_mindspore import API, CALLS
+    from hyper_parallel.platform.mindspore.calls import API, CALLS
 
     debug_state = CALLS.debug_state
 

@@ -11,7 +11,8 @@ from typing import Optional
 import torch
 
 from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.symmetric_memory import _args, _autograd, _context, _groups, _rules
+from hyper_parallel.core.symmetric_memory import _rules
+from hyper_parallel.platform.torch import args as _args, autograd as _autograd, context as _context, groups as _groups
 
 
 def empty(dims: tuple, dtype: Optional[torch.dtype] = None) -> torch.Tensor:

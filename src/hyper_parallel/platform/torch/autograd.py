@@ -36,7 +36,8 @@ import torch
 from torch.autograd import Function
 
 from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.symmetric_memory import _args, _gradients, _groups
+from hyper_parallel.core.symmetric_memory import _gradients
+from hyper_parallel.platform.torch import args as _args, groups as _groups
 
 _FULL_PRECISION = "none"
 

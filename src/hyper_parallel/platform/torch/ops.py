@@ -44,7 +44,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from hyper_parallel.core.symmetric_memory import _autograd, _collectives, _fused, _groups, _primitives
+from hyper_parallel.platform.torch import autograd as _autograd, collectives as _collectives, fused as _fused, groups as _groups, primitives as _primitives
 
 NAMESPACE = "hyper_parallel_shmem"
 

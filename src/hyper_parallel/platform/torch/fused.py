@@ -38,8 +38,9 @@ from typing import Optional
 import torch
 
 from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.symmetric_memory import _args, _autograd, _context, _groups, _rules
-from hyper_parallel.core.symmetric_memory._context import GroupChannel, heap_offset, is_symmetric
+from hyper_parallel.core.symmetric_memory import _rules
+from hyper_parallel.platform.torch import args as _args, autograd as _autograd, context as _context, groups as _groups
+from hyper_parallel.platform.torch.context import GroupChannel, heap_offset, is_symmetric
 
 
 # The automatic block: about this many blocks per rank (enough to overlap the first block's transfer with the

@@ -20,8 +20,9 @@ import torch
 import torch.distributed as dist
 
 from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.symmetric_memory import _args, _autograd, _context, _groups, _low_precision, _rules
-from hyper_parallel.core.symmetric_memory._context import GroupChannel
+from hyper_parallel.core.symmetric_memory import _rules
+from hyper_parallel.platform.torch import args as _args, autograd as _autograd, context as _context, groups as _groups, low_precision as _low_precision
+from hyper_parallel.platform.torch.context import GroupChannel
 
 
 

@@ -20,8 +20,9 @@ from typing import Any, Optional
 from hyper_parallel.core.multicore import c_runtime
 from hyper_parallel.core.multicore.errors import ShmemStateError
 from hyper_parallel.core.symmetric_memory import _gradients, _rules
-from hyper_parallel.core.symmetric_memory._api import SymmetricMemory
+from hyper_parallel.core.symmetric_memory._api import Api, SymmetricMemory
 from hyper_parallel.core.symmetric_memory._checks import Checks
+from hyper_parallel.platform.mindspore.handler import Handler
 
 _ALIGNMENT = 64   # bytes, the runtime face's default: a cache line
 _HEAP_ALIAS = "SYMMETRIC_MEMORY_HEAP_SIZE"
@@ -448,3 +449,8 @@ def run_forward(api: "CAbiCalls", op: str, params: dict, inputs: tuple) -> Any:
     if op == "all_to_all":
         return api.all_to_all_into(inputs[1:], inputs[0], params["receive_counts"], group)
     raise ValueError(f"`op` must be a collective, but got {op!r}")
+
+
+_HANDLER = Handler(run_forward, differentiable_backward)
+CALLS = CAbiCalls(_HANDLER)
+API = Api(_HANDLER, CALLS)

@@ -88,7 +88,8 @@ from typing import Optional
 import torch
 
 from hyper_parallel.core.multicore.shmem import codec as wire
-from hyper_parallel.core.symmetric_memory import _args, _context, _rules
+from hyper_parallel.core.symmetric_memory import _rules
+from hyper_parallel.platform.torch import args as _args, context as _context
 
 ENV_VAR = "SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE"
 
