@@ -1,5 +1,9 @@
-"""torch's calls of seed 000's primitives (:class:`._api.Api` checks the arguments first): symmetric allocation,
-put/get, signals and the barrier, through the operators of :mod:`._ops`.
+"""torch's calls of the primitives (the user API checked the arguments first): symmetric allocation, put/get,
+signals and the barrier.
+
+An eager call goes from here straight to the runtime face; a traced one (torch.compile, a dispatch mode) through
+its operator (:mod:`.ops`), whose implementation below (``_*_op``) finds the group by name. Both check what needs
+the runtime or the tensors' addresses (symmetric or not, the rank against the group) before anything is written.
 
 Every call is enqueued on the current SHMEM stream (on the default stream it is complete when it returns).
 """
@@ -9,10 +13,24 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 
 from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.symmetric_memory import _rules
-from hyper_parallel.platform.torch import args as _args, autograd as _autograd, context as _context, groups as _groups
+from hyper_parallel.core.symmetric_memory import checks
+from hyper_parallel.platform.torch import context, groups
+
+_is_compiling = torch.compiler.is_compiling
+_plain_eager = shmem.plain_eager
+
+
+def _ops():
+    return torch.ops.hyper_parallel_shmem
+
+
+def _direct() -> bool:
+    """Whether a call may run its implementation without the dispatcher: eager, no dispatch mode (such as a
+    fake-tensor mode) and no torch.func transform."""
+    return not _is_compiling() and _plain_eager()
 
 
 def empty(dims: tuple, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
@@ -23,7 +41,7 @@ def empty(dims: tuple, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         TypeError: a bad dtype.
         ShmemStateError: torch.distributed is not initialised.
     """
-    _context.state()
+    context.state()
     return shmem.empty(*dims, dtype=torch.float32 if dtype is None else dtype)
 
 
@@ -33,17 +51,8 @@ def free(tensor: torch.Tensor) -> None:
 
 
 def shutdown() -> None:
-    """Frees the API's workspace and releases its runtime reference (collective over WORLD)."""
-    _context.shutdown()
-
-
-def _pe(target_rank: object, group: Optional[object]) -> int:
-    pes = _context.group_pes(group)
-    return pes[_args.CHECKS.rank_in_group(target_rank, "target_rank", len(pes))]
-
-
-def _require_symmetric(t: torch.Tensor, name: str) -> None:
-    _rules.require_symmetric(_context.is_symmetric(t), name, t.data_ptr())
+    """Frees the handler's teams and releases its runtime reference (collective over WORLD)."""
+    context.shutdown()
 
 
 def _flat(t: torch.Tensor, at: int, n: int) -> torch.Tensor:
@@ -51,75 +60,126 @@ def _flat(t: torch.Tensor, at: int, n: int) -> torch.Tensor:
 
 
 def put(target: torch.Tensor, target_at: int, src: torch.Tensor, src_at: int, n: int, rank: int,
-        group_name: str) -> None:
+        group: Optional[dist.ProcessGroup]) -> None:
     """``shmem_put`` on checked windows."""
-    _autograd.call("put_", _put_op, (), _flat(target, target_at, n), _flat(src, src_at, n), rank, group_name)
+    target, src = _flat(target, target_at, n), _flat(src, src_at, n)
+    if _direct():
+        _put(target, src, rank, group)
+    else:
+        _ops().put_(target, src, rank, groups.name(group))
 
 
 def get(target: torch.Tensor, target_at: int, src: torch.Tensor, src_at: int, n: int, rank: int,
-        group_name: str) -> None:
+        group: Optional[dist.ProcessGroup]) -> None:
     """``shmem_get`` on checked windows."""
-    _autograd.call("get_", _get_op, (), _flat(target, target_at, n), _flat(src, src_at, n), rank, group_name)
+    target, src = _flat(target, target_at, n), _flat(src, src_at, n)
+    if _direct():
+        _get(target, src, rank, group)
+    else:
+        _ops().get_(target, src, rank, groups.name(group))
 
 
-def signal(signal: torch.Tensor, offset: int, value: int, op: str, rank: int, group_name: str) -> None:
+def signal(signal: torch.Tensor, offset: int, value: int, op: str, rank: int,
+           group: Optional[dist.ProcessGroup]) -> None:
     """``shmem_signal_op`` on a checked element."""
-    _autograd.call("signal_", _signal_op, (), _flat(signal, offset, 1), value, op, rank, group_name)
+    signal = _flat(signal, offset, 1)
+    if _direct():
+        _signal(signal, value, op, rank, group)
+    else:
+        _ops().signal_(signal, value, op, rank, groups.name(group))
 
 
 def wait_signal(depend_tensor: Optional[torch.Tensor], signal: torch.Tensor, offset: int, value: int,
                 cmp: str) -> None:
     """``shmem_wait_for_signal`` on a checked element."""
-    _autograd.call("wait_for_signal", _wait_for_signal_op, (), depend_tensor, _flat(signal, offset, 1), value, cmp)
+    signal = _flat(signal, offset, 1)
+    if _direct():
+        _wait_for_signal_op(depend_tensor, signal, value, cmp)
+    else:
+        _ops().wait_for_signal(depend_tensor, signal, value, cmp)
 
 
 def put_with_signal(target: torch.Tensor, target_at: int, src: torch.Tensor, src_at: int, n: int,
-                    signal: torch.Tensor, offset: int, value: int, op: str, rank: int, group_name: str) -> None:
+                    signal: torch.Tensor, offset: int, value: int, op: str, rank: int,
+                    group: Optional[dist.ProcessGroup]) -> None:
     """``shmem_put_with_signal`` on checked windows."""
-    _autograd.call("put_with_signal_", _put_with_signal_op, (), _flat(target, target_at, n), _flat(src, src_at, n),
-                   _flat(signal, offset, 1), value, op, rank, group_name)
+    target, src, signal = _flat(target, target_at, n), _flat(src, src_at, n), _flat(signal, offset, 1)
+    if _direct():
+        _put_with_signal(target, src, signal, value, op, rank, group)
+    else:
+        _ops().put_with_signal_(target, src, signal, value, op, rank, groups.name(group))
 
 
-def barrier(group_name: str) -> None:
-    """``barrier`` of a group given by name (registering it on its first collective)."""
-    _autograd.call("barrier", _barrier_op, (), group_name)
+def barrier(group: Optional[dist.ProcessGroup]) -> None:
+    """``barrier`` of a group (making its team on its first collective)."""
+    if _direct():
+        context.team(group).barrier()
+    else:
+        _ops().barrier(groups.name(group))
 
 
 # --------------------------------------------------------------------------
-# The operators' implementations (:mod:`~hyper_parallel.core.symmetric_memory._ops`): the checks that need the
-# runtime or the tensors' addresses, then the runtime's calls. The calls above cut the windows.
+# The checks that need the runtime or the tensors' addresses, then the runtime's calls; and the operators'
+# implementations (:mod:`.ops`), which find the group by name.
 # --------------------------------------------------------------------------
 
 
-def _put_op(target: torch.Tensor, src: torch.Tensor, target_rank: int, group_name: str) -> None:
+def _pe(target_rank: int, group: Optional[dist.ProcessGroup]) -> int:
+    pes = context.group_pes(group)
+    return pes[checks.rank_in_group(target_rank, "target_rank", len(pes))]
+
+
+def _require_symmetric(t: torch.Tensor, name: str) -> None:
+    checks.require_symmetric(context.is_symmetric(t), name, t.data_ptr())
+
+
+def _put(target: torch.Tensor, src: torch.Tensor, rank: int, group: Optional[dist.ProcessGroup]) -> None:
     _require_symmetric(target, "target")
-    shmem.put(target, src, _pe(target_rank, _groups.resolve(group_name)))
+    shmem.put(target, src, _pe(rank, group))
 
 
-def _get_op(target: torch.Tensor, src: torch.Tensor, target_rank: int, group_name: str) -> None:
+def _get(target: torch.Tensor, src: torch.Tensor, rank: int, group: Optional[dist.ProcessGroup]) -> None:
     _require_symmetric(src, "src")
-    shmem.get(target, src, _pe(target_rank, _groups.resolve(group_name)))
+    shmem.get(target, src, _pe(rank, group))
 
 
-def _signal_op(signal: torch.Tensor, value: int, op: str, target_rank: int, group_name: str) -> None:
+def _signal(signal: torch.Tensor, value: int, op: str, rank: int, group: Optional[dist.ProcessGroup]) -> None:
     _require_symmetric(signal, "signal")
-    shmem.signal(signal, value, _pe(target_rank, _groups.resolve(group_name)), op=op)
+    shmem.signal(signal, value, _pe(rank, group), op=op)
 
 
-def _put_with_signal_op(target: torch.Tensor, src: torch.Tensor, signal: torch.Tensor, value: int, op: str,
-                        target_rank: int, group_name: str) -> None:
+def _put_with_signal(target: torch.Tensor, src: torch.Tensor, signal: torch.Tensor, value: int, op: str, rank: int,
+                     group: Optional[dist.ProcessGroup]) -> None:
     _require_symmetric(target, "target")
     _require_symmetric(signal, "signal")
-    pe = _pe(target_rank, _groups.resolve(group_name))  # every check before anything is written
+    pe = _pe(rank, group)  # every check before anything is written
     shmem.put(target, src, pe)
     shmem.signal(signal, value, pe, op=op)
 
 
+def _put_op(target: torch.Tensor, src: torch.Tensor, target_rank: int, group_name: str) -> None:
+    _put(target, src, target_rank, groups.resolve(group_name))
+
+
+def _get_op(target: torch.Tensor, src: torch.Tensor, target_rank: int, group_name: str) -> None:
+    _get(target, src, target_rank, groups.resolve(group_name))
+
+
+def _signal_op(signal: torch.Tensor, value: int, op: str, target_rank: int, group_name: str) -> None:
+    _signal(signal, value, op, target_rank, groups.resolve(group_name))
+
+
+def _put_with_signal_op(target: torch.Tensor, src: torch.Tensor, signal: torch.Tensor, value: int, op: str,
+                        target_rank: int, group_name: str) -> None:
+    _put_with_signal(target, src, signal, value, op, target_rank, groups.resolve(group_name))
+
+
 def _wait_for_signal_op(depend_tensor: Optional[torch.Tensor], signal: torch.Tensor, compare_value: int,
                         compare_op: str) -> None:
+    del depend_tensor  # orders graph-mode frameworks (the schema marks it written); the host device needs nothing
     _require_symmetric(signal, "signal")
     shmem.wait_signal(signal, compare_value, cmp=compare_op)
 
 
 def _barrier_op(group_name: str) -> None:
-    _context.channel(_groups.resolve(group_name)).sync()
+    context.team(groups.resolve(group_name)).barrier()
