@@ -83,7 +83,6 @@ class Team:
         self.pes = pes
         self.rank = me
         self.size = len(pes)
-        self.staging_bytes = C.team_describe(self._id)[3]
         self._released = False
 
     @property
