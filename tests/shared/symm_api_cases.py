@@ -197,7 +197,8 @@ def empty_and_free(fw: Framework) -> None:
 
 @case
 def heap_size_from_the_environment(fw: Framework) -> None:
-    """The job sets the runtime's variable or seed 004's alias (which MindSpore's path copies into the variable)."""
+    """The job sets the runtime's variable or the user API's alias, SYMMETRIC_MEMORY_HEAP_SIZE (which MindSpore's
+    path copies into the variable)."""
     given = {v: os.environ[v] for v in ("HYPER_PARALLEL_SHMEM_HEAP_SIZE", "SYMMETRIC_MEMORY_HEAP_SIZE")
              if v in os.environ}
     assert len(set(given.values())) == 1, f"the job must set one heap size, but set {given}"
@@ -284,7 +285,7 @@ def put_get_ring(fw: Framework) -> None:
 
 @case
 def example_one_put_with_signal(fw: Framework) -> None:
-    """Seed 000's example 1: rank 0 produces, rank 1 consumes."""
+    """The API's first example (examples/symm_producer_consumer.py): rank 0 produces, rank 1 consumes."""
     symm = fw.symm
     data_buf = symm.empty(4096, dtype=fw.dtype("float16"))
     signal = symmetric(fw, np.zeros(1, np.int32))

@@ -1,6 +1,6 @@
 """System tests of the user API's primitives, groups, examples and argument checks (real ranks, gloo groups).
 
-* the examples: seed 000's example 1 (only the device changed) and the push and pull examples, run as written;
+* the examples: the API's first example (only the device changed) and the push and pull examples, run as written;
 * primitives with int and one-element tensor offsets, get's direction, every signal and compare op;
 * groups: group-local ranks, overlapping DP {0,1},{2,3} and TP {0,2},{1,3} groups in use at once, on two
   streams at once, and mixed with torch.distributed collectives on the other group in the same step;
@@ -64,7 +64,7 @@ def _case_primitives() -> None:
         sig.zero_()
         symm.barrier()
         row = torch.arange(8, dtype=torch.int64) + 100 * rank
-        # Tensor offsets (seed 000) for the first half, ints for the second.
+        # Tensor offsets (the API takes one-element tensors) for the first half, ints for the second.
         symm.shmem_put(buf, torch.tensor([rank * 8]), row, torch.tensor([0]), torch.tensor([4]), peer)
         symm.shmem_put(buf, rank * 8 + 4, row, 4, 4, torch.tensor(peer))
         symm.shmem_signal_op(sig, 0, 1, ADD, peer)

@@ -210,7 +210,7 @@ def test_release_and_host_barrier_without_a_runtime() -> None:
 
 def test_acquire_refusals_without_distributed(monkeypatch) -> None:
     with pytest.raises(shmem.ShmemStateError, match="torch.distributed is not initialised") as info:
-        shmem.acquire_shmem()  # seed 001's call needs torch.distributed to start a lifecycle
+        shmem.acquire_shmem()  # the runtime face's own call needs torch.distributed to start a lifecycle
     assert info.value.operation == "initialize" and info.value.error_code == "INVALID_STATE"
     assert shmem.acquire_shmem.__doc__.startswith("Returns a reference to the process's SHMEM runtime")
     monkeypatch.delenv("WORLD_SIZE", raising=False)
