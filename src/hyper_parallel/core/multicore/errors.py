@@ -47,6 +47,11 @@ _ACQUIRE_HINT = "Call shmem.acquire() before using SHMEM capabilities."
 _PREFIX = "[HYPER_PARALLEL_SHMEM_ERROR]"
 
 
+def type_name(value: object) -> str:
+    """The short type name an error message gives a value of the wrong type."""
+    return type(value).__name__
+
+
 class ShmemError(RuntimeError):
     """A failure of the SHMEM runtime; ``code`` is the runtime's status code name.
 
