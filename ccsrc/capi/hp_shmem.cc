@@ -20,7 +20,7 @@
 #include "ops/reduce_op.h"
 #include "ops/wire_format.h"
 #include "runtime/bootstrap.h"
-#include "runtime/collectives.h"
+#include "runtime/collectives/engine.h"
 #include "runtime/config.h"
 #include "runtime/device.h"
 #include "runtime/device_factory.h"

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/collectives.h"
+#include "runtime/collectives/engine.h"
 #include "runtime/config.h"
 #include "runtime/device.h"
 #include "runtime/heap.h"
@@ -117,7 +117,7 @@ class Runtime {
   // Where [symmetric, symmetric + bytes), a range of one active allocation, lies on `pe` (rank inside the root),
   // for reading and writing a peer's copy directly; `what` names the argument in errors. Nothing is ordered.
   Result<void*> PeerAddress(const void* symmetric, std::size_t bytes, int pe, const char* what) const;
-  // Teams (team.h) and their collectives (collectives.h). A team id names a team of this lifecycle.
+  // Teams (team.h) and their collectives (collectives/engine.h). A team id names a team of this lifecycle.
   //
   // Collective over `bootstrap`, whose ranks are the members in group-rank order (`pes`: their PEs). The first team
   // of a lifecycle must be the root team (every PE, in order): it reserves the team pool, collectively over the root.
@@ -125,7 +125,7 @@ class Runtime {
   // Local, never waits; calls of the team after it are refused.
   Status ReleaseTeam(std::uint64_t team);
   Result<TeamView> DescribeTeam(std::uint64_t team) const;
-  // The collectives, each one call (collectives.h for the contracts). Buffers are local addresses; symmetric ones
+  // The collectives, each one call (collectives/engine.h for the contracts). Buffers are local addresses; symmetric ones
   // (inside an active allocation) let the engine take a copy-free path when every rank passes the same.
   Status TeamBarrier(std::uint64_t team, StreamHandle stream);
   Status AllGather(std::uint64_t team, void* output, std::size_t output_bytes, const void* input,

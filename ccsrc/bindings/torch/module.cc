@@ -491,7 +491,7 @@ void Barrier(StreamHandle stream) {
   ThrowIfError(R().Barrier(OnStream(stream)));
 }
 
-// ---- teams and their collectives (runtime/team.h, runtime/collectives.h) ----
+// ---- teams and their collectives (runtime/team.h, runtime/collectives/engine.h) ----
 
 // Whether a call on these arguments may skip torch's dispatcher: plain tensors (no subclass), nothing that autograd
 // would record, no dispatch mode (a fake-tensor mode) and no functorch transform active. The one check the

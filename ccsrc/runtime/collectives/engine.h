@@ -18,6 +18,10 @@
 //
 // Every device call is enqueued on `stream`; the engine synchronizes it before the host reads what peers published
 // (fingerprints, counts, message headers). Calls on one team are serialized (Team::mu).
+//
+// One file per family, each naming its paths: sync.cc (the protocol), transfers.cc (the data plane by group rank),
+// all_gather.cc, all_reduce.cc, reduce_scatter.cc, all_to_all.cc, send_recv.cc, low_precision.cc; paths.h holds
+// what they share.
 #pragma once
 
 #include <cstddef>

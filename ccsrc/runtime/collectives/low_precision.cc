@@ -1,4 +1,4 @@
-// The low-precision collectives of the engine (collectives.h): all_reduce and reduce_scatter whose values travel in
+// The low-precision collectives of the engine (collectives/engine.h): all_reduce and reduce_scatter whose values travel in
 // a wire format (ops/wire_format.h) through the team's staging area, encoded and decoded by the device.
 //
 // Slots. A call uses the staging half of its parity only, cut into one slot per group rank (the one-step all_reduce:
@@ -9,13 +9,15 @@
 #include <algorithm>
 #include <vector>
 
-#include "runtime/collectives.h"
+#include "runtime/collectives/engine.h"
+#include "runtime/collectives/paths.h"
 
 namespace hp::shmem {
 
+using namespace collectives;   // paths.h: what every family shares
+
 namespace {
 
-std::size_t RoundDownTo(std::size_t value, std::size_t unit) { return value / unit * unit; }
 std::size_t CeilDiv(std::size_t value, std::size_t unit) { return (value + unit - 1) / unit; }
 
 // The PEs of every member but this rank, in group-rank order (the order their terms are summed in).
@@ -36,7 +38,7 @@ struct WireSlots {
 
   WireSlots(char* half, std::size_t half_bytes, int slots, ops::LowFormat format)
       : base(half),
-        slot_bytes(RoundDownTo(half_bytes / static_cast<std::size_t>(slots), ops::WireSlotLayout::kSlotAlignment)),
+        slot_bytes(RoundDown(half_bytes / static_cast<std::size_t>(slots), ops::WireSlotLayout::kSlotAlignment)),
         layout(ops::WireSlotLayout::For(format, slot_bytes)),
         scaled(ops::LowFormatScaled(format)) {}
 
