@@ -11,7 +11,7 @@ using namespace collectives;   // paths.h: what every family shares
 
 Status CollectiveEngine::AllGather(const Buffer& output, const Buffer& input, const ElementType& type) {
   const std::size_t c = input.bytes;
-  Fingerprint f = Begin(Collective::kAllGather, &type, c / type.bytes, 0, -1);
+  HP_ASSIGN_OR_RETURN(Fingerprint f, Begin(Collective::kAllGather, &type, c / type.bytes, 0, -1));
   f.where[0] = output.heap_offset;
   f.where[1] = input.heap_offset;
   f.address[1] = Published(input.address);
@@ -29,7 +29,7 @@ Status CollectiveEngine::AllGather(const Buffer& output, const Buffer& input, co
     for (int r = 1; r <= n; ++r) {
       const int p = (me + r) % n;
       if (p == me && in_place) continue;
-      HP_RETURN_IF_ERROR(Broken(Get(part(p), stage, c, p), "pull"));
+      HP_RETURN_IF_ERROR(Broken(Get(part(p), stage, c, p), "pull", Next::kCallEnd));
     }
     return Status::Ok();
   }

@@ -11,7 +11,7 @@ using namespace collectives;   // paths.h: what every family shares
 
 Status CollectiveEngine::AllReduce(const Buffer& output, const Buffer& input, const ElementType& type, ReduceOp op) {
   const std::size_t count = output.bytes / type.bytes;
-  Fingerprint f = Begin(Collective::kAllReduce, &type, count, static_cast<std::uint32_t>(op) + 1, -1);
+  HP_ASSIGN_OR_RETURN(Fingerprint f, Begin(Collective::kAllReduce, &type, count, static_cast<std::uint32_t>(op) + 1, -1));
   f.where[0] = output.heap_offset;
   f.where[1] = input.heap_offset;
   f.address[0] = Published(output.address);
@@ -25,7 +25,7 @@ Status CollectiveEngine::AllReduce(const Buffer& output, const Buffer& input, co
     char* stage = team_.StagingHalf(Parity());
     HP_RETURN_IF_ERROR(BeforeOpen(Put(stage, in, output.bytes, me)));
     HP_RETURN_IF_ERROR(Open(f).status());
-    return Broken(Reduce(out, stage, count, type, op), "reduce");
+    return Broken(Reduce(out, stage, count, type, op), "reduce", Next::kCallEnd);
   }
   HP_ASSIGN_OR_RETURN(std::vector<Fingerprint> rows, Open(f));
   if (count == 0) return Status::Ok();

@@ -38,7 +38,7 @@ Status CollectiveEngine::AllToAll(const std::vector<Buffer>& sends, const Buffer
   // place. Peers address it only if every rank's is the same.
   std::int64_t where = -1;
   if (receive.heap_offset >= 0 && (in_place || !aliased)) where = 2 * receive.heap_offset + (in_place ? 1 : 0);
-  Fingerprint f = Begin(Collective::kAllToAll, &type, un, 0, -1);
+  HP_ASSIGN_OR_RETURN(Fingerprint f, Begin(Collective::kAllToAll, &type, un, 0, -1));
   f.where[0] = where;
   const int parity = Parity();
   // This rank's own part never goes through staging: one local copy puts it in place, after the checks (none when
@@ -48,9 +48,9 @@ Status CollectiveEngine::AllToAll(const std::vector<Buffer>& sends, const Buffer
   char* own_place = out + starts[static_cast<std::size_t>(me)];
   const bool own_in_place = own.address == own_place;
   const bool own_direct = own_in_place || !aliased;
-  auto place_own = [&]() -> Status {
+  auto place_own = [&](Next next) -> Status {
     if (own_in_place) return Status::Ok();
-    return Broken(device_.Copy(own_place, own.address, own.bytes, stream_, keep_), "copy the own part");
+    return Broken(device_.Copy(own_place, own.address, own.bytes, stream_, keep_), "copy the own part", next);
   };
   // Small parts travel with the counts (one sync in all), into the receiver's staging half of this call's parity,
   // a region per sender; they are used only if every rank staged them. A rank whose receive buffer peers may address,
@@ -91,7 +91,7 @@ Status CollectiveEngine::AllToAll(const std::vector<Buffer>& sends, const Buffer
   for (int r = 0; r < n; ++r) {
     HP_RETURN_IF_ERROR(Broken(device_.CopyFromHeap(table[static_cast<std::size_t>(r)].data(), team_.CountRow(parity, r),
                                                    row.size() * sizeof(std::int64_t)),
-                              "read the counts"));
+                              "read the counts", Next::kUnknown));
   }
   // table[i][j]: elements rank i sends to rank j; table[j][n + i]: elements rank j expects from rank i. Every rank
   // checks the same table, so all refuse alike, before anything is written.
@@ -119,7 +119,7 @@ Status CollectiveEngine::AllToAll(const std::vector<Buffer>& sends, const Buffer
   }
   const auto largest_bytes = static_cast<std::size_t>(largest) * es;
   if (every_rank_staged) {
-    if (own_direct) HP_RETURN_IF_ERROR(place_own());
+    if (own_direct) HP_RETURN_IF_ERROR(place_own(Next::kCallEnd));
     for (int r = 1; r <= n; ++r) {
       const int i = (me + r) % n;
       if (i == me && own_direct) continue;
@@ -127,7 +127,7 @@ Status CollectiveEngine::AllToAll(const std::vector<Buffer>& sends, const Buffer
       if (length == 0) continue;
       HP_RETURN_IF_ERROR(Broken(Get(out + starts[static_cast<std::size_t>(i)],
                                     team_.StagingHalf(parity) + static_cast<std::size_t>(i) * eager_region, length, me),
-                                "take the eager parts"));
+                                "take the eager parts", Next::kCallEnd));
     }
     return Status::Ok();
   }
@@ -150,7 +150,7 @@ Status CollectiveEngine::AllToAll(const std::vector<Buffer>& sends, const Buffer
     }
   }
   if (!(same_tensor && none_in_place) && every_send_published) {   // pull from the peers' sends: one copy of each byte
-    HP_RETURN_IF_ERROR(place_own());
+    HP_RETURN_IF_ERROR(place_own(Next::kSync));
     for (int r = 1; r < n; ++r) {
       const int i = (me + r) % n;
       const auto ui = static_cast<std::size_t>(i);
@@ -175,7 +175,7 @@ Status CollectiveEngine::AllToAll(const std::vector<Buffer>& sends, const Buffer
   }
   // Staged (also safe where the sends alias the receive buffer: parts are staged before use). A peer's part is copied
   // twice, into the receiver's staging and out of it: the receiver's buffer is not addressable.
-  if (own_direct) HP_RETURN_IF_ERROR(place_own());
+  if (own_direct) HP_RETURN_IF_ERROR(place_own(Next::kSync));
   const std::size_t region = RoundDown(team_.staging_bytes() / un, 64);
   for (std::size_t off = 0; off < largest_bytes; off += region) {
     for (int r = 1; r <= n; ++r) {

@@ -71,7 +71,7 @@ Status CollectiveEngine::AllReduceLowPrecision(const Buffer& tensor, const Buffe
   // the fingerprint checks).
   const WireSlots parts(nullptr, half_bytes, n, format);
   if (parts.layout.capacity == 0) return TooSmall(team_, format);
-  Fingerprint f = Begin(Collective::kAllReduce, &type, count, static_cast<std::uint32_t>(op) + 1, -1);
+  HP_ASSIGN_OR_RETURN(Fingerprint f, Begin(Collective::kAllReduce, &type, count, static_cast<std::uint32_t>(op) + 1, -1));
   f.wire = static_cast<std::uint32_t>(format) + 1;
   f.where[0] = tensor.heap_offset;
   char* t = static_cast<char*>(tensor.address);
@@ -83,7 +83,7 @@ Status CollectiveEngine::AllReduceLowPrecision(const Buffer& tensor, const Buffe
     HP_RETURN_IF_ERROR(Open(f).status());
     return Broken(device_.ReduceEncoded(format, type.reduce_type, op, nullptr, whole.Run(0), team_.pes, count, t,
                                         WireRun{}, stream_, keep_),
-                  "reduce");
+                  "reduce", Next::kCallEnd);
   }
   HP_RETURN_IF_ERROR(Open(f).status());
   // 2. Two-shot, in pieces of n slots: parts start on scale-block boundaries, so that a part's blocks are the
@@ -116,13 +116,14 @@ Status CollectiveEngine::AllReduceLowPrecision(const Buffer& tensor, const Buffe
                                 "reduce"));
     }
     HP_RETURN_IF_ERROR(Sync());
-    // 2c. Every peer's reduced part, decoded from its slot.
+    // 2c. Every peer's reduced part, decoded from its slot. After the last piece's, the call ends.
+    const Next after_decode = off + static_cast<std::size_t>(n) * capacity >= count ? Next::kCallEnd : Next::kSync;
     for (int p = 0; p < n; ++p) {
       const auto [plo, phi] = bounds(p);
       if (p == me || phi == plo) continue;
       HP_RETURN_IF_ERROR(Broken(device_.Decode(format, slots.Run(p), team_.pes[static_cast<std::size_t>(p)], phi - plo,
                                                type.reduce_type, t + (off + plo) * es, stream_, keep_),
-                                "decode"));
+                                "decode", after_decode));
     }
   }
   return Status::Ok();
@@ -140,7 +141,7 @@ Status CollectiveEngine::ReduceScatterLowPrecision(const Buffer& output, const B
   const WireSlots layout(nullptr, half_bytes, n, format);
   const std::size_t capacity = layout.layout.capacity;
   if (capacity == 0) return TooSmall(team_, format);
-  Fingerprint f = Begin(Collective::kReduceScatter, &type, c, static_cast<std::uint32_t>(op) + 1, -1);
+  HP_ASSIGN_OR_RETURN(Fingerprint f, Begin(Collective::kReduceScatter, &type, c, static_cast<std::uint32_t>(op) + 1, -1));
   f.wire = static_cast<std::uint32_t>(format) + 1;
   f.where[0] = input.heap_offset;
   char* out = static_cast<char*>(output.address);
@@ -165,7 +166,7 @@ Status CollectiveEngine::ReduceScatterLowPrecision(const Buffer& output, const B
     HP_RETURN_IF_ERROR(Broken(device_.ReduceEncoded(format, type.reduce_type, op,
                                                     in + (static_cast<std::size_t>(me) * c + off) * es, slots.Run(me),
                                                     peers, length, out + off * es, WireRun{}, stream_, keep_),
-                              "reduce"));
+                              "reduce", off + capacity >= c && piece == 0 ? Next::kCallEnd : Next::kSync));
   }
   // A later piece may have used the other half, which the team's next call writes before its first sync.
   return piece > 1 ? Sync() : Status::Ok();

@@ -12,7 +12,7 @@ using namespace collectives;   // paths.h: what every family shares
 Status CollectiveEngine::ReduceScatter(const Buffer& output, const Buffer& input, const ElementType& type, ReduceOp op) {
   const std::size_t es = type.bytes;
   const std::size_t c = output.bytes / es;
-  Fingerprint f = Begin(Collective::kReduceScatter, &type, c, static_cast<std::uint32_t>(op) + 1, -1);
+  HP_ASSIGN_OR_RETURN(Fingerprint f, Begin(Collective::kReduceScatter, &type, c, static_cast<std::uint32_t>(op) + 1, -1));
   f.where[0] = input.heap_offset;
   f.address[0] = Published(input.address);
   const int n = team_.size();
@@ -23,7 +23,7 @@ Status CollectiveEngine::ReduceScatter(const Buffer& output, const Buffer& input
     char* stage = team_.StagingHalf(Parity());
     HP_RETURN_IF_ERROR(BeforeOpen(Put(stage, in, input.bytes, me)));
     HP_RETURN_IF_ERROR(Open(f).status());
-    return Broken(Reduce(out, stage + static_cast<std::size_t>(me) * c * es, c, type, op), "reduce");
+    return Broken(Reduce(out, stage + static_cast<std::size_t>(me) * c * es, c, type, op), "reduce", Next::kCallEnd);
   }
   HP_ASSIGN_OR_RETURN(std::vector<Fingerprint> rows, Open(f));
   if (c == 0) return Status::Ok();

@@ -323,7 +323,7 @@ class CAbiCalls:
         team = self._registered_team(name, "shmem_send")
         peer = self.checks.peer(dst, "dst_rank", len(team.pes), team.me)
         self.h.synchronize()
-        c_runtime.send(team.id, self.h.address(t), self.h.nbytes(t), peer)
+        c_runtime.send(team.id, self.h.address(t), self.h.nbytes(t), self._element(t), peer)
 
     def recv(self, t: Any, src: int, name: str) -> Any:
         """``shmem_recv`` on checked arguments (not while a gradient graph is recorded)."""
@@ -331,7 +331,7 @@ class CAbiCalls:
         team = self._registered_team(name, "shmem_recv")
         peer = self.checks.peer(src, "src_rank", len(team.pes), team.me)
         self.h.synchronize()
-        c_runtime.recv(team.id, self.h.address(t), self.h.nbytes(t), peer)
+        c_runtime.recv(team.id, self.h.address(t), self.h.nbytes(t), self._element(t), peer)
         return t
 
     # ------------------------------------------------------------------ fused ops
