@@ -120,6 +120,19 @@ class ShmemDeviceError(ShmemError):
     code = "DEVICE_ERROR"
 
 
+def project_code(error: BaseException) -> str:
+    """The runtime's status code name an error stands for (a ShmemError's own; ValueError INVALID_ARGUMENT, TypeError
+    TYPE_ERROR).
+
+    Args:
+        error: the exception.
+
+    Returns:
+        The name, as the runtime spells it (runtime/status.h).
+    """
+    return _project_code(error)
+
+
 def _project_code(error: BaseException) -> str:
     code = getattr(type(error), "code", None)
     if isinstance(code, str):

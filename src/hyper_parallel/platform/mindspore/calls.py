@@ -336,7 +336,7 @@ class CAbiCalls:
         team = self._registered_team(name, "shmem_send")
         peer = checks.peer(dst, "dst_rank", len(team.pes), team.me)
         tensors.synchronize()
-        c_runtime.send(team.id, tensors.address(t), tensors.nbytes(t), peer)
+        c_runtime.send(team.id, tensors.address(t), tensors.nbytes(t), self._element(t), peer)
 
     def recv(self, t: Any, src: int, name: str) -> Any:
         """``shmem_recv`` on checked arguments (not while a gradient graph is recorded)."""
@@ -344,7 +344,7 @@ class CAbiCalls:
         team = self._registered_team(name, "shmem_recv")
         peer = checks.peer(src, "src_rank", len(team.pes), team.me)
         tensors.synchronize()
-        c_runtime.recv(team.id, tensors.address(t), tensors.nbytes(t), peer)
+        c_runtime.recv(team.id, tensors.address(t), tensors.nbytes(t), self._element(t), peer)
         return t
 
     # ------------------------------------------------------------------ fused ops

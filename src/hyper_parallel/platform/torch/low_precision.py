@@ -18,7 +18,7 @@ Everything else (max/min, integers, a float16 tensor with a bfloat16 default) ru
 string); the environment variable's value is checked the same way, when a call first needs it. All of it is
 checked before anything is written.
 
-**Algorithm** (the runtime's collective engine, ``ccsrc/runtime/collectives_low_precision.cc``, over the
+**Algorithm** (the runtime's collective engine, ``ccsrc/runtime/collectives/low_precision.cc``, over the
 device's ``Encode``/``Decode``/``ReduceEncoded``: the vectorised host codec on the host device, ``aclnnCast`` on
 ascend, which carries float16 and bfloat16 only). Both collectives run through the group's staging area: a call
 uses the staging half of its parity, cut into one *slot* per group rank.
