@@ -1,6 +1,6 @@
 // The ascend device: symmetric memory on Ascend NPUs through CANN SHMEM v1.5.1 (pinned in
 // third_party/shmem_patches/). This header is free of CANN headers, so that callers (the binding's device factory,
-// tests) need no CANN include path; only ascend_device.cc and cann_*.cc include CANN.
+// tests) need no CANN include path; only ascend_device.cc, ascend_compute.cc and cann_*.cc include CANN.
 //
 // Initialisation needs no fixed port: rank 0 asks CANN for a unique id (bound to SHMEM_UID_SESSION_ID, else
 // SHMEM_UID_SOCK_IFNAME, else the first non-loopback interface: CANN reads them itself), the bootstrap broadcasts
