@@ -1,6 +1,7 @@
 // The ascend device's compute on the NPU: CANN's operator library (aclnn, two phases) for the reductions and the
 // low-precision casts. Everything here is enqueued on a stream; peers' copies are read in place through
-// aclshmem_ptr. The data plane (init, memory, put/get, signals, streams) is ascend_device.cc.
+// aclshmem_ptr, so only the PEs of this rank's node (MTE) can be sources. The data plane (init, memory, put/get,
+// signals, streams) is ascend_device.cc.
 #include <algorithm>
 #include <functional>
 
@@ -101,15 +102,10 @@ Status AscendDevice::Reduce(void* dst, const void* symmetric_src, std::size_t co
   const std::size_t bytes = count * DataTypeSize(dtype);
   const std::string what = std::string("op=Reduce reduce_op=") + ReduceOpName(op) + " dtype=" + DataTypeName(dtype) +
                            " count=" + std::to_string(count) + " pes=" + std::to_string(pes.size());
-  // Every source is read in place on its NPU: the addresses come from aclshmem_ptr (the same HCCS domain).
+  // Every source is read in place by this NPU's kernels, through the heaps it maps: this rank's node only.
   std::vector<void*> sources;
   for (int pe : pes) {
-    void* source = pe == rank_ ? const_cast<void*>(symmetric_src) : aclshmem_ptr(const_cast<void*>(symmetric_src), pe);
-    if (source == nullptr) {
-      return DeviceError("a source of the reduction is not reachable by this NPU (aclshmem_ptr found none; the "
-                         "aclnn reduction reads peers in place, within one HCCS domain): pe=" + std::to_string(pe) +
-                         " " + what);
-    }
+    HP_ASSIGN_OR_RETURN(void* source, PeerRun(symmetric_src, pe, "Reduce"));
     sources.push_back(source);
   }
   void* acl_stream = Resolve(stream);
@@ -255,14 +251,9 @@ Status AscendDevice::EnqueueDivide(void* out, std::size_t count, DataType dtype,
   return RunAclnn(call, acl_stream, what);
 }
 
-Result<void*> AscendDevice::PeerRun(const void* symmetric, int pe, const std::string& what) {
+Result<void*> AscendDevice::PeerRun(const void* symmetric, int pe, const char* op) const {
   if (pe == rank_) return const_cast<void*>(symmetric);
-  void* address = aclshmem_ptr(const_cast<void*>(symmetric), pe);
-  if (address == nullptr) {
-    return DeviceError("a peer's encoded run is not reachable by this NPU (aclshmem_ptr found none; aclnnCast reads "
-                       "peers in place, within one HCCS domain): pe=" + std::to_string(pe) + " " + what);
-  }
-  return address;
+  return PeerInPlace(symmetric, pe, op);
 }
 
 Status AscendDevice::Encode(ops::LowFormat format, DataType dtype, const void* src, std::size_t count, WireRun dst,
@@ -283,7 +274,7 @@ Status AscendDevice::Decode(ops::LowFormat format, WireRun symmetric_src, int pe
   if (count == 0) return Status::Ok();
   const std::string what = std::string("op=Decode format=") + ops::LowFormatName(format) + " dtype=" +
                            DataTypeName(dtype) + " count=" + std::to_string(count) + " pe=" + std::to_string(pe);
-  HP_ASSIGN_OR_RETURN(void* codes, PeerRun(symmetric_src.codes, pe, what));
+  HP_ASSIGN_OR_RETURN(void* codes, PeerRun(symmetric_src.codes, pe, "Decode"));
   void* acl_stream = Resolve(stream);
   HP_RETURN_IF_ERROR(EnqueueCast(out, dtype, codes, WireDataType(format), count, acl_stream, what));
   return Completed(stream, acl_stream, std::move(keep), what);
@@ -305,7 +296,7 @@ Status AscendDevice::ReduceEncoded(ops::LowFormat format, DataType dtype, Reduce
                            " pes=" + std::to_string(pes.size());
   std::vector<void*> sources;
   for (int pe : pes) {
-    HP_ASSIGN_OR_RETURN(void* codes, PeerRun(symmetric_src.codes, pe, what));
+    HP_ASSIGN_OR_RETURN(void* codes, PeerRun(symmetric_src.codes, pe, "ReduceEncoded"));
     sources.push_back(codes);
   }
   void* acl_stream = Resolve(stream);
