@@ -102,10 +102,15 @@ class Device {
 
   // The node of every PE (index: PE), numbered by each node's lowest PE; agreed at Init, so the same list on every
   // rank. A node is the PEs whose heaps this device maps: Put, Get, Signal, WaitSignal, Reduce, Decode,
-  // ReduceEncoded, PeerAddress, GetPeerMemory and ReducePeerMemory reach the PEs of this rank's node only, and
-  // Barrier counts them only. The host device's node is the ranks that share its shared-memory filesystem (one
-  // machine); CANN SHMEM reaches every PE of the world itself (RoCE between machines), so the ascend device has one.
+  // ReduceEncoded, PeerAddress, GetPeerMemory and ReducePeerMemory reach the PEs of this rank's node only (but see
+  // reaches_remotely), and Barrier counts them only. The host device's node is the ranks that share its
+  // shared-memory filesystem (one machine); the ascend device's is the NPUs that reach each other over MTE (one host
+  // and, on a 910B, one HCCS group of 8).
   virtual const std::vector<int>& nodes() const = 0;
+  // Whether Put, Get and Signal(kSet) reach `pe` although it lies outside this rank's node: over a transport the
+  // device opened at Init (the ascend device's RoCE), not through mapped memory, so PeerAddress, the in-place
+  // reductions and Signal(kAdd) still stop at the node. Local and immediate; false for a PE of this rank's node.
+  virtual bool reaches_remotely(int /*pe*/) const { return false; }
 
   // Local copies between host memory and this rank's own heap, for the runtime's own records. The heap may be
   // device memory that the host cannot dereference (an NPU's): these are the only way the host reads or writes it.

@@ -59,10 +59,16 @@ Status Runtime::RequireInitialized(const char* op) const {
                     " (call acquire_shmem() first)");
 }
 
-Status Runtime::CheckOnNode(int pe, const char* op) const {
+Status Runtime::CheckOnNode(int pe, const char* op, bool remote_ok) const {
   if (nodes_[static_cast<std::size_t>(pe)] == nodes_[static_cast<std::size_t>(rank_)]) return Status::Ok();
-  return StateError(std::string("pe lies on another node (one-sided calls of the ") + device_->name() +
-                    " device reach the ranks of this rank's node only): op=" + op + " pe=" + std::to_string(pe) +
+  const bool remote = device_->reaches_remotely(pe);
+  if (remote && remote_ok) return Status::Ok();
+  const std::string reason =
+      remote ? std::string("the ") + device_->name() + " device reaches other nodes for put, get and signal set only: "
+                   "signal add and in-place peer access need mapped memory (MTE)"
+             : std::string("one-sided calls of the ") + device_->name() +
+                   " device reach the ranks of this rank's node only";
+  return StateError("pe lies on another node (" + reason + "): op=" + op + " pe=" + std::to_string(pe) +
                     " pe_node=" + std::to_string(nodes_[static_cast<std::size_t>(pe)]) + " rank=" +
                     std::to_string(rank_) + " node=" + std::to_string(nodes_[static_cast<std::size_t>(rank_)]));
 }
@@ -354,7 +360,7 @@ Status Runtime::CheckTransfer(const char* op, int pe, std::size_t dst_bytes, std
                               const void* symmetric, const char* symmetric_name) const {
   HP_RETURN_IF_ERROR(RequireInitialized(op));
   HP_RETURN_IF_ERROR(CheckPe(pe, "pe"));
-  HP_RETURN_IF_ERROR(CheckOnNode(pe, op));
+  HP_RETURN_IF_ERROR(CheckOnNode(pe, op, /*remote_ok=*/true));
   HP_RETURN_IF_ERROR(CheckSameBytes(dst_bytes, src_bytes));
   return ResolveSymmetric(symmetric, dst_bytes, symmetric_name).status();
 }
@@ -396,7 +402,7 @@ Status Runtime::Signal(const void* symmetric_signal, SignalWidth width, std::int
   OperationScope scope(*this);
   HP_RETURN_IF_ERROR(Record(RequireInitialized("signal")));
   HP_RETURN_IF_ERROR(Record(CheckPe(pe, "pe")));
-  HP_RETURN_IF_ERROR(Record(CheckOnNode(pe, "signal")));
+  HP_RETURN_IF_ERROR(Record(CheckOnNode(pe, "signal", /*remote_ok=*/op == SignalOp::kSet)));
   HP_RETURN_IF_ERROR(Record(CheckSignal(symmetric_signal, width)));
   return Record(device_->Signal(const_cast<void*>(symmetric_signal), width, value, op, pe, stream));
 }

@@ -208,8 +208,9 @@ class Runtime {
 
   Status RequireInitialized(const char* op) const;
   Status CheckPe(int pe, const char* what) const;
-  // OK when `pe` (in range) lies on this rank's node; otherwise the fact, naming both nodes, for data-plane `op`.
-  Status CheckOnNode(int pe, const char* op) const;
+  // OK when `pe` (in range) lies on this rank's node, or when `remote_ok` (put, get, signal set) and the device
+  // reaches it remotely (Device::reaches_remotely); otherwise the fact, naming both nodes, for data-plane `op`.
+  Status CheckOnNode(int pe, const char* op, bool remote_ok = false) const;
   // A signal: inside an active allocation and naturally aligned.
   Status CheckSignal(const void* symmetric_signal, SignalWidth width) const;
   // The checks shared by Put and Get: state, pe, equal byte counts, the symmetric side inside an allocation.
