@@ -46,6 +46,17 @@ Status NoArbitration(const Device& device, const char* op) {
 }  // namespace
 
 Status Device::Arrive(void*, const std::vector<int>&, int) { return NoArbitration(*this, "Arrive"); }
+
+// Devices that defer the engine's checks (those that do not arbitrate) implement these; the others never need them.
+Status Device::StageFromHost(void*, const void*, std::size_t, StreamHandle) {
+  return StateError(std::string("device has no stream-ordered host staging: op=StageFromHost device=") + name());
+}
+Result<std::uint64_t> Device::ReadLater(const void*, std::size_t, StreamHandle) {
+  return StateError(std::string("device has no stream-ordered host reads: op=ReadLater device=") + name());
+}
+Result<bool> Device::TakeRead(std::uint64_t, void*) {
+  return StateError(std::string("device has no stream-ordered host reads: op=TakeRead device=") + name());
+}
 Status Device::GiveUp(void*, const std::vector<int>&, int, GiveUpReason) { return NoArbitration(*this, "GiveUp"); }
 Status Device::AwaitArrivals(const void*, const std::vector<int>&) { return NoArbitration(*this, "AwaitArrivals"); }
 Result<std::int64_t> Device::ReadCounter(const void*, int) { return NoArbitration(*this, "ReadCounter"); }

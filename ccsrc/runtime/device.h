@@ -119,6 +119,20 @@ class Device {
   virtual Status CopyToHeap(void* symmetric_dst, const void* host_src, std::size_t bytes) = 0;
   virtual Status CopyFromHeap(void* host_dst, const void* symmetric_src, std::size_t bytes) = 0;
 
+  // The same between host memory and this rank's heap, in stream order and without waiting: a device whose heap the
+  // host cannot read without stopping the stream (an NPU's) runs the engine's collectives on these (their fingerprints,
+  // count rows and message headers), so that no collective synchronizes the stream.
+  //
+  // Copies `bytes` of host memory at `host_src` into this rank's heap at `symmetric_dst`, in order on `stream`. The
+  // bytes are taken before the call returns (the caller may reuse `host_src`).
+  virtual Status StageFromHost(void* symmetric_dst, const void* host_src, std::size_t bytes, StreamHandle stream);
+  // Starts a read of `bytes` of this rank's heap at `symmetric_src` in order on `stream`; never waits. The token
+  // names the read for TakeRead.
+  virtual Result<std::uint64_t> ReadLater(const void* symmetric_src, std::size_t bytes, StreamHandle stream);
+  // Whether the read of `token` has run; when it has, its bytes land in `host_dst` (as many as ReadLater asked for)
+  // and the token is spent. Never waits. A read whose stream failed reports the stream's failure.
+  virtual Result<bool> TakeRead(std::uint64_t token, void* host_dst);
+
   // Largest byte count one Put/Get call may carry; 0 means no limit. The runtime splits larger transfers.
   virtual std::size_t max_transfer_bytes() const = 0;
   // The signal width the device handles natively (CANN SHMEM's signals are int32): what internal protocols use.

@@ -107,9 +107,10 @@ TeamSlotLayout TeamSlotLayout::For(int world_size, std::size_t staging_bytes) {
   l.release_count = l.refused + n * kSignalLineBytes;
   l.signals_bytes = l.release_count;   // the release count outlives the slot's teams: never zeroed
   // 2. The tables every rank writes its row of (puts, not signal writes: no line of their own needed).
-  l.fingerprints = l.release_count + kSignalLineBytes;
-  l.statements = l.fingerprints + 2 * n * sizeof(Fingerprint);
-  l.counts = l.statements + 2 * n * kStatementBytes;
+  l.tables = l.release_count + kSignalLineBytes;
+  l.table_bytes = n * (sizeof(Fingerprint) + kStatementBytes);
+  l.receipts = l.tables + 2 * l.table_bytes;
+  l.counts = l.receipts + pieces * sizeof(MailboxHeader);
   l.control_bytes = RoundUp(l.counts + 2 * n * l.count_row_bytes(), kPage);
   // 3. Staging, then the mailbox of the same size.
   l.staging = l.control_bytes;
@@ -231,10 +232,10 @@ Result<std::shared_ptr<Team>> TeamPool::Create(Device& device, const std::vector
   //    can come: the slot is free on every member), and no member uses the team before every member zeroed them.
   const TeamSlotLayout& chosen_layout = layout_.Of(chosen);
   char* chosen_base = memory_ + layout_.SlotOffset(chosen);
-  const std::vector<char> zeros(std::max(chosen_layout.signals_bytes, chosen_layout.control_bytes - chosen_layout.fingerprints), 0);
+  const std::vector<char> zeros(std::max(chosen_layout.signals_bytes, chosen_layout.control_bytes - chosen_layout.tables), 0);
   HP_RETURN_IF_ERROR(device.CopyToHeap(chosen_base, zeros.data(), chosen_layout.signals_bytes));
-  HP_RETURN_IF_ERROR(device.CopyToHeap(chosen_base + chosen_layout.fingerprints, zeros.data(),
-                                       chosen_layout.control_bytes - chosen_layout.fingerprints));
+  HP_RETURN_IF_ERROR(device.CopyToHeap(chosen_base + chosen_layout.tables, zeros.data(),
+                                       chosen_layout.control_bytes - chosen_layout.tables));
   HP_RETURN_IF_ERROR(bootstrap.Barrier());
 
   static std::atomic<std::uint64_t> next_id{1};   // never reused, not even across lifecycles
@@ -252,6 +253,7 @@ Result<std::shared_ptr<Team>> TeamPool::Create(Device& device, const std::vector
   team->sent_pieces.assign(static_cast<std::size_t>(n), first_counter_);
   team->received_pieces.assign(static_cast<std::size_t>(n), first_counter_);
   team->refusals_seen.assign(static_cast<std::size_t>(n), 0);
+  team->sent_messages.assign(static_cast<std::size_t>(n), {});
   slots_[static_cast<std::size_t>(chosen)].busy = true;
   slots_[static_cast<std::size_t>(chosen)].expected_releases += n;
   teams_.push_back(team);
@@ -291,6 +293,11 @@ Result<std::shared_ptr<Team>> TeamPool::Find(std::uint64_t team_id) const {
   }
   return StateError("team is not live: team_id=" + std::to_string(team_id) +
                     " (it was released, or belongs to an earlier lifecycle of the runtime)");
+}
+
+std::vector<std::shared_ptr<Team>> TeamPool::Live() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return teams_;
 }
 
 std::size_t TeamPool::live_teams() const {

@@ -10,7 +10,8 @@
 //               words (one per sender and mailbox piece, one per receiver and piece), the refusal words of send/recv
 //               (one per receiver), the release count
 //   tables      the fingerprint table (2 parities x members), the statements (2 parities x members: the text of a
-//               refusal or of a given-up call), the count table (2 parities x members x 3n + 1)
+//               refusal or of a given-up call), the receipts (members x mailbox pieces: what a receiver expected of
+//               a message this rank sent), the count table (2 parities x members x 3n + 1)
 //   staging     bounce space for collectives whose tensors are not symmetric (two halves for one-step ops)
 //   mailbox     one region per sender for send/recv, kMailboxPieces pieces in flight, each a header and a payload
 //
@@ -29,6 +30,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -132,8 +134,9 @@ struct TeamSlotLayout {
   std::size_t refused = 0;             // world: receiver i refused a message of this rank
   std::size_t release_count = 0;
   std::size_t signals_bytes = 0;       // every signal word above: what a new team's members zero
-  std::size_t fingerprints = 0;        // 2 x world x Fingerprint
-  std::size_t statements = 0;          // 2 parities x world x kStatementBytes
+  std::size_t tables = 0;              // 2 parities x (world x Fingerprint, then world x kStatementBytes)
+  std::size_t table_bytes = 0;         // one parity's: what a deferred check reads back in one piece
+  std::size_t receipts = 0;            // world x kMailboxPieces x MailboxHeader: receiver i's view of piece k
   std::size_t counts = 0;              // 2 x world x (3 world + 1) x int64
   std::size_t control_bytes = 0;       // the above, rounded up to a page
   std::size_t staging = 0;
@@ -159,6 +162,25 @@ struct TeamPoolLayout {
   const TeamSlotLayout& Of(int slot) const { return slot == 0 ? root : sub; }
 };
 
+// A check of a call that the engine could not make when the call ran: on a device that does not arbitrate, the first
+// sync runs on the stream, and what the members published (fingerprints, counts, a message's header) is read back
+// later (Device::ReadLater) and compared once the read has run.
+struct DeferredCheck {
+  enum class Kind { kCall, kMessage, kReceipt };
+  Kind kind = Kind::kCall;
+  std::string op;             // the call's name, for messages
+  std::uint64_t read = 0;     // the token of the read
+  // kCall: this rank's fingerprint, and the parity of the sync whose table was read; with counts (all_to_all), the
+  // token of the count table's read too.
+  Fingerprint mine{};
+  std::uint64_t counts = 0;
+  std::size_t count_values = 0;
+  // kMessage (a message this rank received) and kReceipt (what the receiver expected of one this rank sent): the peer's
+  // group rank, and the message as this rank expected or sent it.
+  int peer = -1;
+  MailboxHeader expected{};
+};
+
 // One live team on this rank. Used by one collective at a time (mu).
 struct Team {
   std::uint64_t id = 0;
@@ -179,6 +201,9 @@ struct Team {
   // The epoch of the last sync a member gave up (0: none since the team was made): before this rank's next call, every
   // member must have arrived at it (and failed there), so that no peer still reads what that call left behind.
   std::uint64_t given_up_epoch = 0;
+  std::deque<DeferredCheck> deferred_checks;    // oldest first
+  Status deferred_failure;                      // a deferred check that failed: this rank's next call raises it
+  std::vector<std::deque<MailboxHeader>> sent_messages;   // per peer: the last messages sent, for its receipts
   std::string broken;             // why the team cannot be used any more ("" while it can)
   std::mutex mu;
 
@@ -198,14 +223,17 @@ struct Team {
   }
   void* Refused(int receiver) const { return Line(layout->refused, static_cast<std::size_t>(receiver)); }
   // The statement member `rank` made at the sync of this parity (read there, after the sync, like the fingerprints).
-  char* Statement(int parity, int rank) const {
-    return At(layout->statements + (static_cast<std::size_t>(parity) * static_cast<std::size_t>(layout->world_size) +
-                                    static_cast<std::size_t>(rank)) *
-                                       kStatementBytes);
+  MailboxHeader* Receipt(int receiver, std::uint64_t piece) const {
+    return reinterpret_cast<MailboxHeader*>(At(layout->receipts)) +
+           static_cast<std::size_t>(receiver) * kMailboxPieces + piece % kMailboxPieces;
   }
+  char* Statement(int parity, int rank) const {
+    return Table(parity) + static_cast<std::size_t>(layout->world_size) * sizeof(Fingerprint) +
+           static_cast<std::size_t>(rank) * kStatementBytes;
+  }
+  char* Table(int parity) const { return At(layout->tables + static_cast<std::size_t>(parity) * layout->table_bytes); }
   Fingerprint* FingerprintRow(int parity, int rank) const {
-    return reinterpret_cast<Fingerprint*>(At(layout->fingerprints)) +
-           static_cast<std::size_t>(parity) * static_cast<std::size_t>(layout->world_size) + rank;
+    return reinterpret_cast<Fingerprint*>(Table(parity)) + rank;
   }
   std::int64_t* CountRow(int parity, int rank) const {
     return reinterpret_cast<std::int64_t*>(At(layout->counts + (static_cast<std::size_t>(parity) *
@@ -244,6 +272,7 @@ class TeamPool {
   Status Release(Device& device, std::uint64_t team_id);
   Result<std::shared_ptr<Team>> Find(std::uint64_t team_id) const;
   std::size_t live_teams() const;
+  std::vector<std::shared_ptr<Team>> Live() const;
 
  private:
   struct SlotState {

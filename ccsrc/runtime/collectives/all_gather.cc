@@ -35,12 +35,14 @@ Status CollectiveEngine::AllGather(const Buffer& output, const Buffer& input, co
   }
   HP_ASSIGN_OR_RETURN(std::vector<Fingerprint> rows, Open(f));
   if (c == 0) return Status::Ok();
-  if (SameSymmetric(rows, 0)) {   // push into the peers' outputs
+  // Deferred checks: the members' inputs are where this rank's is (their fingerprints say so later), and nobody
+  // pushes (deferred.cc).
+  if (!Deferred() && SameSymmetric(rows, 0)) {   // push into the peers' outputs
     for (int r = 1; r < n; ++r) HP_RETURN_IF_ERROR(Broken(Put(mine, in, c, (me + r) % n), "push"));
     if (!in_place) HP_RETURN_IF_ERROR(Broken(Put(mine, in, c, me), "copy"));
     return Sync();
   }
-  if (SameSymmetric(rows, 1)) {   // pull from the peers' inputs
+  if (Deferred() ? input.heap_offset >= 0 : SameSymmetric(rows, 1)) {   // pull from the peers' inputs
     for (int r = 1; r <= n; ++r) {
       const int p = (me + r) % n;
       if (p == me && in_place) continue;
@@ -48,7 +50,7 @@ Status CollectiveEngine::AllGather(const Buffer& output, const Buffer& input, co
     }
     return Sync();
   }
-  if (EveryAddress(rows, 1)) {   // pull from the peers' inputs wherever they lie: one copy of each byte
+  if (!Deferred() && EveryAddress(rows, 1)) {   // pull from the peers' inputs wherever they lie: one copy of each byte
     for (int r = 1; r < n; ++r) {
       const int p = (me + r) % n;
       HP_RETURN_IF_ERROR(Broken(GetPeerMemory(part(p), rows[static_cast<std::size_t>(p)].address[1], c, p), "pull"));

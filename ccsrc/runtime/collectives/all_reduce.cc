@@ -29,20 +29,31 @@ Status CollectiveEngine::AllReduce(const Buffer& output, const Buffer& input, co
   }
   HP_ASSIGN_OR_RETURN(std::vector<Fingerprint> rows, Open(f));
   if (count == 0) return Status::Ok();
-  if (SameSymmetric(rows, 0)) {   // two-shot in place: reduce this rank's part from every peer, push it to them
+  if (Deferred() ? output.heap_offset >= 0 : SameSymmetric(rows, 0)) {
+    // Two-shot in place: reduce this rank's part from every peer's copy, then push it to them (or, with deferred
+    // checks, let them pull it: nobody writes a peer's tensor).
     if (in != out) {   // the peers reduce out of this rank's output: it holds the input first
       HP_RETURN_IF_ERROR(Broken(device_.Copy(out, in, output.bytes, stream_, keep_), "copy"));
       HP_RETURN_IF_ERROR(Sync());
     }
     const auto [lo, hi] = Part(count, n, me);
-    if (hi > lo) {
-      char* part = out + lo * es;
-      HP_RETURN_IF_ERROR(Broken(Reduce(part, part, hi - lo, type, op), "reduce"));
-      for (int r = 1; r < n; ++r) HP_RETURN_IF_ERROR(Broken(Put(part, part, (hi - lo) * es, (me + r) % n), "push"));
+    char* part = out + lo * es;
+    if (hi > lo) HP_RETURN_IF_ERROR(Broken(Reduce(part, part, hi - lo, type, op), "reduce"));
+    if (!Deferred()) {
+      for (int r = 1; r < n && hi > lo; ++r) {
+        HP_RETURN_IF_ERROR(Broken(Put(part, part, (hi - lo) * es, (me + r) % n), "push"));
+      }
+      return Sync();
+    }
+    HP_RETURN_IF_ERROR(Sync());
+    for (int r = 1; r < n; ++r) {
+      const int p = (me + r) % n;
+      const auto [plo, phi] = Part(count, n, p);
+      if (phi > plo) HP_RETURN_IF_ERROR(Broken(Get(out + plo * es, out + plo * es, (phi - plo) * es, p), "pull"));
     }
     return Sync();
   }
-  if (EveryAddress(rows, 0) && EveryAddress(rows, 1)) {
+  if (!Deferred() && EveryAddress(rows, 0) && EveryAddress(rows, 1)) {
     // Two-shot between the tensors: this rank's part of the output reduced out of every rank's input, then the
     // others' parts pulled out of their outputs. An input is read only before the middle sync, and in place only its
     // owner's part of it is written before then.

@@ -52,6 +52,16 @@ Status CollectiveEngine::AllToAll(const std::vector<Buffer>& sends, const Buffer
     if (own_in_place) return Status::Ok();
     return Broken(device_.Copy(own_place, own.address, own.bytes, stream_, keep_), "copy the own part", next);
   };
+  if (Deferred()) {   // counts checked later: a pairwise exchange, each receiver taking what it expects
+    std::vector<std::int64_t> row(3 * un + 1, 0);
+    for (std::size_t j = 0; j < un; ++j) {
+      row[j] = static_cast<std::int64_t>(sends[j].bytes / es);
+      row[un + j] = static_cast<std::int64_t>(receive_counts[j]);
+    }
+    row[2 * un] = where;
+    HP_RETURN_IF_ERROR(OpenDeferred(f, &row));
+    return AllToAllPairwise(sends, receive, receive_counts, type);
+  }
   // Small parts travel with the counts (one sync in all), into the receiver's staging half of this call's parity,
   // a region per sender; they are used only if every rank staged them. A rank whose receive buffer peers may address,
   // or whose sends peers may read where they lie, stages only a message of one step: above it, the copy-free and

@@ -64,9 +64,11 @@ struct Buffer {
 
 class CollectiveEngine {
  public:
+  // `strict`: on a device that does not arbitrate, check every call before its data moves (the stream synchronized
+  // at each first sync) instead of deferring the checks (HYPER_PARALLEL_SHMEM_CHECKS).
   CollectiveEngine(Device& device, Team& team, StreamHandle stream, KeepAlive keep,
-                   CallRole role = CallRole::kForward)
-      : device_(device), team_(team), stream_(stream), keep_(std::move(keep)), role_(role) {}
+                   CallRole role = CallRole::kForward, bool strict = false)
+      : device_(device), team_(team), stream_(stream), keep_(std::move(keep)), role_(role), strict_(strict) {}
 
   // Every member reaches the barrier; everything enqueued before it on `stream` is visible to every member.
   Status Barrier();
@@ -106,20 +108,46 @@ class CollectiveEngine {
   // This rank gives up the team's next sync for `why` (a failure of its own outside the engine, e.g. across nodes):
   // the members waiting there, or arriving later, fail at once with `why`'s message. Returns `why`.
   Status GiveUp(const Status& why);
+  // Compares what the deferred checks of earlier calls read back, as far as the stream has run (never waits); the
+  // first failure is kept for this rank's next call on the team, and returned (once) here too when `take` is set.
+  Status CheckDeferred(bool take);
   // A sync carrying `fingerprint` (collective, dtype, count, op, wire, peer as the caller fills them; sequence and
   // epoch are the engine's), after which every member's published `values` (at most 2n + 1) are returned in
   // group-rank order: for the algorithms the runtime's callers write over the primitives (fused ops, low precision).
   Result<std::vector<std::vector<std::int64_t>>> Agree(Fingerprint fingerprint, const std::vector<std::int64_t>& values);
 
  private:
+  // Whether this call's checks are deferred: the device does not arbitrate and no strict checks were asked for. Its
+  // first sync then runs on the stream, and the paths are chosen from this rank's own arguments (the members' agree
+  // when their fingerprints do), pulling only: a rank writes its own outputs and the slots assigned to it, so a
+  // mismatch found later can leave wrong values in its own outputs, never anywhere else (deferred.cc).
+  bool Deferred() const { return !device_.arbitrates() && !strict_; }
+  // The first sync of a deferred call: stages the row in stream order, syncs on the stream, and reads the table back
+  // for a deferred check.
+  Status OpenDeferred(Fingerprint fingerprint, const std::vector<std::int64_t>* counts = nullptr,
+                      const std::string* statement = nullptr);
+  // The check of one call as it reads back: OK, a refusal, or a mismatch (which breaks the team: its members may have
+  // run different numbers of syncs since).
+  Status CompareCall(const DeferredCheck& check, const std::vector<char>& table, const std::vector<std::int64_t>& counts);
+  // all_to_all of a deferred call: a pairwise exchange through the mailbox with every peer in turn.
+  Status AllToAllPairwise(const std::vector<Buffer>& sends, const Buffer& receive,
+                          const std::vector<std::uint64_t>& receive_counts, const ElementType& type);
+  // One piece of a message to `peer` (`seq`), and one from it, as Send and Recv move them.
+  Status SendPiece(int peer, std::uint64_t seq, const MailboxHeader& header, const char* payload, std::size_t length);
+  Status RecvPiece(int peer, std::uint64_t seq, const MailboxHeader& expected, char* payload, std::size_t length);
+
   // Starts a call: refuses it when the team is broken, waits for every member to have reached the sync the last
   // call gave up (if it did), numbers the call and fills the fingerprint's identity.
   Result<Fingerprint> Begin(Collective collective, const ElementType* type, std::uint64_t count,
                             std::uint32_t reduce_op, std::int32_t peer);
   // The first sync of a call: publishes `fingerprint` (with `counts`, this rank's count row; with `statement`, the
-  // text of this rank's refusal), then checks every member's row: a refusal first, then a mismatch. Returns the rows.
+  // text of this rank's refusal), then checks every member's row: a refusal first, then a mismatch. Returns the rows;
+  // with deferred checks, none (OpenDeferred: the check comes later).
   Result<std::vector<Fingerprint>> Open(Fingerprint fingerprint, const std::vector<std::int64_t>* counts = nullptr,
                                         const std::string* statement = nullptr);
+  // The same, checked now whatever the device: the stream synchronized, the rows read on the host.
+  Result<std::vector<Fingerprint>> OpenNow(Fingerprint fingerprint, const std::vector<std::int64_t>* counts = nullptr,
+                                           const std::string* statement = nullptr);
   // A failure before the call's first sync (staging its data): the first sync is given up for every member.
   Status BeforeOpen(Status status);
   // Every sync after the first.
@@ -170,6 +198,7 @@ class CollectiveEngine {
   StreamHandle stream_;
   KeepAlive keep_;
   CallRole role_;
+  bool strict_;
   const char* op_name_ = "barrier";
 };
 

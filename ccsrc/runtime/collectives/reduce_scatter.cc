@@ -27,11 +27,11 @@ Status CollectiveEngine::ReduceScatter(const Buffer& output, const Buffer& input
   }
   HP_ASSIGN_OR_RETURN(std::vector<Fingerprint> rows, Open(f));
   if (c == 0) return Status::Ok();
-  if (SameSymmetric(rows, 0)) {   // reduce straight from the peers' inputs
+  if (Deferred() ? input.heap_offset >= 0 : SameSymmetric(rows, 0)) {   // reduce straight from the peers' inputs
     HP_RETURN_IF_ERROR(Broken(Reduce(out, in + static_cast<std::size_t>(me) * c * es, c, type, op), "reduce"));
     return Sync();
   }
-  if (EveryAddress(rows, 0)) {   // reduce straight from the peers' inputs wherever they lie
+  if (!Deferred() && EveryAddress(rows, 0)) {   // reduce straight from the peers' inputs wherever they lie
     HP_RETURN_IF_ERROR(Broken(ReducePeerMemory(out, rows, 0, static_cast<std::size_t>(me) * c * es, c, type, op), "reduce"));
     return Sync();
   }

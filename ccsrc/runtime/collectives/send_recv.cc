@@ -43,45 +43,25 @@ Status CollectiveEngine::Send(const Buffer& data, int peer, const ElementType& t
   if (!team_.broken.empty()) {
     return StateError("team cannot run collectives any more: op=send " + team_.Describe() + " reason=" + team_.broken);
   }
-  HP_RETURN_IF_ERROR(ReportRefusal(peer));
+  HP_RETURN_IF_ERROR(Deferred() ? CheckDeferred(/*take=*/true) : ReportRefusal(peer));
   const std::size_t total = data.bytes;
   const std::size_t payload = team_.mailbox_payload_bytes();
-  const int pe = team_.pes[static_cast<std::size_t>(peer)];
   std::uint64_t seq = team_.sent_pieces[static_cast<std::size_t>(peer)];
   const std::uint64_t first = seq + 1;
   MailboxHeader header{};
+  header.piece = first;
   header.bytes = total;
   std::strncpy(header.dtype, type.name.c_str(), sizeof(header.dtype) - 1);
+  if (Deferred()) team_.sent_messages[static_cast<std::size_t>(peer)].push_back(header);
   const auto* bytes = static_cast<const char*>(data.address);
   for (std::size_t off = 0; off < std::max<std::size_t>(total, 1); off += payload) {
     ++seq;
-    auto fail = [&](Status status) {
-      if (seq == first) return status;   // nothing of the message left: a retry starts it again
-      team_.sent_pieces[static_cast<std::size_t>(peer)] = seq - 1;
-      return Broken(status, "send", Next::kUnknown);
-    };
-    // The piece is free once the receiver took the piece that used it kMailboxPieces pieces ago (the same word: it
-    // holds that piece's value until the receiver's ack of this one).
-    if (seq - team_.first_counter > kMailboxPieces) {
-      Status free = device_.WaitSignal(team_.Acked(peer, seq), device_.native_signal_width(), CompareOp::kEq,
-                                       SignalValue(seq - kMailboxPieces), stream_);
-      if (!free.ok()) {
-        return fail(Status(free.code(), "send timed out waiting for a peer: " + team_.Describe() + " missing_ranks=[" +
-                                            std::to_string(pe) + "] (" + free.message() + ")"));
-      }
-    }
-    char* piece = team_.MailboxPiece(team_.me, static_cast<int>(seq % kMailboxPieces));
-    // The header is written into this rank's own copy of the piece (never a destination: no rank sends to itself),
-    // then travels heap to heap. The stream must be done with the previous use of that copy.
-    if (stream_ != kDefaultStream) HP_RETURN_IF_ERROR(fail(device_.SynchronizeStream(stream_)));
-    header.piece = seq;
-    HP_RETURN_IF_ERROR(fail(device_.CopyToHeap(piece, &header, sizeof(header))));
-    HP_RETURN_IF_ERROR(fail(Put(piece, piece, sizeof(header), peer)));
     const std::size_t length = std::min(payload, total > off ? total - off : 0);
-    const std::size_t at = total <= kMailboxInlineBytes ? sizeof(header) : kMailboxHeaderBytes;
-    if (length > 0) HP_RETURN_IF_ERROR(fail(Put(piece + at, bytes + off, length, peer)));
-    HP_RETURN_IF_ERROR(fail(device_.Signal(team_.Sent(team_.me, seq), device_.native_signal_width(), SignalValue(seq),
-                                           SignalOp::kSet, pe, stream_)));
+    const Status sent = SendPiece(peer, seq, header, bytes + off, length);
+    if (sent.ok()) continue;
+    if (seq == first) return sent;   // nothing of the message left: a retry starts it again
+    team_.sent_pieces[static_cast<std::size_t>(peer)] = seq - 1;
+    return Broken(sent, "send", Next::kUnknown);
   }
   team_.sent_pieces[static_cast<std::size_t>(peer)] = seq;
   return Status::Ok();
@@ -92,43 +72,41 @@ Status CollectiveEngine::Recv(const Buffer& data, int peer, const ElementType& t
   if (!team_.broken.empty()) {
     return StateError("team cannot run collectives any more: op=recv " + team_.Describe() + " reason=" + team_.broken);
   }
-  HP_RETURN_IF_ERROR(ReportRefusal(peer));
+  HP_RETURN_IF_ERROR(Deferred() ? CheckDeferred(/*take=*/true) : ReportRefusal(peer));
   const int pe = team_.pes[static_cast<std::size_t>(peer)];
   const std::size_t payload = team_.mailbox_payload_bytes();
   std::uint64_t seq = team_.received_pieces[static_cast<std::size_t>(peer)] + 1;
   const std::uint64_t first = seq;
-  auto wait_piece = [&]() -> Status {
+  auto timed_out = [&](const Status& status) {
+    return Status(status.code(), "recv timed out waiting for a peer: " + team_.Describe() + " missing_ranks=[" +
+                                     std::to_string(pe) + "] (" + status.message() + ")");
+  };
+  MailboxHeader header{};
+  bool fits = true;
+  if (Deferred()) {
+    // What arrives is this rank's to expect: the header is read back and compared later (deferred.cc).
+    header.piece = first;
+    header.bytes = data.bytes;
+    std::strncpy(header.dtype, type.name.c_str(), sizeof(header.dtype) - 1);
+  } else {
+    // The first piece's header says what the message is: a message of another dtype or size is drained and refused.
     Status arrived = device_.WaitSignal(team_.Sent(peer, seq), device_.native_signal_width(), CompareOp::kEq,
                                         SignalValue(seq), stream_);
     if (arrived.ok() && stream_ != kDefaultStream) arrived = device_.SynchronizeStream(stream_);
-    if (arrived.ok()) return arrived;
-    return Status(arrived.code(), "recv timed out waiting for a peer: " + team_.Describe() + " missing_ranks=[" +
-                                      std::to_string(pe) + "] (" + arrived.message() + ")");
-  };
-  auto fail = [&](Status status) {
-    if (seq == first) return status;
-    return Broken(status, "recv", Next::kUnknown);
-  };
-  HP_RETURN_IF_ERROR(wait_piece());
-  MailboxHeader header{};
-  HP_RETURN_IF_ERROR(device_.CopyFromHeap(&header, team_.MailboxPiece(peer, static_cast<int>(seq % kMailboxPieces)),
-                                          sizeof(header)));
+    if (!arrived.ok()) return timed_out(arrived);
+    HP_RETURN_IF_ERROR(device_.CopyFromHeap(&header, team_.MailboxPiece(peer, static_cast<int>(seq % kMailboxPieces)),
+                                            sizeof(header)));
+    fits = DtypeOf(header) == type.name && header.bytes == data.bytes;
+  }
   const std::size_t total = header.bytes;
-  const bool same_type = DtypeOf(header) == type.name;
-  const bool fits = same_type && total == data.bytes;
   auto* bytes = static_cast<char*>(data.address);
-  std::size_t index = 0;
-  for (std::size_t off = 0; off < std::max<std::size_t>(total, 1); off += payload, ++index) {
-    if (index > 0) {
-      ++seq;
-      HP_RETURN_IF_ERROR(fail(wait_piece()));
-    }
-    char* piece = team_.MailboxPiece(peer, static_cast<int>(seq % kMailboxPieces));
+  for (std::size_t off = 0; off < std::max<std::size_t>(total, 1); off += payload, ++seq) {
     const std::size_t length = std::min(payload, total > off ? total - off : 0);
-    const std::size_t at = total <= kMailboxInlineBytes ? sizeof(header) : kMailboxHeaderBytes;   // as Send put it
-    if (fits && length > 0) HP_RETURN_IF_ERROR(fail(Get(bytes + off, piece + at, length, team_.me)));
-    HP_RETURN_IF_ERROR(fail(device_.Signal(team_.Acked(team_.me, seq), device_.native_signal_width(), SignalValue(seq),
-                                           SignalOp::kSet, pe, stream_)));
+    const Status taken = RecvPiece(peer, seq, header, fits ? bytes + off : nullptr, fits ? length : 0);
+    if (!taken.ok()) {
+      if (seq == first) return taken.code() == StatusCode::kTimeout ? timed_out(taken) : taken;
+      return Broken(taken.code() == StatusCode::kTimeout ? timed_out(taken) : taken, "recv", Next::kUnknown);
+    }
     team_.received_pieces[static_cast<std::size_t>(peer)] = seq;
   }
   if (fits) return Status::Ok();
@@ -139,7 +117,7 @@ Status CollectiveEngine::Recv(const Buffer& data, int peer, const ElementType& t
   const std::string got = type.name + " of " + std::to_string(data.bytes) + " bytes";
   const std::string rule = "`tensor` must be a receive buffer for the " + sent + " rank " +
                            std::to_string(pe) + " sent, but got " + got;
-  return same_type ? InvalidArgument(rule) : TypeError(rule);
+  return DtypeOf(header) == type.name ? InvalidArgument(rule) : TypeError(rule);
 }
 
 }  // namespace hp::shmem

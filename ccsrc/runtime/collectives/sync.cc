@@ -24,6 +24,7 @@ std::vector<char> StatementBytes(const std::string& text) {
 Result<Fingerprint> CollectiveEngine::Begin(Collective collective, const ElementType* type, std::uint64_t count,
                                             std::uint32_t reduce_op, std::int32_t peer) {
   op_name_ = CollectiveName(collective);
+  if (Deferred()) HP_RETURN_IF_ERROR(CheckDeferred(/*take=*/true));   // an earlier call's verdict, now it is in
   if (!team_.broken.empty()) {
     return StateError("team cannot run collectives any more: op=" + std::string(op_name()) + " " + team_.Describe() +
                       " reason=" + team_.broken);
@@ -67,7 +68,12 @@ Status CollectiveEngine::Refuse(Collective collective, const Status& refusal) {
   Fingerprint f = begun.value();
   f.refusal = static_cast<std::int32_t>(refusal.code());
   const Status reported = Open(f, nullptr, &refusal.message()).status();
-  return reported.ok() ? Internal("a refused call passed its first sync: op=" + std::string(op_name())) : reported;
+  if (!reported.ok()) return reported;
+  if (Deferred()) {   // the members learn of it from their deferred checks
+    return Status(refusal.code(), refusal.message() + " (refused by rank " + std::to_string(team_.my_pe()) + ": op=" +
+                                      op_name() + " " + team_.Describe() + "; every member fails this call)");
+  }
+  return Internal("a refused call passed its first sync: op=" + std::string(op_name()));
 }
 
 Status CollectiveEngine::GiveUp(const Status& why) {
@@ -97,7 +103,7 @@ Result<std::vector<std::vector<std::int64_t>>> CollectiveEngine::Agree(Fingerpri
   if (fingerprint.role == static_cast<std::uint32_t>(CallRole::kForward)) fingerprint.role = f.role;
   fingerprint.refusal = 0;
   for (std::int64_t& w : fingerprint.where) w = -1;
-  HP_RETURN_IF_ERROR(Open(fingerprint, &values).status());
+  HP_RETURN_IF_ERROR(OpenNow(fingerprint, &values).status());   // the values go back to the host now
   const int n = team_.size();
   std::vector<std::vector<std::int64_t>> rows(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) {
@@ -225,6 +231,14 @@ Status CollectiveEngine::SyncFailed(const Status& status, bool first) {
 
 Result<std::vector<Fingerprint>> CollectiveEngine::Open(Fingerprint fingerprint, const std::vector<std::int64_t>* counts,
                                                         const std::string* statement) {
+  if (!Deferred()) return OpenNow(fingerprint, counts, statement);
+  HP_RETURN_IF_ERROR(OpenDeferred(fingerprint, counts, statement));
+  return std::vector<Fingerprint>{};
+}
+
+Result<std::vector<Fingerprint>> CollectiveEngine::OpenNow(Fingerprint fingerprint,
+                                                           const std::vector<std::int64_t>* counts,
+                                                           const std::string* statement) {
   const int n = team_.size();
   ++team_.epoch;
   const int parity = static_cast<int>(team_.epoch & 1);

@@ -24,6 +24,8 @@ std::size_t CollectiveEngine::OneStepBytes(bool reduces) const {
 // ---- transfers ----------------------------------------------------------------------------------------------------
 
 Status CollectiveEngine::Put(void* symmetric_dst, const void* src, std::size_t bytes, int group_rank) {
+  // This rank's own copy: a local copy (on an NPU, the copy engine's, not a one-core MTE kernel).
+  if (group_rank == team_.me) return device_.Copy(symmetric_dst, src, bytes, stream_, keep_);
   auto* to = static_cast<char*>(symmetric_dst);
   const auto* from = static_cast<const char*>(src);
   const int pe = team_.pes[static_cast<std::size_t>(group_rank)];
@@ -33,6 +35,7 @@ Status CollectiveEngine::Put(void* symmetric_dst, const void* src, std::size_t b
 }
 
 Status CollectiveEngine::Get(void* dst, const void* symmetric_src, std::size_t bytes, int group_rank) {
+  if (group_rank == team_.me) return device_.Copy(dst, symmetric_src, bytes, stream_, keep_);
   auto* to = static_cast<char*>(dst);
   const auto* from = static_cast<const char*>(symmetric_src);
   const int pe = team_.pes[static_cast<std::size_t>(group_rank)];

@@ -327,6 +327,60 @@ Status HostDevice::CopyFromHeap(void* host_dst, const void* symmetric_src, std::
   return Status::Ok();
 }
 
+Status HostDevice::StageFromHost(void* symmetric_dst, const void* host_src, std::size_t bytes, StreamHandle stream) {
+  if (!heap_) return StateError("host device is not initialised: op=StageFromHost");
+  HP_RETURN_IF_ERROR(CheckInOwnHeap(*this, symmetric_dst, bytes, "symmetric_dst"));
+  if (stream == kDefaultStream) {
+    if (bytes > 0) std::memcpy(symmetric_dst, host_src, bytes);
+    return Status::Ok();
+  }
+  auto taken = std::make_shared<std::vector<char>>(static_cast<const char*>(host_src),
+                                                   static_cast<const char*>(host_src) + bytes);
+  return Enqueue(stream, [symmetric_dst, taken] {
+    if (!taken->empty()) std::memcpy(symmetric_dst, taken->data(), taken->size());
+    return Status::Ok();
+  });
+}
+
+Result<std::uint64_t> HostDevice::ReadLater(const void* symmetric_src, std::size_t bytes, StreamHandle stream) {
+  if (!heap_) return StateError("host device is not initialised: op=ReadLater");
+  HP_RETURN_IF_ERROR(CheckInOwnHeap(*this, symmetric_src, bytes, "symmetric_src"));
+  auto read = std::make_shared<PendingRead>();
+  read->bytes.resize(bytes);
+  if (stream == kDefaultStream) {
+    if (bytes > 0) std::memcpy(read->bytes.data(), symmetric_src, bytes);
+  } else {
+    HP_ASSIGN_OR_RETURN(read->stream, FindStream(stream));
+    read->ticket = read->stream->Enqueue([symmetric_src, read] {
+      if (!read->bytes.empty()) std::memcpy(read->bytes.data(), symmetric_src, read->bytes.size());
+      return Status::Ok();
+    });
+  }
+  std::lock_guard<std::mutex> lock(reads_mu_);
+  const std::uint64_t token = next_read_++;
+  reads_[token] = std::move(read);
+  return token;
+}
+
+Result<bool> HostDevice::TakeRead(std::uint64_t token, void* host_dst) {
+  std::shared_ptr<PendingRead> read;
+  {
+    std::lock_guard<std::mutex> lock(reads_mu_);
+    auto it = reads_.find(token);
+    if (it == reads_.end()) {
+      return InvalidArgument("`token` must be a read started by ReadLater and not taken yet, but got " +
+                             std::to_string(token));
+    }
+    read = it->second;
+  }
+  if (read->stream != nullptr && read->stream->completed() < read->ticket) return false;
+  if (read->stream != nullptr) HP_RETURN_IF_ERROR(read->stream->pending_error());
+  if (!read->bytes.empty()) std::memcpy(host_dst, read->bytes.data(), read->bytes.size());
+  std::lock_guard<std::mutex> lock(reads_mu_);
+  reads_.erase(token);
+  return true;
+}
+
 Result<std::shared_ptr<HostStream>> HostDevice::FindStream(StreamHandle stream) const {
   std::lock_guard<std::mutex> lock(streams_mu_);
   auto it = streams_.find(stream);

@@ -59,6 +59,10 @@ class HostDevice final : public Device {
   Status CopyToHeap(void* symmetric_dst, const void* host_src, std::size_t bytes) override;
   Status CopyFromHeap(void* host_dst, const void* symmetric_src, std::size_t bytes) override;
   std::size_t max_transfer_bytes() const override { return 0; }
+  // memcpy when the stream reaches them (at once on the default stream).
+  Status StageFromHost(void* symmetric_dst, const void* host_src, std::size_t bytes, StreamHandle stream) override;
+  Result<std::uint64_t> ReadLater(const void* symmetric_src, std::size_t bytes, StreamHandle stream) override;
+  Result<bool> TakeRead(std::uint64_t token, void* host_dst) override;
 
   Status Put(void* symmetric_dst, const void* src, std::size_t bytes, int pe, StreamHandle stream,
              KeepAlive keep) override;
@@ -154,6 +158,16 @@ class HostDevice final : public Device {
   // Barriers this rank has entered. Barriers pair up across ranks by their order, so a process issues one
   // barrier at a time (from one stream or thread), like one NCCL communicator.
   std::atomic<std::uint64_t> barrier_epoch_{0};
+
+  // Reads started by ReadLater: the bytes, and the stream and ticket after which they are there (none: at once).
+  struct PendingRead {
+    std::vector<char> bytes;
+    std::shared_ptr<HostStream> stream;
+    std::uint64_t ticket = 0;
+  };
+  std::mutex reads_mu_;
+  std::map<std::uint64_t, std::shared_ptr<PendingRead>> reads_;
+  std::uint64_t next_read_ = 1;
 
   mutable std::mutex streams_mu_;
   std::map<StreamHandle, std::shared_ptr<HostStream>> streams_;

@@ -29,6 +29,11 @@ std::uint64_t HostStream::last_ticket() const {
   return enqueued_;
 }
 
+std::uint64_t HostStream::completed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return completed_;
+}
+
 void HostStream::WaitFor(std::uint64_t ticket) {
   std::unique_lock<std::mutex> lock(mu_);
   done_cv_.wait(lock, [&] { return completed_ >= ticket; });

@@ -28,6 +28,8 @@ class HostStream {
   std::uint64_t Enqueue(Task task);
   // The ticket of the last task queued so far (0 when none).
   std::uint64_t last_ticket() const;
+  // The ticket of the last task that has run (tasks run in ticket order).
+  std::uint64_t completed() const;
   // Blocks until every task up to `ticket` has run.
   void WaitFor(std::uint64_t ticket);
   // Blocks until everything queued so far has run; returns (and clears) the first failure since the last call.
