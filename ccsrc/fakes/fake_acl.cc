@@ -130,6 +130,7 @@ aclError aclrtCreateEvent(aclrtEvent* event) {
   std::lock_guard<std::mutex> lock(world.mu);
   if (const int code = world.Enter(Named("aclrtCreateEvent"))) return code;
   if (event == nullptr) return ACL_ERROR_RT_PARAM_INVALID;
+  world.Count(&FakeCounters::events_created);
   auto created = std::make_shared<Event>();
   *event = created.get();
   world.events.emplace(created.get(), std::move(created));
@@ -175,6 +176,19 @@ aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) {
   return ACL_SUCCESS;
 }
 
+// The host asks; nothing waits, and a lagging stream is not made to run (only a wait for it demands that).
+aclError aclrtQueryEventStatus(aclrtEvent event, aclrtEventRecordedStatus* status) {
+  World& world = World::Get();
+  std::lock_guard<std::mutex> lock(world.mu);
+  if (const int code = world.Enter(Named("aclrtQueryEventStatus"))) return code;
+  auto found = world.events.find(event);
+  if (found == world.events.end() || status == nullptr) return ACL_ERROR_RT_PARAM_INVALID;
+  const Event& queried = *found->second;
+  const bool complete = !queried.stream || queried.stream->completed >= queried.position;
+  *status = complete ? ACL_EVENT_RECORDED_STATUS_COMPLETE : ACL_EVENT_RECORDED_STATUS_NOT_READY;
+  return ACL_SUCCESS;
+}
+
 aclError aclrtMalloc(void** devPtr, size_t size, aclrtMemMallocPolicy policy) {
   World& world = World::Get();
   std::lock_guard<std::mutex> lock(world.mu);
@@ -209,6 +223,7 @@ aclError aclrtMallocHost(void** hostPtr, size_t size) {
   call.bytes = size;
   if (const int code = world.Enter(call)) return code;
   if (hostPtr == nullptr || size == 0) return ACL_ERROR_RT_PARAM_INVALID;
+  world.Count(&FakeCounters::host_mallocs);
   World::PinnedBuffer buffer;
   buffer.bytes.reset(new char[size]());
   buffer.size = size;

@@ -1,9 +1,10 @@
-// The fake aclnn operator API: tensor and scalar descriptors, and the operators the ascend device reduces and casts
-// with (in-place add, maximum, minimum, in-place division by a scalar, cast), in CANN's two phases. The first phase
-// checks the descriptors and builds a one-shot executor; the second enqueues it on a stream, where it reads and
-// writes NPU memory through the fakes' host views: memory of the launching NPU, or the heap of a PE that NPU maps
-// (reached through aclshmem_ptr, over HCCS). Host memory, or a peer's heap the NPU does not map (aclshmem_ptr
-// answers an address for it all the same), faults the kernel, as on an NPU.
+// The fake aclnn operator API: tensor, tensor-list and scalar descriptors, and the operators the ascend device reduces
+// and casts with (in-place add, the n-ary add, maximum, minimum, in-place division by a scalar, cast), in CANN's two
+// phases. The first phase checks the descriptors and builds a one-shot executor, asking for a workspace; the second
+// enqueues it on a stream, where it reads and writes NPU memory through the fakes' host views: memory of the launching
+// NPU, or the heap of a PE that NPU maps (reached through aclshmem_ptr, over HCCS). Host memory, a peer's heap the NPU
+// does not map (aclshmem_ptr answers an address for it all the same), or a workspace freed before the operator ran
+// faults the kernel, as on an NPU.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -13,6 +14,7 @@
 
 #include "aclnn/acl_meta.h"
 #include "aclnnop/aclnn_add.h"
+#include "aclnnop/aclnn_add_n.h"
 #include "aclnnop/aclnn_cast.h"
 #include "aclnnop/aclnn_div.h"
 #include "aclnnop/aclnn_maximum.h"
@@ -41,14 +43,22 @@ struct aclScalar {
   double value = 0;
 };
 
-enum class Kind { kAdd, kMax, kMin, kDivs, kCast };
+// Owns its tensors: aclDestroyTensorList destroys each (opbase acl_op_api.cpp:157-172).
+struct aclTensorList {
+  std::vector<const aclTensor*> tensors;
+};
+
+enum class Kind { kAdd, kMax, kMin, kDivs, kCast, kAddN };
 
 struct aclOpExecutor {
   Kind kind = Kind::kAdd;
-  aclTensor self;
-  aclTensor other;   // kAdd/kMax/kMin
-  aclTensor out;     // kMax/kMin/kCast (kAdd, kDivs: self)
-  double scalar = 0; // kAdd: alpha, kDivs: the divisor
+  aclTensor self;                // kAddN: the first term
+  aclTensor other;               // kAdd/kMax/kMin
+  aclTensor out;                 // kMax/kMin/kCast/kAddN (kAdd, kDivs: self)
+  std::vector<aclTensor> terms;  // kAddN, in the list's order
+  double scalar = 0;             // kAdd: alpha, kDivs: the divisor
+  std::uint64_t workspace_bytes = hp::fakes::kAclnnWorkspaceBytes;   // what the first phase asked for
+  void* workspace = nullptr;     // the launch's, read and written when the operator runs
   int device = -1;
   std::shared_ptr<Pe> pe;   // the launching process's PE (null: none): which peers' heaps its NPU maps
 };
@@ -163,7 +173,7 @@ double Apply(Kind kind, double a, double b, double scalar) {
     case Kind::kMax: return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b);
     case Kind::kMin: return std::isnan(a) || std::isnan(b) ? NAN : std::min(a, b);
     case Kind::kDivs: return a / scalar;
-    case Kind::kCast: return a;
+    case Kind::kCast: case Kind::kAddN: return a;   // kAddN runs in RunAddN
   }
   return a;
 }
@@ -181,8 +191,72 @@ std::int64_t ApplyInt64(Kind kind, std::int64_t a, std::int64_t b, double scalar
   }
 }
 
-// The operator on the stream: every operand must be memory the launching NPU reaches, or the kernel faults.
+// One add of the vector unit in `dtype`: floating-point sums rounded to the dtype, integers wrapping.
+void AddElement(aclDataType dtype, const char* a, const char* b, char* result) {
+  if (dtype == ACL_INT32) {
+    std::uint32_t x, y;
+    std::memcpy(&x, a, 4);
+    std::memcpy(&y, b, 4);
+    const std::uint32_t sum = x + y;
+    std::memcpy(result, &sum, 4);
+  } else if (dtype == ACL_INT64) {
+    std::uint64_t x, y;
+    std::memcpy(&x, a, 8);
+    std::memcpy(&y, b, 8);
+    const std::uint64_t sum = x + y;
+    std::memcpy(result, &sum, 8);
+  } else {
+    Store(result, dtype, Load(a, dtype) + Load(b, dtype));
+  }
+}
+
+// aclnnAddN's kernel (l0op::AddN, then a ViewCopy into `out`: math/add_n/op_api/aclnn_add_n.cpp at ops-math c4193324)
+// writes the sum into an intermediate tensor of the executor's workspace and only then copies it into out, so out may
+// be one of the terms. The order of its additions is ops-math's AddN kernel (op_kernel/arch35/add_n_regbase.h:121-155
+// with the tiling of op_host/arch35/add_n_tiling_arch35.cpp:196-203): y = 0; the first `first` terms summed left to
+// right and added to y; then every following group of 8 summed left to right and added to y; each partial sum in the
+// dtype. (The 910B's own AICore kernel is not in the sources: third_party/shmem_patches/README.md, first run.)
+int RunAddN(const aclOpExecutor& op, char* intermediate, const std::vector<HostView>& terms, const HostView& to) {
+  constexpr std::size_t kGroup = 8;
+  const std::size_t n = terms.size();
+  std::size_t first = n;
+  if (n > kGroup + 1) {
+    first = n % kGroup <= 1 ? n % kGroup + kGroup : n % kGroup;
+  }
+  const aclDataType dtype = op.out.dtype;
+  const std::size_t size = ElementSize(dtype);
+  char zero[8] = {};
+  char group[8];
+  for (std::size_t i = 0; i < op.out.elements; ++i) {
+    const std::size_t at = i * size;
+    char* y = intermediate + at;
+    std::memcpy(y, zero, size);
+    for (std::size_t start = 0; start < n; start = start == 0 ? first : start + kGroup) {
+      const std::size_t end = start == 0 ? first : start + kGroup;
+      std::memcpy(group, terms[start].host + at, size);
+      for (std::size_t k = start + 1; k < end; ++k) AddElement(dtype, group, terms[k].host + at, group);
+      AddElement(dtype, y, group, y);
+    }
+  }
+  std::memcpy(to.host, intermediate, op.out.elements * size);   // the ViewCopy into out
+  return ACL_SUCCESS;
+}
+
+// The operator on the stream: every operand must be memory the launching NPU reaches, and its workspace must still be
+// there, or the kernel faults.
 int Run(const aclOpExecutor& op) {
+  const HostView workspace = HostView::Of(op.workspace, op.workspace_bytes);
+  if (op.kind == Kind::kAddN) {
+    std::vector<HostView> terms;
+    for (const aclTensor& term : op.terms) terms.push_back(HostView::Of(term.data, term.elements * ElementSize(term.dtype)));
+    const HostView to = HostView::Of(op.out.data, op.out.elements * ElementSize(op.out.dtype));
+    World& world = World::Get();
+    std::lock_guard<std::mutex> lock(world.mu);
+    bool reached = workspace && workspace.memory->device() == op.device && world.Accessible(op.pe.get(), op.device, to);
+    for (const HostView& term : terms) reached = reached && world.Accessible(op.pe.get(), op.device, term);
+    if (!reached) return kKernelFault;
+    return RunAddN(op, workspace.host, terms, to);
+  }
   const std::size_t n = op.self.elements;
   const bool binary = op.kind == Kind::kAdd || op.kind == Kind::kMax || op.kind == Kind::kMin;
   const aclTensor& out = op.kind == Kind::kAdd || op.kind == Kind::kDivs ? op.self : op.out;
@@ -193,8 +267,8 @@ int Run(const aclOpExecutor& op) {
     World& world = World::Get();
     std::lock_guard<std::mutex> lock(world.mu);
     const Pe* launcher = op.pe.get();
-    if (!world.Accessible(launcher, op.device, self) || !world.Accessible(launcher, op.device, to) ||
-        (binary && !world.Accessible(launcher, op.device, other))) {
+    if (!workspace || workspace.memory->device() != op.device || !world.Accessible(launcher, op.device, self) ||
+        !world.Accessible(launcher, op.device, to) || (binary && !world.Accessible(launcher, op.device, other))) {
       return kKernelFault;
     }
   }
@@ -270,14 +344,58 @@ int Launch(const char* name, void* workspace, uint64_t workspaceSize, aclOpExecu
   std::unique_ptr<aclOpExecutor> op(executor);   // one-shot: consumed by the launch
   if (const int code = world.TakeFailure(name)) return code;
   if (op == nullptr) return kAclnnErrParamNullptr;
-  const HostView scratch = HostView::Of(workspace, kAclnnWorkspaceBytes);
-  if (workspaceSize < kAclnnWorkspaceBytes || !scratch || scratch.memory->device() != CurrentProcess().device) {
+  const HostView scratch = HostView::Of(workspace, op->workspace_bytes);
+  if (workspaceSize < op->workspace_bytes || !scratch || scratch.memory->device() != CurrentProcess().device) {
     return kAclnnErrParamInvalid;
   }
   if (world.streams.count(stream) == 0) return kAclnnErrParamInvalid;
+  op->workspace = workspace;
   std::shared_ptr<aclOpExecutor> shared(op.release());
   shared->pe = CurrentProcess().pe;
   world.Enqueue(stream, [shared](const Stream&) { return Run(*shared); });
+  return ACL_SUCCESS;
+}
+
+// The SoCs aclnnAddN runs on: the 910B (A2) and the 910_93 (A3), both DAV_2201 (CheckArch, aclnn_add_n.cpp).
+bool RunsAddN(const std::string& soc) {
+  return soc.rfind("Ascend910B", 0) == 0 || soc.rfind("Ascend910_93", 0) == 0;
+}
+
+// aclnnAddNGetWorkspaceSize's checks (CheckParams, aclnn_add_n.cpp; the documented errors of aclnnAddN.md): null
+// pointers, then the SoC, the dtypes (INT32, INT64, FLOAT16, BFLOAT16, FLOAT32, one for all), the shapes (equal, at most
+// 8 dimensions). The workspace holds the intermediate sum (l0op::AddN allocates it in the executor) besides the fixed
+// part every fake operator asks for.
+int PrepareAddN(const aclTensorList* tensors, const aclTensor* out, uint64_t* workspaceSize, aclOpExecutor** executor) {
+  World& world = World::Get();
+  std::lock_guard<std::mutex> lock(world.mu);
+  FakeCall call = Named("aclnnAddNGetWorkspaceSize", out);
+  call.target_pe = tensors != nullptr ? static_cast<int>(tensors->tensors.size()) : -1;   // the number of terms
+  if (const int code = world.Enter(call)) return code;
+  if (tensors == nullptr || out == nullptr || workspaceSize == nullptr || executor == nullptr) {
+    return kAclnnErrParamNullptr;
+  }
+  for (const aclTensor* term : tensors->tensors) {
+    if (term == nullptr) return kAclnnErrParamNullptr;
+  }
+  // The release reads the first term before it looks at the list's size; an empty list is refused here instead.
+  if (tensors->tensors.empty() || !RunsAddN(world.soc_name)) return kAclnnErrParamInvalid;
+  const auto takes = [](aclDataType dtype) {
+    return dtype == ACL_INT32 || dtype == ACL_INT64 || dtype == ACL_FLOAT16 || dtype == ACL_BF16 || dtype == ACL_FLOAT;
+  };
+  constexpr std::size_t kMaxDims = 8;
+  if (!takes(out->dtype) || out->dims.size() > kMaxDims) return kAclnnErrParamInvalid;
+  for (const aclTensor* term : tensors->tensors) {
+    if (term->dtype != out->dtype || term->dims != out->dims) return kAclnnErrParamInvalid;
+  }
+  auto* op = new aclOpExecutor();
+  op->kind = Kind::kAddN;
+  op->out = *out;
+  for (const aclTensor* term : tensors->tensors) op->terms.push_back(*term);
+  op->self = op->terms.front();
+  op->workspace_bytes = kAclnnWorkspaceBytes + out->elements * ElementSize(out->dtype);
+  op->device = CurrentProcess().device;
+  *workspaceSize = op->workspace_bytes;
+  *executor = op;
   return ACL_SUCCESS;
 }
 
@@ -328,11 +446,36 @@ aclScalar* aclCreateScalar(void* value, aclDataType dataType) {
   return scalar;
 }
 
+aclTensorList* aclCreateTensorList(const aclTensor* const* value, uint64_t size) {
+  World& world = World::Get();
+  std::lock_guard<std::mutex> lock(world.mu);
+  if (size != 0 && value == nullptr) return nullptr;
+  auto* list = new aclTensorList();
+  list->tensors.assign(value, value + size);
+  ++world.live_aclnn_objects;
+  return list;
+}
+
+// The release answers OK for a null descriptor (opbase acl_op_api.cpp:93-97, 106-110).
 aclnnStatus aclDestroyTensor(const aclTensor* tensor) {
   World& world = World::Get();
   std::lock_guard<std::mutex> lock(world.mu);
-  if (tensor == nullptr) return kAclnnErrParamNullptr;
+  if (tensor == nullptr) return ACL_SUCCESS;
   delete tensor;
+  --world.live_aclnn_objects;
+  return ACL_SUCCESS;
+}
+
+aclnnStatus aclDestroyTensorList(const aclTensorList* array) {
+  World& world = World::Get();
+  std::lock_guard<std::mutex> lock(world.mu);
+  if (array == nullptr) return ACL_SUCCESS;
+  for (const aclTensor* tensor : array->tensors) {
+    if (tensor == nullptr) continue;
+    delete tensor;
+    --world.live_aclnn_objects;
+  }
+  delete array;
   --world.live_aclnn_objects;
   return ACL_SUCCESS;
 }
@@ -340,7 +483,7 @@ aclnnStatus aclDestroyTensor(const aclTensor* tensor) {
 aclnnStatus aclDestroyScalar(const aclScalar* scalar) {
   World& world = World::Get();
   std::lock_guard<std::mutex> lock(world.mu);
-  if (scalar == nullptr) return kAclnnErrParamNullptr;
+  if (scalar == nullptr) return ACL_SUCCESS;
   delete scalar;
   --world.live_aclnn_objects;
   return ACL_SUCCESS;
@@ -355,6 +498,15 @@ aclnnStatus aclnnInplaceAddGetWorkspaceSize(const aclTensor* selfRef, const aclT
 
 aclnnStatus aclnnInplaceAdd(void* workspace, uint64_t workspaceSize, aclOpExecutor* executor, aclrtStream stream) {
   return Launch("aclnnInplaceAdd", workspace, workspaceSize, executor, stream);
+}
+
+aclnnStatus aclnnAddNGetWorkspaceSize(const aclTensorList* tensors, aclTensor* out, uint64_t* workspaceSize,
+                                      aclOpExecutor** executor) {
+  return PrepareAddN(tensors, out, workspaceSize, executor);
+}
+
+aclnnStatus aclnnAddN(void* workspace, uint64_t workspaceSize, aclOpExecutor* executor, aclrtStream stream) {
+  return Launch("aclnnAddN", workspace, workspaceSize, executor, stream);
 }
 
 aclnnStatus aclnnMaximumGetWorkspaceSize(const aclTensor* self, const aclTensor* other, aclTensor* out,

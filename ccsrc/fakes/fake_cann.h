@@ -9,9 +9,10 @@
 //   DEFAULT_TIMEOUT and runs the config store without TLS.
 // - A failed aclshmemx_init_attr keeps what it built until aclshmem_finalize: before the heap is set up the status
 //   stays NOT_INITIALIZED, after it SHM_CREATED, and a failure of init's last barrier leaves IS_INITIALIZED.
-// - Streams run after the host enqueued (SetStreamLag: by default a millisecond later); a timed-out wait keeps spinning, and destroying its stream or
-//   finalizing hangs (counted, see SetHangLimit); streams under graph capture (aclmdlRICaptureBegin) record instead of
-//   running, and refuse synchronization and blocking copies.
+// - Streams run after the host enqueued (SetStreamLag: by default a millisecond later); aclrtQueryEventStatus tells
+//   whether they ran as far as an event without making them run; a timed-out wait keeps spinning, and destroying its
+//   stream or finalizing hangs (counted, see SetHangLimit); streams under graph capture (aclmdlRICaptureBegin) record
+//   instead of running, and refuse synchronization and blocking copies.
 // - A signal SET writes back its whole 64-byte line as the writer last wrote it; unknown compare and signal ops are
 //   ignored by the kernels.
 // - Reachability is the chip's: PEs reach each other over MTE (mapped heaps) on one host and, on a 910B, in one group
@@ -87,6 +88,8 @@ struct FakeCounters {
   // aclrtRecordEvent, aclrtStreamWaitEvent, aclnn launches, aclmdlRIExecuteAsync.
   std::size_t device_tasks = 0;
   std::size_t device_mallocs = 0;   // aclrtMalloc
+  std::size_t host_mallocs = 0;     // aclrtMallocHost (page-locked host memory)
+  std::size_t events_created = 0;   // aclrtCreateEvent
 };
 
 // The control-plane barrier of CANN SHMEM (aclshmemi_control_barrier_all). FailNext(kControlBarrier, code) fails the
@@ -99,7 +102,8 @@ constexpr const char* kControlBarrier = "aclshmemi_control_barrier_all";
 // aclnn's status codes the fake returns (CANN: ACLNN_ERR_PARAM_NULLPTR, ACLNN_ERR_PARAM_INVALID).
 constexpr int kAclnnErrParamNullptr = 161001;
 constexpr int kAclnnErrParamInvalid = 161002;
-// What every aclnn operator of the fake asks for as workspace, so that callers exercise the workspace path.
+// What every aclnn operator of the fake asks for as workspace, so that callers exercise the workspace path; aclnnAddN
+// asks for its intermediate sum (out's bytes) on top, so that its workspace grows with the tensor as the release's does.
 constexpr std::uint64_t kAclnnWorkspaceBytes = 1024;
 
 class FakeCann {

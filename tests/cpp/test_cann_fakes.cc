@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "fake_heap.h"
 #include "aclnn/acl_meta.h"
 #include "aclnnop/aclnn_add.h"
+#include "aclnnop/aclnn_add_n.h"
 #include "aclnnop/aclnn_cast.h"
 #include "aclnnop/aclnn_maximum.h"
 #include "aclnnop/aclnn_minimum.h"
@@ -960,6 +962,226 @@ TEST_F(CannFakesTest, AclnnOperatorsRunOnTheStreamInTwoPhases) {
   EXPECT_EQ(FakeCann::LiveAclnnObjects(), 0u);
   ASSERT_EQ(aclrtDestroyStream(stream), ACL_SUCCESS);
   for (void* p : {a, b, workspace}) EXPECT_EQ(aclrtFree(p), ACL_SUCCESS);
+}
+
+TEST_F(CannFakesTest, AnEventQueryTellsWhetherTheStreamRanThatFarWithoutMakingItRun) {
+  ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS);
+  FakeCann::SetStreamLag(FakeCann::kLagUntilDemanded);
+  FakeCann::ResetCounters();
+  void* npu = nullptr;
+  ASSERT_EQ(aclrtMalloc(&npu, 8, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  void* pinned = nullptr;
+  ASSERT_EQ(aclrtMallocHost(&pinned, 8), ACL_SUCCESS);
+  aclrtStream stream = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&stream), ACL_SUCCESS);
+  aclrtEvent event = nullptr;
+  ASSERT_EQ(aclrtCreateEvent(&event), ACL_SUCCESS);
+  aclrtEventRecordedStatus status = ACL_EVENT_RECORDED_STATUS_NOT_READY;
+  ASSERT_EQ(aclrtQueryEventStatus(event, &status), ACL_SUCCESS);
+  EXPECT_EQ(status, ACL_EVENT_RECORDED_STATUS_COMPLETE);   // never recorded: nothing to wait for
+  for (const char* text : {"queried", "again!!"}) {
+    std::memcpy(pinned, text, 8);
+    ASSERT_EQ(aclrtMemcpyAsync(npu, 8, pinned, 8, ACL_MEMCPY_HOST_TO_DEVICE, stream), ACL_SUCCESS);
+    ASSERT_EQ(aclrtRecordEvent(event, stream), ACL_SUCCESS);   // the last record decides
+    for (int ask = 0; ask < 3; ++ask) {
+      ASSERT_EQ(aclrtQueryEventStatus(event, &status), ACL_SUCCESS);
+      EXPECT_EQ(status, ACL_EVENT_RECORDED_STATUS_NOT_READY);
+    }
+    EXPECT_NE(Download(npu, 8), std::string(text, 8));   // asking did not make the stream run the copy
+    ASSERT_EQ(aclrtSynchronizeStream(stream), ACL_SUCCESS);
+    ASSERT_EQ(aclrtQueryEventStatus(event, &status), ACL_SUCCESS);
+    EXPECT_EQ(status, ACL_EVENT_RECORDED_STATUS_COMPLETE);
+    EXPECT_EQ(Download(npu, 8), std::string(text, 8));
+  }
+  EXPECT_EQ(aclrtQueryEventStatus(event, nullptr), ACL_ERROR_RT_PARAM_INVALID);
+  const FakeCounters counters = FakeCann::Counters();
+  EXPECT_EQ(counters.events_created, 1u);
+  EXPECT_EQ(counters.host_mallocs, 1u);
+  EXPECT_EQ(counters.device_tasks, 4u);   // two copies, two records; the queries are no tasks
+  EXPECT_EQ(aclrtDestroyEvent(event), ACL_SUCCESS);
+  EXPECT_EQ(aclrtQueryEventStatus(event, &status), ACL_ERROR_RT_PARAM_INVALID);
+  EXPECT_EQ(aclrtDestroyStream(stream), ACL_SUCCESS);
+  EXPECT_EQ(aclrtFreeHost(pinned), ACL_SUCCESS);
+  EXPECT_EQ(aclrtFree(npu), ACL_SUCCESS);
+}
+
+TEST_F(CannFakesTest, ATensorListOwnsItsTensors) {
+  const int64_t dims[1] = {4};
+  float data[4] = {};
+  aclTensor* terms[2] = {aclCreateTensor(dims, 1, ACL_FLOAT, nullptr, 0, ACL_FORMAT_ND, dims, 1, data),
+                         aclCreateTensor(dims, 1, ACL_FLOAT, nullptr, 0, ACL_FORMAT_ND, dims, 1, data)};
+  aclTensorList* list = aclCreateTensorList(terms, 2);
+  ASSERT_NE(list, nullptr);
+  EXPECT_EQ(FakeCann::LiveAclnnObjects(), 3u);
+  EXPECT_EQ(aclDestroyTensorList(list), ACL_SUCCESS);   // and with it, its tensors (acl_op_api.cpp:157-172)
+  EXPECT_EQ(FakeCann::LiveAclnnObjects(), 0u);
+  EXPECT_EQ(aclCreateTensorList(nullptr, 2), nullptr);
+  aclTensorList* empty = aclCreateTensorList(nullptr, 0);
+  ASSERT_NE(empty, nullptr);
+  EXPECT_EQ(aclDestroyTensorList(empty), ACL_SUCCESS);
+  // Null descriptors are no error to destroy, as in the release.
+  EXPECT_EQ(aclDestroyTensorList(nullptr), ACL_SUCCESS);
+  EXPECT_EQ(aclDestroyTensor(nullptr), ACL_SUCCESS);
+  EXPECT_EQ(aclDestroyScalar(nullptr), ACL_SUCCESS);
+}
+
+// Tensors of `values` (raw 16- or 32-bit patterns) in NPU memory, one per term, for aclnnAddN.
+class AddNTerms {
+ public:
+  template <typename T>
+  AddNTerms(const std::vector<std::vector<T>>& terms, aclDataType dtype) {
+    for (const std::vector<T>& term : terms) {
+      void* npu = nullptr;
+      EXPECT_EQ(aclrtMalloc(&npu, term.size() * sizeof(T), ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+      Upload(npu, term.data(), term.size() * sizeof(T));
+      buffers_.push_back(npu);
+      const int64_t dims[1] = {static_cast<int64_t>(term.size())};
+      tensors_.push_back(aclCreateTensor(dims, 1, dtype, nullptr, 0, ACL_FORMAT_ND, dims, 1, npu));
+    }
+  }
+  ~AddNTerms() {
+    for (void* npu : buffers_) EXPECT_EQ(aclrtFree(npu), ACL_SUCCESS);
+  }
+  void* data(std::size_t k) const { return buffers_[k]; }
+  // A list of the terms: it owns their tensors from now on.
+  aclTensorList* List() { return aclCreateTensorList(tensors_.data(), tensors_.size()); }
+
+ private:
+  std::vector<void*> buffers_;
+  std::vector<aclTensor*> tensors_;
+};
+
+// Launches aclnnAddN of `list` into `out` on `stream` with a workspace of its own; the operator's status.
+int LaunchAddN(aclTensorList* list, aclTensor* out, aclrtStream stream, std::vector<void*>* workspaces) {
+  uint64_t size = 0;
+  aclOpExecutor* executor = nullptr;
+  if (const int code = aclnnAddNGetWorkspaceSize(list, out, &size, &executor)) return code;
+  void* workspace = nullptr;
+  EXPECT_EQ(aclrtMalloc(&workspace, size, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  workspaces->push_back(workspace);
+  return aclnnAddN(workspace, size, executor, stream);
+}
+
+TEST_F(CannFakesTest, AclnnAddNSumsInTheKernelsOrderIntoAnOutThatMayBeATerm) {
+  ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS);
+  aclrtStream stream = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&stream), ACL_SUCCESS);
+  std::vector<void*> workspaces;
+  const int64_t one[1] = {1};
+  // float16 2048 + 1 rounds back to 2048 (ties to even): the order of the additions shows in the sum. Three terms are
+  // one group, summed left to right: 2048, not 2050.
+  constexpr std::uint16_t k2048 = 0x6800, kOne = 0x3c00;
+  AddNTerms three(std::vector<std::vector<std::uint16_t>>{{k2048}, {kOne}, {kOne}}, ACL_FLOAT16);
+  aclTensor* into_first = aclCreateTensor(one, 1, ACL_FLOAT16, nullptr, 0, ACL_FORMAT_ND, one, 1, three.data(0));
+  aclTensorList* list = three.List();
+  ASSERT_EQ(LaunchAddN(list, into_first, stream, &workspaces), ACL_SUCCESS);   // in place over the first term
+  // Ten terms: the first two (10 % 8) are one group, the other eight another, and the groups are added: 2048 + 8.
+  std::vector<std::vector<std::uint16_t>> ten(10, std::vector<std::uint16_t>{kOne});
+  ten[0][0] = k2048;
+  AddNTerms groups(ten, ACL_FLOAT16);
+  void* sum = nullptr;
+  ASSERT_EQ(aclrtMalloc(&sum, 2, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  aclTensor* out = aclCreateTensor(one, 1, ACL_FLOAT16, nullptr, 0, ACL_FORMAT_ND, one, 1, sum);
+  aclTensorList* grouped = groups.List();
+  ASSERT_EQ(LaunchAddN(grouped, out, stream, &workspaces), ACL_SUCCESS);
+  // int32 wraps, as the vector unit's add does.
+  AddNTerms ints(std::vector<std::vector<std::int32_t>>{{std::numeric_limits<std::int32_t>::max(), 5}, {1, -7}},
+                 ACL_INT32);
+  const int64_t two[1] = {2};
+  aclTensor* into_ints = aclCreateTensor(two, 1, ACL_INT32, nullptr, 0, ACL_FORMAT_ND, two, 1, ints.data(1));
+  aclTensorList* int_list = ints.List();
+  ASSERT_EQ(LaunchAddN(int_list, into_ints, stream, &workspaces), ACL_SUCCESS);
+  ASSERT_EQ(aclrtSynchronizeStream(stream), ACL_SUCCESS);
+  std::uint16_t half = 0;
+  ASSERT_EQ(aclrtMemcpy(&half, 2, three.data(0), 2, ACL_MEMCPY_DEVICE_TO_HOST), ACL_SUCCESS);
+  EXPECT_EQ(half, k2048);
+  ASSERT_EQ(aclrtMemcpy(&half, 2, sum, 2, ACL_MEMCPY_DEVICE_TO_HOST), ACL_SUCCESS);
+  EXPECT_EQ(half, 0x6804);   // 2056
+  std::int32_t wrapped[2] = {};
+  ASSERT_EQ(aclrtMemcpy(wrapped, 8, ints.data(1), 8, ACL_MEMCPY_DEVICE_TO_HOST), ACL_SUCCESS);
+  EXPECT_EQ(wrapped[0], std::numeric_limits<std::int32_t>::min());
+  EXPECT_EQ(wrapped[1], -2);
+  for (aclTensorList* done : {list, grouped, int_list}) EXPECT_EQ(aclDestroyTensorList(done), ACL_SUCCESS);
+  for (aclTensor* done : {into_first, out, into_ints}) EXPECT_EQ(aclDestroyTensor(done), ACL_SUCCESS);
+  EXPECT_EQ(FakeCann::LiveAclnnObjects(), 0u);
+  for (void* workspace : workspaces) EXPECT_EQ(aclrtFree(workspace), ACL_SUCCESS);
+  EXPECT_EQ(aclrtFree(sum), ACL_SUCCESS);
+  EXPECT_EQ(aclrtDestroyStream(stream), ACL_SUCCESS);
+}
+
+TEST_F(CannFakesTest, AclnnAddNRefusesWhatTheReleaseRefusesAndNeedsItsWorkspaceUntilItRan) {
+  ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS);
+  aclrtStream stream = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&stream), ACL_SUCCESS);
+  const int64_t four[1] = {4}, three[1] = {3};
+  void* npu = nullptr;
+  ASSERT_EQ(aclrtMalloc(&npu, 64, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  auto tensor = [&](aclDataType dtype, const int64_t* dims) {
+    return aclCreateTensor(dims, 1, dtype, nullptr, 0, ACL_FORMAT_ND, dims, 1, npu);
+  };
+  uint64_t size = 0;
+  aclOpExecutor* executor = nullptr;
+  // Only INT32, INT64, FLOAT16, BFLOAT16 and FLOAT32 (ADD_N_DTYPE_SUPPORT_LIST, aclnn_add_n.cpp), one for all.
+  for (aclDataType dtype : {ACL_DOUBLE, ACL_INT8, ACL_UINT8}) {
+    SCOPED_TRACE(dtype);
+    const aclTensor* terms[2] = {tensor(dtype, four), tensor(dtype, four)};
+    aclTensorList* list = aclCreateTensorList(terms, 2);
+    aclTensor* out = tensor(dtype, four);
+    EXPECT_EQ(aclnnAddNGetWorkspaceSize(list, out, &size, &executor), kAclnnErrParamInvalid);
+    EXPECT_EQ(aclDestroyTensorList(list), ACL_SUCCESS);
+    EXPECT_EQ(aclDestroyTensor(out), ACL_SUCCESS);
+  }
+  struct Case {
+    const char* what;
+    aclDataType second;
+    const int64_t* second_dims;
+    aclDataType out;
+    int code;
+  };
+  for (const Case& c : {Case{"mixed dtypes", ACL_INT32, four, ACL_FLOAT, kAclnnErrParamInvalid},
+                        Case{"another out dtype", ACL_FLOAT, four, ACL_FLOAT16, kAclnnErrParamInvalid},
+                        Case{"another shape", ACL_FLOAT, three, ACL_FLOAT, kAclnnErrParamInvalid},
+                        Case{"alike", ACL_FLOAT, four, ACL_FLOAT, ACL_SUCCESS}}) {
+    SCOPED_TRACE(c.what);
+    const aclTensor* terms[2] = {tensor(ACL_FLOAT, four), tensor(c.second, c.second_dims)};
+    aclTensorList* list = aclCreateTensorList(terms, 2);
+    aclTensor* out = tensor(c.out, four);
+    EXPECT_EQ(aclnnAddNGetWorkspaceSize(list, out, &size, &executor), c.code);
+    if (c.code == ACL_SUCCESS) {
+      // The intermediate sum lives in the workspace: the release's l0op::AddN allocates it in the executor.
+      EXPECT_EQ(size, kAclnnWorkspaceBytes + 4 * sizeof(float));
+      void* workspace = nullptr;
+      ASSERT_EQ(aclrtMalloc(&workspace, size, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+      EXPECT_EQ(aclnnAddN(workspace, size - 1, executor, stream), kAclnnErrParamInvalid);
+      ASSERT_EQ(aclnnAddNGetWorkspaceSize(list, out, &size, &executor), ACL_SUCCESS);
+      FakeCann::SetStreamLag(FakeCann::kLagUntilDemanded);
+      ASSERT_EQ(aclnnAddN(workspace, size, executor, stream), ACL_SUCCESS);
+      // Freed before the stream ran the operator: the kernel faults.
+      ASSERT_EQ(aclrtFree(workspace), ACL_SUCCESS);
+      EXPECT_EQ(aclrtSynchronizeStream(stream), ACL_ERROR_RT_AICORE_EXCEPTION);
+    }
+    EXPECT_EQ(aclDestroyTensorList(list), ACL_SUCCESS);
+    EXPECT_EQ(aclDestroyTensor(out), ACL_SUCCESS);
+  }
+  aclTensor* out = tensor(ACL_FLOAT, four);
+  EXPECT_EQ(aclnnAddNGetWorkspaceSize(nullptr, out, &size, &executor), kAclnnErrParamNullptr);
+  const aclTensor* holes[2] = {tensor(ACL_FLOAT, four), nullptr};
+  aclTensorList* holed = aclCreateTensorList(holes, 2);
+  EXPECT_EQ(aclnnAddNGetWorkspaceSize(holed, out, &size, &executor), kAclnnErrParamNullptr);
+  EXPECT_EQ(aclDestroyTensorList(holed), ACL_SUCCESS);
+  // The 910B (A2) and 910_93 (A3) only (CheckArch): another SoC is refused.
+  FakeCann::SetSocName("Ascend310P3");
+  const aclTensor* terms[1] = {tensor(ACL_FLOAT, four)};
+  aclTensorList* list = aclCreateTensorList(terms, 1);
+  EXPECT_EQ(aclnnAddNGetWorkspaceSize(list, out, &size, &executor), kAclnnErrParamInvalid);
+  FakeCann::SetSocName("Ascend910_9391");
+  EXPECT_EQ(aclnnAddNGetWorkspaceSize(list, out, &size, &executor), ACL_SUCCESS);
+  EXPECT_EQ(aclnnAddN(nullptr, 0, executor, stream), kAclnnErrParamInvalid);   // consumes the executor
+  EXPECT_EQ(aclDestroyTensorList(list), ACL_SUCCESS);
+  EXPECT_EQ(aclDestroyTensor(out), ACL_SUCCESS);
+  EXPECT_EQ(FakeCann::LiveAclnnObjects(), 0u);
+  EXPECT_EQ(aclrtFree(npu), ACL_SUCCESS);
+  EXPECT_EQ(aclrtDestroyStream(stream), ACL_SUCCESS);
 }
 
 }  // namespace

@@ -27,6 +27,13 @@ typedef enum aclrtMemMallocPolicy {
   ACL_MEM_MALLOC_NORMAL_ONLY_P2P,
 } aclrtMemMallocPolicy;
 
+// What aclrtQueryEventStatus answers: COMPLETE once the stream ran everything enqueued before the event's last record
+// (an event never recorded is complete).
+typedef enum aclrtEventRecordedStatus {
+  ACL_EVENT_RECORDED_STATUS_NOT_READY = 0,
+  ACL_EVENT_RECORDED_STATUS_COMPLETE = 1,
+} aclrtEventRecordedStatus;
+
 aclError aclrtSetDevice(int32_t deviceId);
 aclError aclrtGetDevice(int32_t *deviceId);
 const char *aclrtGetSocName();
@@ -41,6 +48,8 @@ aclError aclrtCreateEvent(aclrtEvent *event);
 aclError aclrtDestroyEvent(aclrtEvent event);
 aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream);
 aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event);
+// Whether the event's last record has run, without waiting and without making the stream run.
+aclError aclrtQueryEventStatus(aclrtEvent event, aclrtEventRecordedStatus *status);
 
 // Memory of the current device.
 aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy policy);

@@ -14,6 +14,7 @@ extern "C" {
 typedef struct aclOpExecutor aclOpExecutor;
 typedef struct aclTensor aclTensor;
 typedef struct aclScalar aclScalar;
+typedef struct aclTensorList aclTensorList;
 typedef int32_t aclnnStatus;
 
 #ifndef ACLNN_API
@@ -24,8 +25,11 @@ aclTensor *aclCreateTensor(const int64_t *viewDims, uint64_t viewDimsNum, aclDat
                            int64_t offset, aclFormat format, const int64_t *storageDims, uint64_t storageDimsNum,
                            void *tensorData);
 aclScalar *aclCreateScalar(void *value, aclDataType dataType);
+// A list of tensors (an operator's variable-length input). The list owns them: destroying it destroys each tensor.
+aclTensorList *aclCreateTensorList(const aclTensor *const *value, uint64_t size);
 aclnnStatus aclDestroyTensor(const aclTensor *tensor);
 aclnnStatus aclDestroyScalar(const aclScalar *scalar);
+aclnnStatus aclDestroyTensorList(const aclTensorList *array);
 
 #ifdef __cplusplus
 }
