@@ -456,7 +456,7 @@ aclTensorList* aclCreateTensorList(const aclTensor* const* value, uint64_t size)
   return list;
 }
 
-// The release answers OK for a null descriptor (opbase acl_op_api.cpp:93-97, 106-110).
+// The release answers OK for a null descriptor (opbase acl_op_api.cpp:92-97, 105-110).
 aclnnStatus aclDestroyTensor(const aclTensor* tensor) {
   World& world = World::Get();
   std::lock_guard<std::mutex> lock(world.mu);

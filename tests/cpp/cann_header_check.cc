@@ -4,6 +4,7 @@
 #include "cann_layout.h"
 
 #include <aclnnop/aclnn_add.h>
+#include <aclnnop/aclnn_add_n.h>
 #include <aclnnop/aclnn_cast.h>
 #include <aclnnop/aclnn_div.h>
 #include <aclnnop/aclnn_maximum.h>

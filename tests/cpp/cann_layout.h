@@ -82,7 +82,11 @@ static_assert(ACL_FLOAT == 0 && ACL_FLOAT16 == 1 && ACL_INT8 == 2 && ACL_INT32 =
                   ACL_INT64 == 9 && ACL_DOUBLE == 11 && ACL_BF16 == 27,
               "aclDataType values");
 static_assert(ACL_FORMAT_ND == 2, "aclFormat ND");
-static_assert(ACL_MEMCPY_HOST_TO_DEVICE == 1 && ACL_MEMCPY_DEVICE_TO_HOST == 2, "memcpy kinds");
+static_assert(ACL_MEMCPY_HOST_TO_DEVICE == 1 && ACL_MEMCPY_DEVICE_TO_HOST == 2 && ACL_MEMCPY_DEVICE_TO_DEVICE == 3,
+              "memcpy kinds");
+// aclrtQueryEventStatus's answers (not aclrtQueryEvent's aclrtEventStatus, where COMPLETE is 0).
+static_assert(ACL_EVENT_RECORDED_STATUS_NOT_READY == 0 && ACL_EVENT_RECORDED_STATUS_COMPLETE == 1,
+              "event recorded status");
 static_assert(sizeof(aclnnStatus) == 4, "aclnnStatus is int32_t");
 
 }  // namespace hp::cann_layout

@@ -462,10 +462,12 @@ TEST_F(AscendDeviceTest, DataPlaneCallsCarryTheStreamBytesAndPe) {
     EXPECT_EQ(put.bytes, 1000u);
     EXPECT_EQ(put.target_pe, peer);
     EXPECT_EQ(put.address, reinterpret_cast<std::uintptr_t>(buffer.value()));
+    FakeCann::ResetCounters();
     ASSERT_TRUE(IsOk(device.Signal(signal.value(), SignalWidth::k32, 5, SignalOp::kAdd, peer, stream.value())));
+    // One task: the put before it was a blocking one, which quiets before its kernel ends, so no quiet precedes it.
+    EXPECT_EQ(FakeCann::Counters().device_tasks, 1u);
+    EXPECT_TRUE(CallsOf(rank, "aclshmemx_quiet_on_stream").empty());
     const std::vector<FakeCall> calls = CallsOf(rank);
-    ASSERT_GE(calls.size(), 2u);
-    EXPECT_EQ(calls[calls.size() - 2].name, "aclshmemx_quiet_on_stream");   // puts complete before the signal
     const FakeCall& sig = calls.back();
     EXPECT_EQ(sig.name, "aclshmemx_signal_op_on_stream");
     EXPECT_EQ(sig.stream, stream.value());
@@ -1405,6 +1407,349 @@ TEST_F(AscendDeviceTest, ReductionFailuresKeepTheAclnnStatusAndRejectBrokenContr
   });
 }
 
+// ---- stream-ordered staging and reads (the engine's deferred checks) ------------------------------------------------
+
+TEST_F(AscendDeviceTest, StagingAndReadsRunInStreamOrderWithoutTheHostWaiting) {
+  RunNpuRanks(1, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 1), bootstrap)));
+    auto row = device.Allocate(128, 64);
+    ASSERT_TRUE(row.ok());
+    WriteNpu(row.value(), std::string(128, '0').data(), 128);
+    auto stream = device.CreateStream();
+    ASSERT_TRUE(stream.ok());
+    FakeCann::SetStreamLag(FakeCann::kLagUntilDemanded);   // the NPU runs nothing until someone waits for it
+    FakeCann::ResetCounters();
+    std::string host(128, 'r');
+    ASSERT_TRUE(IsOk(device.StageFromHost(row.value(), host.data(), host.size(), stream.value())));
+    host.assign(128, 'x');   // the bytes were taken at the call: the caller may reuse its memory
+    auto token = device.ReadLater(row.value(), 128, stream.value());
+    ASSERT_TRUE(token.ok()) << token.status().ToString();
+    std::string seen(128, '?');
+    for (int ask = 0; ask < 3; ++ask) {   // asking never makes the stream run
+      auto ready = device.TakeRead(token.value(), seen.data());
+      ASSERT_TRUE(ready.ok()) << ready.status().ToString();
+      EXPECT_FALSE(ready.value());
+    }
+    const fakes::FakeCounters counters = FakeCann::Counters();
+    EXPECT_EQ(counters.stream_synchronizations, 0u);
+    EXPECT_EQ(counters.blocking_copies, 0u);
+    EXPECT_EQ(counters.device_tasks, 4u);   // two copies, each followed by its event
+    EXPECT_EQ(seen, std::string(128, '?'));
+    EXPECT_EQ(ReadNpu(row.value(), 128), std::vector<char>(128, '0'));   // nor has the staging run
+    // Once the NPU got that far (the test waits for it itself), the read holds the staged row, and is taken once.
+    ASSERT_EQ(aclrtSynchronizeStream(reinterpret_cast<aclrtStream>(stream.value())), ACL_SUCCESS);
+    auto ready = device.TakeRead(token.value(), seen.data());
+    ASSERT_TRUE(ready.ok()) << ready.status().ToString();
+    EXPECT_TRUE(ready.value());
+    EXPECT_EQ(seen, std::string(128, 'r'));
+    EXPECT_TRUE(HasError(device.TakeRead(token.value(), seen.data()).status(), StatusCode::kInvalidArgument,
+                         "`token` must be a read started by ReadLater and not taken yet, but got " +
+                             std::to_string(token.value())));
+    const NpuBuffer outside(64);
+    EXPECT_TRUE(HasError(device.StageFromHost(outside.data(), host.data(), 64, stream.value()),
+                         StatusCode::kInvalidArgument, "`symmetric_dst` must lie inside this rank's symmetric heap"));
+    EXPECT_TRUE(HasError(device.ReadLater(outside.data(), 64, stream.value()).status(), StatusCode::kInvalidArgument,
+                         "`symmetric_src` must lie inside this rank's symmetric heap"));
+    ASSERT_TRUE(IsOk(device.SynchronizeStream(stream.value())));
+    ASSERT_TRUE(IsOk(device.DestroyStream(stream.value())));
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+  // Finalize gave every page-locked buffer and event back.
+  EXPECT_EQ(FakeCann::LiveEvents(), 0u);
+}
+
+TEST_F(AscendDeviceTest, StagingBuffersAndEventsArePooledAndReusedOnlyOnceTheirCopyRan) {
+  RunNpuRanks(1, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 1), bootstrap)));
+    auto rows = device.Allocate(2 * 64, 64);
+    ASSERT_TRUE(rows.ok());
+    char* first = static_cast<char*>(rows.value());
+    char* second = first + 64;
+    aclrtStream caller = nullptr;   // the torch_npu current stream
+    ASSERT_EQ(aclrtCreateStream(&caller), ACL_SUCCESS);
+    const auto stream = reinterpret_cast<StreamHandle>(caller);
+    FakeCann::SetStreamLag(FakeCann::kLagUntilDemanded);
+    FakeCann::ResetCounters();
+    // Two rows staged before the stream ran either: the first one's buffer is still to be copied, so the second
+    // cannot have it.
+    ASSERT_TRUE(IsOk(device.StageFromHost(first, std::string(64, 'a').data(), 64, stream)));
+    ASSERT_TRUE(IsOk(device.StageFromHost(second, std::string(64, 'b').data(), 64, stream)));
+    EXPECT_EQ(FakeCann::Counters().host_mallocs, 2u);
+    EXPECT_EQ(FakeCann::Counters().events_created, 2u);
+    ASSERT_EQ(aclrtSynchronizeStream(caller), ACL_SUCCESS);
+    EXPECT_EQ(ReadNpu(first, 64), std::vector<char>(64, 'a'));
+    EXPECT_EQ(ReadNpu(second, 64), std::vector<char>(64, 'b'));
+    // Warm: a staging and a read take pooled buffers and events, and allocate nothing.
+    FakeCann::ResetCounters();
+    ASSERT_TRUE(IsOk(device.StageFromHost(first, std::string(64, 'c').data(), 64, stream)));
+    auto token = device.ReadLater(first, 64, stream);
+    ASSERT_TRUE(token.ok());
+    ASSERT_EQ(aclrtSynchronizeStream(caller), ACL_SUCCESS);
+    std::string seen(64, '?');
+    auto ready = device.TakeRead(token.value(), seen.data());
+    ASSERT_TRUE(ready.ok() && ready.value());
+    EXPECT_EQ(seen, std::string(64, 'c'));
+    const fakes::FakeCounters warm = FakeCann::Counters();
+    EXPECT_EQ(warm.host_mallocs, 0u);
+    EXPECT_EQ(warm.events_created, 0u);
+    EXPECT_EQ(warm.device_mallocs, 0u);
+    EXPECT_TRUE(FakeCann::CallsNamed("aclrtMallocHost").size() == 2u);   // the two of the cold calls only
+    ASSERT_TRUE(IsOk(device.Finalize()));
+    EXPECT_EQ(FakeCann::CallsNamed("aclrtFreeHost").size(), 2u);
+    ASSERT_EQ(aclrtDestroyStream(caller), ACL_SUCCESS);
+  });
+  EXPECT_EQ(FakeCann::LiveEvents(), 0u);
+}
+
+TEST_F(AscendDeviceTest, OnTheDefaultStreamStagingAndReadsCompleteBeforeTheyReturn) {
+  RunNpuRanks(1, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 1), bootstrap)));
+    auto row = device.Allocate(64, 64);
+    ASSERT_TRUE(row.ok());
+    FakeCann::SetStreamLag(FakeCann::kLagUntilDemanded);
+    FakeCann::ResetCounters();
+    ASSERT_TRUE(IsOk(device.StageFromHost(row.value(), std::string(64, 'd').data(), 64, kDefaultStream)));
+    EXPECT_EQ(ReadNpu(row.value(), 64), std::vector<char>(64, 'd'));
+    auto token = device.ReadLater(row.value(), 64, kDefaultStream);
+    ASSERT_TRUE(token.ok());
+    std::string seen(64, '?');
+    auto ready = device.TakeRead(token.value(), seen.data());
+    ASSERT_TRUE(ready.ok());
+    EXPECT_TRUE(ready.value());
+    EXPECT_EQ(seen, std::string(64, 'd'));
+    EXPECT_EQ(FakeCann::Counters().stream_synchronizations, 2u);   // the rule of the default stream, one per call
+    EXPECT_EQ(FakeCann::CallsNamed("aclrtSynchronizeStreamWithTimeout").back().stream, device.default_stream());
+    // Nothing to copy: nothing enqueued, and the read is there at once.
+    FakeCann::ResetCounters();
+    ASSERT_TRUE(IsOk(device.StageFromHost(row.value(), seen.data(), 0, kDefaultStream)));
+    auto empty = device.ReadLater(row.value(), 0, kDefaultStream);
+    ASSERT_TRUE(empty.ok());
+    ready = device.TakeRead(empty.value(), seen.data());
+    ASSERT_TRUE(ready.ok() && ready.value());
+    EXPECT_EQ(FakeCann::Counters().device_tasks, 0u);
+    ASSERT_TRUE(IsOk(device.Finalize()));
+    EXPECT_TRUE(HasError(device.StageFromHost(row.value(), seen.data(), 1, kDefaultStream), StatusCode::kStateError,
+                         "ascend device is not initialised: op=StageFromHost"));
+  });
+}
+
+TEST_F(AscendDeviceTest, StagingAndReadsAreRefusedOnACapturedStreamWhoseReplayWouldCopyStaleBytes) {
+  RunNpuRanks(1, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 1), bootstrap)));
+    auto row = device.Allocate(64, 64);
+    ASSERT_TRUE(row.ok());
+    aclrtStream captured = nullptr;
+    ASSERT_EQ(aclrtCreateStream(&captured), ACL_SUCCESS);
+    const auto handle = reinterpret_cast<StreamHandle>(captured);
+    ASSERT_EQ(aclmdlRICaptureBegin(captured, ACL_MODEL_RI_CAPTURE_MODE_GLOBAL), ACL_SUCCESS);
+    const std::string stream = Hex(handle);
+    const char fill[64] = {};
+    EXPECT_TRUE(HasError(device.StageFromHost(row.value(), fill, 64, handle), StatusCode::kStateError,
+                         "StageFromHost cannot run while stream " + stream + " is being captured "
+                         "(aclmdlRICaptureBegin): it would record a copy from a page-locked buffer, which every replay "
+                         "of the graph would copy again long after this call (stale bytes, or the bytes of a later "
+                         "call the buffer went to); the engine's collectives cannot be captured: "
+                         "capture_status=active"));
+    EXPECT_TRUE(HasError(device.ReadLater(row.value(), 64, handle).status(), StatusCode::kStateError,
+                         "ReadLater cannot run while stream " + stream + " is being captured (aclmdlRICaptureBegin): "
+                         "it would record a copy into a page-locked buffer, which every replay"));
+    // Refused before ACL saw anything: the capture is intact.
+    EXPECT_TRUE(FakeCann::CallsNamed("aclrtMemcpyAsync").empty());
+    EXPECT_TRUE(FakeCann::CallsNamed("aclrtMallocHost").empty());
+    aclmdlRI model = nullptr;
+    ASSERT_EQ(aclmdlRICaptureEnd(captured, &model), ACL_SUCCESS);
+    ASSERT_EQ(aclmdlRIDestroy(model), ACL_SUCCESS);
+    ASSERT_TRUE(IsOk(device.Finalize()));
+    ASSERT_EQ(aclrtDestroyStream(captured), ACL_SUCCESS);
+  });
+}
+
+TEST_F(AscendDeviceTest, WhatEnqueuedCallsKeepIsReleasedOnceAnEventRecordedAfterThemCompleted) {
+  RunNpuRanks(1, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 1), bootstrap)));
+    auto buffer = device.Allocate(16 * 4, 64);
+    auto row = device.Allocate(64, 64);
+    ASSERT_TRUE(buffer.ok() && row.ok());
+    WriteValues(buffer.value(), std::vector<float>(16, 1.0f));
+    const NpuBuffer out(16 * 4);
+    auto stream = device.CreateStream();
+    ASSERT_TRUE(stream.ok());
+    FakeCann::SetStreamLag(FakeCann::kLagUntilDemanded);
+    const std::size_t objects = FakeCann::LiveAclnnObjects();
+    auto kept = std::make_shared<int>(0);
+    ASSERT_TRUE(IsOk(device.Reduce(out.data(), buffer.value(), 16, DataType::kFloat32, ReduceOp::kMax, {0, 0},
+                                   stream.value(), kept)));
+    EXPECT_GT(FakeCann::LiveAclnnObjects(), objects);
+    EXPECT_EQ(kept.use_count(), 2);
+    // A staged row records an event after the reduction; once it completed, the next staging lets go of what the
+    // reduction kept, with nobody synchronizing the device's stream.
+    ASSERT_TRUE(IsOk(device.StageFromHost(row.value(), std::string(64, 's').data(), 64, stream.value())));
+    EXPECT_EQ(kept.use_count(), 2);
+    ASSERT_EQ(aclrtSynchronizeStream(reinterpret_cast<aclrtStream>(stream.value())), ACL_SUCCESS);
+    FakeCann::ResetCounters();
+    ASSERT_TRUE(IsOk(device.StageFromHost(row.value(), std::string(64, 't').data(), 64, stream.value())));
+    EXPECT_EQ(kept.use_count(), 1);
+    EXPECT_EQ(FakeCann::LiveAclnnObjects(), objects);
+    EXPECT_EQ(FakeCann::Counters().stream_synchronizations, 0u);
+    ASSERT_TRUE(IsOk(device.SynchronizeStream(stream.value())));
+    EXPECT_EQ(ReadValues<float>(out.data(), 16), std::vector<float>(16, 1.0f));
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
+// ---- one operator per sum, and nothing allocated once warm ---------------------------------------------------------
+
+void ExpectSumsInOneAclnnAddN(int ranks) {
+  constexpr std::size_t kCount = 64;
+  RunNpuRanks(ranks, [ranks](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, ranks), bootstrap)));
+    auto f32 = device.Allocate(kCount * 4, 64);
+    auto i64 = device.Allocate(kCount * 8, 64);
+    auto f64 = device.Allocate(kCount * 8, 64);
+    ASSERT_TRUE(f32.ok() && i64.ok() && f64.ok());
+    // Small integers: every sum is exact in every dtype, whatever the order of the additions.
+    std::vector<float> floats(kCount);
+    std::vector<std::int64_t> longs(kCount);
+    std::vector<double> doubles(kCount);
+    for (std::size_t i = 0; i < kCount; ++i) {
+      floats[i] = static_cast<float>(rank * 100 + static_cast<int>(i));
+      longs[i] = (std::int64_t{1} << 40) * rank + static_cast<std::int64_t>(i);
+      doubles[i] = static_cast<double>(floats[i]);
+    }
+    WriteValues(f32.value(), floats);
+    WriteValues(i64.value(), longs);
+    WriteValues(f64.value(), doubles);
+    ASSERT_TRUE(IsOk(device.Barrier(kDefaultStream)));
+    std::vector<int> all(static_cast<std::size_t>(ranks));
+    for (int r = 0; r < ranks; ++r) all[static_cast<std::size_t>(r)] = r;
+    const int rank_sum = ranks * (ranks - 1) / 2;
+    auto stream = device.CreateStream();
+    ASSERT_TRUE(stream.ok());
+    const NpuBuffer out(kCount * 8);
+    auto launches = [rank](const char* name) { return CallsOf(rank, name).size(); };
+
+    // sum: one aclnnAddN over every member's copy, read in place; no pairwise add.
+    ASSERT_TRUE(IsOk(device.Reduce(out.data(), f32.value(), kCount, DataType::kFloat32, ReduceOp::kSum, all,
+                                   stream.value(), nullptr)));
+    EXPECT_EQ(launches("aclnnAddN"), 1u);
+    EXPECT_EQ(FakeCann::CallsNamed("aclnnAddNGetWorkspaceSize").back().target_pe, ranks);   // the terms
+    EXPECT_EQ(launches("aclnnInplaceAdd"), 0u);
+    ASSERT_TRUE(IsOk(device.SynchronizeStream(stream.value())));
+    auto sums = ReadValues<float>(out.data(), kCount);
+    for (std::size_t i = 0; i < kCount; ++i) {
+      EXPECT_EQ(sums[i], static_cast<float>(100 * rank_sum + ranks * static_cast<int>(i))) << i;
+    }
+    // avg: the same sum, then one division.
+    ASSERT_TRUE(IsOk(device.Reduce(out.data(), f32.value(), kCount, DataType::kFloat32, ReduceOp::kAvg, all,
+                                   stream.value(), nullptr)));
+    EXPECT_EQ(launches("aclnnAddN"), 2u);
+    EXPECT_EQ(launches("aclnnInplaceDivs"), 1u);
+    // int64, every bit kept.
+    ASSERT_TRUE(IsOk(device.Reduce(out.data(), i64.value(), kCount, DataType::kInt64, ReduceOp::kSum, all,
+                                   stream.value(), nullptr)));
+    EXPECT_EQ(launches("aclnnAddN"), 3u);
+    ASSERT_TRUE(IsOk(device.SynchronizeStream(stream.value())));
+    const auto totals = ReadValues<std::int64_t>(out.data(), kCount);
+    for (std::size_t i = 0; i < kCount; ++i) {
+      EXPECT_EQ(totals[i], (std::int64_t{1} << 40) * rank_sum + ranks * static_cast<std::int64_t>(i)) << i;
+    }
+    // float64 is not an aclnnAddN dtype: n - 1 adds.
+    ASSERT_TRUE(IsOk(device.Reduce(out.data(), f64.value(), kCount, DataType::kFloat64, ReduceOp::kSum, all,
+                                   stream.value(), nullptr)));
+    EXPECT_EQ(launches("aclnnAddN"), 3u);
+    EXPECT_EQ(launches("aclnnInplaceAdd"), static_cast<std::size_t>(ranks - 1));
+    ASSERT_TRUE(IsOk(device.SynchronizeStream(stream.value())));
+    const auto wide = ReadValues<double>(out.data(), kCount);
+    for (std::size_t i = 0; i < kCount; ++i) EXPECT_EQ(wide[i], static_cast<double>(sums[i])) << i;
+    // Warm: the next sum on the stream allocates nothing (its workspace is the stream's). In place over rank 0's own
+    // copy, which nobody else reads meanwhile: the operator sums into its workspace before it writes out.
+    ASSERT_TRUE(IsOk(device.Barrier(kDefaultStream)));
+    if (rank == 0) {
+      FakeCann::ResetCounters();
+      ASSERT_TRUE(IsOk(device.Reduce(f32.value(), f32.value(), kCount, DataType::kFloat32, ReduceOp::kSum, all,
+                                     stream.value(), nullptr)));
+      EXPECT_EQ(FakeCann::Counters().device_mallocs, 0u);
+      EXPECT_EQ(FakeCann::Counters().device_tasks, 1u);
+      ASSERT_TRUE(IsOk(device.SynchronizeStream(stream.value())));
+      EXPECT_EQ(ReadValues<float>(f32.value(), kCount), sums);
+    }
+    ASSERT_TRUE(IsOk(device.DestroyStream(stream.value())));
+    ASSERT_TRUE(bootstrap.Barrier().ok());
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+  EXPECT_EQ(FakeCann::LiveDeviceAllocations(), 0u);
+  EXPECT_EQ(FakeCann::LiveAclnnObjects(), 0u);
+}
+
+TEST_F(AscendDeviceTest, ASumOverFourPesIsOneAclnnAddN) { ExpectSumsInOneAclnnAddN(4); }
+TEST_F(AscendDeviceTest, ASumOverEightPesIsOneAclnnAddN) { ExpectSumsInOneAclnnAddN(8); }
+
+TEST_F(AscendDeviceTest, SumsStayPairwiseWhereTheSocHasNoAclnnAddN) {
+  FakeCann::SetSocName("Ascend310P3");
+  RunNpuRanks(2, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 2), bootstrap)));
+    auto f32 = device.Allocate(16 * 4, 64);
+    ASSERT_TRUE(f32.ok());
+    WriteValues(f32.value(), std::vector<float>(16, static_cast<float>(rank + 1)));
+    ASSERT_TRUE(IsOk(device.Barrier(kDefaultStream)));
+    const NpuBuffer out(16 * 4);
+    ASSERT_TRUE(IsOk(device.Reduce(out.data(), f32.value(), 16, DataType::kFloat32, ReduceOp::kSum, {0, 1},
+                                   kDefaultStream, nullptr)));
+    EXPECT_EQ(ReadValues<float>(out.data(), 16), std::vector<float>(16, 3.0f));
+    EXPECT_TRUE(CallsOf(rank, "aclnnAddNGetWorkspaceSize").empty());
+    EXPECT_EQ(CallsOf(rank, "aclnnInplaceAdd").size(), 1u);
+    ASSERT_TRUE(bootstrap.Barrier().ok());
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
+TEST_F(AscendDeviceTest, AStreamsWorkspaceGrowsAndTheOutgrownOneIsFreedOnlyOnceTheStreamRanPastIt) {
+  constexpr std::size_t kSmall = 16;
+  constexpr std::size_t kLarge = 64 * 1024;   // aclnnAddN's workspace holds its sum: 256 KiB, past the first buffer
+  RunNpuRanks(1, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 1), bootstrap)));
+    auto buffer = device.Allocate(kLarge * 4, 64);
+    ASSERT_TRUE(buffer.ok());
+    std::vector<float> values(kLarge);
+    for (std::size_t i = 0; i < kLarge; ++i) values[i] = static_cast<float>(i % 1000);
+    WriteValues(buffer.value(), values);
+    const NpuBuffer small(kSmall * 4), large(kLarge * 4);
+    auto stream = device.CreateStream();
+    ASSERT_TRUE(stream.ok());
+    FakeCann::SetStreamLag(FakeCann::kLagUntilDemanded);
+    const std::size_t live = FakeCann::LiveDeviceAllocations();
+    // The same PE twice: two terms, this rank's copy read twice.
+    ASSERT_TRUE(IsOk(device.Reduce(small.data(), buffer.value(), kSmall, DataType::kFloat32, ReduceOp::kSum, {0, 0},
+                                   stream.value(), nullptr)));
+    EXPECT_EQ(FakeCann::LiveDeviceAllocations(), live + 1);   // the stream's workspace
+    ASSERT_TRUE(IsOk(device.Reduce(large.data(), buffer.value(), kLarge, DataType::kFloat32, ReduceOp::kSum, {0, 0},
+                                   stream.value(), nullptr)));
+    // Grown; the first sum has not run yet and still needs the old one.
+    EXPECT_EQ(FakeCann::LiveDeviceAllocations(), live + 2);
+    ASSERT_TRUE(IsOk(device.SynchronizeStream(stream.value())));   // a workspace freed early would fault a kernel
+    EXPECT_EQ(FakeCann::LiveDeviceAllocations(), live + 1);
+    const auto got = ReadValues<float>(large.data(), kLarge);
+    for (std::size_t i = 0; i < kLarge; i += 997) EXPECT_EQ(got[i], 2 * values[i]) << i;
+    EXPECT_EQ(ReadValues<float>(small.data(), kSmall)[kSmall - 1], 2 * values[kSmall - 1]);
+    FakeCann::ResetCounters();
+    ASSERT_TRUE(IsOk(device.Reduce(small.data(), buffer.value(), kSmall, DataType::kFloat32, ReduceOp::kAvg, {0, 0},
+                                   stream.value(), nullptr)));
+    EXPECT_EQ(FakeCann::Counters().device_mallocs, 0u);
+    EXPECT_EQ(FakeCann::Counters().device_tasks, 2u);   // one sum, one division
+    ASSERT_TRUE(IsOk(device.DestroyStream(stream.value())));
+    EXPECT_EQ(FakeCann::LiveDeviceAllocations(), live);   // the stream's workspace went with it
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
 TEST_F(AscendDeviceTest, WireFormatsCastWithAclnnCastReadPeersInPlaceAndFp8IsRefusedNamingTheMissingKernel) {
   constexpr std::size_t kCount = 8;
   RunNpuRanks(2, [](int rank, Bootstrap& bootstrap) {
@@ -1441,6 +1786,11 @@ TEST_F(AscendDeviceTest, WireFormatsCastWithAclnnCastReadPeersInPlaceAndFp8IsRef
                                           {0, 1}, kCount, out.data(), WireRun{}, kDefaultStream, nullptr)));
     decoded = ReadValues<float>(out.data(), kCount);
     for (std::size_t i = 0; i < kCount; ++i) EXPECT_EQ(decoded[i], (value(0, i) + value(1, i)) / 2) << i;
+    // Warm: the stream's scratch (the decoded terms) and workspace are there already.
+    FakeCann::ResetCounters();
+    ASSERT_TRUE(IsOk(device.ReduceEncoded(ops::LowFormat::kFloat16, DataType::kFloat32, ReduceOp::kAvg, nullptr, run,
+                                          {0, 1}, kCount, out.data(), WireRun{}, kDefaultStream, nullptr)));
+    EXPECT_EQ(FakeCann::Counters().device_mallocs, 0u);
     ASSERT_TRUE(IsOk(device.ReduceEncoded(ops::LowFormat::kFloat16, DataType::kFloat32, ReduceOp::kSum, wide.data(),
                                           run, {peer}, kCount, wide.data(), WireRun{}, kDefaultStream, nullptr)));
     decoded = ReadValues<float>(wide.data(), kCount);

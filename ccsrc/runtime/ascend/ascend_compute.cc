@@ -2,8 +2,18 @@
 // low-precision casts. Everything here is enqueued on a stream; peers' copies are read in place through
 // aclshmem_ptr, so only the PEs of this rank's node (MTE) can be sources. The data plane (init, memory, put/get,
 // signals, streams) is ascend_device.cc.
+//
+// Sums are one aclnnAddN over every source instead of n-1 aclnnInplaceAdd: one launch (each CANN operator is its own
+// launch with its own host tiling) and one pass over the sources instead of n-1 passes over dst. aclnnAddN takes
+// INT32, INT64, FLOAT16, BFLOAT16 and FLOAT32 only, and runs on the 910B and 910_93 only (ADD_N_DTYPE_SUPPORT_LIST and
+// CheckArch in ops-math math/add_n/op_api/aclnn_add_n.cpp): float64, int8 and uint8, and other SoCs, keep the pairwise
+// adds. CANN's library has no n-ary maximum or minimum (aclnnMaximum and aclnnMinimum take two tensors): max and min
+// stay pairwise. aclnnAddN sums into an intermediate in its workspace and then copies it into out (l0op::AddN, then
+// l0op::ViewCopy), so out may be one of the sources; the workspace holds that intermediate, so one launch sums at most
+// kMaxSumBytes and a longer range takes several.
 #include <algorithm>
 #include <functional>
+#include <limits>
 
 #include "runtime/ascend/ascend_device.h"
 #include "runtime/ascend/cann_api.h"
@@ -11,6 +21,13 @@
 
 namespace hp::shmem::ascend {
 namespace {
+
+// The most one aclnnAddN sums: its workspace holds its intermediate sum, and each stream keeps the largest workspace
+// it needed.
+constexpr std::size_t kMaxSumBytes = std::size_t{32} << 20;
+// Stream buffers grow to a power of two from this size, so that a run of growing calls allocates a few times only.
+constexpr std::size_t kMinStreamBufferBytes = std::size_t{64} << 10;
+
 bool ToAclDataType(DataType dtype, aclDataType* out) {
   switch (dtype) {
     case DataType::kFloat32: *out = ACL_FLOAT; return true;
@@ -65,24 +82,97 @@ std::shared_ptr<aclScalar> IntScalar(std::int64_t value) {
 
 }  // namespace
 
+Result<void*> AscendDevice::StreamBuffer(void* acl_stream, StreamBufferKind kind, std::size_t bytes,
+                                         const std::string& what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DeviceBuffer& buffer = stream_buffers_[acl_stream][static_cast<std::size_t>(kind)];
+  if (buffer.bytes >= bytes) return buffer.data;
+  std::size_t capacity = kMinStreamBufferBytes;
+  while (capacity < bytes && capacity <= std::numeric_limits<std::size_t>::max() / 2) capacity *= 2;
+  capacity = std::max(capacity, bytes);
+  void* data = nullptr;
+  HP_RETURN_IF_ERROR(FromAclError(aclrtMalloc(&data, capacity, ACL_MEM_MALLOC_HUGE_FIRST), "aclrtMalloc",
+                                  std::string(kind == StreamBufferKind::kWorkspace ? "workspace" : "scratch") +
+                                      "_bytes=" + std::to_string(capacity) + " " + what));
+  if (buffer.data != nullptr) {
+    // Calls enqueued on the stream before may still use the outgrown buffer: it goes with them (kept_), freed once the
+    // stream has run past them.
+    kept_[acl_stream].push_back(std::shared_ptr<void>(buffer.data, [](void* p) { (void)aclrtFree(p); }));
+  }
+  buffer = DeviceBuffer{data, capacity};
+  return data;
+}
+
 Status AscendDevice::RunAclnn(AclnnCall& call, void* acl_stream, const std::string& what) {
+  // Operators on one stream run one after another: they share its workspace.
+  std::lock_guard<std::recursive_mutex> enqueue(enqueue_mu_);
   std::uint64_t workspace_bytes = 0;
   aclOpExecutor* executor = nullptr;
   HP_RETURN_IF_ERROR(FromAclnnStatus(call.prepare(&workspace_bytes, &executor), call.prepare_name, what));
-  KeepAlive workspace;
-  void* workspace_data = nullptr;
+  void* workspace = nullptr;
   if (workspace_bytes > 0) {
-    HP_RETURN_IF_ERROR(FromAclError(aclrtMalloc(&workspace_data, workspace_bytes, ACL_MEM_MALLOC_HUGE_FIRST),
-                                    "aclrtMalloc", "workspace_bytes=" + std::to_string(workspace_bytes) + " " + what));
-    workspace = std::shared_ptr<void>(workspace_data, [](void* p) { (void)aclrtFree(p); });
+    HP_ASSIGN_OR_RETURN(workspace, StreamBuffer(acl_stream, StreamBufferKind::kWorkspace, workspace_bytes, what));
   }
   HP_RETURN_IF_ERROR(
-      FromAclnnStatus(call.launch(workspace_data, workspace_bytes, executor, acl_stream), call.launch_name, what));
-  // The operator runs later on the stream: its workspace and descriptors live until the stream is synchronized.
+      FromAclnnStatus(call.launch(workspace, workspace_bytes, executor, acl_stream), call.launch_name, what));
+  // The operator runs later on the stream: its descriptors live until the stream has run past it.
   std::lock_guard<std::mutex> lock(mu_);
   auto& kept = kept_[acl_stream];
-  if (workspace) kept.push_back(std::move(workspace));
   for (KeepAlive& descriptor : call.descriptors) kept.push_back(std::move(descriptor));
+  return Status::Ok();
+}
+
+bool AscendDevice::SumsInOneOperator(DataType dtype) const {
+  const bool on_soc = soc_name_.rfind("Ascend910B", 0) == 0 || soc_name_.rfind("Ascend910_93", 0) == 0;
+  switch (dtype) {
+    case DataType::kInt32: case DataType::kInt64: case DataType::kFloat16: case DataType::kBFloat16:
+    case DataType::kFloat32:
+      return on_soc;
+    default:
+      return false;
+  }
+}
+
+Status AscendDevice::EnqueueSum(void* out, const std::vector<void*>& sources, std::size_t count, DataType dtype,
+                                void* acl_stream, const std::string& what) {
+  aclDataType acl_dtype = ACL_DT_UNDEFINED;
+  (void)ToAclDataType(dtype, &acl_dtype);
+  const std::size_t element = DataTypeSize(dtype);
+  const std::size_t per_launch = kMaxSumBytes / element;
+  for (std::size_t done = 0; done < count; done += per_launch) {
+    const std::size_t n = std::min(per_launch, count - done);
+    const std::size_t offset = done * element;
+    // The list owns its tensors (aclDestroyTensorList destroys each): they are made for it and never destroyed alone.
+    std::vector<aclTensor*> terms;
+    for (void* source : sources) {
+      const std::int64_t dims[1] = {static_cast<std::int64_t>(n)};
+      const std::int64_t strides[1] = {1};
+      aclTensor* term = aclCreateTensor(dims, 1, acl_dtype, strides, 0, ACL_FORMAT_ND, dims, 1,
+                                        static_cast<char*>(source) + offset);
+      if (term == nullptr) {
+        for (aclTensor* made : terms) (void)aclDestroyTensor(made);
+        return DeviceError("aclCreateTensor failed: " + what);
+      }
+      terms.push_back(term);
+    }
+    aclTensorList* made = aclCreateTensorList(terms.data(), terms.size());
+    if (made == nullptr) {
+      for (aclTensor* term : terms) (void)aclDestroyTensor(term);
+      return DeviceError("aclCreateTensorList failed: " + what);
+    }
+    std::shared_ptr<aclTensorList> list(made, [](aclTensorList* l) { (void)aclDestroyTensorList(l); });
+    std::shared_ptr<aclTensor> sum = Tensor(static_cast<char*>(out) + offset, n, acl_dtype);
+    if (!sum) return DeviceError("aclCreateTensor failed: " + what);
+    AclnnCall call;
+    call.descriptors = {list, sum};
+    call.prepare_name = "aclnnAddNGetWorkspaceSize";
+    call.launch_name = "aclnnAddN";
+    call.prepare = [list, sum](std::uint64_t* size, aclOpExecutor** executor) {
+      return aclnnAddNGetWorkspaceSize(list.get(), sum.get(), size, executor);
+    };
+    call.launch = aclnnAddN;
+    HP_RETURN_IF_ERROR(RunAclnn(call, acl_stream, what));
+  }
   return Status::Ok();
 }
 
@@ -109,7 +199,16 @@ Status AscendDevice::Reduce(void* dst, const void* symmetric_src, std::size_t co
     sources.push_back(source);
   }
   void* acl_stream = Resolve(stream);
-  // dst starts as one source: itself when reducing in place over a set that holds this rank, else the first one.
+  if ((op == ReduceOp::kSum || op == ReduceOp::kAvg) && sources.size() > 1 && SumsInOneOperator(dtype)) {
+    HP_RETURN_IF_ERROR(EnqueueSum(dst, sources, count, dtype, acl_stream, what));
+    if (op == ReduceOp::kAvg) {
+      HP_RETURN_IF_ERROR(
+          EnqueueDivide(dst, count, dtype, static_cast<float>(pes.size()), acl_stream, what + " step=avg"));
+    }
+    return Completed(stream, acl_stream, std::move(keep), what);
+  }
+  // Pairwise: dst starts as one source (itself when reducing in place over a set that holds this rank, else the first
+  // one), and every other source is combined into it.
   std::size_t first = 0;
   const auto own = std::find(pes.begin(), pes.end(), rank_);
   if (dst == symmetric_src && own != pes.end()) {
@@ -301,6 +400,8 @@ Status AscendDevice::ReduceEncoded(ops::LowFormat format, DataType dtype, Reduce
   }
   void* acl_stream = Resolve(stream);
   const DataType wire = WireDataType(format);
+  // The scratch buffer is the stream's: no other call may enqueue on it between a decode and its add.
+  std::lock_guard<std::recursive_mutex> enqueue(enqueue_mu_);
   // 1. `out` starts as the first term: the first source decoded (own, when separate, is added to it: two terms add
   //    the same either way round), or `own` itself when it is `out`.
   std::size_t next = 0;
@@ -309,16 +410,10 @@ Status AscendDevice::ReduceEncoded(ops::LowFormat format, DataType dtype, Reduce
     next = 1;
     if (own != nullptr) HP_RETURN_IF_ERROR(EnqueueAdd(out, own, count, acc, acl_stream, what + " step=add own"));
   }
-  // 2. Every other source is decoded into scratch NPU memory and added (aclnnInplaceAdd takes one dtype).
+  // 2. Every other source is decoded into the stream's scratch buffer and added (aclnnInplaceAdd takes one dtype).
   if (next < sources.size()) {
-    const std::size_t bytes = count * DataTypeSize(dtype);
-    void* scratch = nullptr;
-    HP_RETURN_IF_ERROR(FromAclError(aclrtMalloc(&scratch, bytes, ACL_MEM_MALLOC_HUGE_FIRST), "aclrtMalloc",
-                                    "scratch_bytes=" + std::to_string(bytes) + " " + what));
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      kept_[acl_stream].push_back(std::shared_ptr<void>(scratch, [](void* p) { (void)aclrtFree(p); }));
-    }
+    HP_ASSIGN_OR_RETURN(void* scratch,
+                        StreamBuffer(acl_stream, StreamBufferKind::kScratch, count * DataTypeSize(dtype), what));
     for (std::size_t k = next; k < sources.size(); ++k) {
       const std::string step = what + " source=" + std::to_string(k);
       HP_RETURN_IF_ERROR(EnqueueCast(scratch, acc, sources[k], wire, count, acl_stream, step));

@@ -1,5 +1,6 @@
 // The ascend device's data plane: init and finalize of CANN SHMEM, the topology, symmetric memory, put/get, signals,
-// waits, the node barrier and streams. The aclnn compute (reductions, casts) is ascend_compute.cc.
+// waits, the node barrier, streams, and staging and reads in stream order (page-locked buffers and events, pooled).
+// The aclnn compute (reductions, casts, the streams' workspaces) is ascend_compute.cc.
 #include "runtime/ascend/ascend_device.h"
 
 #include <unistd.h>
@@ -476,6 +477,7 @@ Status AscendDevice::Finalize() {
   }
   Status events = DestroyEvents();
   if (!events.ok()) HP_LOG(kWarning, events.ToString());
+  ReleasePools();
   streams.push_back(default_stream_);
   default_stream_ = nullptr;
   for (void* stream : streams) {
@@ -617,11 +619,7 @@ Status AscendDevice::Synchronize(void* acl_stream, const std::string& what) {
                                                              : " (the stream could not be drained: it is never "
                                                                "destroyed, and CANN SHMEM cannot be finalized)"));
   }
-  if (synced.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    kept_.erase(acl_stream);
-    waits_.erase(acl_stream);
-  }
+  if (synced.ok()) Drained(acl_stream);
   return synced;
 }
 
@@ -643,16 +641,15 @@ bool AscendDevice::ReleaseAndDrain(void* acl_stream) {
     if (!written.ok()) HP_LOG(kWarning, written.ToString());
   }
   const int drained = aclrtSynchronizeStreamWithTimeout(acl_stream, timeout_ms_);
-  std::lock_guard<std::mutex> lock(mu_);
   if (drained == ACL_ERROR_RT_STREAM_SYNC_TIMEOUT) {
+    std::lock_guard<std::mutex> lock(mu_);
     stuck_.insert(acl_stream);
     HP_LOG(kWarning, "a stream of the ascend device could not be drained after a timeout: stream=" +
                          Hex(reinterpret_cast<std::uintptr_t>(acl_stream)) + " released_waits=" +
                          std::to_string(waits.size()));
     return false;
   }
-  kept_.erase(acl_stream);
-  waits_.erase(acl_stream);
+  Drained(acl_stream);
   return true;
 }
 
@@ -679,7 +676,8 @@ Status AscendDevice::CopyLocal(const char* op, void* dst, const void* src, std::
           " heap_offset=" + Hex(reinterpret_cast<std::uintptr_t>(symmetric) - heap_base_));
 }
 
-Status AscendDevice::RefuseIfCaptured(void* acl_stream, const char* op, const char* would) const {
+Status AscendDevice::RefuseIfCaptured(void* acl_stream, const char* op, const char* would,
+                                      const char* because) const {
   aclmdlRICaptureStatus status = ACL_MODEL_RI_CAPTURE_STATUS_NONE;
   aclmdlRI model = nullptr;
   // A runtime that cannot tell (an error) has no capture going on this stream for us to protect.
@@ -688,8 +686,8 @@ Status AscendDevice::RefuseIfCaptured(void* acl_stream, const char* op, const ch
     return Status::Ok();
   }
   return StateError(std::string(op) + " cannot run while stream " + Hex(reinterpret_cast<std::uintptr_t>(acl_stream)) +
-                    " is being captured (aclmdlRICaptureBegin): it would " + would + ", which a graph capture does "
-                    "not allow (the capture would fail): capture_status=" +
+                    " is being captured (aclmdlRICaptureBegin): it would " + would + ", " + because +
+                    ": capture_status=" +
                     (status == ACL_MODEL_RI_CAPTURE_STATUS_ACTIVE ? "active" : "invalidated"));
 }
 
@@ -785,8 +783,10 @@ Status AscendDevice::Signal(void* symmetric_signal, SignalWidth width, std::int6
   }
   HP_RETURN_IF_ERROR(CheckReach(pe, op == SignalOp::kSet ? "Signal(set)" : "Signal(add)", op == SignalOp::kSet));
   void* acl_stream = Resolve(stream);
-  // The quiet completes every earlier put of this PE, so that a peer that sees the signal sees the data too.
-  aclshmemx_quiet_on_stream(acl_stream);
+  // One kernel, no quiet before it: every put and get before it on the stream was a blocking one
+  // (aclshmemx_putmem_on_stream launches aclshmemi_putmem, shmemi_device_rma.cpp:150-155), which quiets on every
+  // transport before its kernel ends (shmem_device_rma.hpp:116-151, 341-374), and local copies and operators ran
+  // before it in stream order: a peer that sees the signal sees the data.
   aclshmemx_signal_op_on_stream(static_cast<std::int32_t*>(symmetric_signal), static_cast<std::int32_t>(value),
                                 ToCannSignalOp(op), pe, acl_stream);
   return Completed(stream, acl_stream, nullptr,
@@ -853,11 +853,15 @@ Status AscendDevice::DestroyStream(StreamHandle stream) {
       own_streams_.insert(acl_stream);
       return StateError("stream still runs a kernel that never ends and cannot be destroyed: stream=" + Hex(stream));
     }
-    kept_.erase(acl_stream);
     pending_.erase(acl_stream);
     waits_.erase(acl_stream);
   }
-  return FromAclError(aclrtDestroyStream(acl_stream), "aclrtDestroyStream", "stream=" + Hex(stream));
+  Status destroyed = FromAclError(aclrtDestroyStream(acl_stream), "aclrtDestroyStream", "stream=" + Hex(stream));
+  if (destroyed.ok()) {   // ACL ran its queue first: what its calls kept, its fences and its buffers can go
+    Drained(acl_stream);
+    FreeStreamBuffers(acl_stream);
+  }
+  return destroyed;
 }
 
 Status AscendDevice::SynchronizeStream(StreamHandle stream) {
@@ -919,18 +923,289 @@ Status AscendDevice::Quiesce() {
   }
   for (void* stream : streams) HP_RETURN_IF_ERROR(RefuseIfCaptured(stream, "Quiesce", "synchronize the stream"));
   Status first = Status::Ok();
+  std::vector<void*> forgotten;
   for (void* stream : streams) {
     Status synced = Synchronize(stream, "op=Quiesce stream=" + Hex(reinterpret_cast<std::uintptr_t>(stream)));
     std::lock_guard<std::mutex> lock(mu_);
     auto pending = pending_.find(stream);
     if (!synced.ok() && pending == pending_.end()) pending = pending_.emplace(stream, synced).first;
     if (first.ok() && pending != pending_.end()) first = pending->second;
-    // Foreign streams belong to the caller: forget them once drained, so that a stale handle is never synced.
-    if (synced.ok()) foreign_streams_.erase(stream);
+    // Foreign streams belong to the caller: forget them once drained, so that a stale handle is never synced, and
+    // free their workspaces (the next call on the stream grows new ones).
+    if (synced.ok() && foreign_streams_.erase(stream) == 1) forgotten.push_back(stream);
   }
+  for (void* stream : forgotten) FreeStreamBuffers(stream);
   // Every stream drained: no wait can still refer to an event.
   if (first.ok()) HP_RETURN_IF_ERROR(DestroyEvents());
   return first;
+}
+
+// ---- staging and reads in stream order: page-locked buffers, events, and what completes with them ---------------------
+
+namespace {
+
+// Page-locked buffers come in powers of two from this size, so that rows of similar sizes share them.
+constexpr std::size_t kMinPinnedBytes = 256;
+
+// Why a captured stream refuses StageFromHost and ReadLater (ascend_device.h).
+constexpr const char* kReplayedCopy =
+    "which every replay of the graph would copy again long after this call (stale bytes, or the bytes of a later call "
+    "the buffer went to); the engine's collectives cannot be captured";
+
+std::size_t PinnedCapacity(std::size_t bytes) {
+  std::size_t capacity = kMinPinnedBytes;
+  while (capacity < bytes && capacity <= std::numeric_limits<std::size_t>::max() / 2) capacity *= 2;
+  return std::max(capacity, bytes);
+}
+
+}  // namespace
+
+Result<AscendDevice::PinnedBuffer> AscendDevice::TakePinned(std::size_t bytes) {
+  auto free = free_pinned_.lower_bound(bytes);
+  if (free != free_pinned_.end()) {
+    PinnedBuffer buffer{free->second, free->first};
+    free_pinned_.erase(free);
+    return buffer;
+  }
+  PinnedBuffer buffer;
+  buffer.bytes = PinnedCapacity(bytes);
+  HP_RETURN_IF_ERROR(FromAclError(aclrtMallocHost(&buffer.data, buffer.bytes), "aclrtMallocHost",
+                                  "bytes=" + std::to_string(buffer.bytes) + " (page-locked staging)"));
+  return buffer;
+}
+
+Result<void*> AscendDevice::TakeEvent() {
+  if (!free_events_.empty()) {
+    void* event = free_events_.back();
+    free_events_.pop_back();
+    return event;
+  }
+  void* event = nullptr;
+  HP_RETURN_IF_ERROR(FromAclError(aclrtCreateEvent(&event), "aclrtCreateEvent", "(staging and reads)"));
+  return event;
+}
+
+void AscendDevice::Recycle(PinnedBuffer buffer, void* event) {
+  if (buffer.data != nullptr) free_pinned_.emplace(buffer.bytes, buffer.data);
+  if (event != nullptr) free_events_.push_back(event);
+}
+
+Status AscendDevice::CopyThroughPinned(const char* op, void* acl_stream, void* symmetric, std::size_t bytes,
+                                       bool to_heap, const void* host_src, PinnedBuffer* buffer, void** event) {
+  const std::string what = std::string("op=") + op + " bytes=" + std::to_string(bytes) +
+                           " heap_offset=" + Hex(reinterpret_cast<std::uintptr_t>(symmetric) - heap_base_) +
+                           " stream=" + Hex(reinterpret_cast<std::uintptr_t>(acl_stream));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    HP_ASSIGN_OR_RETURN(*buffer, TakePinned(bytes));
+    Result<void*> taken = TakeEvent();
+    if (!taken.ok()) {
+      Recycle(*buffer, nullptr);
+      *buffer = PinnedBuffer{};
+      return taken.status();
+    }
+    *event = taken.value();
+  }
+  // The host's bytes are taken now: the caller may reuse host_src once this returns.
+  if (to_heap) std::memcpy(buffer->data, host_src, bytes);
+  // Page-locked on the host side: the copy only enqueues (a pageable one would return once the stream ran it).
+  Status copied =
+      to_heap ? FromAclError(aclrtMemcpyAsync(symmetric, bytes, buffer->data, bytes, ACL_MEMCPY_HOST_TO_DEVICE,
+                                              acl_stream),
+                             "aclrtMemcpyAsync", what + " kind=host_to_device")
+              : FromAclError(aclrtMemcpyAsync(buffer->data, bytes, symmetric, bytes, ACL_MEMCPY_DEVICE_TO_HOST,
+                                              acl_stream),
+                             "aclrtMemcpyAsync", what + " kind=device_to_host");
+  Status recorded =
+      copied.ok() ? FromAclError(aclrtRecordEvent(*event, acl_stream), "aclrtRecordEvent", what) : Status::Ok();
+  if (copied.ok() && recorded.ok()) return Status::Ok();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (copied.ok()) {
+    // The copy is enqueued but no event tells when it ran: its buffer stays with the stream's calls until the stream
+    // has run past them.
+    kept_[acl_stream].push_back(std::shared_ptr<void>(buffer->data, [](void* data) { (void)aclrtFreeHost(data); }));
+    *buffer = PinnedBuffer{};
+  }
+  Recycle(*buffer, *event);   // an event whose record failed keeps its last, completed one
+  *buffer = PinnedBuffer{};
+  *event = nullptr;
+  return copied.ok() ? recorded : copied;
+}
+
+Status AscendDevice::StageFromHost(void* symmetric_dst, const void* host_src, std::size_t bytes, StreamHandle stream) {
+  HP_RETURN_IF_ERROR(RequireReady("StageFromHost"));
+  HP_RETURN_IF_ERROR(CheckInOwnHeap(*this, symmetric_dst, bytes, "symmetric_dst"));
+  if (bytes == 0) return Status::Ok();
+  void* acl_stream = Resolve(stream);
+  HP_RETURN_IF_ERROR(
+      RefuseIfCaptured(acl_stream, "StageFromHost", "record a copy from a page-locked buffer", kReplayedCopy));
+  HP_RETURN_IF_ERROR(ReleaseFences(nullptr, /*drained=*/false));   // buffers whose copy ran come back first
+  Fence fence;
+  HP_RETURN_IF_ERROR(CopyThroughPinned("StageFromHost", acl_stream, symmetric_dst, bytes, /*to_heap=*/true, host_src,
+                                       &fence.staging, &fence.event));
+  {
+    // The event also tells when the calls enqueued before the copy have run: what they keep alive goes with it.
+    std::lock_guard<std::mutex> lock(mu_);
+    auto kept = kept_.find(acl_stream);
+    if (kept != kept_.end()) {
+      fence.kept = std::move(kept->second);
+      kept_.erase(kept);
+    }
+    fences_[acl_stream].push_back(std::move(fence));
+  }
+  return Completed(stream, acl_stream, nullptr,
+                   "op=StageFromHost bytes=" + std::to_string(bytes) +
+                       " heap_offset=" + Hex(reinterpret_cast<std::uintptr_t>(symmetric_dst) - heap_base_));
+}
+
+Result<std::uint64_t> AscendDevice::ReadLater(const void* symmetric_src, std::size_t bytes, StreamHandle stream) {
+  HP_RETURN_IF_ERROR(RequireReady("ReadLater"));
+  HP_RETURN_IF_ERROR(CheckInOwnHeap(*this, symmetric_src, bytes, "symmetric_src"));
+  PendingRead read;
+  read.bytes = bytes;
+  if (bytes > 0) {
+    read.acl_stream = Resolve(stream);
+    HP_RETURN_IF_ERROR(
+        RefuseIfCaptured(read.acl_stream, "ReadLater", "record a copy into a page-locked buffer", kReplayedCopy));
+    HP_RETURN_IF_ERROR(ReleaseFences(nullptr, /*drained=*/false));
+    HP_RETURN_IF_ERROR(CopyThroughPinned("ReadLater", read.acl_stream, const_cast<void*>(symmetric_src), bytes,
+                                         /*to_heap=*/false, nullptr, &read.buffer, &read.event));
+  }
+  void* acl_stream = read.acl_stream;
+  std::uint64_t token = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    token = next_read_++;
+    reads_.emplace(token, read);
+  }
+  if (bytes > 0) {
+    HP_RETURN_IF_ERROR(Completed(stream, acl_stream, nullptr,
+                                 "op=ReadLater bytes=" + std::to_string(bytes) + " heap_offset=" +
+                                     Hex(reinterpret_cast<std::uintptr_t>(symmetric_src) - heap_base_)));
+  }
+  return token;
+}
+
+Result<bool> AscendDevice::TakeRead(std::uint64_t token, void* host_dst) {
+  HP_RETURN_IF_ERROR(RequireReady("TakeRead"));
+  PendingRead read;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto found = reads_.find(token);
+    if (found == reads_.end()) {
+      return InvalidArgument("`token` must be a read started by ReadLater and not taken yet, but got " +
+                             std::to_string(token));
+    }
+    read = found->second;
+    // A failure Quiesce met on the stream: the bytes may be stale; its SynchronizeStream reports it too.
+    auto failed = pending_.find(read.acl_stream);
+    if (failed != pending_.end()) return failed->second;
+  }
+  if (read.event != nullptr) {
+    aclrtEventRecordedStatus status = ACL_EVENT_RECORDED_STATUS_NOT_READY;
+    HP_RETURN_IF_ERROR(FromAclError(aclrtQueryEventStatus(read.event, &status), "aclrtQueryEventStatus",
+                                    "op=TakeRead token=" + std::to_string(token)));
+    if (status != ACL_EVENT_RECORDED_STATUS_COMPLETE) return false;
+  }
+  if (read.bytes > 0) std::memcpy(host_dst, read.buffer.data, read.bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (reads_.erase(token) == 1) Recycle(read.buffer, read.event);
+  return true;
+}
+
+Status AscendDevice::ReleaseFences(void* acl_stream, bool drained) {
+  std::vector<std::vector<KeepAlive>> released;   // let go of after mu_ (a deleter may free NPU memory)
+  Status asked = Status::Ok();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto stream = fences_.begin(); stream != fences_.end();) {
+    if (acl_stream != nullptr && stream->first != acl_stream) {
+      ++stream;
+      continue;
+    }
+    std::deque<Fence>& fences = stream->second;
+    while (!fences.empty()) {
+      if (!drained) {   // fences complete in the order they were recorded: the first one not complete ends the walk
+        aclrtEventRecordedStatus status = ACL_EVENT_RECORDED_STATUS_NOT_READY;
+        asked = FromAclError(aclrtQueryEventStatus(fences.front().event, &status), "aclrtQueryEventStatus",
+                             "stream=" + Hex(reinterpret_cast<std::uintptr_t>(stream->first)));
+        if (!asked.ok() || status != ACL_EVENT_RECORDED_STATUS_COMPLETE) break;
+      }
+      Fence& fence = fences.front();
+      Recycle(fence.staging, fence.event);
+      released.push_back(std::move(fence.kept));
+      fences.pop_front();
+    }
+    if (!asked.ok()) break;
+    stream = fences.empty() ? fences_.erase(stream) : std::next(stream);
+  }
+  return asked;
+}
+
+void AscendDevice::Drained(void* acl_stream) {
+  std::vector<KeepAlive> kept;   // let go of after mu_
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto found = kept_.find(acl_stream);
+    if (found != kept_.end()) {
+      kept = std::move(found->second);
+      kept_.erase(found);
+    }
+    waits_.erase(acl_stream);
+  }
+  (void)ReleaseFences(acl_stream, /*drained=*/true);   // never asks ACL: it cannot fail
+}
+
+void AscendDevice::FreeStreamBuffers(void* acl_stream) {
+  std::array<DeviceBuffer, 2> buffers{};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto found = stream_buffers_.find(acl_stream);
+    if (found == stream_buffers_.end()) return;
+    buffers = found->second;
+    stream_buffers_.erase(found);
+  }
+  for (const DeviceBuffer& buffer : buffers) {
+    if (buffer.data == nullptr) continue;
+    Status freed = FromAclError(aclrtFree(buffer.data), "aclrtFree", "op=FreeStreamBuffers");
+    if (!freed.ok()) HP_LOG(kWarning, freed.ToString());
+  }
+}
+
+void AscendDevice::ReleasePools() {
+  std::vector<void*> streams;
+  std::vector<PinnedBuffer> buffers;
+  std::vector<void*> events;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& entry : stream_buffers_) streams.push_back(entry.first);
+    for (auto& entry : fences_) {
+      for (Fence& fence : entry.second) {
+        buffers.push_back(fence.staging);
+        events.push_back(fence.event);
+      }
+    }
+    fences_.clear();
+    for (const auto& entry : reads_) {
+      buffers.push_back(entry.second.buffer);
+      events.push_back(entry.second.event);
+    }
+    reads_.clear();
+    for (const auto& entry : free_pinned_) buffers.push_back(PinnedBuffer{entry.second, entry.first});
+    free_pinned_.clear();
+    events.insert(events.end(), free_events_.begin(), free_events_.end());
+    free_events_.clear();
+  }
+  for (void* stream : streams) FreeStreamBuffers(stream);
+  for (const PinnedBuffer& buffer : buffers) {
+    if (buffer.data == nullptr) continue;
+    Status freed = FromAclError(aclrtFreeHost(buffer.data), "aclrtFreeHost", "op=Finalize");
+    if (!freed.ok()) HP_LOG(kWarning, freed.ToString());
+  }
+  for (void* event : events) {
+    if (event == nullptr) continue;
+    Status destroyed = FromAclError(aclrtDestroyEvent(event), "aclrtDestroyEvent", "op=Finalize");
+    if (!destroyed.ok()) HP_LOG(kWarning, destroyed.ToString());
+  }
 }
 
 }  // namespace hp::shmem::ascend

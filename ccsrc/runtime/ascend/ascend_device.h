@@ -40,9 +40,13 @@
 // (bounded); a stream it cannot drain is never destroyed.
 //
 // Reductions run on the stream through CANN's operator library (aclnn, two-phase): peers' copies are read in place
-// through aclshmem_ptr and combined with aclnnInplaceAdd / aclnnMaximum / aclnnMinimum; avg is the sum divided by
-// the number of sources (aclnnInplaceDivs). Low-precision communication in float16 and bfloat16 casts with
-// aclnnCast; the fp8 wire formats are refused (no block-scaled cast kernel).
+// through aclshmem_ptr; a sum is one aclnnAddN over every copy where the operator takes the dtype (int32, int64,
+// float16, bfloat16, float32 on a 910B or 910_93), otherwise, and for max and min, aclnnInplaceAdd / aclnnMaximum /
+// aclnnMinimum pairwise; avg is the sum divided by the number of sources (aclnnInplaceDivs). Low-precision
+// communication in float16 and bfloat16 casts with aclnnCast; the fp8 wire formats are refused (no block-scaled cast
+// kernel). Each stream has one operator workspace and one scratch buffer (aclrtMalloc), grown when a call needs more:
+// operators on one stream run one after another, so they share them; a buffer that was outgrown is freed once the
+// stream has run past its last use (a synchronization, or a completed event recorded after it).
 //
 // The NPU the caller had selected (aclrtGetDevice) and its SoC name are frozen at Init; every later call made
 // with another current device fails ("current device must be npu:0 (fixed at acquire_shmem), but got npu:1").
@@ -52,14 +56,27 @@
 // kDefaultStream is a stream this device creates at Init; a call on it completes before it returns (the device
 // synchronizes it, bounded by the timeout), as the runtime's own uses of the default stream (the init barrier, the
 // collective checks) expect. Buffers kept alive for an enqueued call are released at that stream's next successful
-// synchronization. Under graph capture (aclmdlRICaptureBegin) a stream may not be synchronized and no blocking copy
-// may run: SynchronizeStream and Quiesce of a captured stream, and CopyToHeap/CopyFromHeap while any stream the device
-// has seen is being captured, are refused before they would invalidate the capture.
+// synchronization, or once an event recorded after the call (StageFromHost's) has completed.
+//
+// Staging and reads in stream order (StageFromHost, ReadLater, TakeRead: the engine's deferred checks): the host bytes
+// go through page-locked memory (aclrtMallocHost) with aclrtMemcpyAsync on the stream, which only enqueues; an event
+// recorded after the copy (aclrtRecordEvent) tells, through aclrtQueryEventStatus, when it has run, without waiting.
+// Page-locked buffers and events are pooled: one is used again only once the event recorded after its copy completed,
+// so that once warm no call allocates or creates anything.
+//
+// Graph capture (aclmdlRICaptureBegin): a stream under capture may not be synchronized and no blocking copy may run:
+// SynchronizeStream and Quiesce of a captured stream, and CopyToHeap/CopyFromHeap while any stream the device has seen
+// is being captured, are refused before they would invalidate the capture. StageFromHost and ReadLater are refused on
+// a captured stream too: the capture would record the copy of a page-locked buffer, and every replay would copy that
+// buffer again long after the call (stale bytes, or bytes of a later call that the pool gave the buffer to), so the
+// engine's collectives cannot be captured.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <set>
@@ -110,6 +127,13 @@ class AscendDevice final : public Device {
   // aclrtMemcpy (host to device, device to host): the heap is NPU memory that the host cannot dereference.
   Status CopyToHeap(void* symmetric_dst, const void* host_src, std::size_t bytes) override;
   Status CopyFromHeap(void* host_dst, const void* symmetric_src, std::size_t bytes) override;
+  // Through a pooled page-locked buffer and aclrtMemcpyAsync on the stream, an event after it (see the header comment);
+  // refused on a stream under graph capture.
+  Status StageFromHost(void* symmetric_dst, const void* host_src, std::size_t bytes, StreamHandle stream) override;
+  Result<std::uint64_t> ReadLater(const void* symmetric_src, std::size_t bytes, StreamHandle stream) override;
+  // aclrtQueryEventStatus on the read's event; a failure Quiesce met on the read's stream is reported (kept for that
+  // stream's SynchronizeStream too).
+  Result<bool> TakeRead(std::uint64_t token, void* host_dst) override;
   std::size_t max_transfer_bytes() const override { return options_.max_transfer_bytes; }
   SignalWidth native_signal_width() const override { return SignalWidth::k32; }
 
@@ -122,7 +146,7 @@ class AscendDevice final : public Device {
   Status WaitSignal(void* symmetric_signal, SignalWidth width, CompareOp cmp, std::int64_t value,
                     StreamHandle stream) override;
   // aclnn operators on the stream, reading the peers' copies in place (aclshmem_ptr); every pe must lie in this
-  // rank's node (MTE). dst must be NPU memory of this device.
+  // rank's node (MTE). dst must be NPU memory of this device. sum and avg: one aclnnAddN where it takes the dtype.
   Status Reduce(void* dst, const void* symmetric_src, std::size_t count, DataType dtype, ReduceOp op,
                 const std::vector<int>& pes, StreamHandle stream, KeepAlive keep) override;
   // aclshmemx_barrier_on_stream over a CANN team of this rank's node (one kernel; CANN's barrier reads every member's
@@ -150,8 +174,8 @@ class AscendDevice final : public Device {
   Result<void*> PeerAddress(const void* symmetric, int pe) const override;
 
   // Low-precision communication in float16 and bfloat16: aclnnCast on the stream, peers' runs read in place
-  // (aclshmem_ptr), terms summed with aclnnInplaceAdd in the tensor's dtype; the fp8 formats are refused (no
-  // block-scaled cast kernel in CANN's operator library).
+  // (aclshmem_ptr), each decoded into the stream's scratch buffer and added with aclnnInplaceAdd in the tensor's dtype;
+  // the fp8 formats are refused (no block-scaled cast kernel in CANN's operator library).
   Status CheckWireFormat(ops::LowFormat format) const override;
   Status Encode(ops::LowFormat format, DataType dtype, const void* src, std::size_t count, WireRun dst,
                 StreamHandle stream, KeepAlive keep) override;
@@ -193,10 +217,19 @@ class AscendDevice final : public Device {
   // After a timed-out synchronization of `acl_stream`: releases its pending waits (writes each awaited value into
   // the local signal) and drains it, bounded. False: the stream still runs and must never be destroyed.
   bool ReleaseAndDrain(void* acl_stream);
-  // An aclnn operator in its two phases on `acl_stream`: the workspace (aclrtMalloc) and the descriptors stay alive
-  // until the stream's next successful synchronization.
+  // An aclnn operator in its two phases on `acl_stream`, in the stream's workspace; the descriptors stay alive until
+  // the stream has run past it.
   struct AclnnCall;
   Status RunAclnn(AclnnCall& call, void* acl_stream, const std::string& what);
+  // The stream's buffer of `kind` (NPU memory), at least `bytes`: grown (aclrtMalloc) when smaller, the outgrown one
+  // kept alive with the stream's enqueued calls (kept_). Callers hold enqueue_mu_ while they use it.
+  enum class StreamBufferKind { kWorkspace = 0, kScratch = 1 };
+  Result<void*> StreamBuffer(void* acl_stream, StreamBufferKind kind, std::size_t bytes, const std::string& what);
+  // One aclnnAddN of `sources` (each `count` elements of `dtype`, in that order) into `out`, which may be one of them.
+  Status EnqueueSum(void* out, const std::vector<void*>& sources, std::size_t count, DataType dtype, void* acl_stream,
+                    const std::string& what);
+  // Whether EnqueueSum takes `dtype` on this NPU.
+  bool SumsInOneOperator(DataType dtype) const;
   // aclnnCast, aclnnInplaceAdd (one dtype) and aclnnInplaceDivs over `count` contiguous elements, enqueued.
   Status EnqueueCast(void* dst, DataType to, const void* src, DataType from, std::size_t count, void* acl_stream,
                      const std::string& what);
@@ -227,9 +260,34 @@ class AscendDevice final : public Device {
   // allocations: a NULL from aclshmem_malloc then means its barrier failed, not the heap.
   bool HeapHasRoom(std::size_t bytes, std::size_t alignment) const;
   // Refusals under graph capture: `op` would synchronize `acl_stream`, or would do a blocking copy while a stream the
-  // device has seen is being captured.
-  Status RefuseIfCaptured(void* acl_stream, const char* op, const char* would) const;
+  // device has seen is being captured (`because`: why that is refused; by default, the capture would fail).
+  Status RefuseIfCaptured(void* acl_stream, const char* op, const char* would,
+                          const char* because = "which a graph capture does not allow (the capture would fail)") const;
   Status RefuseIfAnyCaptured(const char* op, const char* would) const;
+
+  // Page-locked host memory (aclrtMallocHost) of the staging and read pools.
+  struct PinnedBuffer {
+    void* data = nullptr;
+    std::size_t bytes = 0;
+  };
+  // The checks and the copy StageFromHost and ReadLater share: a pooled buffer of `bytes` and aclrtMemcpyAsync between
+  // it and `symmetric` (to the heap when `to_heap`), then a pooled event recorded after it on `acl_stream`.
+  Status CopyThroughPinned(const char* op, void* acl_stream, void* symmetric, std::size_t bytes, bool to_heap,
+                           const void* host_src, PinnedBuffer* buffer, void** event);
+  // Pools (mu_ held): a buffer of at least `bytes` or an event, taken from the pool or made; and back again.
+  Result<PinnedBuffer> TakePinned(std::size_t bytes);
+  Result<void*> TakeEvent();
+  void Recycle(PinnedBuffer buffer, void* event);
+  // Releases the fences of `acl_stream` whose event completed (every one when `drained`: the stream was synchronized),
+  // returning their buffers and events to the pools and letting go of what they kept. Never waits.
+  Status ReleaseFences(void* acl_stream, bool drained);
+  // After a successful synchronization of `acl_stream`: nothing enqueued on it is pending any more.
+  void Drained(void* acl_stream);
+  // Frees every pooled and in-flight buffer and event, and each stream's workspace and scratch (Finalize, after every
+  // stream drained).
+  void ReleasePools();
+  // Frees `acl_stream`'s workspace and scratch (the stream drained and is gone, or forgotten).
+  void FreeStreamBuffers(void* acl_stream);
 
   AscendDeviceOptions options_;
   State state_ = State::kUninitialized;
@@ -255,7 +313,35 @@ class AscendDevice final : public Device {
   mutable std::mutex mu_;
   std::set<void*> own_streams_;                        // created by CreateStream
   std::set<void*> foreign_streams_;                    // passed in by the caller (the torch_npu current stream)
-  std::map<void*, std::vector<KeepAlive>> kept_;       // buffers of enqueued calls, by stream
+  std::map<void*, std::vector<KeepAlive>> kept_;       // buffers of enqueued calls, by stream, since its last fence
+  // An event recorded on a stream after a staged copy, and what may go once it completed: the copy's page-locked
+  // source and the buffers of the calls enqueued on the stream before it.
+  struct Fence {
+    void* event = nullptr;
+    PinnedBuffer staging;
+    std::vector<KeepAlive> kept;
+  };
+  std::map<void*, std::deque<Fence>> fences_;          // by stream, in the order they were recorded
+  // A read started by ReadLater: its page-locked destination and the event recorded after the copy (none: nothing to
+  // read). The token names it until TakeRead took it.
+  struct PendingRead {
+    void* acl_stream = nullptr;
+    void* event = nullptr;
+    PinnedBuffer buffer;
+    std::size_t bytes = 0;
+  };
+  std::map<std::uint64_t, PendingRead> reads_;
+  std::uint64_t next_read_ = 1;
+  std::multimap<std::size_t, void*> free_pinned_;      // page-locked buffers not in use, by capacity
+  std::vector<void*> free_events_;                     // events whose last record completed
+  struct DeviceBuffer {
+    void* data = nullptr;
+    std::size_t bytes = 0;
+  };
+  std::map<void*, std::array<DeviceBuffer, 2>> stream_buffers_;   // by stream: workspace, scratch (StreamBufferKind)
+  // Held while a call enqueues operators that use a stream's workspace or scratch, so that calls on one stream from
+  // several threads never interleave inside a sequence sharing the scratch (recursive: RunAclnn takes it inside).
+  std::recursive_mutex enqueue_mu_;
   std::map<void*, Status> pending_;                    // failures Quiesce met, for the next SynchronizeStream
   std::vector<void*> events_;                          // of StreamWaitStream, destroyed once every stream drained
   std::map<std::uintptr_t, std::size_t> reserved_;     // allocation -> bytes CANN reserved (16-byte granules)

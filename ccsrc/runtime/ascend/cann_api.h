@@ -7,6 +7,7 @@
 #include <acl/acl.h>
 #include <aclnn/acl_meta.h>
 #include <aclnnop/aclnn_add.h>
+#include <aclnnop/aclnn_add_n.h>
 #include <aclnnop/aclnn_cast.h>
 #include <aclnnop/aclnn_div.h>
 #include <aclnnop/aclnn_maximum.h>
