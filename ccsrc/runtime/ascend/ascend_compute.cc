@@ -163,14 +163,11 @@ Status AscendDevice::EnqueueSum(void* out, const std::vector<void*>& sources, st
     std::shared_ptr<aclTensorList> list(made, [](aclTensorList* l) { (void)aclDestroyTensorList(l); });
     std::shared_ptr<aclTensor> sum = Tensor(static_cast<char*>(out) + offset, n, acl_dtype);
     if (!sum) return DeviceError("aclCreateTensor failed: " + what);
-    AclnnCall call;
-    call.descriptors = {list, sum};
-    call.prepare_name = "aclnnAddNGetWorkspaceSize";
-    call.launch_name = "aclnnAddN";
-    call.prepare = [list, sum](std::uint64_t* size, aclOpExecutor** executor) {
-      return aclnnAddNGetWorkspaceSize(list.get(), sum.get(), size, executor);
-    };
-    call.launch = aclnnAddN;
+    AclnnCall call{"aclnnAddNGetWorkspaceSize", "aclnnAddN",
+                   [list, sum](std::uint64_t* size, aclOpExecutor** executor) {
+                     return aclnnAddNGetWorkspaceSize(list.get(), sum.get(), size, executor);
+                   },
+                   aclnnAddN, {list, sum}};
     HP_RETURN_IF_ERROR(RunAclnn(call, acl_stream, what));
   }
   return Status::Ok();
@@ -232,23 +229,14 @@ Status AscendDevice::Reduce(void* dst, const void* symmetric_src, std::size_t co
     }
     std::shared_ptr<aclTensor> other = Tensor(sources[k], count, acl_dtype);
     if (!other) return DeviceError("aclCreateTensor failed: " + what);
-    AclnnCall call;
-    call.descriptors = {out, other};
-    if (op == ReduceOp::kMax) {
-      call.prepare_name = "aclnnMaximumGetWorkspaceSize";
-      call.launch_name = "aclnnMaximum";
-      call.prepare = [out, other](std::uint64_t* size, aclOpExecutor** executor) {
-        return aclnnMaximumGetWorkspaceSize(out.get(), other.get(), out.get(), size, executor);
-      };
-      call.launch = aclnnMaximum;
-    } else {
-      call.prepare_name = "aclnnMinimumGetWorkspaceSize";
-      call.launch_name = "aclnnMinimum";
-      call.prepare = [out, other](std::uint64_t* size, aclOpExecutor** executor) {
-        return aclnnMinimumGetWorkspaceSize(out.get(), other.get(), out.get(), size, executor);
-      };
-      call.launch = aclnnMinimum;
-    }
+    const bool max = op == ReduceOp::kMax;
+    AclnnCall call{max ? "aclnnMaximumGetWorkspaceSize" : "aclnnMinimumGetWorkspaceSize",
+                   max ? "aclnnMaximum" : "aclnnMinimum",
+                   [out, other, max](std::uint64_t* size, aclOpExecutor** executor) {
+                     return max ? aclnnMaximumGetWorkspaceSize(out.get(), other.get(), out.get(), size, executor)
+                                : aclnnMinimumGetWorkspaceSize(out.get(), other.get(), out.get(), size, executor);
+                   },
+                   max ? aclnnMaximum : aclnnMinimum, {out, other}};
     HP_RETURN_IF_ERROR(RunAclnn(call, acl_stream, step));
   }
   if (op == ReduceOp::kAvg) {
@@ -300,14 +288,11 @@ Status AscendDevice::EnqueueCast(void* dst, DataType to_dtype, const void* src, 
   std::shared_ptr<aclTensor> in = Tensor(const_cast<void*>(src), count, from);
   std::shared_ptr<aclTensor> out = Tensor(dst, count, to);
   if (!in || !out) return DeviceError("aclCreateTensor failed: " + what);
-  AclnnCall call;
-  call.descriptors = {in, out};
-  call.prepare_name = "aclnnCastGetWorkspaceSize";
-  call.launch_name = "aclnnCast";
-  call.prepare = [in, out, to](std::uint64_t* size, aclOpExecutor** executor) {
-    return aclnnCastGetWorkspaceSize(in.get(), to, out.get(), size, executor);
-  };
-  call.launch = aclnnCast;
+  AclnnCall call{"aclnnCastGetWorkspaceSize", "aclnnCast",
+                 [in, out, to](std::uint64_t* size, aclOpExecutor** executor) {
+                   return aclnnCastGetWorkspaceSize(in.get(), to, out.get(), size, executor);
+                 },
+                 aclnnCast, {in, out}};
   return RunAclnn(call, acl_stream, what);
 }
 
@@ -320,14 +305,11 @@ Status AscendDevice::EnqueueAdd(void* out, const void* other, std::size_t count,
   std::shared_ptr<aclScalar> alpha = IsFloatingPoint(dtype) ? Scalar(1.0f) : IntScalar(1);
   if (!self || !term) return DeviceError("aclCreateTensor failed: " + what);
   if (!alpha) return DeviceError("aclCreateScalar failed: " + what);
-  AclnnCall call;
-  call.descriptors = {self, term, alpha};
-  call.prepare_name = "aclnnInplaceAddGetWorkspaceSize";
-  call.launch_name = "aclnnInplaceAdd";
-  call.prepare = [self, term, alpha](std::uint64_t* size, aclOpExecutor** executor) {
-    return aclnnInplaceAddGetWorkspaceSize(self.get(), term.get(), alpha.get(), size, executor);
-  };
-  call.launch = aclnnInplaceAdd;
+  AclnnCall call{"aclnnInplaceAddGetWorkspaceSize", "aclnnInplaceAdd",
+                 [self, term, alpha](std::uint64_t* size, aclOpExecutor** executor) {
+                   return aclnnInplaceAddGetWorkspaceSize(self.get(), term.get(), alpha.get(), size, executor);
+                 },
+                 aclnnInplaceAdd, {self, term, alpha}};
   return RunAclnn(call, acl_stream, what);
 }
 
@@ -339,14 +321,11 @@ Status AscendDevice::EnqueueDivide(void* out, std::size_t count, DataType dtype,
   std::shared_ptr<aclScalar> by = Scalar(divisor);
   if (!self) return DeviceError("aclCreateTensor failed: " + what);
   if (!by) return DeviceError("aclCreateScalar failed: " + what);
-  AclnnCall call;
-  call.descriptors = {self, by};
-  call.prepare_name = "aclnnInplaceDivsGetWorkspaceSize";
-  call.launch_name = "aclnnInplaceDivs";
-  call.prepare = [self, by](std::uint64_t* size, aclOpExecutor** executor) {
-    return aclnnInplaceDivsGetWorkspaceSize(self.get(), by.get(), size, executor);
-  };
-  call.launch = aclnnInplaceDivs;
+  AclnnCall call{"aclnnInplaceDivsGetWorkspaceSize", "aclnnInplaceDivs",
+                 [self, by](std::uint64_t* size, aclOpExecutor** executor) {
+                   return aclnnInplaceDivsGetWorkspaceSize(self.get(), by.get(), size, executor);
+                 },
+                 aclnnInplaceDivs, {self, by}};
   return RunAclnn(call, acl_stream, what);
 }
 
