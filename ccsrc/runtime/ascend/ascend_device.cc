@@ -991,7 +991,8 @@ void AscendDevice::Recycle(PinnedBuffer buffer, void* event) {
 }
 
 Status AscendDevice::CopyThroughPinned(const char* op, void* acl_stream, void* symmetric, std::size_t bytes,
-                                       bool to_heap, const void* host_src, PinnedBuffer* buffer, void** event) {
+                                       bool to_heap, const void* host_src, PinnedBuffer* buffer, void** event,
+                                       std::vector<KeepAlive>* sealed) {
   const std::string what = std::string("op=") + op + " bytes=" + std::to_string(bytes) +
                            " heap_offset=" + Hex(reinterpret_cast<std::uintptr_t>(symmetric) - heap_base_) +
                            " stream=" + Hex(reinterpret_cast<std::uintptr_t>(acl_stream));
@@ -1016,10 +1017,18 @@ Status AscendDevice::CopyThroughPinned(const char* op, void* acl_stream, void* s
               : FromAclError(aclrtMemcpyAsync(buffer->data, bytes, symmetric, bytes, ACL_MEMCPY_DEVICE_TO_HOST,
                                               acl_stream),
                              "aclrtMemcpyAsync", what + " kind=device_to_host");
+  // The record and the seal under one lock: whatever a call put into kept_ before was enqueued before the event.
+  std::lock_guard<std::mutex> lock(mu_);
   Status recorded =
       copied.ok() ? FromAclError(aclrtRecordEvent(*event, acl_stream), "aclrtRecordEvent", what) : Status::Ok();
-  if (copied.ok() && recorded.ok()) return Status::Ok();
-  std::lock_guard<std::mutex> lock(mu_);
+  if (copied.ok() && recorded.ok()) {
+    auto kept = kept_.find(acl_stream);
+    if (sealed != nullptr && kept != kept_.end()) {
+      *sealed = std::move(kept->second);
+      kept_.erase(kept);
+    }
+    return Status::Ok();
+  }
   if (copied.ok()) {
     // The copy is enqueued but no event tells when it ran: its buffer stays with the stream's calls until the stream
     // has run past them.
@@ -1041,16 +1050,11 @@ Status AscendDevice::StageFromHost(void* symmetric_dst, const void* host_src, st
       RefuseIfCaptured(acl_stream, "StageFromHost", "record a copy from a page-locked buffer", kReplayedCopy));
   HP_RETURN_IF_ERROR(ReleaseFences(nullptr, /*drained=*/false));   // buffers whose copy ran come back first
   Fence fence;
+  // The event also tells when the calls enqueued before the copy have run: what they keep alive goes with it.
   HP_RETURN_IF_ERROR(CopyThroughPinned("StageFromHost", acl_stream, symmetric_dst, bytes, /*to_heap=*/true, host_src,
-                                       &fence.staging, &fence.event));
+                                       &fence.staging, &fence.event, &fence.kept));
   {
-    // The event also tells when the calls enqueued before the copy have run: what they keep alive goes with it.
     std::lock_guard<std::mutex> lock(mu_);
-    auto kept = kept_.find(acl_stream);
-    if (kept != kept_.end()) {
-      fence.kept = std::move(kept->second);
-      kept_.erase(kept);
-    }
     fences_[acl_stream].push_back(std::move(fence));
   }
   return Completed(stream, acl_stream, nullptr,
@@ -1069,7 +1073,7 @@ Result<std::uint64_t> AscendDevice::ReadLater(const void* symmetric_src, std::si
         RefuseIfCaptured(read.acl_stream, "ReadLater", "record a copy into a page-locked buffer", kReplayedCopy));
     HP_RETURN_IF_ERROR(ReleaseFences(nullptr, /*drained=*/false));
     HP_RETURN_IF_ERROR(CopyThroughPinned("ReadLater", read.acl_stream, const_cast<void*>(symmetric_src), bytes,
-                                         /*to_heap=*/false, nullptr, &read.buffer, &read.event));
+                                         /*to_heap=*/false, nullptr, &read.buffer, &read.event, nullptr));
   }
   void* acl_stream = read.acl_stream;
   std::uint64_t token = 0;

@@ -270,10 +270,11 @@ class AscendDevice final : public Device {
     void* data = nullptr;
     std::size_t bytes = 0;
   };
-  // The checks and the copy StageFromHost and ReadLater share: a pooled buffer of `bytes` and aclrtMemcpyAsync between
-  // it and `symmetric` (to the heap when `to_heap`), then a pooled event recorded after it on `acl_stream`.
+  // The copy StageFromHost and ReadLater share: a pooled buffer of `bytes` and aclrtMemcpyAsync between it and
+  // `symmetric` (to the heap when `to_heap`), then a pooled event recorded after it on `acl_stream`; with `sealed`, what
+  // the calls enqueued on the stream before the event keep alive (kept_) moves there, in the same step as the record.
   Status CopyThroughPinned(const char* op, void* acl_stream, void* symmetric, std::size_t bytes, bool to_heap,
-                           const void* host_src, PinnedBuffer* buffer, void** event);
+                           const void* host_src, PinnedBuffer* buffer, void** event, std::vector<KeepAlive>* sealed);
   // Pools (mu_ held): a buffer of at least `bytes` or an event, taken from the pool or made; and back again.
   Result<PinnedBuffer> TakePinned(std::size_t bytes);
   Result<void*> TakeEvent();
