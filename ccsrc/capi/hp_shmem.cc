@@ -714,6 +714,7 @@ int hp_shmem_debug_state_json(char* buffer, size_t capacity, size_t* needed) {
   return Call([&]() -> Status {
     HP_RETURN_IF_ERROR(NonNull(needed, "needed"));
     if (capacity > 0) HP_RETURN_IF_ERROR(NonNull(buffer, "buffer"));
+    if (R().state() == hp::shmem::LifecycleState::kInitialized) (void)R().CheckDeferred();   // records what it finds
     const std::string json = hp::shmem::capi::DebugStateJson(R().Snapshot());
     *needed = json.size() + 1;
     if (capacity >= json.size() + 1) {

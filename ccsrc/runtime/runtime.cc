@@ -610,7 +610,7 @@ Result<TeamView> Runtime::DescribeTeam(std::uint64_t team) const {
   auto hp_found = LiveTeam(team_id, op);                                  \
   if (!hp_found.ok()) return Record(hp_found.status());                   \
   std::lock_guard<std::mutex> hp_team_lock(hp_found.value()->mu);         \
-  CollectiveEngine engine(*device_, *hp_found.value(), stream, keep, role)
+  CollectiveEngine engine(*device_, *hp_found.value(), stream, keep, role, config_.strict_checks)
 
 // The first failed check of a collective is refused collectively (every member fails with it); none runs `call`.
 #define HP_REFUSE_IF_ERROR(engine, collective, check)                      \
@@ -854,7 +854,26 @@ Status Runtime::DestroyStream(StreamHandle stream) {
 Status Runtime::SynchronizeStream(StreamHandle stream) {
   OperationScope scope(*this);
   HP_RETURN_IF_ERROR(Record(RequireInitialized("synchronize")));
-  return Record(device_->SynchronizeStream(stream));
+  HP_RETURN_IF_ERROR(Record(device_->SynchronizeStream(stream)));
+  return Record(CheckTeams(/*take=*/true));
+}
+
+Status Runtime::CheckDeferred() {
+  OperationScope scope(*this);
+  HP_RETURN_IF_ERROR(RequireInitialized("check"));
+  return Record(CheckTeams(/*take=*/false));
+}
+
+Status Runtime::CheckTeams(bool take) {
+  Status first;
+  for (const std::shared_ptr<Team>& team : teams_.Live()) {
+    std::lock_guard<std::mutex> lock(team->mu);
+    CollectiveEngine engine(*device_, *team, kDefaultStream, nullptr, CallRole::kForward, config_.strict_checks);
+    Status checked = engine.CheckDeferred(take);
+    if (!take && checked.ok()) checked = team->deferred_failure;   // kept for the team's next call
+    if (first.ok()) first = std::move(checked);
+  }
+  return first;
 }
 
 Status Runtime::StreamWaitStream(StreamHandle waiter, StreamHandle waited) {

@@ -169,7 +169,11 @@ class Runtime {
 
   Result<StreamHandle> CreateStream();
   Status DestroyStream(StreamHandle stream);
+  // Waits for the stream; then raises what the deferred checks of the teams' earlier calls found (once).
   Status SynchronizeStream(StreamHandle stream);
+  // Compares what the deferred checks have read back so far, without waiting: a failure is recorded as the latest
+  // failure (debug_state) and kept for the team's next call. Returns it.
+  Status CheckDeferred();
   Status StreamWaitStream(StreamHandle waiter, StreamHandle waited);
 
   DebugSnapshot Snapshot() const;
@@ -224,6 +228,8 @@ class Runtime {
   // Publishes `mine` to every rank and returns every rank's record (index = rank).
   Result<std::vector<CheckRecord>> Exchange(CheckRecord mine);
   static std::string Describe(const CheckRecord& record);
+  // Runs the deferred checks of every live team (`take`: and returns their failure once).
+  Status CheckTeams(bool take);
   // Reserves and clears the team pool (collective over the root, under mu_).
   Status ReserveTeamPool();
   // The live team `team` for `op`, with its lock held by the caller.

@@ -826,6 +826,7 @@ py::dict DebugState() {
     // Snapshot takes the runtime's lock, which a wait on another thread may hold while it asks for the GIL
     // (bootstrap, interrupt check): never wait for that lock with the GIL held.
     py::gil_scoped_release nogil;
+    if (R().state() == LifecycleState::kInitialized) (void)R().CheckDeferred();   // records what it finds
     s = R().Snapshot();
   }
   py::dict d;
