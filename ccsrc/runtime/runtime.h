@@ -59,6 +59,10 @@ struct DebugSnapshot {
   std::vector<int> nodes;             // the node of every PE (Device::nodes)
 };
 
+// The snapshot as one JSON object (state, lifecycle, rank, world_size, device, config, heap figures, allocations,
+// latest_failure, calls_in_flight, live_teams, reaches_peer_memory, nodes): what every handler reads.
+std::string SnapshotJson(const DebugSnapshot& snapshot);
+
 // A live team as its creator sees it.
 struct TeamView {
   std::vector<int> pes;   // PE of every group rank
