@@ -14,6 +14,7 @@ constexpr const char* kTimeoutVar = "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC";
 constexpr const char* kLogLevelVar = "HYPER_PARALLEL_SHMEM_LOG_LEVEL";
 constexpr const char* kDeviceVar = "HYPER_PARALLEL_SHMEM_DEVICE";
 constexpr const char* kTlsInfoVar = "HYPER_PARALLEL_SHMEM_TLS_INFO";
+constexpr const char* kChecksVar = "HYPER_PARALLEL_SHMEM_CHECKS";
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 constexpr std::size_t kTiB = std::size_t{1} << 40;
@@ -109,7 +110,8 @@ Result<std::string> ParseDevice(const std::string& text) {
 
 std::string Config::ToString() const {
   return "heap_size=" + std::to_string(heap_size) + " timeout_sec=" + FormatDouble(timeout_sec) +
-         " log_level=" + std::to_string(static_cast<int>(log_level)) + " device=" + device;
+         " log_level=" + std::to_string(static_cast<int>(log_level)) + " device=" + device +
+         " checks=" + (strict_checks ? "strict" : "deferred");
 }
 
 EnvLookup ProcessEnv() {
@@ -173,6 +175,13 @@ Result<Config> ParseConfig(const EnvLookup& env) {
     HP_ASSIGN_OR_RETURN(config.device, ParseDevice(*text));
   }
   if (auto text = env(kTlsInfoVar)) config.tls_info = *text;   // the ascend device refuses a non-empty value
+  if (auto text = env(kChecksVar)) {
+    const std::string checks = Lower(Trim(*text));
+    if (checks != "deferred" && checks != "strict") {
+      return InvalidArgument(Broken(kChecksVar, "one of deferred, strict", Quoted(*text)));
+    }
+    config.strict_checks = checks == "strict";
+  }
   return config;
 }
 

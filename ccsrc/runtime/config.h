@@ -21,6 +21,10 @@ struct Config {
   double timeout_sec = kDefaultTimeoutSec;    // HYPER_PARALLEL_SHMEM_TIMEOUT_SEC
   LogLevel log_level = LogLevel::kWarning;    // HYPER_PARALLEL_SHMEM_LOG_LEVEL (0 debug .. 3 error)
   std::string device = "host";                // HYPER_PARALLEL_SHMEM_DEVICE
+  // HYPER_PARALLEL_SHMEM_CHECKS: "deferred" (default) or "strict". On a device that does not arbitrate (ascend), strict
+  // checks every collective before its data moves, synchronizing the stream at each call's first sync (for
+  // debugging); deferred checks afterwards, never synchronizing (docs/engine.md, "Deferred checks").
+  bool strict_checks = false;
   // HYPER_PARALLEL_SHMEM_TLS_INFO: TLS settings of CANN SHMEM's config store (ascend device). CANN SHMEM v1.5.1 runs
   // that store without TLS whatever it is told, so the ascend device refuses any non-empty value.
   // Not in ToString: it names key material.
@@ -44,6 +48,7 @@ EnvLookup ProcessEnv();
 //   LOG_LEVEL:   one of 0, 1, 2, 3, or DEBUG, INFO, WARNING, ERROR (case-insensitive).
 //   DEVICE:      "host" (built into every wheel) or "ascend" (CANN SHMEM; needs a build with CANN).
 //   TLS_INFO:    any text; the ascend device refuses a non-empty one (v1.5.1 cannot turn the config store's TLS on).
+//   CHECKS:      "deferred" or "strict" (case-insensitive).
 Result<Config> ParseConfig(const EnvLookup& env);
 
 // Parses a byte count with the suffixes above; `name` is used in the error message.

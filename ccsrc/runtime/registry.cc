@@ -7,6 +7,11 @@
 #include "runtime/logging.h"
 
 namespace hp::shmem {
+
+std::string DescribeAllocation(const AllocationInfo& info) {
+  return "allocation_id=" + std::to_string(info.id) + " base=" + Hex(info.base) + " bytes=" + std::to_string(info.bytes);
+}
+
 namespace {
 
 // Process-wide and never reset: an id is handed out at most once per process.

@@ -31,6 +31,9 @@ struct AllocationInfo {
   std::string call_site;          // the user's call site of empty(), when logging asked for it
 };
 
+// "allocation_id=3 base=0x7f00 bytes=4096": how messages and logs name an allocation.
+std::string DescribeAllocation(const AllocationInfo& info);
+
 class AllocationRegistry {
  public:
   // Records a new active allocation and returns its id (> 0, never returned before in this process).

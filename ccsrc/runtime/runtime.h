@@ -59,6 +59,10 @@ struct DebugSnapshot {
   std::vector<int> nodes;             // the node of every PE (Device::nodes)
 };
 
+// The snapshot as one JSON object (state, lifecycle, rank, world_size, device, config, heap figures, allocations,
+// latest_failure, calls_in_flight, live_teams, reaches_peer_memory, nodes): what every handler reads.
+std::string SnapshotJson(const DebugSnapshot& snapshot);
+
 // A live team as its creator sees it.
 struct TeamView {
   std::vector<int> pes;   // PE of every group rank
@@ -169,7 +173,11 @@ class Runtime {
 
   Result<StreamHandle> CreateStream();
   Status DestroyStream(StreamHandle stream);
+  // Waits for the stream; then raises what the deferred checks of the teams' earlier calls found (once).
   Status SynchronizeStream(StreamHandle stream);
+  // Compares what the deferred checks have read back so far, without waiting: a failure is recorded as the latest
+  // failure (debug_state) and kept for the team's next call. Returns it.
+  Status CheckDeferred();
   Status StreamWaitStream(StreamHandle waiter, StreamHandle waited);
 
   DebugSnapshot Snapshot() const;
@@ -224,6 +232,8 @@ class Runtime {
   // Publishes `mine` to every rank and returns every rank's record (index = rank).
   Result<std::vector<CheckRecord>> Exchange(CheckRecord mine);
   static std::string Describe(const CheckRecord& record);
+  // Runs the deferred checks of every live team (`take`: and returns their failure once).
+  Status CheckTeams(bool take);
   // Reserves and clears the team pool (collective over the root, under mu_).
   Status ReserveTeamPool();
   // The live team `team` for `op`, with its lock held by the caller.

@@ -28,6 +28,13 @@ class HostForwardingDevice : public Device {
   std::size_t heap_size() const override { return host_.heap_size(); }
   const std::vector<int>& nodes() const override { return host_.nodes(); }
   Status CopyToHeap(void* dst, const void* src, std::size_t bytes) override { return host_.CopyToHeap(dst, src, bytes); }
+  Status StageFromHost(void* dst, const void* src, std::size_t bytes, StreamHandle stream) override {
+    return host_.StageFromHost(dst, src, bytes, stream);
+  }
+  Result<std::uint64_t> ReadLater(const void* src, std::size_t bytes, StreamHandle stream) override {
+    return host_.ReadLater(src, bytes, stream);
+  }
+  Result<bool> TakeRead(std::uint64_t token, void* dst) override { return host_.TakeRead(token, dst); }
   Status CopyFromHeap(void* dst, const void* src, std::size_t bytes) override {
     return host_.CopyFromHeap(dst, src, bytes);
   }

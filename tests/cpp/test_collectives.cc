@@ -149,8 +149,10 @@ TEST(HostCollectivesCopiesTest, AllToAllCopiesTheOwnPartOnceAndPeersPartsAtMostT
           EXPECT_EQ(call.got_peer, part / 2);
           EXPECT_GE(call.put_peer, part / 2);
         } else {
-          EXPECT_EQ(call.copied, in_place ? 0u : part);   // in place, the own part stays where it is
-          EXPECT_EQ(call.got_self, part);                  // the peer's part out of this rank's staging
+          // The own part into place (in place it stays where it is), and the peer's part out of this rank's staging:
+          // local copies, never a get from this rank itself.
+          EXPECT_EQ(call.copied, (in_place ? 0u : part) + part);
+          EXPECT_EQ(call.got_self, 0u);
           EXPECT_EQ(call.got_peer, 0u);
           EXPECT_GE(call.put_peer, part);                  // this rank's part for the peer into its staging
         }
@@ -348,6 +350,124 @@ TEST(TeamTest, SixtyFourLiveTeamsThenAClearRefusal) {
   });
 }
 
+// The host device as a device that does not arbitrate: the engine defers its checks, as on the ascend device (its
+// first syncs run on the stream, tables read back later; pull-only paths; a pairwise all_to_all), and every collective
+// case runs through that mode here, fast.
+class DeferringHostDevice final : public testutil::HostForwardingDevice {
+ public:
+  bool arbitrates() const override { return false; }
+};
+
+testutil::CollectiveBackend DeferringBackend(double timeout_sec = 10.0) {
+  testutil::CollectiveBackend backend = HostBackend(timeout_sec);
+  backend.make_device = [] { return std::make_unique<DeferringHostDevice>(); };
+  return backend;
+}
+
+class DeferredCollectivesTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(DeferredCollectivesTest, EveryCollectiveOnEveryPath) { testutil::RunEveryCollective(DeferringBackend(), GetParam()); }
+
+TEST_P(DeferredCollectivesTest, LowPrecisionInEveryWireFormat) {
+  testutil::RunLowPrecision(DeferringBackend(), GetParam(),
+                            {ops::LowFormat::kFloat16, ops::LowFormat::kBFloat16, ops::LowFormat::kFloat8E4M3Fn,
+                             ops::LowFormat::kFloat8E5M2});
+}
+
+TEST_P(DeferredCollectivesTest, AllToAllOnEveryPath) { testutil::RunAllToAllPaths(DeferringBackend(), GetParam()); }
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DeferredCollectivesTest, ::testing::Values(2, 3, 4));
+
+// With deferred checks a mismatch is found after the call ran: every member raises it at its next call on the team
+// (or at a synchronize), naming both calls, and the team is then out of step on every member.
+TEST(DeferredChecksTest, AMismatchIsRaisedByEveryMembersNextCallAndBreaksTheTeam) {
+  RunRanks(3, [](int rank, Bootstrap& bootstrap) {
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(HostConfig(), std::make_unique<DeferringHostDevice>(), bootstrap)));
+    auto team = runtime.CreateTeam(AllPes(3), bootstrap);
+    ASSERT_TRUE(team.ok());
+    float values[8] = {};
+    // Rank 2 reduces 4 floats, the others 8: every member's call runs, on wrong values in its own output only.
+    ASSERT_TRUE(IsOk(runtime.AllReduce(team.value(), values, rank == 2 ? 16 : 32, DataType::kFloat32, ReduceOp::kSum,
+                                       kDefaultStream, nullptr)));
+    const Status next = runtime.TeamBarrier(team.value(), kDefaultStream);
+    EXPECT_TRUE(HasError(next, StatusCode::kMismatch, "ranks disagree on a collective (count)")) << next.ToString();
+    EXPECT_TRUE(Contains(next.message(), "found after the call ran on the stream")) << next.message();
+    EXPECT_TRUE(HasError(runtime.TeamBarrier(team.value(), kDefaultStream), StatusCode::kStateError,
+                         "team cannot run collectives any more"));
+    EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+  });
+}
+
+// A refusal with deferred checks: the refusing rank raises at once; its peers' calls ran on the stream (on its stale
+// staging, into their own outputs only) and they raise the refusal, naming it, at their next call. The members may have
+// run different numbers of syncs since, so the team is then out of step on every member. Every member refusing alike
+// (the same bad call everywhere) keeps the team in step.
+TEST(DeferredChecksTest, ARefusalOfOneMemberIsRaisedByEveryMemberAndEndsTheTeam) {
+  RunRanks(2, [](int rank, Bootstrap& bootstrap) {
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(HostConfig(), std::make_unique<DeferringHostDevice>(), bootstrap)));
+    auto team = runtime.CreateTeam(AllPes(2), bootstrap);
+    ASSERT_TRUE(team.ok());
+    std::int32_t ints[2] = {rank, rank};
+    // Both refuse alike: each raises at once, and the team runs on.
+    EXPECT_TRUE(HasError(runtime.AllReduce(team.value(), ints, 8, DataType::kInt32, ReduceOp::kAvg, kDefaultStream,
+                                           nullptr),
+                         StatusCode::kInvalidArgument, "`op` must be sum, max or min for int32, but got avg"));
+    ASSERT_TRUE(IsOk(runtime.AllReduce(team.value(), ints, 8, DataType::kInt32, ReduceOp::kSum, kDefaultStream, nullptr)));
+    EXPECT_EQ(ints[0], 1);
+    // Rank 1 alone refuses.
+    const Status first = runtime.AllReduce(team.value(), ints, 8, DataType::kInt32,
+                                           rank == 1 ? ReduceOp::kAvg : ReduceOp::kSum, kDefaultStream, nullptr);
+    const Status next = runtime.TeamBarrier(team.value(), kDefaultStream);
+    if (rank == 1) {
+      EXPECT_TRUE(HasError(first, StatusCode::kInvalidArgument, "`op` must be sum, max or min for int32, but got avg "
+                                                                "(refused by rank 1: op=all_reduce"))
+          << first.ToString();
+      EXPECT_TRUE(HasError(next, StatusCode::kStateError, "team is out of step")) << next.ToString();
+    } else {
+      EXPECT_TRUE(IsOk(first));
+      EXPECT_TRUE(HasError(next, StatusCode::kInvalidArgument, "`op` must be sum, max or min for int32, but got avg "
+                                                               "(refused by rank 1: op=all_reduce (call "))
+          << next.ToString();
+    }
+    EXPECT_TRUE(HasError(runtime.TeamBarrier(team.value(), kDefaultStream), StatusCode::kStateError,
+                         "team cannot run collectives any more"));
+    EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+  });
+}
+
+// A message of another dtype: with deferred checks the receiver's recv takes what it expected and both ranks raise
+// later (the receiver at its next call, the sender when it reuses the piece).
+TEST(DeferredChecksTest, AMessageOfAnotherDtypeIsRaisedOnBothSides) {
+  RunRanks(2, [](int rank, Bootstrap& bootstrap) {
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(HostConfig(), std::make_unique<DeferringHostDevice>(), bootstrap)));
+    auto team = runtime.CreateTeam(AllPes(2), bootstrap);
+    ASSERT_TRUE(team.ok());
+    float data[4] = {1.5f, 0.0f, 0.0f, 0.0f};
+    if (rank == 0) {
+      ASSERT_TRUE(IsOk(runtime.Send(team.value(), data, 4, Float32(), 1, kDefaultStream, nullptr)));
+      Status later = Status::Ok();
+      for (int i = 0; i < 8 && later.ok(); ++i) later = runtime.Send(team.value(), data, 4, Float32(), 1, kDefaultStream, nullptr);
+      EXPECT_TRUE(HasError(later, StatusCode::kTypeError, "a message this rank sent (float32 message of 4 bytes) must "
+                                                          "match the receive buffer of rank 1, but that rank expected a "
+                                                          "int32 message of 4 bytes"))
+          << later.ToString();
+    } else {
+      std::int32_t wrong = -1;
+      ASSERT_TRUE(IsOk(runtime.Recv(team.value(), &wrong, 4, testutil::Int32(), 0, kDefaultStream, nullptr)));
+      const Status later = runtime.Recv(team.value(), data, 4, Float32(), 0, kDefaultStream, nullptr);
+      EXPECT_TRUE(HasError(later, StatusCode::kTypeError, "`tensor` must be a receive buffer for the float32 message of "
+                                                          "4 bytes rank 0 sent, but got int32 of 4 bytes"))
+          << later.ToString();
+      for (int i = 0; i < 7; ++i) (void)runtime.Recv(team.value(), data, 4, Float32(), 0, kDefaultStream, nullptr);
+    }
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+    EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+  });
+}
+
 // A call that one member gives up (its first sync timed out while a peer was late) fails on every member, the late
 // one included, which never reads what the member that gave up has taken back; then the team runs on. Ordinary
 // tensors of 1,000 floats take the one-step path, of 1 Mi floats the peer-memory path (each rank reads the others'
@@ -473,15 +593,16 @@ TEST(TeamTest, ABackwardCallNeverPairsWithAForwardOne) {
   });
 }
 
-// A device whose next staging step fails once (Put to this rank, or Encode), as a failed enqueue would.
+// A device whose next staging step fails once (the local copy into the staging area, or Encode), as a failed enqueue
+// would.
 class FailOnceDevice final : public testutil::HostForwardingDevice {
  public:
-  Status Put(void* dst, const void* src, std::size_t bytes, int pe, StreamHandle stream, KeepAlive keep) override {
-    if (fail_next && pe == rank()) {
+  Status Copy(void* dst, const void* src, std::size_t bytes, StreamHandle stream, KeepAlive keep) override {
+    if (fail_next) {
       fail_next = false;
-      return DeviceError("injected: the staging put failed");
+      return DeviceError("injected: the staging copy failed");
     }
-    return HostForwardingDevice::Put(dst, src, bytes, pe, stream, std::move(keep));
+    return HostForwardingDevice::Copy(dst, src, bytes, stream, std::move(keep));
   }
   Status Encode(ops::LowFormat format, DataType dtype, const void* src, std::size_t count, WireRun dst,
                 StreamHandle stream, KeepAlive keep) override {

@@ -37,7 +37,7 @@ TEST(ConfigTest, DefaultsWhenNothingIsSet) {
   EXPECT_EQ(result->timeout_sec, 120.0);
   EXPECT_EQ(result->log_level, LogLevel::kWarning);
   EXPECT_EQ(result->device, "host");
-  EXPECT_EQ(result->ToString(), "heap_size=1073741824 timeout_sec=120 log_level=2 device=host");
+  EXPECT_EQ(result->ToString(), "heap_size=1073741824 timeout_sec=120 log_level=2 device=host checks=deferred");
 }
 
 TEST(ConfigTest, ToStringShowsEveryField) {
@@ -45,7 +45,16 @@ TEST(ConfigTest, ToStringShowsEveryField) {
   config.heap_size = 2 * 1024 * 1024;
   config.timeout_sec = 0.5;
   config.log_level = LogLevel::kDebug;
-  EXPECT_EQ(config.ToString(), "heap_size=2097152 timeout_sec=0.5 log_level=0 device=host");
+  EXPECT_EQ(config.ToString(), "heap_size=2097152 timeout_sec=0.5 log_level=0 device=host checks=deferred");
+}
+
+TEST(ConfigTest, ChecksAreDeferredOrStrict) {
+  EXPECT_FALSE(ParseConfig(FakeEnv({}))->strict_checks);
+  EXPECT_TRUE(ParseConfig(FakeEnv({{"HYPER_PARALLEL_SHMEM_CHECKS", " Strict\n"}}))->strict_checks);
+  EXPECT_FALSE(ParseConfig(FakeEnv({{"HYPER_PARALLEL_SHMEM_CHECKS", "deferred"}}))->strict_checks);
+  Result<Config> bad = ParseConfig(FakeEnv({{"HYPER_PARALLEL_SHMEM_CHECKS", "always"}}));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(), "`HYPER_PARALLEL_SHMEM_CHECKS` must be one of deferred, strict, but got 'always'");
 }
 
 TEST(ConfigTest, AllVariablesTogether) {

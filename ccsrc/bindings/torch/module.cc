@@ -797,18 +797,6 @@ void TeamGiveUp(std::uint64_t team, const std::string& message) {
   (void)R().GiveUp(team, StateError(message));
 }
 
-py::dict AllocationDict(const AllocationInfo& info) {
-  py::dict d;
-  d["allocation_id"] = info.id;
-  d["base"] = info.base;
-  d["offset"] = info.offset;
-  d["bytes"] = info.bytes;
-  d["reserved"] = info.reserved;
-  d["lifecycle"] = info.lifecycle;
-  d["call_site"] = info.call_site;
-  return d;
-}
-
 // The configuration a new lifecycle would use, parsed from the environment (ValueError on a bad value).
 py::dict ReadConfig() {
   const Config config = ValueOrThrow(ParseConfig(ProcessEnv()));
@@ -820,42 +808,17 @@ py::dict ReadConfig() {
   return d;
 }
 
-py::dict DebugState() {
-  DebugSnapshot s;
+// The runtime's snapshot, parsed from its one serialization (SnapshotJson), as the C ABI's reader parses it.
+py::object DebugState() {
+  std::string json;
   {
     // Snapshot takes the runtime's lock, which a wait on another thread may hold while it asks for the GIL
     // (bootstrap, interrupt check): never wait for that lock with the GIL held.
     py::gil_scoped_release nogil;
-    s = R().Snapshot();
+    if (R().state() == LifecycleState::kInitialized) (void)R().CheckDeferred();   // records what it finds
+    json = SnapshotJson(R().Snapshot());
   }
-  py::dict d;
-  d["state"] = LifecycleStateName(s.state);
-  d["lifecycle"] = s.lifecycle;
-  d["rank"] = s.rank;
-  d["world_size"] = s.world_size;
-  d["device"] = s.device;
-  py::dict config;
-  config["heap_size"] = s.config.heap_size;
-  config["timeout_sec"] = s.config.timeout_sec;
-  config["log_level"] = static_cast<int>(s.config.log_level);
-  config["device"] = s.config.device;
-  d["config"] = config;
-  d["heap_base"] = s.heap_base;
-  d["heap_size"] = s.heap_size;
-  d["allocated"] = s.allocated;
-  d["max_allocated"] = s.max_allocated;
-  d["remaining"] = s.remaining;
-  py::list active, leaked;
-  for (const auto& info : s.active) active.append(AllocationDict(info));
-  for (const auto& info : s.leaked) leaked.append(AllocationDict(info));
-  d["active_allocations"] = active;
-  d["leaked_allocations"] = leaked;
-  d["latest_failure"] = s.latest_failure;
-  d["calls_in_flight"] = s.in_flight;
-  d["live_teams"] = s.live_teams;
-  d["reaches_peer_memory"] = s.reaches_peer_memory;
-  d["nodes"] = py::tuple(py::cast(s.nodes));
-  return d;
+  return py::module_::import("json").attr("loads")(json);
 }
 
 }  // namespace

@@ -53,6 +53,19 @@ Status CollectiveEngine::AllToAll(const std::vector<Buffer>& sends, const Buffer
     return Broken(device_.Copy(own_place, own.address, own.bytes, stream_, keep_), "copy the own part", next);
   };
   if (Deferred()) {   // counts checked later: a pairwise exchange, each receiver taking what it expects
+    // Sends that overlap the receive buffer other than as their own block leave from the staging area.
+    std::size_t aliased_bytes = 0;
+    for (std::size_t j = 0; j < un; ++j) {
+      if (sends[j].address != out + starts[j] && Overlaps(sends[j].address, sends[j].bytes, out, received)) {
+        aliased_bytes += (sends[j].bytes + 63) / 64 * 64;
+      }
+    }
+    if (aliased_bytes > team_.staging_bytes()) {
+      return RefuseCall(f, InvalidArgument("`send_tensor_list` must fit this team's staging area (" +
+                                           std::to_string(team_.staging_bytes()) + " bytes) where it overlaps the "
+                                           "receive buffer other than block for block, with deferred checks, but got " +
+                                           std::to_string(aliased_bytes) + " bytes"));
+    }
     std::vector<std::int64_t> row(3 * un + 1, 0);
     for (std::size_t j = 0; j < un; ++j) {
       row[j] = static_cast<std::int64_t>(sends[j].bytes / es);

@@ -103,11 +103,27 @@ Status CollectiveEngine::CompareCall(const DeferredCheck& check, const std::vect
                         " did not publish its call at that sync (it ran another number of syncs); create a new group");
     }
   }
+  int refusers = 0;
+  int first_refuser = -1;
   for (int r = 0; r < n; ++r) {
     if (rows[r].refusal == 0) continue;
+    ++refusers;
+    if (first_refuser < 0) first_refuser = r;
+  }
+  if (refusers == n) return Status::Ok();   // every member refused, and said so at once: in step
+  if (refusers > 0) {
+    // Members that refused returned after the first sync; the others ran the call on: they may have run different
+    // numbers of syncs since.
+    team_.broken = "members refused a call that others ran (call " + std::to_string(check.mine.sequence) + ")";
+    if (check.mine.refusal != 0) {
+      return StateError("team is out of step: op=" + call + " " + team_.Describe() + " this rank refused the call, "
+                        "which other members ran; create a new group");
+    }
+    const int r = first_refuser;
     return Status(static_cast<StatusCode>(rows[r].refusal),
                   statement(r) + " (refused by rank " + std::to_string(team_.pes[static_cast<std::size_t>(r)]) +
-                      ": op=" + call + " " + team_.Describe() + "; every member fails this call)");
+                      ": op=" + call + " " + team_.Describe() + "; found after the call ran on the stream: its "
+                      "outputs are not to be trusted, and the team is out of step: create a new group)");
   }
   for (int r = 0; r < n; ++r) {
     std::string differs = FingerprintDifference(check.mine, rows[r]);
@@ -287,45 +303,57 @@ Status CollectiveEngine::AllToAllPairwise(const std::vector<Buffer>& sends, cons
   char* out = static_cast<char*>(receive.address);
   std::vector<std::size_t> starts(static_cast<std::size_t>(n), 0);
   for (std::size_t i = 1; i < starts.size(); ++i) starts[i] = starts[i - 1] + receive_counts[i - 1] * es;
-  // This rank's own part: one local copy.
-  const Buffer& own = sends[static_cast<std::size_t>(me)];
-  char* own_place = out + starts[static_cast<std::size_t>(me)];
-  if (own.address != own_place) {
-    HP_RETURN_IF_ERROR(Broken(device_.Copy(own_place, own.address, own.bytes, stream_, keep_), "copy the own part",
-                              Next::kUnknown));
+  const std::size_t received = starts.back() + receive_counts.back() * es;
+  // Sends that overlap the receive buffer other than as their own block would be overwritten by a part received
+  // before they left: they go out of this rank's staging area, copied there first.
+  std::vector<const char*> from(sends.size());
+  std::size_t staged = 0;
+  for (std::size_t j = 0; j < sends.size(); ++j) {
+    from[j] = static_cast<const char*>(sends[j].address);
+    const bool own_block = from[j] == out + starts[j];
+    if (own_block || !Overlaps(sends[j].address, sends[j].bytes, out, received)) continue;
+    HP_RETURN_IF_ERROR(Broken(device_.Copy(team_.Staging() + staged, sends[j].address, sends[j].bytes, stream_, keep_),
+                              "stage a send", Next::kUnknown));
+    from[j] = team_.Staging() + staged;
+    staged += (sends[j].bytes + 63) / 64 * 64;
   }
-  // Step r: a message to me + r and one from me - r, their pieces interleaved so that neither side waits for a piece
-  // the other has not sent (each piece's flow control waits only on pieces enqueued earlier on the peer's stream).
-  for (int r = 1; r < n; ++r) {
-    const int to = (me + r) % n;
-    const int from = (me + n - r) % n;
-    const Buffer& send = sends[static_cast<std::size_t>(to)];
+  // This rank's own part: one local copy.
+  char* own_place = out + starts[static_cast<std::size_t>(me)];
+  if (from[static_cast<std::size_t>(me)] != own_place) {
+    HP_RETURN_IF_ERROR(Broken(device_.Copy(own_place, from[static_cast<std::size_t>(me)],
+                                           sends[static_cast<std::size_t>(me)].bytes, stream_, keep_),
+                              "copy the own part", Next::kUnknown));
+  }
+  // Step r pairs this rank with (r - me) mod n, which pairs back with it: the two exchange their parts, pieces
+  // interleaved, so that neither waits for a piece the other has not sent (each piece's flow control waits only on
+  // pieces enqueued earlier on the peer's stream), and a part swapped in place leaves before what replaces it lands.
+  for (int r = 0; r < n; ++r) {
+    const int peer = ((r - me) % n + n) % n;
+    if (peer == me) continue;
+    const auto up = static_cast<std::size_t>(peer);
     MailboxHeader outgoing{};
-    outgoing.bytes = send.bytes;
+    outgoing.bytes = sends[up].bytes;
     std::strncpy(outgoing.dtype, type.name.c_str(), sizeof(outgoing.dtype) - 1);
     MailboxHeader incoming{};
-    incoming.bytes = receive_counts[static_cast<std::size_t>(from)] * es;
+    incoming.bytes = receive_counts[up] * es;
     std::strncpy(incoming.dtype, type.name.c_str(), sizeof(incoming.dtype) - 1);
-    std::uint64_t& sent = team_.sent_pieces[static_cast<std::size_t>(to)];
-    std::uint64_t& taken = team_.received_pieces[static_cast<std::size_t>(from)];
+    std::uint64_t& sent = team_.sent_pieces[up];
+    std::uint64_t& taken = team_.received_pieces[up];
     outgoing.piece = sent + 1;
     incoming.piece = taken + 1;
-    team_.sent_messages[static_cast<std::size_t>(to)].push_back(outgoing);
-    const std::size_t send_pieces = std::max<std::size_t>((send.bytes + payload - 1) / payload, 1);
+    team_.sent_messages[up].push_back(outgoing);
+    const std::size_t send_pieces = std::max<std::size_t>((outgoing.bytes + payload - 1) / payload, 1);
     const std::size_t recv_pieces = std::max<std::size_t>((incoming.bytes + payload - 1) / payload, 1);
     for (std::size_t k = 0; k < std::max(send_pieces, recv_pieces); ++k) {
+      const std::size_t off = k * payload;
       if (k < send_pieces) {
-        const std::size_t off = k * payload;
-        const std::size_t length = std::min(payload, send.bytes > off ? send.bytes - off : 0);
-        HP_RETURN_IF_ERROR(Broken(SendPiece(to, ++sent, outgoing, static_cast<const char*>(send.address) + off, length),
-                                  "send", Next::kUnknown));
+        const std::size_t length = std::min(payload, outgoing.bytes > off ? outgoing.bytes - off : 0);
+        HP_RETURN_IF_ERROR(Broken(SendPiece(peer, ++sent, outgoing, from[up] + off, length), "send", Next::kUnknown));
       }
       if (k < recv_pieces) {
-        const std::size_t off = k * payload;
         const std::size_t length = std::min(payload, incoming.bytes > off ? incoming.bytes - off : 0);
-        HP_RETURN_IF_ERROR(Broken(RecvPiece(from, ++taken, incoming, out + starts[static_cast<std::size_t>(from)] + off,
-                                            length),
-                                  "recv", Next::kUnknown));
+        HP_RETURN_IF_ERROR(Broken(RecvPiece(peer, ++taken, incoming, out + starts[up] + off, length), "recv",
+                                  Next::kUnknown));
       }
     }
   }

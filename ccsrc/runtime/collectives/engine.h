@@ -105,6 +105,8 @@ class CollectiveEngine {
   // the call's first sync, so that every member fails with the same refusal, naming this rank, instead of waiting
   // for a call that will not come. Returns the refusal as every member reports it.
   Status Refuse(Collective collective, const Status& refusal);
+  // The same for a call already begun (its fingerprint numbered): a refusal the call's own path finds.
+  Status RefuseCall(Fingerprint fingerprint, const Status& refusal);
   // This rank gives up the team's next sync for `why` (a failure of its own outside the engine, e.g. across nodes):
   // the members waiting there, or arriving later, fail at once with `why`'s message. Returns `why`.
   Status GiveUp(const Status& why);

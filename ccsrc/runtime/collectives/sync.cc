@@ -65,7 +65,10 @@ Status CollectiveEngine::Barrier() {
 Status CollectiveEngine::Refuse(Collective collective, const Status& refusal) {
   auto begun = Begin(collective, nullptr, 0, 0, -1);
   if (!begun.ok()) return refusal;   // the team runs no call any more: nobody waits for this one
-  Fingerprint f = begun.value();
+  return RefuseCall(begun.value(), refusal);
+}
+
+Status CollectiveEngine::RefuseCall(Fingerprint f, const Status& refusal) {
   f.refusal = static_cast<std::int32_t>(refusal.code());
   const Status reported = Open(f, nullptr, &refusal.message()).status();
   if (!reported.ok()) return reported;

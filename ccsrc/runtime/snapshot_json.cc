@@ -1,0 +1,92 @@
+// The debug snapshot as one JSON document: the one serialization every handler reads (the C ABI returns it, the torch
+// binding parses it), with the keys core/multicore/snapshot.py projects into debug_state().
+#include "runtime/json_writer.h"
+#include "runtime/runtime.h"
+
+namespace hp::shmem {
+
+namespace {
+
+void WriteAllocations(JsonWriter& json, const char* key, const std::vector<AllocationInfo>& allocations) {
+  json.Key(key);
+  json.BeginArray();
+  for (const AllocationInfo& info : allocations) {
+    json.BeginObject();
+    json.Key("allocation_id");
+    json.Unsigned(info.id);
+    json.Key("lifecycle");
+    json.Unsigned(info.lifecycle);
+    json.Key("base");
+    json.Unsigned(info.base);
+    json.Key("offset");
+    json.Unsigned(info.offset);
+    json.Key("bytes");
+    json.Unsigned(info.bytes);
+    json.Key("reserved");
+    json.Unsigned(info.reserved);
+    json.Key("state");
+    json.String(AllocationStateName(info.state));
+    json.Key("call_site");
+    json.String(info.call_site);
+    json.EndObject();
+  }
+  json.EndArray();
+}
+
+}  // namespace
+
+std::string SnapshotJson(const DebugSnapshot& s) {
+  JsonWriter json;
+  json.BeginObject();
+  json.Key("state");
+  json.String(LifecycleStateName(s.state));
+  json.Key("lifecycle");
+  json.Unsigned(s.lifecycle);
+  json.Key("rank");
+  json.Signed(s.rank);
+  json.Key("world_size");
+  json.Signed(s.world_size);
+  json.Key("device");
+  json.String(s.device);
+  json.Key("config");
+  json.BeginObject();
+  json.Key("heap_size");
+  json.Unsigned(s.config.heap_size);
+  json.Key("timeout_sec");
+  json.Double(s.config.timeout_sec);
+  json.Key("log_level");
+  json.Signed(static_cast<int>(s.config.log_level));
+  json.Key("device");
+  json.String(s.config.device);
+  json.Key("checks");
+  json.String(s.config.strict_checks ? "strict" : "deferred");
+  json.EndObject();
+  json.Key("heap_base");
+  json.Unsigned(s.heap_base);
+  json.Key("heap_size");
+  json.Unsigned(s.heap_size);
+  json.Key("allocated");
+  json.Unsigned(s.allocated);
+  json.Key("max_allocated");
+  json.Unsigned(s.max_allocated);
+  json.Key("remaining");
+  json.Unsigned(s.remaining);
+  WriteAllocations(json, "active_allocations", s.active);
+  WriteAllocations(json, "leaked_allocations", s.leaked);
+  json.Key("latest_failure");
+  json.String(s.latest_failure);
+  json.Key("calls_in_flight");
+  json.Unsigned(s.in_flight);
+  json.Key("live_teams");
+  json.Unsigned(s.live_teams);
+  json.Key("reaches_peer_memory");
+  json.Bool(s.reaches_peer_memory);
+  json.Key("nodes");
+  json.BeginArray();
+  for (const int node : s.nodes) json.Signed(node);
+  json.EndArray();
+  json.EndObject();
+  return json.text();
+}
+
+}  // namespace hp::shmem
