@@ -336,7 +336,7 @@ aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src, size_t cou
   std::shared_ptr<Stream> on = found->second;
   const std::uint64_t position = on->enqueued;
   world.Demand(*on, position);
-  if (!world.changed.wait_for(lock, world.hang_limit, [&] { return on->cancelled || on->completed >= position; })) {
+  if (!on->progressed.wait_for(lock, world.hang_limit, [&] { return on->cancelled || on->completed >= position; })) {
     ++world.hangs;
     return ACL_ERROR_RT_INTERNAL_ERROR;
   }

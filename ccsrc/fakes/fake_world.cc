@@ -52,15 +52,15 @@ void* World::CreateStream(int device) {
   raw->worker = std::thread([this, raw] {
     std::unique_lock<std::mutex> lock(mu);
     while (true) {
-      changed.wait(lock, [raw] { return raw->cancelled || !raw->tasks.empty(); });
+      raw->wake.wait(lock, [raw] { return raw->cancelled || !raw->tasks.empty(); });
       if (raw->cancelled) return;
       // The NPU runs the task once its lag passed, or at once when someone waits for it.
       const Clock::time_point ready_at = raw->tasks.front().ready_at;
       if (raw->demanded <= raw->completed && Clock::now() < ready_at) {
         if (ready_at == Clock::time_point::max()) {
-          changed.wait(lock);
+          raw->wake.wait(lock);
         } else {
-          changed.wait_until(lock, ready_at);
+          raw->wake.wait_until(lock, ready_at);
         }
         continue;
       }
@@ -71,6 +71,7 @@ void* World::CreateStream(int device) {
       lock.lock();
       ++raw->completed;
       if (rc != ACL_SUCCESS && raw->error == ACL_SUCCESS) raw->error = rc;
+      raw->progressed.notify_all();
       changed.notify_all();
     }
   });
@@ -86,11 +87,13 @@ bool World::DestroyStream(void* handle, std::unique_lock<std::mutex>& lock, bool
   if (drain) {
     const std::uint64_t target = stream->enqueued;
     Demand(*stream, target);
-    drained = changed.wait_for(lock, hang_limit, [&] { return stream->completed >= target; });
+    drained = stream->progressed.wait_for(lock, hang_limit, [&] { return stream->completed >= target; });
     if (!drained) ++hangs;
   }
   streams.erase(handle);
   stream->cancelled = true;
+  stream->wake.notify_one();
+  stream->progressed.notify_all();
   changed.notify_all();
   lock.unlock();
   stream->worker.join();
@@ -127,14 +130,14 @@ bool World::Enqueue(void* handle, Task task) {
                                                                               : now + stream_lag;
   stream.tasks.push_back(QueuedTask{std::move(task), ready_at});
   ++stream.enqueued;
-  changed.notify_all();
+  stream.wake.notify_one();
   return true;
 }
 
 void World::Demand(Stream& stream, std::uint64_t position) {
   if (position <= stream.demanded) return;
   stream.demanded = position;
-  changed.notify_all();
+  stream.wake.notify_one();
 }
 
 Capture* World::BlockingCallCapture() {
@@ -157,8 +160,8 @@ int World::Synchronize(void* handle, std::int32_t timeout_ms, std::unique_lock<s
   Demand(*stream, target);
   auto drained = [&] { return stream->cancelled || stream->completed >= target; };
   if (timeout_ms < 0) {
-    changed.wait(lock, drained);
-  } else if (!changed.wait_for(lock, std::chrono::milliseconds(timeout_ms), drained)) {
+    stream->progressed.wait(lock, drained);
+  } else if (!stream->progressed.wait_for(lock, std::chrono::milliseconds(timeout_ms), drained)) {
     return ACL_ERROR_RT_STREAM_SYNC_TIMEOUT;
   }
   const int error = stream->error;

@@ -54,6 +54,12 @@ struct Stream {
   int error = 0;             // the first failure since the last synchronize
   bool cancelled = false;    // destroyed: the worker stops, queued tasks are dropped
   std::shared_ptr<Capture> capture;   // being captured (aclmdlRICaptureBegin)
+  // The worker's own wake-up (tasks, demand, cancel): on World::changed, every enqueue anywhere would wake every
+  // stream of every rank, and 16 ranks spend their time in the lock rather than in the tasks.
+  std::condition_variable wake;
+  // Its own progress (a task completed, or cancelled), for those who wait on this stream alone (synchronize, a
+  // pageable copy, a destroy that drains): World::changed stays for waits on the heap or on several streams.
+  std::condition_variable progressed;
   std::thread worker;
 };
 

@@ -16,6 +16,7 @@
 #include "fake_cann.h"
 #include "runtime/ascend/ascend_device.h"
 #include "runtime/logging.h"
+#include "runtime/team.h"
 
 namespace hp::shmem {
 namespace {
@@ -26,7 +27,8 @@ testutil::CollectiveBackend AscendBackend(bool strict = false) {
   backend.config = [strict] {
     Config config;
     config.device = "ascend";
-    config.heap_size = 8 * testutil::kMiB;
+    // 16 ranks gather 16 x 160 KB beside CANN's own 5 MiB of the heap.
+    config.heap_size = 24 * testutil::kMiB;
     config.timeout_sec = 10.0;
     config.log_level = LogLevel::kError;
     config.strict_checks = strict;
@@ -107,6 +109,47 @@ TEST(AscendDeferredChecksTest, AMismatchIsRaisedByEveryMembersNextCall) {
     EXPECT_TRUE(testutil::HasError(next, StatusCode::kMismatch, "ranks disagree on a collective (count)"))
         << next.ToString();
     EXPECT_TRUE(testutil::Contains(next.message(), "found after the call ran on the stream")) << next.message();
+  });
+  fakes::FakeCann::Reset();
+}
+
+// The chip's signals are int32, compared for equality (SignalValue of counters that only grow): a team whose counters
+// start just below the wrap runs 10,000 syncs and send/recv pieces across it on the fakes, each on the stream.
+TEST(AscendSignalWrapTest, TenThousandSyncsAndSendsAcrossTheSignalWrap) {
+  fakes::FakeCann::Reset();
+  const testutil::CollectiveBackend backend = AscendBackend();
+  testutil::RunRanks(2, [&](int rank, Bootstrap& bootstrap) {
+    backend.enter_rank(rank);
+    Runtime runtime;
+    ASSERT_TRUE(testutil::IsOk(runtime.Init(backend.config(), backend.make_device(), bootstrap)));
+    runtime.SetFirstTeamCounterForTesting(static_cast<std::uint64_t>(kSignalPeriod) - 5000);
+    auto team = runtime.CreateTeam(testutil::AllPes(2), bootstrap);
+    ASSERT_TRUE(team.ok()) << team.status().ToString();
+    const std::uint64_t t = team.value();
+    void* value = backend.alloc_local(8);
+    void* message = backend.alloc_local(8);
+    for (int i = 0; i < 10000; ++i) {
+      std::int64_t mine = i + rank;
+      backend.write(value, &mine, 8);
+      ASSERT_TRUE(testutil::IsOk(
+          runtime.AllReduce(t, value, 8, DataType::kInt64, ReduceOp::kSum, kDefaultStream, nullptr))) << i;
+      std::int64_t got = 0;
+      backend.read(&got, value, 8);
+      ASSERT_EQ(got, 2 * i + 1) << i;
+      std::int64_t sent = 3 * i;
+      if (rank == 0) {
+        backend.write(message, &sent, 8);
+        ASSERT_TRUE(testutil::IsOk(runtime.Send(t, message, 8, testutil::Int64(), 1, kDefaultStream, nullptr))) << i;
+      } else {
+        ASSERT_TRUE(testutil::IsOk(runtime.Recv(t, message, 8, testutil::Int64(), 0, kDefaultStream, nullptr))) << i;
+        backend.read(&got, message, 8);
+        ASSERT_EQ(got, sent) << i;
+      }
+    }
+    backend.free_local(value);
+    backend.free_local(message);
+    EXPECT_TRUE(testutil::IsOk(runtime.ReleaseTeam(t)));
+    EXPECT_TRUE(testutil::IsOk(runtime.Shutdown(bootstrap)));
   });
   fakes::FakeCann::Reset();
 }
