@@ -1,9 +1,11 @@
 """The MindSpore path's parts that need no second rank: framework choice, the C ABI's loading, tensors over raw
-memory, and the refusal before MindSpore's communication is initialised."""
+memory (and how a freed one is told from a live one), and the refusal before MindSpore's communication is
+initialised."""
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import subprocess
 import sys
 
@@ -115,10 +117,11 @@ def test_a_wrapped_tensor_shares_the_memory_it_wraps(dtype, shape):
     count = int(np.prod(shape)) if shape else 1
     raw = (ctypes.c_byte * max(count * info.itemsize, 1))()
     address = ctypes.addressof(raw)
-    t = tensors.wrap(address, shape, dtype)
+    t, array = tensors.wrap(address, shape, dtype)
     assert tuple(t.shape) == tuple(shape) and t.dtype == dtype
     if count == 0:
         return
+    assert array.ctypes.data == address   # the array the tensor (and every view of it) keeps alive
     assert tensors.address(t) == address and tensors.nbytes(t) == count * info.itemsize
     view = np.frombuffer(raw, dtype=info.numpy, count=count)
     view[:] = np.arange(count) % 7            # written through memory, read through MindSpore
@@ -128,6 +131,43 @@ def test_a_wrapped_tensor_shares_the_memory_it_wraps(dtype, shape):
         assert np.array_equal(t.view(ms.uint16).asnumpy().reshape(-1), expected)
     else:
         assert np.array_equal(got, expected)
+
+
+def test_a_freed_tensor_and_every_view_of_it_are_told_from_a_live_tensor_over_the_same_memory():
+    """What the handler relies on in MindSpore 2.10 (docs/mindspore.md): views share their tensor's storage, a
+    storage over memory MindSpore does not own goes to 0 bytes on resize_(0) and keeps its memory, and a new tensor
+    over the same memory has a storage of its own. Re-check on a MindSpore upgrade."""
+    raw = (ctypes.c_byte * 64)()
+    address = ctypes.addressof(raw)
+    x, array = tensors.wrap(address, (4, 4), ms.float32)
+    x.copy_(ms.Tensor(np.arange(16, dtype=np.float32).reshape(4, 4)))
+    tensors.synchronize()
+    before = {"slice": x[1:3], "row": x[2], "flat": x.reshape(-1)[5:9], "transposed": x.T, "int32": x.view(ms.int32)}
+    assert all(tensors.freed(v) is None for v in (x, *before.values()))
+    tensors.invalidate([(x, array)], allocation_id=41, lifecycle=3)
+    after = {"slice": x[0:1], "flat": x.reshape(-1)}
+    for name, view in {"x": x, **before, **after}.items():
+        assert tensors.freed(view) == "allocation_id=41 lifecycle=3", name
+        with pytest.raises(ShmemStateError) as info:
+            tensors.check_tensor(view, "tensor")
+        assert str(info.value) == ("tensor of a freed symmetric allocation: argument=tensor (symmetric allocation was "
+                                   "freed: allocation_id=41 lifecycle=3 (this tensor and every view of it are invalid "
+                                   "after symm.free))"), name
+    # The memory stays where it was: only the storage's byte count is gone.
+    assert tensors.address(before["slice"]) == address + 16
+    assert np.frombuffer(raw, dtype=np.float32)[5] == 5.0
+    # The same memory handed out again: the new tensor and its views are live, the old ones stay freed.
+    y, y_array = tensors.wrap(address, (16,), ms.float32)
+    assert tensors.freed(y) is None and tensors.freed(y[3:7]) is None
+    assert tensors.freed(before["row"]) == "allocation_id=41 lifecycle=3"
+    # Freed again, with views of both allocations alive: a view is named by both (its storage cannot tell which).
+    tensors.invalidate([(y, y_array)], allocation_id=42, lifecycle=3)
+    assert tensors.freed(y[1:2]) == "allocation_id=41 lifecycle=3 or allocation_id=42 lifecycle=3"
+    # Once no tensor over an allocation lives, it is forgotten: its array was kept alive by the views only.
+    del x, array, before, after, view, info
+    gc.collect()
+    assert tensors.freed(y) == "allocation_id=42 lifecycle=3"
+    assert tensors.freed(ms.Tensor(np.zeros(0, np.float32))) is None
 
 
 def test_an_unsupported_dtype_is_named():

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import zlib
 from typing import Any, Callable, Optional, Protocol, Sequence
 
 import numpy as np
@@ -140,6 +141,19 @@ def expect(kind: Any, fn: Callable[..., Any], *args: Any, message: Optional[str]
     return text
 
 
+def refused(fw: Framework, op: str, by: int = 0, ranks: Optional[Sequence[int]] = None) -> str:
+    """The end of every rank's message when a collective was refused (a check failed on rank ``by``, the lowest group
+    rank whose check failed): the engine's call ``op`` and the team's ranks (default: the world)."""
+    team = ",".join(map(str, range(fw.world) if ranks is None else ranks))
+    return f" (refused by rank {by}: op={op} team_ranks=[{team}]; every member fails this call)"
+
+
+def same_on_every_rank(fw: Framework, text: str, what: str) -> None:
+    """Every rank of the world holds this very ``text`` (an error message every rank raised)."""
+    digests = fw.all_gather(np.array([zlib.crc32(text.encode())], np.int64))
+    assert len({int(d[0]) for d in digests}) == 1, f"{what}: the ranks raised different messages; this one: {text!r}"
+
+
 def equal(got: np.ndarray, want: np.ndarray, what: str) -> None:
     """``got`` equals ``want`` element for element (and in shape)."""
     got, want = np.asarray(got), np.asarray(want)
@@ -237,18 +251,23 @@ def upstreams_vocabulary_for_diagnosis(fw: Framework) -> None:
     """A refused call carries upstream hyper-parallel's fields (diagnostics parse its note), and ``debug_state()``
     answers upstream's keys, ``config["data_engine"]`` included: the host device moves bytes with the CPU."""
     symm = fw.symm
-    message = "`op` must be one of 'sum', 'avg', 'max', 'min', but got 'prod'"
+    # a collective's refusal is the runtime's call, on every rank: its operation is the runtime's name for it
+    message = "`op` must be one of 'sum', 'avg', 'max', 'min', but got 'prod'" + refused(fw, "all_reduce")
     error = caught(symm.shmem_allreduce, fw.tensor(values(fw.rank, 4)), op="prod")
     assert isinstance(error, ValueError) and isinstance(error, RuntimeError), repr(error)
     assert type(error).__name__ == "ShmemValueError", type(error).__mro__
     fields = (error.error_code, error.operation, error.phase, error.cann_error_code)
-    assert fields == ("INVALID_ARGUMENT", "shmem_allreduce", "Validation", None), fields
-    assert error.__notes__ == ["[HYPER_PARALLEL_SHMEM_ERROR] error_code=INVALID_ARGUMENT operation=shmem_allreduce "
+    assert fields == ("INVALID_ARGUMENT", "all_reduce", "Validation", None), fields
+    assert error.__notes__ == ["[HYPER_PARALLEL_SHMEM_ERROR] error_code=INVALID_ARGUMENT operation=all_reduce "
                                f"phase=Validation cann_error_code=None message={message}"], error.__notes__
     error = caught(symm.shmem_alltoall, [fw.tensor(values(fw.rank, 1))] * fw.world, fw.tensor(values(0, 1)),
                    "1" * fw.world)
     assert isinstance(error, TypeError) and (error.error_code, error.operation) == (
-        "INVALID_ARGUMENT", "shmem_alltoall"), (repr(error), getattr(error, "operation", None))
+        "INVALID_ARGUMENT", "all_to_all"), (repr(error), getattr(error, "operation", None))
+    # a check that fails before the group is known stays this rank's, named by the public function
+    error = caught(symm.shmem_allreduce, fw.tensor(values(fw.rank, 4)), group=7)
+    assert isinstance(error, TypeError) and (error.error_code, error.operation) == (
+        "INVALID_ARGUMENT", "shmem_allreduce"), (repr(error), getattr(error, "operation", None))
     t = symm.empty(4)
     try:
         state = symm.debug_state()
@@ -393,7 +412,8 @@ def all_gather(fw: Framework) -> None:
     symm.barrier()
     symm.free(sym)
     expect("ValueError", symm.shmem_allgather, fw.tensor(np.zeros(5, np.float32)), fw.tensor(values(rank, 3)),
-           message=f"`output_tensor.numel()` must be {world} x input_tensor.numel() ({3 * world}), but got 5")
+           message=f"`output_tensor.numel()` must be {world} x input_tensor.numel() ({3 * world}), but got 5"
+                   + refused(fw, "all_gather"))
     expect("TypeError", symm.shmem_allgather, fw.tensor(np.zeros(3 * world, np.float64)), fw.tensor(values(rank, 3)),
            prefix="`input_tensor` must have the dtype of `output_tensor`")
 
@@ -424,11 +444,12 @@ def all_reduce(fw: Framework) -> None:
     symm.free(s)
     i32 = fw.dtype_text("int32")
     expect("ValueError", symm.shmem_allreduce, fw.tensor(values(rank, 4, "int32")), "avg",
-           message=f"`op` must be 'sum', 'max' or 'min' for the integer dtype {i32}, but got 'avg'")
+           message=f"`op` must be 'sum', 'max' or 'min' for the integer dtype {i32}, but got 'avg'"
+                   + refused(fw, "all_reduce"))
     expect("ValueError", symm.shmem_allreduce, fw.tensor(values(rank, 4)), "prod",
-           message="`op` must be one of 'sum', 'avg', 'max', 'min', but got 'prod'")
+           message="`op` must be one of 'sum', 'avg', 'max', 'min', but got 'prod'" + refused(fw, "all_reduce"))
     expect("ValueError", symm.shmem_allreduce, fw.tensor(values(rank, 4)), "sum", None, None, "sideways",
-           message="`backward` must be one of 'identity', 'allreduce', but got 'sideways'")
+           message="`backward` must be one of 'identity', 'allreduce', but got 'sideways'" + refused(fw, "all_reduce"))
 
 
 @case
@@ -480,7 +501,7 @@ def low_precision(fw: Framework) -> None:
            prefix=f"`low_precision_dtype` must be None for the integer dtype {fw.dtype_text('int32')}")
     expect("ValueError", symm.shmem_allreduce, fw.tensor(values(rank, 4, "float16")), "sum", None, "bfloat16",
            message=(f"`low_precision_dtype` must be narrower than the tensor's dtype {fw.dtype_text('float16')} "
-                    f"(2 bytes), but got bfloat16"))
+                    f"(2 bytes), but got bfloat16" + refused(fw, "all_reduce")))
     expect("ValueError", symm.shmem_allreduce, x, "sum", None, "float7",
            prefix="`low_precision_dtype` must be one of float16, bfloat16")
     saved = os.environ.get("SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE")
@@ -526,7 +547,7 @@ def reduce_scatter(fw: Framework) -> None:
     expect("ValueError", symm.shmem_reduce_scatter, fw.tensor(np.zeros(3, np.float32)),
            fw.tensor(values(rank, 3 * world + 1)),
            message=f"`input_tensor.numel()` must be {world} x output_tensor.numel() ({3 * world}), but got "
-                   f"{3 * world + 1}")
+                   f"{3 * world + 1}" + refused(fw, "reduce_scatter"))
 
 
 @case
@@ -553,14 +574,18 @@ def all_to_all(fw: Framework) -> None:
                    "but got 2")
     equal(fw.numpy(receive), before, "the receive tensor after a refused all_to_all")
     expect("ValueError", symm.shmem_alltoall, sends[:-1], receive, counts,
-           message=f"`send_tensor_list` must have one tensor per rank of the group ({world}), but got {world - 1}")
+           message=f"`send_tensor_list` must have one tensor per rank of the group ({world}), but got {world - 1}"
+                   + refused(fw, "all_to_all"))
     expect("ValueError", symm.shmem_alltoall, sends, receive, counts[:-1],
-           message=f"`receive_list` must have one count per rank of the group ({world}), but got {world - 1}")
+           message=f"`receive_list` must have one count per rank of the group ({world}), but got {world - 1}"
+                   + refused(fw, "all_to_all"))
     expect("TypeError", symm.shmem_alltoall, sends, receive, "1" * world,
            prefix=f"`receive_list` must be a sequence of {world} ints")
-    total = sum(counts) + 2 * world
+    # every rank refuses: every rank raises rank 0's refusal, in rank 0's numbers
+    counts0 = [i % 3 + 1 for i in range(world)]
     expect("ValueError", symm.shmem_alltoall, sends, receive, [c + 2 for c in counts],
-           message=f"`sum(receive_list)` must be at most receive_tensor.numel() ({sum(counts) + 2}), but got {total}")
+           message=f"`sum(receive_list)` must be at most receive_tensor.numel() ({sum(counts0) + 2}), but got "
+                   f"{sum(counts0) + 2 * world}" + refused(fw, "all_to_all"))
 
 
 @case
@@ -643,6 +668,150 @@ def mismatch_then_recover(fw: Framework) -> None:
     equal(fw.numpy(again), sum(values(r, 8) for r in range(world)), "the all_reduce after the mismatch")
 
 
+@case
+def a_refusal_on_one_rank_fails_the_call_on_every_rank(fw: Framework) -> None:
+    """A check that fails on the last rank only (a bad op; an all_gather input inside another rank's block of the
+    output; a reduce_scatter output inside another rank's part of the input; a freed tensor) fails the call on every
+    rank with the same class and message, naming the last rank; nothing is written; the next call works."""
+    symm, rank, world = fw.symm, fw.rank, fw.world
+    last, odd = world - 1, rank == world - 1
+
+    def in_step(what: str) -> None:
+        t = fw.tensor(np.full(4, rank + 1.0, np.float32))
+        symm.shmem_allreduce(t)
+        equal(fw.numpy(t), np.full(4, world * (world + 1) / 2, np.float32), f"the all_reduce after {what}")
+
+    t = fw.tensor(values(rank, 8))
+    expect("ShmemValueError", symm.shmem_allreduce, t, "prod" if odd else "sum",
+           message="`op` must be one of 'sum', 'avg', 'max', 'min', but got 'prod'" + refused(fw, "all_reduce", by=last))
+    equal(fw.numpy(t), values(rank, 8), "the tensor of the refused all_reduce")
+    in_step("a bad op on one rank")
+
+    out = fw.tensor(np.full(3 * world, -7.0, np.float32))
+    other = (rank + 1) % world   # another rank's block: peers write it while this rank reads its input
+    data = out[3 * other:3 * other + 3] if odd else fw.tensor(values(rank, 3))
+    same_on_every_rank(fw, expect("ShmemValueError", symm.shmem_allgather, out, data,
+                                  prefix="`input` must not overlap `output` except as this rank's own part",
+                                  contains=[refused(fw, "all_gather", by=last)]), "all_gather's overlap")
+    equal(fw.numpy(out), np.full(3 * world, -7.0, np.float32), "the output of the refused all_gather")
+    in_step("an all_gather overlap on one rank")
+
+    whole = fw.tensor(values(rank, 3 * world))
+    part = whole[3 * other:3 * other + 3] if odd else fw.tensor(np.full(3, -7.0, np.float32))
+    same_on_every_rank(fw, expect("ShmemValueError", symm.shmem_reduce_scatter, part, whole,
+                                  prefix="`output` must be this rank's part of `input` or not overlap it",
+                                  contains=[refused(fw, "reduce_scatter", by=last)]), "reduce_scatter's overlap")
+    equal(fw.numpy(whole), values(rank, 3 * world), "the input of the refused reduce_scatter")
+    in_step("a reduce_scatter overlap on one rank")
+
+    gone = symm.empty(8)
+    symm.free(gone)   # on every rank (free is collective); only the last rank passes it on
+    live = fw.tensor(values(rank, 8))
+    same_on_every_rank(fw, expect("ShmemStateError", symm.shmem_allreduce, gone if odd else live,
+                                  prefix="tensor of a freed symmetric allocation: argument=tensor (symmetric "
+                                         "allocation was freed: allocation_id=",
+                                  contains=[refused(fw, "all_reduce", by=last)]), "a freed tensor")
+    equal(fw.numpy(live), values(rank, 8), "the tensor of the all_reduce a freed tensor refused")
+    in_step("a freed tensor on one rank")
+
+
+@case
+def freed_means_freed_before_and_after_the_range_is_reused(fw: Framework) -> None:
+    """Every call on a freed symmetric tensor, or on a slice taken before the free, raises "freed" naming the
+    allocation, before and after a new symm.empty hands out the same range; the peers' live tensor over that range
+    is left as it was."""
+    symm, rank, world = fw.symm, fw.rank, fw.world
+    peer = (rank + 1) % world
+    x = symm.empty(16)
+    where = x.data_ptr()
+    piece = x[4:12]
+    src = fw.tensor(np.full(8, -1.0, np.float32))
+    symm.barrier()
+    symm.free(x)
+    freed = dict(prefix="tensor of a freed symmetric allocation: argument=", contains=["allocation_id="])
+
+    def refused_everywhere(when: str) -> None:
+        for name, t in (("x", x), ("a slice of x", piece)):
+            n = 8 if name != "x" else 16
+            expect("ShmemStateError", symm.shmem_put, t, 0, src, 0, 8, peer, **freed)
+            expect("ShmemStateError", symm.shmem_get, src, 0, t, 0, 8, peer, **freed)
+            expect("ShmemStateError", symm.shmem_allreduce, t, **freed)
+            expect("ShmemStateError", symm.shmem_allgather, fw.tensor(np.zeros(n * world, np.float32)), t, **freed)
+            expect("ShmemStateError", symm.rendezvous, t, **freed)
+            equal(fw.numpy(src), np.full(8, -1.0, np.float32), f"the local tensor of a refused get ({name}, {when})")
+
+    refused_everywhere("before the range is reused")
+    y = symmetric(fw, values(rank, 16))
+    assert y.data_ptr() == where, "symm.empty handed out another range: the test would not test reuse"
+    symm.barrier()
+    refused_everywhere("after the range is reused")
+    symm.barrier()
+    equal(fw.numpy(y), values(rank, 16), "this rank's live tensor over the reused range")
+    theirs = fw.tensor(np.zeros(16, np.float32))
+    symm.shmem_get(theirs, 0, y, 0, 16, peer)
+    equal(fw.numpy(theirs), values(peer, 16), "the peer's live tensor over the reused range")
+    symm.barrier()
+    symm.free(y)
+
+
+@case
+def a_gradient_never_pairs_with_a_forward_call(fw: Framework) -> None:
+    """Rank 0 all-reduces its gradient (backward='allreduce'), the others take it as it is ('identity'): rank 0's
+    gradient all_reduce meets the others' next forward all_reduce. The fingerprint's role tells them apart: every rank
+    raises ShmemMismatchError naming the role, the forward tensor is unchanged, and the next all_reduce works."""
+    symm, rank, world = fw.symm, fw.rank, fw.world
+    weights = values(rank, 4) + 0.5
+    w = fw.tensor(weights)
+    mode = "allreduce" if rank == 0 else "identity"
+
+    def loss(x: Any) -> Any:
+        return (symm.shmem_allreduce(x * 1.0, "sum", backward=mode) * w).sum()
+
+    role = dict(contains=["ranks disagree on a collective (role)", "role=backward"])
+    nxt = fw.tensor(np.full(4, 2.0, np.float32))
+    if rank == 0:
+        expect("ShmemMismatchError", fw.grad, loss, [fw.tensor(values(rank, 4))], **role)
+    else:
+        grad, = fw.grad(loss, [fw.tensor(values(rank, 4))])
+        equal(grad, weights, "the identity gradient")
+        expect("ShmemMismatchError", symm.shmem_allreduce, nxt, "sum", **role)
+        equal(fw.numpy(nxt), np.full(4, 2.0, np.float32), "the forward all_reduce's tensor")
+    again = fw.tensor(np.full(4, rank + 1.0, np.float32))
+    symm.shmem_allreduce(again)
+    equal(fw.numpy(again), np.full(4, world * (world + 1) / 2, np.float32), "the all_reduce after the mismatch")
+
+
+@case
+def send_recv_carry_the_dtype(fw: Framework) -> None:
+    """float32 1.5 sent into an int32 buffer of the same bytes: the receiver raises naming both (its buffer is left as
+    it was, never 1069547520), the sender's next send to it raises once, and the pair runs on."""
+    symm, rank, world = fw.symm, fw.rank, fw.world
+    symm.barrier()   # the world group's channel
+    pairs = world - world % 2
+    if rank >= pairs:
+        return
+    sender = rank % 2 == 0
+    other = rank + 1 if sender else rank - 1
+    if sender:
+        symm.shmem_send(fw.tensor(np.full(4, 1.5, np.float32)), other)
+    else:
+        buf = fw.tensor(np.zeros(4, np.int32))
+        expect("TypeError", symm.shmem_recv, buf, other,
+               message=f"`tensor` must be a receive buffer for the float32 message of 16 bytes rank {other} sent, but "
+                       "got int32 of 16 bytes")
+        equal(fw.numpy(buf), np.zeros(4, np.int32), "the receive buffer of the refused message")
+    fw.barrier()   # the refusal is on the sender's side before its next send
+    if sender:
+        expect("ValueError", symm.shmem_send, fw.tensor(np.full(4, 2.5, np.float32)), other,
+               prefix=f"a message this rank sent must match the receive buffer of rank {other} in dtype and size, but "
+                      "that rank refused it")
+        symm.shmem_send(fw.tensor(np.full(4, 2.5, np.float32)), other)
+    else:
+        buf = fw.tensor(np.zeros(4, np.float32))
+        symm.shmem_recv(buf, other)
+        equal(fw.numpy(buf), np.full(4, 2.5, np.float32), "the next message of the pair")
+
+
 # ---------------------------------------------------------------------------------------------------- autograd
 @case
 def autograd(fw: Framework) -> None:
@@ -707,14 +876,16 @@ def fused_ops(fw: Framework) -> None:
     # each product within k roundings, the sum over the group within world - 1 more
     within(fw.numpy(r), total, (k + world) * unit * magnitude, "fused_matmul_reduce_scatter")
     x = fw.tensor(x1[rank])
+    # refused as the engine call each framework's fused op begins with (torch's own sync, MindSpore's reduce_scatter)
     expect("ValueError", symm.fused_matmul_reduce_scatter, x, fw.tensor(b), scratch, signal, "max",
-           message="`reduce_op` must be one of 'sum', 'avg', but got 'max'")
+           prefix="`reduce_op` must be one of 'sum', 'avg', but got 'max' (refused by rank 0: op=")
     expect("ValueError", symm.fused_matmul_reduce_scatter, fw.tensor(x1[rank][:2 * world - 1]), fw.tensor(b),
-           scratch, signal, message=(f"`x1.shape[0]` must be a multiple of the group size ({world}), but got "
-                                     f"{2 * world - 1}"))
+           scratch, signal, prefix=(f"`x1.shape[0]` must be a multiple of the group size ({world}), but got "
+                                    f"{2 * world - 1} (refused by rank 0: op="))
     small = symm.empty(3, dtype=fw.dtype("float32"))
     expect("ValueError", symm.fused_matmul_reduce_scatter, x, fw.tensor(b), small, signal,
-           message=f"`symm_tensor.numel()` must be x1.shape[0] x x2.shape[1] ({6 * world}), but got 3")
+           prefix=f"`symm_tensor.numel()` must be x1.shape[0] x x2.shape[1] ({6 * world}), but got 3 (refused by rank "
+                  "0: op=")
     symm.barrier()
     for t in (small, scratch, gather_out, signal):
         symm.free(t)

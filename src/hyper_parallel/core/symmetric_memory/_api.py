@@ -12,6 +12,15 @@ back up:
 * MindSpore's (:mod:`hyper_parallel.platform.mindspore`): the runtime's C ABI (tensors over heap memory,
   synchronisation, groups, bprop).
 
+A collective is one decision of every rank of its group. A check that fails before the group is known (``group=``
+itself) raises on this rank alone; any check that fails after it (every other argument, a destroyed group, a freed
+tensor: facts only this rank holds) is *refused* through the group's team (the handler's ``refuse``): this rank still
+enters the call's first sync with its refusal, and every rank raises the same class and message, naming the rank that
+refused. An argument error of a collective (``ValueError``/``TypeError``) is decided in two calls of every rank where
+the handler has fast calls: the first finds it (the engine's own checks on the fast path, or the user API's), the
+second is the user API's checked call on every rank, so that every rank raises the argument named as the API names it,
+whichever path each rank took first (:meth:`Api._again`). Nothing is added to the fast path's success.
+
 A broken contract raises ``ShmemValueError``/``ShmemTypeError`` (``ValueError``/``TypeError`` as well), and every
 error a public function raises carries upstream hyper-parallel's fields (``error_code``, ``operation``, ``phase``,
 ``cann_error_code``, and the ``[HYPER_PARALLEL_SHMEM_ERROR] error_code=... operation=...`` note diagnostics parse):
@@ -23,9 +32,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
-from hyper_parallel.core.multicore.errors import attach_fields
+from hyper_parallel.core.multicore.errors import ShmemStateError, attach_fields
 from hyper_parallel.core.symmetric_memory.checks import COMPARE_OPS, SIGNAL_OPS, Checks, choice, view_bytes
 from hyper_parallel.core.symmetric_memory.checks import shape as checked_shape
+
+# What a check that fails after the group is known raises: refused through the group's team (Api._refuse).
+_REFUSED = (ValueError, TypeError, ShmemStateError)
 
 _SIGNAL_PADS = ("signal pads are not part of this library: a signal is a symmetric tensor like any other "
                 "(symm.empty(n, dtype=int32), raised with shmem_signal_op and waited for with shmem_wait_for_signal)")
@@ -106,6 +118,38 @@ class Api:
         self.checks = Checks(handler.facts)
         self.calls = handler.calls
         self.fast = handler.fast
+
+    # ------------------------------------------------------------------ one decision of every rank
+    def _refuse(self, key: Any, operation: str, error: BaseException) -> None:
+        """Refuses this rank's call of ``operation`` (a public function's name) on group ``key`` for ``error``, a
+        check that failed after the group was known: every rank of the group raises the same class and message,
+        naming this rank (or ``error`` on this rank alone where no team can carry the refusal).
+
+        Raises:
+            The refusal, always.
+        """
+        try:
+            self.calls.refuse(key, operation, error)
+        except BaseException as refused:
+            raise refused from None   # the refusal repeats the check's message
+        raise error   # a handler's refuse always raises; this is its contract's guard
+
+    def _again(self, first: BaseException, operation: str, checked: Callable[..., Any], *args: Any) -> Any:
+        """The second call of a collective whose first call failed with an argument error (``first``): where the
+        handler has fast calls, every rank of the group makes it, through the user API's checks (``checked``), so
+        that a rank whose engine refused on the fast path names the argument as the API does, and every rank raises
+        what that call decides. Without fast calls the first call is the checked one: ``first`` is raised.
+
+        Raises:
+            What the second call raises (``first`` without fast calls), with upstream's fields for ``operation``.
+        """
+        try:
+            if self.fast is None:
+                raise first
+            return checked(*args)
+        except Exception as error:
+            attach_fields(error, operation)
+            raise error from None
 
     # ------------------------------------------------------------------ lifecycle
     def empty(self, shape: Any, dtype: Any = None) -> Any:
@@ -312,10 +356,20 @@ class Api:
             ShmemTimeoutError: a rank did not arrive within ``HYPER_PARALLEL_SHMEM_TIMEOUT_SEC``.
         """
         try:
-            self.calls.barrier(self.calls.group_key(group))
+            return self._barrier(group)
+        except (ValueError, TypeError) as error:
+            return self._again(error, "barrier", self._barrier, group)
         except Exception as error:
             attach_fields(error, "barrier")
             raise
+
+    def _barrier(self, group: Optional[Any]) -> None:
+        key = self.calls.group_key(group)
+        try:
+            self.calls.group_size(key)   # a group this rank destroyed is refused, through its team
+        except _REFUSED as error:
+            self._refuse(key, "barrier", error)
+        self.calls.barrier(key)
 
     # ------------------------------------------------------------------ collectives
     def shmem_allgather(self, output_tensor: Any, input_tensor: Any, group: Optional[Any] = None) -> Any:
@@ -344,15 +398,23 @@ class Api:
         try:
             if self.fast is not None and self.fast.all_gather(output_tensor, input_tensor, group):
                 return output_tensor
-            output = self.checks.tensor(output_tensor, "output_tensor")
-            data = self.checks.tensor(input_tensor, "input_tensor")
-            self.checks.same_dtype(data, "input_tensor", output, "output_tensor")
-            key = self.calls.group_key(group)
-            self.checks.group_multiple(output, "output_tensor", data, "input_tensor", self.calls.group_size(key))
-            return self.calls.all_gather(output, data, key)
+            return self._all_gather(output_tensor, input_tensor, group)
+        except (ValueError, TypeError) as error:
+            return self._again(error, "shmem_allgather", self._all_gather, output_tensor, input_tensor, group)
         except Exception as error:
             attach_fields(error, "shmem_allgather")
             raise
+
+    def _all_gather(self, output_tensor: Any, input_tensor: Any, group: Optional[Any]) -> Any:
+        key = self.calls.group_key(group)
+        try:
+            output = self.checks.tensor(output_tensor, "output_tensor")
+            data = self.checks.tensor(input_tensor, "input_tensor")
+            self.checks.same_dtype(data, "input_tensor", output, "output_tensor")
+            self.checks.group_multiple(output, "output_tensor", data, "input_tensor", self.calls.group_size(key))
+        except _REFUSED as error:
+            self._refuse(key, "shmem_allgather", error)
+        return self.calls.all_gather(output, data, key)
 
     def shmem_allreduce(self, tensor: Any, op: str = "sum", group: Optional[Any] = None,
                         low_precision_dtype: Optional[Any] = None, backward: str = "identity") -> Any:
@@ -392,14 +454,26 @@ class Api:
         try:
             if self.fast is not None and self.fast.all_reduce(tensor, op, group, low_precision_dtype, backward):
                 return tensor
+            return self._all_reduce(tensor, op, group, low_precision_dtype, backward)
+        except (ValueError, TypeError) as error:
+            return self._again(error, "shmem_allreduce", self._all_reduce, tensor, op, group, low_precision_dtype,
+                               backward)
+        except Exception as error:
+            attach_fields(error, "shmem_allreduce")
+            raise
+
+    def _all_reduce(self, tensor: Any, op: Any, group: Optional[Any], low_precision_dtype: Optional[Any],
+                    backward: Any) -> Any:
+        key = self.calls.group_key(group)
+        try:
             t = self.checks.tensor(tensor, "tensor")
             op = self.checks.reduce_op(op, t.dtype)
             wire = self.calls.wire(low_precision_dtype, t.dtype, op)
             mode = self.checks.backward_mode(backward)
-            return self.calls.all_reduce(t, op, self.calls.group_key(group), wire, mode)
-        except Exception as error:
-            attach_fields(error, "shmem_allreduce")
-            raise
+            self.calls.group_size(key)   # a group this rank destroyed is refused, through its team
+        except _REFUSED as error:
+            self._refuse(key, "shmem_allreduce", error)
+        return self.calls.all_reduce(t, op, key, wire, mode)
 
     def shmem_reduce_scatter(self, output_tensor: Any, input_tensor: Any, op: str = "sum",
                              group: Optional[Any] = None, low_precision_dtype: Optional[Any] = None) -> Any:
@@ -427,17 +501,27 @@ class Api:
             if self.fast is not None and self.fast.reduce_scatter(output_tensor, input_tensor, op, group,
                                                                   low_precision_dtype):
                 return output_tensor
+            return self._reduce_scatter(output_tensor, input_tensor, op, group, low_precision_dtype)
+        except (ValueError, TypeError) as error:
+            return self._again(error, "shmem_reduce_scatter", self._reduce_scatter, output_tensor, input_tensor, op,
+                               group, low_precision_dtype)
+        except Exception as error:
+            attach_fields(error, "shmem_reduce_scatter")
+            raise
+
+    def _reduce_scatter(self, output_tensor: Any, input_tensor: Any, op: Any, group: Optional[Any],
+                        low_precision_dtype: Optional[Any]) -> Any:
+        key = self.calls.group_key(group)
+        try:
             output = self.checks.tensor(output_tensor, "output_tensor")
             data = self.checks.tensor(input_tensor, "input_tensor")
             self.checks.same_dtype(output, "output_tensor", data, "input_tensor")
             op = self.checks.reduce_op(op, data.dtype)
             wire = self.calls.wire(low_precision_dtype, data.dtype, op)
-            key = self.calls.group_key(group)
             self.checks.group_multiple(data, "input_tensor", output, "output_tensor", self.calls.group_size(key))
-            return self.calls.reduce_scatter(output, data, op, key, wire)
-        except Exception as error:
-            attach_fields(error, "shmem_reduce_scatter")
-            raise
+        except _REFUSED as error:
+            self._refuse(key, "shmem_reduce_scatter", error)
+        return self.calls.reduce_scatter(output, data, op, key, wire)
 
     def shmem_alltoall(self, send_tensor_list: Sequence[Any], receive_tensor: Any, receive_list: Sequence[int],
                        group: Optional[Any] = None) -> Any:
@@ -474,13 +558,22 @@ class Api:
         try:
             if self.fast is not None and self.fast.all_to_all(send_tensor_list, receive_tensor, receive_list, group):
                 return receive_tensor
-            key = self.calls.group_key(group)
-            sends, receive, counts = self.checks.all_to_all(send_tensor_list, receive_tensor, receive_list,
-                                                            self.calls.group_size(key))
-            return self.calls.all_to_all(sends, receive, counts, key)
+            return self._all_to_all(send_tensor_list, receive_tensor, receive_list, group)
+        except (ValueError, TypeError) as error:
+            return self._again(error, "shmem_alltoall", self._all_to_all, send_tensor_list, receive_tensor,
+                               receive_list, group)
         except Exception as error:
             attach_fields(error, "shmem_alltoall")
             raise
+
+    def _all_to_all(self, send_tensor_list: Any, receive_tensor: Any, receive_list: Any, group: Optional[Any]) -> Any:
+        key = self.calls.group_key(group)
+        try:
+            sends, receive, counts = self.checks.all_to_all(send_tensor_list, receive_tensor, receive_list,
+                                                            self.calls.group_size(key))
+        except _REFUSED as error:
+            self._refuse(key, "shmem_alltoall", error)
+        return self.calls.all_to_all(sends, receive, counts, key)
 
     def shmem_send(self, tensor: Any, dst_rank: Any, group: Optional[Any] = None) -> Optional[Any]:
         """Sends ``tensor`` to ``dst_rank``, which receives it with :meth:`shmem_recv` (point to point).
@@ -582,15 +675,25 @@ class Api:
             ShmemTimeoutError: a rank did not take part in time.
         """
         try:
-            key = self.calls.group_key(group)
+            return self._all_gather_matmul(a, b, c, gather_out, signal, block_size, group)
+        except (ValueError, TypeError) as error:
+            return self._again(error, "fused_all_gather_matmul", self._all_gather_matmul, a, b, c, gather_out, signal,
+                               block_size, group)
+        except Exception as error:
+            attach_fields(error, "fused_all_gather_matmul")
+            raise
+
+    def _all_gather_matmul(self, a: Any, b: Any, c: Any, gather_out: Any, signal: Any, block_size: Optional[int],
+                           group: Optional[Any]) -> tuple:
+        key = self.calls.group_key(group)
+        try:
             n = self.calls.group_size(key)
             m, k, columns = self.checks.all_gather_matmul(a, b, c, gather_out, n)
             if signal is not None:
                 self.checks.fused_signal(signal, n)
-            return self.calls.all_gather_matmul(a, b, c, gather_out, signal, block_size, key, (m, k, columns))
-        except Exception as error:
-            attach_fields(error, "fused_all_gather_matmul")
-            raise
+        except _REFUSED as error:
+            self._refuse(key, "fused_all_gather_matmul", error)
+        return self.calls.all_gather_matmul(a, b, c, gather_out, signal, block_size, key, (m, k, columns))
 
     def fused_matmul_reduce_scatter(self, x1: Any, x2: Any, symm_tensor: Any, signal: Any, reduce_op: str = "sum",
                                     group: Optional[Any] = None) -> Any:
@@ -626,15 +729,25 @@ class Api:
             ShmemTimeoutError: a rank did not take part in time.
         """
         try:
-            key = self.calls.group_key(group)
+            return self._matmul_reduce_scatter(x1, x2, symm_tensor, signal, reduce_op, group)
+        except (ValueError, TypeError) as error:
+            return self._again(error, "fused_matmul_reduce_scatter", self._matmul_reduce_scatter, x1, x2, symm_tensor,
+                               signal, reduce_op, group)
+        except Exception as error:
+            attach_fields(error, "fused_matmul_reduce_scatter")
+            raise
+
+    def _matmul_reduce_scatter(self, x1: Any, x2: Any, symm_tensor: Any, signal: Any, reduce_op: Any,
+                               group: Optional[Any]) -> Any:
+        key = self.calls.group_key(group)
+        try:
             n = self.calls.group_size(key)
             dims = self.checks.matmul_reduce_scatter(x1, x2, symm_tensor, reduce_op, n)
             if signal is not None:
                 self.checks.fused_signal(signal, n)
-            return self.calls.matmul_reduce_scatter(x1, x2, symm_tensor, signal, reduce_op, key, dims)
-        except Exception as error:
-            attach_fields(error, "fused_matmul_reduce_scatter")
-            raise
+        except _REFUSED as error:
+            self._refuse(key, "fused_matmul_reduce_scatter", error)
+        return self.calls.matmul_reduce_scatter(x1, x2, symm_tensor, signal, reduce_op, key, dims)
 
     # ------------------------------------------------------------------ setup
     def rendezvous(self, tensor: Any, group: Optional[Any] = None) -> Any:
@@ -658,12 +771,22 @@ class Api:
             ShmemTimeoutError: a rank did not take part in time.
         """
         try:
-            t = self.checks.tensor(tensor, "tensor")
-            rank, buffer_ptrs, buffer_size, view, barrier = self.calls.rendezvous(t, self.calls.group_key(group))
-            return SymmetricMemory(self.checks, rank, buffer_ptrs, buffer_size, view, barrier)
+            return self._rendezvous(tensor, group)
+        except (ValueError, TypeError) as error:
+            return self._again(error, "rendezvous", self._rendezvous, tensor, group)
         except Exception as error:
             attach_fields(error, "rendezvous")
             raise
+
+    def _rendezvous(self, tensor: Any, group: Optional[Any]) -> SymmetricMemory:
+        key = self.calls.group_key(group)
+        try:
+            t = self.checks.tensor(tensor, "tensor")
+            self.calls.group_size(key)   # a group this rank destroyed is refused, through its team
+        except _REFUSED as error:
+            self._refuse(key, "rendezvous", error)
+        rank, buffer_ptrs, buffer_size, view, barrier = self.calls.rendezvous(t, key)
+        return SymmetricMemory(self.checks, rank, buffer_ptrs, buffer_size, view, barrier)
 
     def is_shmem_available(self) -> bool:
         """Whether symmetric memory can run here: the runtime's library loads and the configured device is built

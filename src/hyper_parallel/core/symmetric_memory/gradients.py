@@ -12,11 +12,12 @@ below autograd, in full precision (gradients are ordinary tensors):
 ``facts.reshape(t, shape)``                     ``t`` (contiguous) with another shape
 ``facts.divide(t, n)``                          ``t / n`` in a new tensor
 ``calls.group_size(group)``                     the number of ranks of ``group``
-``calls.all_gather_into(output, data, group)``  the collectives on the forward's group, without autograd:
-``calls.reduce_scatter_into(out, data, op,      reduce_scatter with ``op``, all_reduce in place with the
-group)``, ``calls.all_reduce_into(t, op,        forward's op, all_to_all of ``sends`` into ``receive``
-group)``, ``calls.all_to_all_into(sends,
-receive, counts, group)``
+``calls.all_gather_into(output, data, group,    the collectives on the forward's group, without autograd, with
+role)``, ``calls.reduce_scatter_into(out,       the role "backward": reduce_scatter with ``op``, all_reduce in
+data, op, group, role)``,                       place with the forward's op, all_to_all of ``sends`` into
+``calls.all_reduce_into(t, op, group, role)``,  ``receive``
+``calls.all_to_all_into(sends, receive,
+counts, group, role)``
 ==============================================  ==================================================================
 
 =====================================  ==============================================================
@@ -28,13 +29,18 @@ all_reduce(x) -> y ('sum'/'avg')       grad_y (/ n for 'avg'), or all_reduce(gra
 all_to_all(xs) -> y                    all_to_all of grad_y's parts back to their senders
 =====================================  ==============================================================
 
-Backward passes are collectives too: every rank of the group must run them, in the same order.
+Backward passes are collectives too: every rank of the group must run them, in the same order. They run with the
+role "backward" (:data:`ROLE`): a gradient's collective never pairs with another rank's forward call (every rank
+raises ShmemMismatchError naming the role), however the ranks' calls interleave.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+
+#: The role of every collective the gradient table runs (the engine's fingerprint field).
+ROLE = "backward"
 
 
 def scaled(facts: Any, calls: Any, grad: Any, op: str, group: Any) -> Any:
@@ -45,14 +51,14 @@ def scaled(facts: Any, calls: Any, grad: Any, op: str, group: Any) -> Any:
 def all_gather(facts: Any, calls: Any, group: Any, data_shape: Sequence[int], grad: Any) -> Any:
     """The gradient of all_gather's input (of ``data_shape``): the reduce_scatter (sum) of the output's."""
     part = facts.new_empty(data_shape, grad)
-    calls.reduce_scatter_into(part, facts.contiguous(grad), "sum", group)
+    calls.reduce_scatter_into(part, facts.contiguous(grad), "sum", group, ROLE)
     return part
 
 
 def reduce_scatter(facts: Any, calls: Any, group: Any, op: str, data_shape: Sequence[int], grad: Any) -> Any:
     """The gradient of reduce_scatter's input (of ``data_shape``): the all_gather of the output's (/ n for 'avg')."""
     whole = facts.new_empty(data_shape, grad)
-    calls.all_gather_into(whole, facts.contiguous(grad), group)
+    calls.all_gather_into(whole, facts.contiguous(grad), group, ROLE)
     return scaled(facts, calls, whole, op, group)
 
 
@@ -61,7 +67,7 @@ def all_reduce(facts: Any, calls: Any, group: Any, op: str, mode: str, grad: Any
     ``mode='allreduce'``."""
     if mode == "allreduce":
         reduced = facts.copy(facts.contiguous(grad))
-        calls.all_reduce_into(reduced, op, group)
+        calls.all_reduce_into(reduced, op, group, ROLE)
         return reduced
     return scaled(facts, calls, grad, op, group)
 
@@ -77,7 +83,7 @@ def all_to_all(facts: Any, calls: Any, group: Any, receive_counts: Sequence[int]
         start += count
     sizes = [_numel(shape) for shape in send_shapes]
     back = facts.new_empty((sum(sizes),), grad)
-    calls.all_to_all_into(parts, back, sizes, group)
+    calls.all_to_all_into(parts, back, sizes, group, ROLE)
     grads, start = [], 0
     for size, shape in zip(sizes, send_shapes):
         grads.append(facts.reshape(back[start:start + size], shape))

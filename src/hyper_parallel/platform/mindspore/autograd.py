@@ -4,7 +4,8 @@ While MindSpore records a gradient graph, :func:`differentiable` runs a collecti
 Cell, so that ``mindspore.grad``/``value_and_grad`` differentiate through it (an operation MindSpore cannot see
 would otherwise get a silently wrong gradient); the bprop runs the shared gradient table
 (:mod:`hyper_parallel.core.symmetric_memory.gradients`) over MindSpore's tensor facts and the calls' collectives
-below autograd. The Cells are made once per collective and parameters, and reused. Outside a gradient graph a
+below autograd, with the role "backward" (a gradient's collective never pairs with another rank's forward one). The
+Cells are made once per collective and parameters, and reused. Outside a gradient graph a
 collective runs directly: a Cell call costs more than the runtime's call.
 """
 
@@ -32,20 +33,21 @@ def recording() -> bool:
 
 
 def forward(calls: Any, op: str, params: dict, inputs: tuple) -> Any:
-    """The forward of a collective on checked arguments: the calls' collective below autograd.
+    """The forward of a collective on checked arguments: the calls' collective below autograd, with the call's role
+    (``params["role"]``: "forward", or a fused op's phase).
 
     Raises:
         ShmemValueError: ``op`` is not a collective.
     """
-    group = params["group"]
+    group, role = params["group"], params["role"]
     if op == "all_gather":
-        return calls.all_gather_into(inputs[0], inputs[1], group)
+        return calls.all_gather_into(inputs[0], inputs[1], group, role)
     if op == "all_reduce":
-        return calls.all_reduce_into(inputs[0], params["op"], group, params["wire"])
+        return calls.all_reduce_into(inputs[0], params["op"], group, role, params["wire"])
     if op == "reduce_scatter":
-        return calls.reduce_scatter_into(inputs[0], inputs[1], params["op"], group, params["wire"])
+        return calls.reduce_scatter_into(inputs[0], inputs[1], params["op"], group, role, params["wire"])
     if op == "all_to_all":
-        return calls.all_to_all_into(inputs[1:], inputs[0], params["receive_counts"], group)
+        return calls.all_to_all_into(inputs[1:], inputs[0], params["receive_counts"], group, role)
     raise ShmemValueError(f"`op` must be a collective, but got {op!r}")
 
 

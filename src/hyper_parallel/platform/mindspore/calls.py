@@ -4,6 +4,9 @@ what the user API hands a checked call to on MindSpore.
 They sit in MindSpore's handler, as torch's calls sit in torch's (:mod:`hyper_parallel.platform.torch.calls`): the
 two handlers reach the runtime differently (torch through its C++ binding and the runtime face, MindSpore through
 the C ABI with ctypes, since MindSpore's C++ extensions use another C++ library ABI), so each has its own calls.
+A check that fails once a collective's group is known is refused through the group's team (:meth:`CAbiCalls.refuse`,
+the C ABI's ``hp_shmem_refuse``): every rank of the group raises it. ``symm.free`` marks every tensor made over the
+allocation freed (:func:`.tensors.invalidate`), so that no later call takes it or a view of it.
 What they do needs little of MindSpore itself: the runtime's lifecycle and teams, group-local ranks and the calls of
 :mod:`hyper_parallel.core.multicore.c_runtime`, over this handler's tensors (:mod:`.tensors`: addresses, tensors
 over heap memory, synchronisation), groups (:mod:`.groups`) and autograd (:mod:`.autograd`). A second framework on
@@ -15,13 +18,14 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hyper_parallel.core.multicore import c_runtime, snapshot
-from hyper_parallel.core.multicore.errors import ShmemStateError, ShmemValueError
+from hyper_parallel.core.multicore.errors import ShmemError, ShmemStateError, ShmemValueError
 from hyper_parallel.core.symmetric_memory import checks
 from hyper_parallel.core.symmetric_memory.checks import Checks
 from hyper_parallel.platform.mindspore import autograd, groups, tensors
@@ -46,12 +50,36 @@ class _Team:
     me: int
 
 
+@dataclass
+class _Allocation:
+    """A live symmetric allocation and the tensors the handler made over it (``(tensor, array)`` from
+    :func:`.tensors.wrap`: the one ``symm.empty`` returned, and ``rendezvous`` views), which its free marks freed.
+    ``rendezvous`` views are held weakly (a program may make many)."""
+
+    info: c_runtime.Allocation
+    made: list
+    views: list = field(default_factory=list)
+
+    def tensors(self) -> list:
+        """``(tensor, array)`` of every tensor made over the allocation that still lives."""
+        alive = [(tensor(), array()) for tensor, array in self.views]
+        return self.made + [pair for pair in alive if pair[0] is not None and pair[1] is not None]
+
+
+# The engine's call each public collective begins with on this handler (a refusal stands for it; its name is in
+# every rank's message).
+_ENGINE_CALLS = {"shmem_allgather": "all_gather", "shmem_allreduce": "all_reduce",
+                 "shmem_reduce_scatter": "reduce_scatter", "shmem_alltoall": "all_to_all", "barrier": "barrier",
+                 "fused_all_gather_matmul": "all_gather", "fused_matmul_reduce_scatter": "reduce_scatter",
+                 "rendezvous": "all_gather"}
+
+
 class CAbiCalls:
     """The runtime's calls over its C ABI for one framework handler; one instance per process and framework."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
-        self._allocations: dict = {}   # address -> c_runtime.Allocation, for free
+        self._allocations: dict = {}   # address -> _Allocation, for free
         self._teams: dict = {}         # group name -> _Team
 
     # ------------------------------------------------------------------ groups and lifecycle
@@ -60,9 +88,32 @@ class CAbiCalls:
         return groups.name(group)
 
     def group_size(self, name: str) -> int:
-        """The number of ranks of the group ``name``."""
+        """The number of ranks of the group ``name``.
+
+        Raises:
+            ShmemValueError: MindSpore knows no group of that name.
+        """
         groups.require_initialized("symmetric_memory")
         return len(groups.ranks(name))
+
+    def refuse(self, name: str, operation: str, error: BaseException) -> None:
+        """Refuses this rank's call of the public function ``operation`` on group ``name`` for ``error`` (a check
+        that failed once the group was known), through the group's team: every rank of the group raises ``error``'s
+        class and message, naming this rank. The team is made on the group's first collective; a group MindSpore
+        does not know cannot carry the refusal: ``error`` is raised here.
+
+        Raises:
+            The refusal, always.
+        """
+        team = self._teams.get(name)
+        if team is None:
+            try:
+                team = self._team(name, operation)
+            except (ValueError, TypeError, ShmemError):   # no team for this rank to meet its peers in
+                raise error from None
+        tensors.synchronize()
+        c_runtime.refuse(team.id, _ENGINE_CALLS[operation], error)
+        raise error   # not reached: the runtime raises the refusal
 
     def _ensure_runtime(self, op: str) -> None:
         groups.require_initialized(op)
@@ -109,11 +160,13 @@ class CAbiCalls:
         with self._lock:
             self._ensure_runtime("empty")
             allocation = c_runtime.allocate(numel * info.itemsize, _ALIGNMENT, checks.call_site())
-            self._allocations[allocation.address] = allocation
-        return tensors.wrap(allocation.address, dims, dtype)
+            made = tensors.wrap(allocation.address, dims, dtype)
+            self._allocations[allocation.address] = _Allocation(allocation, [made])
+        return made[0]
 
     def free(self, tensor: Any) -> None:
-        """Frees the allocation a tensor from :meth:`empty` starts (collective over the world)."""
+        """Frees the allocation a tensor from :meth:`empty` starts (collective over the world), and marks every tensor
+        made over it, and every view of them, freed."""
         _CHECKS.tensor(tensor, "tensor")
         address = tensors.address(tensor)
         with self._lock:
@@ -122,8 +175,10 @@ class CAbiCalls:
                 raise ShmemValueError(f"`tensor` must be a tensor from symm.empty (not freed yet), but got one at "
                                       f"{address:#x}")
             tensors.synchronize()
-            c_runtime.free(allocation.id, checks.call_site())
+            c_runtime.free(allocation.info.id, checks.call_site())
             del self._allocations[address]
+            tensors.invalidate(allocation.tensors() + [(tensor, None)], allocation.info.id,
+                               c_runtime.debug_state()["lifecycle"])
 
     def shutdown(self) -> None:
         """Releases the runtime (collective over the world); nothing to do when it is not running."""
@@ -146,10 +201,11 @@ class CAbiCalls:
             raise ShmemStateError("symmetric memory is not initialised: op=rendezvous (call symm.empty() on every "
                                   "rank first)")
         address, nbytes = tensors.address(t), tensors.nbytes(t)
-        offset = -1
+        offset, holder = -1, None
         for allocation in self._allocations.values():
-            if allocation.address <= address and address + nbytes <= allocation.address + allocation.bytes:
-                offset = allocation.heap_offset + (address - allocation.address)
+            info = allocation.info
+            if info.address <= address and address + nbytes <= info.address + info.bytes:
+                offset, holder = info.heap_offset + (address - info.address), allocation
         team = self._team(name, "rendezvous")
         rows = self._exchange(team, [offset, nbytes])
         mismatch = checks.rendezvous_mismatch(rows)
@@ -159,7 +215,9 @@ class CAbiCalls:
 
         def view(rank: int, begin: int, end: int, shape: tuple, dtype: Any) -> Any:
             del end   # the shape says how far the view reaches
-            return tensors.wrap(pointers[rank] + begin, shape, dtype)
+            made, array = tensors.wrap(pointers[rank] + begin, shape, dtype)
+            holder.views.append((weakref.ref(made), weakref.ref(array)))   # the allocation's free marks it too
+            return made
 
         return team.me, pointers, nbytes, view, lambda: self.barrier(name)
 
@@ -191,7 +249,8 @@ class CAbiCalls:
     def _require_symmetric(self, t: Any, name: str) -> None:
         """Raises ValueError unless ``t`` lies inside a symmetric allocation of this process."""
         address, end = tensors.address(t), tensors.address(t) + tensors.nbytes(t)
-        inside = any(a.address <= address and end <= a.address + a.bytes for a in self._allocations.values())
+        inside = any(a.info.address <= address and end <= a.info.address + a.info.bytes
+                     for a in self._allocations.values())
         checks.require_symmetric(inside, name, address)
 
     def _address(self, t: Any, at: int) -> int:
@@ -263,55 +322,61 @@ class CAbiCalls:
             raise ShmemValueError(f"`low_precision_dtype` must be {rule}, but got {wire}")
         return None
 
-    def all_gather(self, output: Any, data: Any, name: str) -> Any:
-        """``shmem_allgather`` on checked arguments, through the handler's autograd."""
-        return autograd.differentiable("all_gather", self, (output, data), {"group": name})
+    def all_gather(self, output: Any, data: Any, name: str, role: str = "forward") -> Any:
+        """``shmem_allgather`` on checked arguments, through the handler's autograd (``role``: the call's, the fused
+        op's "fused_gather")."""
+        return autograd.differentiable("all_gather", self, (output, data), {"group": name, "role": role})
 
     def all_reduce(self, t: Any, op: str, name: str, wire: Optional[str], backward: str) -> Any:
         """``shmem_allreduce`` on checked arguments, through the handler's autograd."""
         return autograd.differentiable("all_reduce", self, (t,), {"op": op, "group": name, "wire": wire,
-                                                                 "backward": backward})
+                                                                 "backward": backward, "role": "forward"})
 
-    def reduce_scatter(self, output: Any, data: Any, op: str, name: str, wire: Optional[str]) -> Any:
-        """``shmem_reduce_scatter`` on checked arguments, through the handler's autograd."""
-        return autograd.differentiable("reduce_scatter", self, (output, data), {"op": op, "group": name, "wire": wire})
+    def reduce_scatter(self, output: Any, data: Any, op: str, name: str, wire: Optional[str],
+                       role: str = "forward") -> Any:
+        """``shmem_reduce_scatter`` on checked arguments, through the handler's autograd (``role``: the call's, the
+        fused op's "fused_scatter")."""
+        return autograd.differentiable("reduce_scatter", self, (output, data), {"op": op, "group": name, "wire": wire,
+                                                                                "role": role})
 
     def all_to_all(self, sends: list, receive: Any, counts: list, name: str) -> Any:
         """``shmem_alltoall`` on checked arguments, through the handler's autograd."""
         return autograd.differentiable("all_to_all", self, (receive, *sends),
-                                     {"group": name, "receive_counts": tuple(counts)})
+                                     {"group": name, "receive_counts": tuple(counts), "role": "forward"})
 
-    def all_gather_into(self, output: Any, data: Any, name: str) -> Any:
+    def all_gather_into(self, output: Any, data: Any, name: str, role: str) -> Any:
         """all_gather on checked arguments (no autograd): ``output`` receives every member's ``data``."""
         team = self._team(name, "shmem_allgather")
         tensors.synchronize()
         c_runtime.all_gather(team.id, tensors.address(output), tensors.nbytes(output), tensors.address(data),
-                             tensors.nbytes(data), self._element(data))
+                             tensors.nbytes(data), self._element(data), role)
         return output
 
-    def all_reduce_into(self, tensor: Any, op: str, name: str, wire: Optional[str] = None) -> Any:
+    def all_reduce_into(self, tensor: Any, op: str, name: str, role: str, wire: Optional[str] = None) -> Any:
         """all_reduce in place on checked arguments (no autograd)."""
         team = self._team(name, "shmem_allreduce")
         tensors.synchronize()
         c_runtime.all_reduce(team.id, tensors.address(tensor), None, tensors.nbytes(tensor),
-                             tensors.dtype_info(tensor.dtype).reduce, op, wire)
+                             tensors.dtype_info(tensor.dtype).reduce, op, wire, role)
         return tensor
 
-    def reduce_scatter_into(self, output: Any, data: Any, op: str, name: str, wire: Optional[str] = None) -> Any:
+    def reduce_scatter_into(self, output: Any, data: Any, op: str, name: str, role: str,
+                            wire: Optional[str] = None) -> Any:
         """reduce_scatter on checked arguments (no autograd)."""
         team = self._team(name, "shmem_reduce_scatter")
         tensors.synchronize()
         c_runtime.reduce_scatter(team.id, tensors.address(output), tensors.nbytes(output), tensors.address(data),
-                                 tensors.nbytes(data), tensors.dtype_info(data.dtype).reduce, op, wire)
+                                 tensors.nbytes(data), tensors.dtype_info(data.dtype).reduce, op, wire, role)
         return output
 
-    def all_to_all_into(self, sends: Sequence[Any], receive: Any, receive_counts: Sequence[int], name: str) -> Any:
+    def all_to_all_into(self, sends: Sequence[Any], receive: Any, receive_counts: Sequence[int], name: str,
+                        role: str) -> Any:
         """all_to_all on checked arguments (no autograd)."""
         team = self._team(name, "shmem_alltoall")
         tensors.synchronize()
         c_runtime.all_to_all(team.id, [(tensors.address(t), tensors.nbytes(t)) for t in sends],
                              tensors.address(receive), tensors.nbytes(receive), list(receive_counts),
-                             self._element(receive))
+                             self._element(receive), role)
         return receive
 
     def _registered_team(self, name: str, op: str) -> _Team:
@@ -353,7 +418,7 @@ class CAbiCalls:
         """``fused_all_gather_matmul`` on checked shapes: one all_gather, then one matmul (not pipelined; ``c``
         None: the product is a new tensor)."""
         del signal, block_size, dims   # the pipeline's scratch and block (checked alike); this path runs one gather
-        self.all_gather(gather_out, a, name)
+        self.all_gather(gather_out, a, name, "fused_gather")
         product = tensors.matmul(gather_out, b)
         if c is not None:
             tensors.copy_into(c, product)
@@ -369,4 +434,4 @@ class CAbiCalls:
         rows, _, columns = dims
         product = tensors.matmul(x1, x2)
         output = tensors.new_flat(rows // n * columns, product.dtype).reshape((rows // n, columns))
-        return self.reduce_scatter(output, product, reduce_op, name, None)
+        return self.reduce_scatter(output, product, reduce_op, name, None, "fused_scatter")

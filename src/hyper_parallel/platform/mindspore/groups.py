@@ -19,7 +19,7 @@ import mindspore as ms
 from mindspore import communication, context
 from mindspore.mint import distributed
 
-from hyper_parallel.core.multicore.errors import ShmemStateError, ShmemTimeoutError, ShmemTypeError
+from hyper_parallel.core.multicore.errors import ShmemStateError, ShmemTimeoutError, ShmemTypeError, ShmemValueError
 
 _TIMEOUT_VARIABLE = "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC"
 _DEFAULT_TIMEOUT_SEC = 120.0   # the runtime's default (runtime/config.h)
@@ -95,10 +95,19 @@ def name(group: Optional[str]) -> str:
 
 
 def ranks(group: str) -> list:
-    """The world ranks of ``group``, in group-rank order."""
+    """The world ranks of ``group``, in group-rank order.
+
+    Raises:
+        ShmemValueError: MindSpore knows no group of that name (never created here, or destroyed).
+    """
     if group == WORLD:
         return list(range(distributed.get_world_size()))
-    return list(communication.get_process_group_ranks(group))
+    try:
+        return list(communication.get_process_group_ranks(group))
+    except (RuntimeError, ValueError, KeyError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ShmemValueError(f"`group` must name a MindSpore group of this process, but got {group!r} "
+                              f"(mindspore: {reason})") from None
 
 
 def world_rank() -> int:

@@ -7,11 +7,23 @@ MindSpore runs CPU operators asynchronously: memory an operator writes may not h
 is synchronised, and a buffer the runtime writes must not be overwritten by an operator still queued. Every call
 into the runtime therefore first drains MindSpore's queue (:func:`synchronize`); whatever the runtime wrote is in
 memory when it returns, since its calls complete before they return.
+
+**Freed tensors.** MindSpore cannot take memory away from a tensor, as libtorch invalidates a freed storage; and after
+``symm.free`` the same heap range may be handed to a new ``symm.empty``, so an address cannot tell a freed tensor
+from a live one. What a freed tensor and all its views share is their *storage* (MindSpore 2.10: a slice, a reshape,
+a transpose or a ``view(dtype)`` of a tensor shares the C++ storage its ``untyped_storage()`` wraps, and a new
+``from_numpy`` tensor over the same memory gets a storage of its own). :func:`invalidate` marks the storage of every
+tensor the handler made over the freed allocation with ``untyped_storage().resize_(0)``: on memory MindSpore does not
+own (``from_numpy``'s), that sets the storage's byte count to 0 and keeps its address and the memory, for every view
+at once. A tensor with elements whose storage holds no bytes, over a range of a freed allocation, is freed
+(:func:`freed`): :func:`check_tensor` refuses it in every call, naming the allocation. Each view keeps the numpy array
+it lies over alive, so an allocation is remembered exactly as long as some tensor over it lives.
 """
 
 from __future__ import annotations
 
 import ctypes
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -23,7 +35,7 @@ from mindspore import ops
 # checks for an Ascend or GPU device first); this is the function it would call.
 from mindspore._c_expression import synchronize as _synchronize_executor
 
-from hyper_parallel.core.multicore.errors import ShmemTypeError
+from hyper_parallel.core.multicore.errors import ShmemStateError, ShmemTypeError
 
 tensor_type_name = "mindspore.Tensor"
 signal_dtype_names = "mindspore.int32 or mindspore.int64"
@@ -98,10 +110,14 @@ def nbytes(tensor: ms.Tensor) -> int:
     return int(tensor.size) * int(tensor.itemsize)
 
 
-def wrap(base: int, shape: Sequence[int], dtype: object) -> ms.Tensor:
-    """A tensor over ``prod(shape)`` elements of ``dtype`` at ``base``, sharing that memory (no copy).
+def wrap(base: int, shape: Sequence[int], dtype: object) -> tuple:
+    """A tensor over ``prod(shape)`` elements of ``dtype`` at ``base``, sharing that memory (no copy), and the numpy
+    array it lies over (alive as long as the tensor or any view of it is).
 
     The memory must outlive the tensor: here it is the symmetric heap, mapped for the whole lifecycle.
+
+    Returns:
+        ``(tensor, array)``.
     """
     info = dtype_info(dtype)
     count = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
@@ -112,7 +128,65 @@ def wrap(base: int, shape: Sequence[int], dtype: object) -> ms.Tensor:
         raw = (ctypes.c_byte * (count * itemsize)).from_address(base)
         array = np.frombuffer(raw, dtype=info.numpy).reshape(tuple(shape))
     tensor = ms.from_numpy(array)
-    return tensor.view(ms.bfloat16) if dtype == ms.bfloat16 else tensor
+    return (tensor.view(ms.bfloat16) if dtype == ms.bfloat16 else tensor), array
+
+
+@dataclass(frozen=True)
+class _Freed:
+    """A freed allocation, as long as some tensor over it lives: its name in messages, the address ranges of the
+    tensors the handler made over it (this rank's copy, and peers' copies viewed through ``rendezvous``), and weak
+    references to the arrays they lie over."""
+
+    name: str
+    ranges: tuple
+    arrays: tuple
+
+    def viewed(self) -> bool:
+        """Whether some tensor over the allocation still lives."""
+        return any(array() is not None for array in self.arrays)
+
+    def holds(self, at: int) -> bool:
+        """Whether address ``at`` lies in one of the ranges."""
+        return any(begin <= at < end for begin, end in self.ranges)
+
+
+_freed: list = []
+
+
+def invalidate(made: Sequence[tuple], allocation_id: int, lifecycle: int) -> None:
+    """Marks every tensor the handler made over a freed allocation, and every view of them, freed (:func:`freed`).
+
+    Args:
+        made: ``(tensor, array)`` of each tensor :func:`wrap` made over the allocation (array None: a tensor of the
+            caller's over it, whose storage is marked too).
+        allocation_id: the allocation's id (never reused).
+        lifecycle: the runtime's lifecycle it was made in.
+    """
+    ranges, arrays = [], []
+    for tensor, array in made:
+        if numel(tensor):
+            if array is not None:
+                ranges.append((address(tensor), address(tensor) + nbytes(tensor)))
+                arrays.append(weakref.ref(array))
+            tensor.untyped_storage().resize_(0)   # memory MindSpore does not own: only the byte count goes to 0
+    _freed[:] = [f for f in _freed if f.viewed()]
+    _freed.append(_Freed(f"allocation_id={allocation_id} lifecycle={lifecycle}", tuple(ranges), tuple(arrays)))
+
+
+def freed(tensor: ms.Tensor) -> Optional[str]:
+    """The allocation a tensor with elements lay over when it was freed (``"allocation_id=3 lifecycle=1"``; several,
+    joined by " or ", where views of more than one freed allocation of its range live), else None.
+
+    Costs nothing until something is freed; then a look at the storage of a tensor whose address lies in a freed
+    range.
+    """
+    if not _freed or not numel(tensor):
+        return None
+    at = address(tensor)
+    names = [f.name for f in _freed if f.holds(at) and f.viewed()]
+    if not names or tensor.untyped_storage().nbytes():
+        return None
+    return " or ".join(names)
 
 
 # The dtypes the fused ops' matmuls take (as on torch).
@@ -151,13 +225,18 @@ def tolist(tensor: ms.Tensor) -> list:
 
 
 def check_tensor(tensor: ms.Tensor, name: str) -> None:
-    """A tensor the runtime reads must have a dtype it carries.
+    """A tensor the runtime reads must have a dtype it carries, and must not lie over a freed allocation.
 
     Raises:
         ShmemTypeError: a dtype outside :data:`DTYPES`.
+        ShmemStateError: the tensor (or the tensor it is a view of) was freed (``symm.free``), in the torch binding's
+            words (``ccsrc/bindings/torch/allocations.cc``).
     """
-    del name   # the dtype is the argument named in the message
     dtype_info(tensor.dtype)
+    allocation = freed(tensor)
+    if allocation is not None:
+        raise ShmemStateError(f"tensor of a freed symmetric allocation: argument={name} (symmetric allocation was "
+                              f"freed: {allocation} (this tensor and every view of it are invalid after symm.free))")
 
 
 def is_integer_dtype(dtype: Any) -> bool:

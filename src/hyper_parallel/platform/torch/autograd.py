@@ -21,6 +21,10 @@ fused_all_gather_matmul(a, b)          grad_a = reduce_scatter(grad_c @ b^T + gr
 fused_matmul_reduce_scatter(x1, x2)    grad_x1 = all_gather(grad_y) @ x2^T, grad_x2 = x1^T @ all_gather(grad_y)
 =====================================  ==============================================================
 
+Every backward collective runs with the role "backward" (:data:`gradients.ROLE`), which the engine's fingerprint
+carries: a rank's gradient collective that meets another rank's forward call makes both raise ShmemMismatchError
+naming the role, instead of pairing. A forward call keeps the role its operator was given.
+
 The collectives write into caller-provided outputs, so the forward marks them dirty: the output tensor itself
 joins the graph (in-place ops in torch behave the same way). ``torch.library.register_autograd`` cannot express
 that: it takes only operators that write nothing. Backward passes are collectives too: every rank of the group
@@ -66,68 +70,69 @@ class AllGather(Function):
     """all_gather into ``output``; backward: reduce_scatter of the output's gradient."""
 
     @staticmethod
-    def forward(ctx, output: torch.Tensor, data: torch.Tensor, group_name: str) -> torch.Tensor:
+    def forward(ctx, output: torch.Tensor, data: torch.Tensor, group_name: str, role: str) -> torch.Tensor:
         ctx.group_name, ctx.shape = group_name, data.shape
         with _Below():
-            _ops().all_gather_(output, data, group_name)
+            _ops().all_gather_(output, data, group_name, role)
         ctx.mark_dirty(output)
         return output
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return None, gradients.all_gather(tensors, collectives, _group(ctx.group_name), ctx.shape, grad), None
+        return None, gradients.all_gather(tensors, collectives, _group(ctx.group_name), ctx.shape, grad), None, None
 
 
 class ReduceScatter(Function):
     """reduce_scatter into ``output``; backward: all_gather of the output's gradient."""
 
     @staticmethod
-    def forward(ctx, output: torch.Tensor, data: torch.Tensor, op: str, group_name: str, precision: str):
+    def forward(ctx, output: torch.Tensor, data: torch.Tensor, op: str, group_name: str, precision: str, role: str):
         ctx.group_name, ctx.op, ctx.shape = group_name, op, data.shape
         with _Below():
-            _ops().reduce_scatter_(output, data, op, group_name, precision)
+            _ops().reduce_scatter_(output, data, op, group_name, precision, role)
         ctx.mark_dirty(output)
         return output
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         grad_input = gradients.reduce_scatter(tensors, collectives, _group(ctx.group_name), ctx.op, ctx.shape, grad)
-        return None, grad_input, None, None, None
+        return None, grad_input, None, None, None, None
 
 
 class AllReduce(Function):
     """all_reduce in place; backward: identity, or all_reduce of the gradient (``mode``)."""
 
     @staticmethod
-    def forward(ctx, tensor: torch.Tensor, op: str, group_name: str, precision: str, mode: str):
+    def forward(ctx, tensor: torch.Tensor, op: str, group_name: str, precision: str, mode: str, role: str):
         ctx.group_name, ctx.op, ctx.mode = group_name, op, mode
         with _Below():
-            _ops().all_reduce_(tensor, op, group_name, precision, mode)
+            _ops().all_reduce_(tensor, op, group_name, precision, mode, role)
         ctx.mark_dirty(tensor)
         return tensor
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         grad_input = gradients.all_reduce(tensors, collectives, _group(ctx.group_name), ctx.op, ctx.mode, grad)
-        return grad_input, None, None, None, None
+        return grad_input, None, None, None, None, None
 
 
 class AllToAll(Function):
     """all_to_all into ``receive``; backward: every part of the gradient goes back to the rank that sent it."""
 
     @staticmethod
-    def forward(ctx, receive: torch.Tensor, receives: list, group_name: str, *sends: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, receive: torch.Tensor, receives: list, group_name: str, role: str,
+                *sends: torch.Tensor) -> torch.Tensor:
         ctx.group_name, ctx.receives = group_name, list(receives)
         ctx.send_shapes = [t.shape for t in sends]
         with _Below():
-            _ops().all_to_all_(receive, list(sends), list(receives), group_name)
+            _ops().all_to_all_(receive, list(sends), list(receives), group_name, role)
         ctx.mark_dirty(receive)
         return receive
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         grads = gradients.all_to_all(tensors, collectives, _group(ctx.group_name), ctx.receives, ctx.send_shapes, grad)
-        return (None, None, None, *grads)
+        return (None, None, None, None, *grads)
 
 
 class Send(Function):
@@ -218,38 +223,38 @@ class FusedMatmulReduceScatter(Function):
 # --------------------------------------------------------------------------
 
 
-def _all_reduce_kernel(tensor, op, group_name, low_precision_dtype, backward) -> None:
+def _all_reduce_kernel(tensor, op, group_name, low_precision_dtype, backward, role="forward") -> None:
     if tensors.tracks(tensor):
         differentiable(op, "tensor")
-        AllReduce.apply(tensor, op, group_name, low_precision_dtype, backward)
+        AllReduce.apply(tensor, op, group_name, low_precision_dtype, backward, role)
         return
     with _Below():
-        _ops().all_reduce_(tensor, op, group_name, low_precision_dtype, backward)
+        _ops().all_reduce_(tensor, op, group_name, low_precision_dtype, backward, role)
 
 
-def _all_gather_kernel(output, input, group_name) -> None:
+def _all_gather_kernel(output, input, group_name, role="forward") -> None:
     if tensors.tracks(input):
-        AllGather.apply(output, input, group_name)
+        AllGather.apply(output, input, group_name, role)
         return
     with _Below():
-        _ops().all_gather_(output, input, group_name)
+        _ops().all_gather_(output, input, group_name, role)
 
 
-def _reduce_scatter_kernel(output, input, op, group_name, low_precision_dtype) -> None:
+def _reduce_scatter_kernel(output, input, op, group_name, low_precision_dtype, role="forward") -> None:
     if tensors.tracks(input):
         differentiable(op, "input_tensor")
-        ReduceScatter.apply(output, input, op, group_name, low_precision_dtype)
+        ReduceScatter.apply(output, input, op, group_name, low_precision_dtype, role)
         return
     with _Below():
-        _ops().reduce_scatter_(output, input, op, group_name, low_precision_dtype)
+        _ops().reduce_scatter_(output, input, op, group_name, low_precision_dtype, role)
 
 
-def _all_to_all_kernel(receive, sends, receive_counts, group_name) -> None:
+def _all_to_all_kernel(receive, sends, receive_counts, group_name, role="forward") -> None:
     if tensors.tracks(*sends):
-        AllToAll.apply(receive, list(receive_counts), group_name, *sends)
+        AllToAll.apply(receive, list(receive_counts), group_name, role, *sends)
         return
     with _Below():
-        _ops().all_to_all_(receive, sends, receive_counts, group_name)
+        _ops().all_to_all_(receive, sends, receive_counts, group_name, role)
 
 
 def _send_kernel(tensor, dst, group_name) -> torch.Tensor:

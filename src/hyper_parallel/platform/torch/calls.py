@@ -45,7 +45,11 @@ def rendezvous(t: torch.Tensor, group: Optional[dist.ProcessGroup]) -> tuple:
             "symmetric memory is not initialised: op=rendezvous (call symm.empty() on every rank first)"
         )
     team = context.team(group)
-    rows = team.agree("barrier", [context.heap_offset(t), t.numel() * t.element_size()])
+    try:
+        offset = context.heap_offset(t)
+    except ShmemStateError as error:   # a freed tensor: refused on every rank
+        team.refuse("barrier", error)
+    rows = team.agree("barrier", [offset, t.numel() * t.element_size()])
     mismatch = checks.rendezvous_mismatch(rows)
     if mismatch is not None:
         raise ShmemValueError(mismatch)
@@ -64,6 +68,7 @@ class TorchCalls:
 
     group_key = staticmethod(groups.key)
     group_size = staticmethod(collectives.group_size)
+    refuse = staticmethod(collectives.refuse)
 
     empty = staticmethod(primitives.empty)
     free = staticmethod(primitives.free)

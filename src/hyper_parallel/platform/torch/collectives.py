@@ -71,20 +71,18 @@ _FAST_OPS = frozenset(checks.REDUCE_OPS)
 
 class Fast:
     """Eager calls the engine can take before the user API's checks (the handler's ``fast``): the group already
-    has a team, nothing is traced or tracked, and the arguments are of the plain kinds the engine checks itself.
-    Each method returns whether it ran the call; a call the engine refuses before any rank moved falls back to the
-    checks, which name the argument as the API does (every rank refuses alike). The engine's call is written out in
-    each method rather than through a helper: a frame less on the small-message path."""
+    has a team (and is live), nothing is traced or tracked, and the arguments are of the plain kinds the engine
+    checks itself. Each method returns whether it ran the call (False: not taken, the checks run it). A call the
+    engine refuses is refused on every rank of the group (collectively) and raises here; the user API then makes its
+    checked call on every rank, which names the argument as the API does (``Api._again``). The engine's call is
+    written out in each method rather than through a helper: a frame less on the small-message path."""
 
     @staticmethod
     def all_gather(output_tensor: object, input_tensor: object, group: Optional[dist.ProcessGroup]) -> bool:
         team = _fast_team(group, output_tensor, input_tensor)
         if team is None or output_tensor.dtype is not input_tensor.dtype:
             return False
-        try:
-            team.all_gather(output_tensor, input_tensor)
-        except (ValueError, TypeError):
-            return False
+        team.all_gather(output_tensor, input_tensor)
         return True
 
     @staticmethod
@@ -95,10 +93,7 @@ class Fast:
         team = _fast_team(group, tensor)
         if team is None or low_precision.default(tensor.dtype, op) is not None:
             return False
-        try:
-            team.all_reduce(tensor, op)
-        except (ValueError, TypeError):
-            return False
+        team.all_reduce(tensor, op)
         return True
 
     @staticmethod
@@ -109,10 +104,7 @@ class Fast:
         team = _fast_team(group, output_tensor, input_tensor)
         if team is None or low_precision.default(input_tensor.dtype, op) is not None:
             return False
-        try:
-            team.reduce_scatter(output_tensor, input_tensor, op)
-        except (ValueError, TypeError):
-            return False
+        team.reduce_scatter(output_tensor, input_tensor, op)
         return True
 
     @staticmethod
@@ -127,10 +119,7 @@ class Fast:
         for t in send_tensor_list:  # a loop, not all(): no generator on the small-message path
             if t.dtype is not dtype:
                 return False
-        try:
-            team.all_to_all(send_tensor_list, receive_tensor, receive_list)
-        except (ValueError, TypeError):
-            return False
+        team.all_to_all(send_tensor_list, receive_tensor, receive_list)
         return True
 
     @staticmethod
@@ -155,12 +144,38 @@ def group_size(group: Optional[dist.ProcessGroup]) -> int:
 
     Raises:
         ShmemStateError: torch.distributed is not initialised.
+        ShmemValueError: torch.distributed no longer knows the group (this process destroyed it).
     """
     team = _cached_team(group)
     if team is not None:
         return team.size
     groups.require_initialized()
+    groups.require_live(group)
     return dist.get_world_size(group)
+
+
+def refuse(group: Optional[dist.ProcessGroup], operation: str, error: BaseException) -> None:
+    """Refuses this rank's call of the public function ``operation`` on ``group`` for ``error`` (a check that failed
+    once the group was known), through the group's team: every rank of the group raises ``error``'s class and
+    message, naming this rank. The team is made if this is the group's first collective (collective over the group,
+    as the other ranks' calls make it); a group that has no team and that torch.distributed no longer knows cannot
+    carry the refusal: ``error`` is raised here.
+
+    Raises:
+        The refusal, always.
+    """
+    team = context.refusing_team(group)
+    if team is None:
+        raise error
+    team.refuse(_ENGINE_CALLS[operation], error)
+
+
+# The engine's call each public collective begins with (the refusal stands for it; its name is in every rank's
+# message).
+_ENGINE_CALLS = {"shmem_allgather": "all_gather", "shmem_allreduce": "all_reduce",
+                 "shmem_reduce_scatter": "reduce_scatter", "shmem_alltoall": "all_to_all", "barrier": "barrier",
+                 "fused_all_gather_matmul": "fused_all_gather_matmul",
+                 "fused_matmul_reduce_scatter": "fused_matmul_reduce_scatter", "rendezvous": "barrier"}
 
 
 # --------------------------------------------------------------------------
@@ -173,8 +188,9 @@ def all_gather(output: torch.Tensor, data: torch.Tensor, group: Optional[dist.Pr
     """``shmem_allgather`` on checked arguments."""
     if _is_compiling() or not _plain_eager(data):
         if tensors.tracks(data) and _is_part(data, output, dist.get_rank(group)):
-            raise ShmemValueError("`input_tensor` must not be a view of `output_tensor` when it requires grad, but "
-                                  "got this rank's part of it (autograd cannot differentiate an in-place all_gather)")
+            refuse(group, "shmem_allgather", ShmemValueError(
+                "`input_tensor` must not be a view of `output_tensor` when it requires grad, but got this rank's "
+                "part of it (autograd cannot differentiate an in-place all_gather)"))
         _ops().all_gather_(output, data, groups.name(group))
     else:
         _team(group).all_gather(output, data)
@@ -242,29 +258,30 @@ def recv(tensor: torch.Tensor, src: int, group: Optional[dist.ProcessGroup]) -> 
 # --------------------------------------------------------------------------
 
 
-def all_gather_into(output: torch.Tensor, data: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
-    """all_gather of ``data`` into ``output``, below autograd."""
-    _ops().all_gather_(output, data, groups.name(group))
+def all_gather_into(output: torch.Tensor, data: torch.Tensor, group: Optional[dist.ProcessGroup],
+                    role: str) -> torch.Tensor:
+    """all_gather of ``data`` into ``output``, below autograd, with ``role`` (the gradient table's: "backward")."""
+    _ops().all_gather_(output, data, groups.name(group), role)
     return output
 
 
-def reduce_scatter_into(output: torch.Tensor, data: torch.Tensor, op: str,
-                        group: Optional[dist.ProcessGroup]) -> torch.Tensor:
+def reduce_scatter_into(output: torch.Tensor, data: torch.Tensor, op: str, group: Optional[dist.ProcessGroup],
+                        role: str) -> torch.Tensor:
     """reduce_scatter of ``data`` into ``output`` with ``op``, below autograd, in full precision."""
-    _ops().reduce_scatter_(output, data, op, groups.name(group), low_precision.FULL)
+    _ops().reduce_scatter_(output, data, op, groups.name(group), low_precision.FULL, role)
     return output
 
 
-def all_reduce_into(tensor: torch.Tensor, op: str, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
+def all_reduce_into(tensor: torch.Tensor, op: str, group: Optional[dist.ProcessGroup], role: str) -> torch.Tensor:
     """all_reduce of ``tensor`` in place with ``op``, below autograd, in full precision."""
-    _ops().all_reduce_(tensor, op, groups.name(group), low_precision.FULL, "allreduce")
+    _ops().all_reduce_(tensor, op, groups.name(group), low_precision.FULL, "allreduce", role)
     return tensor
 
 
-def all_to_all_into(sends: list, receive: torch.Tensor, counts: list,
-                    group: Optional[dist.ProcessGroup]) -> torch.Tensor:
+def all_to_all_into(sends: list, receive: torch.Tensor, counts: list, group: Optional[dist.ProcessGroup],
+                    role: str) -> torch.Tensor:
     """all_to_all of ``sends`` into ``receive``, below autograd."""
-    _ops().all_to_all_(receive, list(sends), list(counts), groups.name(group))
+    _ops().all_to_all_(receive, list(sends), list(counts), groups.name(group), role)
     return receive
 
 
@@ -274,24 +291,26 @@ def all_to_all_into(sends: list, receive: torch.Tensor, counts: list,
 # --------------------------------------------------------------------------
 
 
-def _all_gather_op(output: torch.Tensor, input: torch.Tensor, group_name: str) -> None:
-    _team(groups.resolve(group_name)).all_gather(output, input)
+def _all_gather_op(output: torch.Tensor, input: torch.Tensor, group_name: str, role: str = "forward") -> None:
+    _team(groups.resolve(group_name)).all_gather(output, input, role)
 
 
-def _all_reduce_op(tensor: torch.Tensor, op: str, group_name: str, low_precision_dtype: str, backward: str) -> None:
+def _all_reduce_op(tensor: torch.Tensor, op: str, group_name: str, low_precision_dtype: str, backward: str,
+                   role: str = "forward") -> None:
     del backward  # autograd's (the kernel in .autograd)
     _team(groups.resolve(group_name)).all_reduce(tensor, op, low_precision.chosen(low_precision_dtype, tensor.dtype,
-                                                                                  op))
+                                                                                  op), role=role)
 
 
 def _reduce_scatter_op(output: torch.Tensor, input: torch.Tensor, op: str, group_name: str,
-                       low_precision_dtype: str) -> None:
+                       low_precision_dtype: str, role: str = "forward") -> None:
     _team(groups.resolve(group_name)).reduce_scatter(output, input, op,
-                                                     low_precision.chosen(low_precision_dtype, input.dtype, op))
+                                                     low_precision.chosen(low_precision_dtype, input.dtype, op), role)
 
 
-def _all_to_all_op(receive: torch.Tensor, sends: list, receive_counts: list, group_name: str) -> None:
-    _team(groups.resolve(group_name)).all_to_all([_bytes(t) for t in sends], receive, list(receive_counts))
+def _all_to_all_op(receive: torch.Tensor, sends: list, receive_counts: list, group_name: str,
+                   role: str = "forward") -> None:
+    _team(groups.resolve(group_name)).all_to_all([_bytes(t) for t in sends], receive, list(receive_counts), role)
 
 
 def _send_op(tensor: torch.Tensor, dst: int, group_name: str) -> torch.Tensor:

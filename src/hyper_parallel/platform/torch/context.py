@@ -4,8 +4,9 @@ The runtime is acquired over the WORLD group by the first ``symm.empty`` (or the
 team is the WORLD's team, found under None and under the WORLD group object alike. A group gets a team
 (``shmem.Team``, collective over the group) the first time it runs a collective: the team owns the group's slot of
 the runtime's team pool (signals, fingerprints, counts, staging, mailbox, laid out once in C++) and runs every
-collective in one call. Teams of groups that were destroyed (``dist.destroy_process_group``) are released when the
-next team is made, so that their slots are reused.
+collective in one call. A group this rank destroyed (``dist.destroy_process_group``) keeps its team until the next
+team is made: a call on it is refused through that team, so that its peers fail the call too instead of waiting.
+Then the team is released, and its slot reused.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from hyper_parallel.platform.torch import groups
 _HEAP_VAR = "HYPER_PARALLEL_SHMEM_HEAP_SIZE"
 _HEAP_ALIAS = "SYMMETRIC_MEMORY_HEAP_SIZE"
 _lock = threading.RLock()
+_known = groups.KNOWN
 
 
 def flush_for_host_read() -> None:
@@ -162,6 +164,7 @@ def group_pes(group: Optional[dist.ProcessGroup]) -> tuple:
     if group is None:
         pes = tuple(range(len(root_ranks)))
     else:
+        groups.require_live(group)
         ranks = dist.get_process_group_ranks(group)
         if dist.get_rank() not in ranks:
             raise ShmemValueError(f"`group` must contain this rank ({dist.get_rank()}), but got ranks {list(ranks)}")
@@ -204,19 +207,32 @@ def team(group: Optional[dist.ProcessGroup]) -> shmem.Team:
 
 def _release_destroyed_groups(st: _State) -> None:
     """Releases the teams of groups that torch.distributed no longer knows (destroy_process_group)."""
-    for group in [g for g, t in st.teams.items() if t is not st.root]:
-        try:
-            dist.get_process_group_ranks(group)
-        except (ValueError, RuntimeError, KeyError):
-            st.teams.pop(group).release()
-            st.rank_maps.pop(group, None)
+    for group in [g for g, t in st.teams.items() if t is not st.root and not groups.live(g)]:
+        st.teams.pop(group).release()
+        st.rank_maps.pop(group, None)
 
 
 def cached_team(group: Optional[dist.ProcessGroup]) -> Optional[shmem.Team]:
-    """The team of a group that already has one, else None: one look-up, never raises, never makes a team (the
-    fast path of the collectives: an eager call hands its tensors straight to the engine, which checks them)."""
+    """The team of a live group that already has one, else None: never raises, never makes a team (the fast path of
+    the collectives: an eager call hands its tensors straight to the engine, which checks them). A destroyed group's
+    team is not handed out: its calls take the checks, which refuse them through the team."""
     st = _state
-    return None if st is None else st.teams.get(group)
+    return None if st is None or not (group is None or group in _known) else st.teams.get(group)
+
+
+def refusing_team(group: Optional[dist.ProcessGroup]) -> Optional[shmem.Team]:
+    """The team a refusal of a call on ``group`` goes through: the group's team, even where this rank destroyed the
+    group since (its peers still wait in that team); made on the group's first collective, where torch.distributed
+    still knows the group; None where no team can carry it.
+    """
+    st = _state
+    found = None if st is None else st.teams.get(group)
+    if found is not None or not groups.live(group):
+        return found
+    try:
+        return team(group)
+    except (ValueError, TypeError, shmem.ShmemError):   # no team for this rank to meet its peers in
+        return None
 
 
 def registered_team(group: Optional[dist.ProcessGroup], op: str) -> shmem.Team:
@@ -236,15 +252,35 @@ def registered_team(group: Optional[dist.ProcessGroup], op: str) -> shmem.Team:
     return found
 
 
-def heap_offset(t: torch.Tensor) -> int:
-    """A tensor's offset in the symmetric heap (the same on every rank for the same allocation), or -1."""
-    return t.data_ptr() - _state.heap_base if is_symmetric(t) else -1
+def address(t: torch.Tensor, name: str = "tensor") -> int:
+    """A tensor's address (its argument's ``name`` for the message).
+
+    Raises:
+        ShmemStateError: the tensor's allocation was freed (its storage refuses data_ptr()), in the binding's words.
+    """
+    try:
+        return t.data_ptr()
+    except RuntimeError as error:   # only an invalidated storage refuses data_ptr(); its message names the allocation
+        raise ShmemStateError(f"tensor of a freed symmetric allocation: argument={name} ({error})") from None
 
 
-def is_symmetric(t: torch.Tensor) -> bool:
-    """Whether a tensor lies in the symmetric heap (its peers' copies are addressable)."""
+def heap_offset(t: torch.Tensor, name: str = "tensor") -> int:
+    """A tensor's offset in the symmetric heap (the same on every rank for the same allocation), or -1.
+
+    Raises:
+        ShmemStateError: the tensor's allocation was freed.
+    """
+    return address(t, name) - _state.heap_base if is_symmetric(t, name) else -1
+
+
+def is_symmetric(t: torch.Tensor, name: str = "tensor") -> bool:
+    """Whether a tensor lies in the symmetric heap (its peers' copies are addressable).
+
+    Raises:
+        ShmemStateError: the tensor's allocation was freed.
+    """
     st = _state
     if st is None:
         return False
-    ptr = t.data_ptr()
+    ptr = address(t, name)
     return st.heap_base <= ptr < st.heap_end

@@ -27,6 +27,9 @@ Signals need no resetting: each rank zeroes its own entries of ``signal`` on ent
 (nobody writes into a peer before that sync, and every write of the previous call into this rank landed
 before this rank returned from it). That first sync publishes the heap offsets of the symmetric tensors and
 the shapes, so a mismatch between ranks raises the same ``ValueError`` on every rank before any data moves.
+The op's own calls of the team run with the roles "fused_gather" and "fused_scatter": they never pair with another
+rank's plain collective. A check of this rank's that fails (a tensor outside the heap, an overlap, a bad block) is
+refused through the team: every rank raises it.
 """
 
 from __future__ import annotations
@@ -40,9 +43,9 @@ import torch
 import torch.distributed as dist
 
 from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.multicore.errors import ShmemTypeError, ShmemValueError, type_name
+from hyper_parallel.core.multicore.errors import ShmemStateError, ShmemTypeError, ShmemValueError, type_name
 from hyper_parallel.core.symmetric_memory import checks
-from hyper_parallel.platform.torch import context, groups
+from hyper_parallel.platform.torch import collectives, context, groups
 from hyper_parallel.platform.torch.context import heap_offset, is_symmetric
 
 
@@ -113,7 +116,7 @@ def _cores() -> int:
 def _symmetric(t: torch.Tensor, name: str) -> None:
     """Raises ValueError unless ``t`` lies in the symmetric heap (an empty tensor needs not: nobody addresses it)."""
     if t.numel():
-        checks.require_symmetric(is_symmetric(t), name, t.data_ptr())
+        checks.require_symmetric(is_symmetric(t, name), name, context.address(t, name))
 
 
 def _signal(signal: torch.Tensor, n: int) -> torch.Tensor:
@@ -180,16 +183,16 @@ def _agree(rows: list, names: list) -> None:
         raise ShmemValueError(f"`{name}` must be the same on every rank of the group, but got {values} by group rank")
 
 
-def _entry(team: shmem.Team, collective: str, signal: torch.Tensor, values: list, names: list) -> None:
+def _entry(team: shmem.Team, collective: str, signal: torch.Tensor, values: list, names: list, role: str) -> None:
     """Zeroes this rank's signal entries, then publishes ``values`` (the team's fingerprinted sync of
-    ``collective``) and checks they agree.
+    ``collective``, with the op's ``role``) and checks they agree.
 
     The zeroing comes first: after the sync peers may raise this rank's signals.
     """
     me = team.pes[team.rank]
     for i in range(team.size):
         shmem.signal(signal[i:i + 1], 0, me)
-    _agree(team.agree(collective, values), names)
+    _agree(team.agree(collective, values, role=role), names)
 
 
 # --------------------------------------------------------------------------
@@ -203,10 +206,13 @@ def all_gather_matmul(a: torch.Tensor, b: torch.Tensor, c: Optional[torch.Tensor
     """``fused_all_gather_matmul`` on checked shapes and signal (``dims``: m, k and b's columns): ``c`` and
     ``signal`` are required here (the pipeline writes into them), then the block, and the pipeline (through its
     operator where autograd or torch.compile needs it)."""
-    _required(c, "c")
-    _required(signal, "signal")
     m, k, columns = dims
-    block = _block_rows(block_size, m, k * a.element_size(), columns)
+    try:
+        _required(c, "c")
+        _required(signal, "signal")
+        block = _block_rows(block_size, m, k * a.element_size(), columns)
+    except (ValueError, TypeError) as error:
+        collectives.refuse(group, "fused_all_gather_matmul", error)
     if _is_compiling() or not _plain_eager(a, b):
         _ops().fused_all_gather_matmul_(a, b, c, gather_out, signal, block, groups.name(group))
     else:
@@ -222,16 +228,22 @@ def _all_gather_matmul_op(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, gat
 
 def _placed_all_gather_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, gather_out: torch.Tensor,
                               signal: torch.Tensor, block: int, team: shmem.Team) -> None:
-    """The placement checks, then :func:`_all_gather_matmul`."""
-    sig = _signal(signal, team.size)
-    _check_all_gather_matmul_placement(a, b, c, gather_out, sig, team.rank)
+    """The placement checks (refused through the team), then :func:`_all_gather_matmul`."""
+    try:
+        sig = _signal(signal, team.size)
+        _check_all_gather_matmul_placement(a, b, c, gather_out, sig, team.rank)
+    except (ValueError, ShmemStateError) as error:
+        team.refuse("fused_all_gather_matmul", error)
     _all_gather_matmul(a, b, c, gather_out, sig, block, team)
 
 
 def _check_all_gather_matmul_placement(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, gather_out: torch.Tensor,
                                        signal: torch.Tensor, me: int) -> None:
     """Raises ValueError unless ``gather_out`` (and ``signal``, checked by :func:`_signal`) lie in the symmetric
-    heap and no two tensors overlap, except ``a`` being group rank ``me``'s rows of ``gather_out``."""
+    heap and no two tensors overlap, except ``a`` being group rank ``me``'s rows of ``gather_out``; ShmemStateError
+    for a freed one."""
+    for t, name in ((a, "a"), (b, "b"), (c, "c")):
+        context.address(t, name)
     _symmetric(gather_out, "gather_out")
     m = a.shape[0]
     own_rows = gather_out[me * m:(me + 1) * m]
@@ -253,14 +265,14 @@ def _all_gather_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, gather
     context.flush_for_host_read()  # the matmuls are torch ops on this thread: earlier SHMEM work must be done
     if team.spans_nodes:
         # Peers on other nodes are out of one-sided reach: the team's hierarchical all_gather, then one matmul.
-        team.all_gather(gather_out, a.contiguous())
+        team.all_gather(gather_out, a.contiguous(), role="fused_gather")
         torch.mm(gather_out.view(n * m, k), b, out=c)
         return
     with shmem.stream(None):
         if n > 1:
             _entry(team, "fused_all_gather_matmul", signal,
                    [heap_offset(gather_out), heap_offset(signal), m, k, b.shape[1]],
-                   ["gather_out", "signal", "a.shape[0]", "a.shape[1]", "b.shape[1]"])
+                   ["gather_out", "signal", "a.shape[0]", "a.shape[1]", "b.shape[1]"], "fused_gather")
         blocks = [(lo, min(lo + block, m)) for lo in range(0, m, block)]
         copy_own = m > 0 and gather_out[own].data_ptr() != a.data_ptr()  # (not when `a` is its own rows already)
         comm = _comm_stream(team) if n > 1 else None
@@ -310,7 +322,10 @@ def matmul_reduce_scatter(x1: torch.Tensor, x2: torch.Tensor, symm_tensor: torch
     """``fused_matmul_reduce_scatter`` on checked shapes and signal (``signal`` is required here), through its
     operator where autograd or torch.compile needs it."""
     del dims   # the pipeline reads the shapes again (the operator's fake kernel too)
-    _required(signal, "signal")
+    try:
+        _required(signal, "signal")
+    except TypeError as error:
+        collectives.refuse(group, "fused_matmul_reduce_scatter", error)
     if _is_compiling() or not _plain_eager(x1, x2):
         return _ops().fused_matmul_reduce_scatter(x1, x2, symm_tensor, signal, reduce_op, groups.name(group))
     return _placed_matmul_reduce_scatter(x1, x2, symm_tensor, signal, reduce_op, context.team(group))
@@ -325,16 +340,21 @@ def _matmul_reduce_scatter_op(x1: torch.Tensor, x2: torch.Tensor, symm_tensor: t
 
 def _placed_matmul_reduce_scatter(x1: torch.Tensor, x2: torch.Tensor, symm_tensor: torch.Tensor,
                                   signal: torch.Tensor, reduce_op: str, team: shmem.Team) -> torch.Tensor:
-    """The placement checks, then :func:`_matmul_reduce_scatter`."""
-    sig = _signal(signal, team.size)
-    _check_matmul_reduce_scatter_placement(x1, x2, symm_tensor, sig)
+    """The placement checks (refused through the team), then :func:`_matmul_reduce_scatter`."""
+    try:
+        sig = _signal(signal, team.size)
+        _check_matmul_reduce_scatter_placement(x1, x2, symm_tensor, sig)
+    except (ValueError, ShmemStateError) as error:
+        team.refuse("fused_matmul_reduce_scatter", error)
     return _matmul_reduce_scatter(x1, x2, symm_tensor, sig, reduce_op, team)
 
 
 def _check_matmul_reduce_scatter_placement(x1: torch.Tensor, x2: torch.Tensor, symm_tensor: torch.Tensor,
                                            signal: torch.Tensor) -> None:
     """Raises ValueError unless ``symm_tensor`` (and ``signal``, checked by :func:`_signal`) lie in the symmetric
-    heap and overlap neither each other nor the inputs."""
+    heap and overlap neither each other nor the inputs; ShmemStateError for a freed one."""
+    for t, name in ((x1, "x1"), (x2, "x2")):
+        context.address(t, name)
     _symmetric(symm_tensor, "symm_tensor")
     _disjoint(symm_tensor, "symm_tensor", {"x1": x1, "x2": x2, "signal": signal})
     _disjoint(signal, "signal", {"x1": x1, "x2": x2})
@@ -354,7 +374,7 @@ def _matmul_reduce_scatter(x1: torch.Tensor, x2: torch.Tensor, symm_tensor: torc
         # Peers on other nodes are out of one-sided reach: one matmul, then the team's hierarchical reduce_scatter.
         product = symm_tensor.view(rows, columns)
         torch.mm(x1, x2, out=product)
-        team.reduce_scatter(result, product, reduce_op)
+        team.reduce_scatter(result, product, reduce_op, role="fused_scatter")
         return result
     with shmem.stream(None):
         if n == 1:
@@ -362,7 +382,7 @@ def _matmul_reduce_scatter(x1: torch.Tensor, x2: torch.Tensor, symm_tensor: torc
             return result
         _entry(team, "fused_matmul_reduce_scatter", signal,
                [heap_offset(symm_tensor), heap_offset(signal), rows, k, columns],
-               ["symm_tensor", "signal", "x1.shape[0]", "x1.shape[1]", "x2.shape[1]"])
+               ["symm_tensor", "signal", "x1.shape[0]", "x1.shape[1]", "x2.shape[1]"], "fused_scatter")
         partial = symm_tensor.view(rows, columns)
         for r in range(1, n):  # rotated: no two ranks finish a block for the same target at the same step
             target = (me + r) % n
@@ -385,5 +405,5 @@ def _matmul_reduce_scatter(x1: torch.Tensor, x2: torch.Tensor, symm_tensor: torc
                 shmem.wait_signal(signal[s:s + 1], 1, cmp="ge")
             if result.numel():
                 shmem.reduce(result.view(-1), partial[mine].reshape(-1), team.pes, op=reduce_op)
-        team.barrier()  # peers are done reading this rank's partial products before it returns
+        team.barrier("fused_scatter")  # peers are done reading this rank's partial products before it returns
     return result

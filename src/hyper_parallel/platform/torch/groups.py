@@ -20,6 +20,10 @@ from hyper_parallel.core.multicore.errors import ShmemStateError, ShmemTypeError
 
 WORLD = ""
 
+#: torch.distributed's table of the groups it knows (a group leaves it on destroy_process_group). The fast path asks
+#: it on every eager call of a sub-group, where the public queries would cost a look-up and a raise each.
+KNOWN = dist.distributed_c10d._world.pg_map
+
 # Every group an operator was called with, by name. Groups live as long as the process normally does, so the
 # registry holds them strongly (a destroyed group's name is never reused by torch).
 _by_name: dict = {}
@@ -31,6 +35,24 @@ def require_initialized() -> None:
         raise ShmemStateError(
             "torch.distributed is not initialised: op=symmetric_memory (call init_process_group() first)"
         )
+
+
+def live(group: Optional[dist.ProcessGroup]) -> bool:
+    """Whether ``group`` (a key) is the WORLD or a group torch.distributed still knows (not destroyed)."""
+    return group is None or group in KNOWN
+
+
+def require_live(group: Optional[dist.ProcessGroup]) -> None:
+    """Raises ShmemValueError unless torch.distributed still knows ``group`` (a key).
+
+    Raises:
+        ShmemValueError: the group was destroyed (``destroy_process_group``) or belongs to an earlier
+            ``init_process_group``.
+    """
+    if not live(group):
+        raise ShmemValueError("`group` must be a ProcessGroup torch.distributed knows, but got one it no longer knows "
+                              "(destroyed by destroy_process_group on this rank, or made before the last "
+                              "init_process_group)")
 
 
 def key(group: Optional[dist.ProcessGroup]) -> Optional[dist.ProcessGroup]:

@@ -7,7 +7,8 @@ with a schema, the way it sees its own ``symm_mem`` and ``_c10d_functional`` ops
 
 * **schemas** say which tensors an op writes (``Tensor(a!)``): torch.compile keeps the writes, in order, and
   never reads a written tensor before the op. Groups travel as ``str group_name`` ("" is WORLD), resolved inside
-  the op (:mod:`.groups`). Low-precision formats travel by name ("": the environment's default, resolved inside the
+  the op (:mod:`.groups`). A collective's ``role`` ("forward" by default; "backward" for the gradients' calls)
+  enters the engine's fingerprint, so that a gradient's collective never pairs with a forward one. Low-precision formats travel by name ("": the environment's default, resolved inside the
   op; "none": full precision).
 * **implementations** (``CompositeExplicitAutograd``; the ``_*_op`` functions beside the calls, in
   :mod:`.collectives`, :mod:`.primitives` and :mod:`.fused`) find the group's team by name (making it on the group's
@@ -53,10 +54,13 @@ from hyper_parallel.platform.torch import autograd, collectives, fused, groups, 
 NAMESPACE = "hyper_parallel_shmem"
 
 SCHEMAS = {
-    "all_reduce_": "(Tensor(a!) tensor, str op, str group_name, str low_precision_dtype, str backward) -> ()",
-    "all_gather_": "(Tensor(a!) output, Tensor input, str group_name) -> ()",
-    "reduce_scatter_": "(Tensor(a!) output, Tensor input, str op, str group_name, str low_precision_dtype) -> ()",
-    "all_to_all_": "(Tensor(a!) receive, Tensor[] sends, int[] receive_counts, str group_name) -> ()",
+    "all_reduce_": "(Tensor(a!) tensor, str op, str group_name, str low_precision_dtype, str backward, "
+                   "str role=\"forward\") -> ()",
+    "all_gather_": "(Tensor(a!) output, Tensor input, str group_name, str role=\"forward\") -> ()",
+    "reduce_scatter_": "(Tensor(a!) output, Tensor input, str op, str group_name, str low_precision_dtype, "
+                       "str role=\"forward\") -> ()",
+    "all_to_all_": "(Tensor(a!) receive, Tensor[] sends, int[] receive_counts, str group_name, "
+                   "str role=\"forward\") -> ()",
     "send": "(Tensor tensor, int dst, str group_name) -> Tensor",
     "recv_": "(Tensor(a!) tensor, int src, str group_name) -> ()",
     "recv": "(Tensor tensor, int src, str group_name) -> Tensor",

@@ -130,7 +130,7 @@ def _pe(target_rank: int, group: Optional[dist.ProcessGroup]) -> int:
 
 
 def _require_symmetric(t: torch.Tensor, name: str) -> None:
-    checks.require_symmetric(context.is_symmetric(t), name, t.data_ptr())
+    checks.require_symmetric(context.is_symmetric(t, name), name, context.address(t, name))
 
 
 def _put(target: torch.Tensor, src: torch.Tensor, rank: int, group: Optional[dist.ProcessGroup]) -> None:

@@ -23,7 +23,7 @@ from hyper_parallel.core.multicore.shmem._memory import empty, free, peer_tensor
 from hyper_parallel.core.multicore.shmem._references import acquire, acquire_shmem, host_barrier, release
 from hyper_parallel.core.multicore.shmem._rma import all_gather, barrier, get, put, reduce, signal, wait_signal
 from hyper_parallel.core.multicore.shmem._streams import Stream, current_stream, default_stream, stream
-from hyper_parallel.core.multicore.shmem._teams import COLLECTIVES, REDUCE_OPS, Team, plain_eager, root_team
+from hyper_parallel.core.multicore.shmem._teams import CALL_ROLES, COLLECTIVES, REDUCE_OPS, Team, plain_eager, root_team
 from hyper_parallel.core.multicore.errors import (
     ShmemDeviceError,
     ShmemError,
@@ -36,6 +36,7 @@ from hyper_parallel.core.multicore.errors import (
 )
 
 __all__ = [
+    "CALL_ROLES",
     "COLLECTIVES",
     "REDUCE_OPS",
     "Team",

@@ -47,19 +47,29 @@ from hyper_parallel.core.multicore.shmem import codec
 from hyper_parallel.core.multicore.shmem._binding import C
 from hyper_parallel.core.multicore.shmem._lifecycle import _bootstrap, _Root
 from hyper_parallel.core.multicore.shmem._streams import DEFAULT_HANDLE, current_handle
-from hyper_parallel.core.multicore.errors import ShmemMismatchError, ShmemStateError, ShmemTimeoutError
+from hyper_parallel.core.multicore.errors import (
+    CLASSES_BY_CODE,
+    ShmemMismatchError,
+    ShmemStateError,
+    ShmemTimeoutError,
+    project_code,
+)
 
 _COLLECTIVES = dict(C.collectives())
 _REDUCE_OPS = dict(C.reduce_ops())
 _WIRE_FORMATS = dict(C.wire_formats())
+_ROLES = dict(C.call_roles())
+_STATUS_CODES = dict(C.status_codes())
 _SUM = _REDUCE_OPS["sum"]
 _AVG = _REDUCE_OPS["avg"]
 _MAX = _REDUCE_OPS["max"]
 
 # What a member says before each payload across nodes: its status, the call (collective, reduce op + 1, wire, peer,
-# element count, dtype id), and the payload's byte count.
-_HEADER_WORDS = 8
-_OK, _FAILED_MISMATCH, _FAILED = 0, 1, 2
+# element count, dtype id, role), and the payload's byte count. A member whose part of the call failed says _FAILED
+# and sends its error instead of a payload: its status code's name, a newline, the message.
+_HEADER_WORDS = 9
+_OK, _FAILED = 0, 2
+_ROLE = 6   # the role's index in a call's fingerprint
 # A payload up to this many bytes travels in its header's message (one message per lane peer instead of two).
 _EAGER_BYTES = 64 << 10
 # The tags of a team's point-to-point traffic across nodes, two per team (lanes, then send/recv), picked at random by
@@ -76,17 +86,31 @@ def _dtype_id(dtype: Optional[torch.dtype]) -> int:
 
 
 def _describe(call: Sequence[int]) -> str:
-    """A call's fingerprint as a message names it: "collective=all_reduce op=sum wire=full count=8 dtype=float32"."""
-    collective, op, wire, peer, count, dtype = call
+    """A call's fingerprint as a message names it: "collective=all_reduce op=sum wire=full count=8 dtype=float32"
+    (and "role=backward" for a call that is not a forward one)."""
+    collective, op, wire, peer, count, dtype, role = call
     names = {number: name for name, number in _COLLECTIVES.items()}
     ops = {number + 1: name for name, number in _REDUCE_OPS.items()}
     wires = {number: name for name, number in _WIRE_FORMATS.items()}
+    roles = {number: name for name, number in _ROLES.items()}
     text = f"collective={names.get(collective, collective)}"
     if op:
         text += f" op={ops.get(op, op)} wire={wires.get(wire, wire)}"
     if peer >= 0:
         text += f" peer={peer}"
-    return text + f" count={count} dtype={_DTYPE_NAMES.get(dtype, dtype) if dtype else 'none'}"
+    text += f" count={count} dtype={_DTYPE_NAMES.get(dtype, dtype) if dtype else 'none'}"
+    return text + (f" role={roles.get(role, role)}" if role != _ROLES["forward"] else "")
+
+
+def _error_payload(error: BaseException) -> torch.Tensor:
+    """What a member whose part of a call failed sends its lane: the error's status code name and message."""
+    return torch.frombuffer(bytearray(f"{project_code(error)}\n{error}".encode()), dtype=torch.uint8)
+
+
+def _lane_error(raw: torch.Tensor) -> BaseException:
+    """The error a lane member sent (:func:`_error_payload`), to raise here as it was raised there."""
+    code, _, message = bytes(raw.tolist()).decode(errors="replace").partition("\n")
+    return CLASSES_BY_CODE.get(code, ShmemStateError)(message)
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -222,13 +246,20 @@ class Hierarchy:
         except RuntimeError as error:
             missing[node] = str(error).splitlines()[0] if str(error) else type(error).__name__
 
-    def _raise_missing(self, missing: dict, op: str) -> None:
-        """Raises, naming the lane members that did not answer, if any; the team is broken from then on."""
+    def _raise_missing(self, missing: dict, op: str, give_up: bool) -> None:
+        """Raises, naming the lane members that did not answer, if any; the team is broken from then on.
+
+        With ``give_up``, this member also gives up its node team's next sync, naming them: a node-mate waiting there
+        (or arriving there with its next call) fails at once with that message, instead of waiting the whole timeout
+        for this member and then naming it.
+        """
         if missing:
             ranks = sorted(self._lane_ranks[k] for k in missing)
             first = next(iter(missing.values()))
             self.broken = (f"cross-node phase failed: op={op} missing_ranks={ranks} "
                            f"timeout_sec={self._timeout_sec:g} (gloo: {first})")
+            if give_up:
+                C.give_up(self.node_team, self.broken)
             raise ShmemTimeoutError(self.broken)
 
     def exchange(self, op: str, call: tuple, sends: Sequence[Optional[torch.Tensor]], status: int = _OK,
@@ -237,9 +268,10 @@ class Hierarchy:
 
         Args:
             op: the operation, for messages.
-            call: the call's fingerprint (collective, reduce op + 1, wire, peer, element count, dtype id).
+            call: the call's fingerprint (collective, reduce op + 1, wire, peer, element count, dtype id, role).
             sends: per node, a contiguous tensor (its bytes travel) or None (nothing); this node's entry is unused.
-            status: _OK, or how this member's node-local phase failed (it then sends nothing and raises after).
+            status: _OK, or _FAILED: this member's part of the call failed, and ``sends`` holds its error
+                (:func:`_error_payload`).
             into: per node, a flat uint8 tensor for its payload where the caller knows its size (a payload of that
                 size lands there), or None.
 
@@ -248,9 +280,11 @@ class Hierarchy:
             index.
 
         Raises:
-            ShmemTimeoutError: a lane member did not answer in time, or its connection failed (named).
-            ShmemMismatchError: a lane member made another call, or failed with a mismatch on its node.
-            ShmemStateError: a lane member's node-local phase failed otherwise.
+            ShmemTimeoutError: a lane member did not answer in time, or its connection failed (named); this member
+                then gives up its node team's next sync (unless it was telling the lane of a failure of its own).
+            ShmemMismatchError: a lane member made another call.
+            The error of a lane member whose part of the call failed (a refusal, a mismatch on its node, ...), with
+            its class and message.
         """
         layout = self.layout
         deadline = time.monotonic() + self._timeout_sec
@@ -265,7 +299,7 @@ class Hierarchy:
         # _EAGER_BYTES rides in its header's message; longer ones then cross in both directions at once.
         for k in peers:
             rank = self._lane_ranks[k]
-            payload = None if status != _OK or sends[k] is None else _bytes(sends[k])
+            payload = None if sends[k] is None else _bytes(sends[k])
             nbytes = 0 if payload is None else payload.numel()
             header = _bytes(torch.tensor([status, *call, nbytes], dtype=torch.int64))
             first = torch.cat([header, payload]) if 0 < nbytes <= _EAGER_BYTES else header
@@ -296,38 +330,38 @@ class Hierarchy:
                 long_ones.append(lambda: dist.isend(payload, dst=rank, group=self._group, tag=self._tag))
             if long_ones:
                 self._step(missing, k, deadline, lambda: [post() for post in long_ones])
-        self._raise_missing(missing, op)
+        self._raise_missing(missing, op, give_up=status == _OK)
         for k in peers:  # every payload is in: the channels stay aligned whatever is raised now
             theirs = headers[k].tolist()
             rank = self._lane_ranks[k]
-            if theirs[0] == _FAILED_MISMATCH:
-                raise ShmemMismatchError(f"ranks disagree on a collective on another node: op={op} rank={rank} "
-                                         "(that rank raised the mismatch)")
             if theirs[0] != _OK:
-                raise ShmemStateError(f"collective failed on another node: op={op} rank={rank} "
-                                      "(that rank raised the cause)")
-            if status == _OK and tuple(theirs[1:7]) != tuple(call):
+                raise _lane_error(received[k])
+            if status == _OK and tuple(theirs[1:8]) != tuple(call):
                 raise ShmemMismatchError(f"ranks disagree on a collective across nodes: "
                                          f"rank={self._lane_ranks[layout.node]} {_describe(call)}, "
-                                         f"rank={rank} {_describe(theirs[1:7])}")
+                                         f"rank={rank} {_describe(theirs[1:8])}")
         return received
 
     def _fail_lane(self, op: str, call: tuple, error: BaseException) -> None:
-        """Tells the lane that this member's node-local phase failed (the lane raises too); never masks ``error``."""
+        """Tells the lane that this member's part of the call failed with ``error`` (the lane raises it too, with its
+        class and message); never masks ``error``."""
         if self.broken:
             return
-        status = _FAILED_MISMATCH if isinstance(error, ShmemMismatchError) else _FAILED
         try:
-            self.exchange(op, call, [None] * self.layout.count, status)
+            self.exchange(op, call, [_error_payload(error)] * self.layout.count, _FAILED)
         except Exception:  # the lane's own failure: `error` is what this member reports
             pass
 
-    def _node_phase(self, op: str, call: tuple, fn, *args) -> None:
-        """One node-local engine call; on failure the lane hears of it before the error propagates."""
+    def _node_phase(self, op: str, call: tuple, fn, *args, lane_follows: bool = True) -> None:
+        """One node-local engine call ``fn(node team, *args, role)`` (the role is the call's). On failure the lane
+        hears of it before the error propagates, when the lane exchange of the call is still to come
+        (``lane_follows``); after it, the other nodes have passed their exchange, and this node's members fail
+        alike in the engine."""
         try:
-            fn(self.node_team, *args)
+            fn(self.node_team, *args, call[_ROLE])
         except Exception as error:
-            self._fail_lane(op, call, error)
+            if lane_follows:
+                self._fail_lane(op, call, error)
             raise
 
     def _agree_on_node(self, op: str, call: tuple, collective: str, dtype: Optional[torch.dtype], count: int,
@@ -338,27 +372,49 @@ class Hierarchy:
         self._node_phase(op, call, C.agree, _COLLECTIVES[collective], dtype_name, element, count, reduce_op, wire,
                          peer, [], DEFAULT_HANDLE)
 
+    def refuse(self, collective: int, error: BaseException, role: int) -> None:
+        """Refuses this member's call of ``collective`` for ``error`` (a check that failed on this member) on every
+        member of every node: its node-mates fail in the call's first node-local sync, the other nodes in the lane
+        exchange, all with the refusal's class and message (Team.refuse).
+
+        Raises:
+            The refusal.
+        """
+        op = {number: name for name, number in _COLLECTIVES.items()}[collective]
+        self._begin(op)
+        call = (collective, 0, 0, -1, 0, 0, role)
+        try:
+            C.refuse(self.node_team, collective, _STATUS_CODES[project_code(error)], str(error), DEFAULT_HANDLE, role)
+        except Exception as refused:
+            self._fail_lane(op, call, refused)
+            raise
+        raise error   # not reached: the node team raises the refusal
+
     # ---- the collectives -----------------------------------------------------------------------------------------
 
-    def barrier(self) -> None:
+    def barrier(self, role: int) -> None:
         """Every member of every node arrives."""
-        call = (_COLLECTIVES["barrier"], 0, 0, -1, 0, 0)
+        call = (_COLLECTIVES["barrier"], 0, 0, -1, 0, 0, role)
         self._begin("team_barrier")
         self._node_phase("team_barrier", call, C.team_barrier, DEFAULT_HANDLE)
         self.exchange("team_barrier", call, [None] * self.layout.count)
-        self._node_phase("team_barrier", call, C.team_barrier, DEFAULT_HANDLE)
+        self._node_phase("team_barrier", call, C.team_barrier, DEFAULT_HANDLE, lane_follows=False)
 
     def all_reduce(self, tensor: torch.Tensor, op: int, wire: int, wire_dtype: Optional[torch.dtype],
-                   input: Optional[torch.Tensor]) -> None:
-        """Reduces ``input`` (or ``tensor``) across every member into ``tensor``; bit-identical on every member."""
-        _check_tensor(tensor, "tensor")
-        source = tensor if input is None else _check_tensor(input, "input")
-        if source.dtype != tensor.dtype or source.numel() != tensor.numel():
-            raise ValueError(f"`input` must have the dtype and size of `tensor` ({tensor.dtype}, {tensor.numel()}), "
-                             f"but got {source.dtype}, {source.numel()}")
-        _check_avg(op, tensor.dtype)
+                   input: Optional[torch.Tensor], role: int) -> None:
+        """Reduces ``input`` (or ``tensor``) across every member into ``tensor``; bit-identical on every member.
+        Arguments that fail the checks are refused on every member (:meth:`refuse`)."""
+        try:
+            _check_tensor(tensor, "tensor")
+            source = tensor if input is None else _check_tensor(input, "input")
+            if source.dtype != tensor.dtype or source.numel() != tensor.numel():
+                raise ValueError(f"`input` must have the dtype and size of `tensor` ({tensor.dtype}, "
+                                 f"{tensor.numel()}), but got {source.dtype}, {source.numel()}")
+            _check_avg(op, tensor.dtype)
+        except (ValueError, TypeError) as error:
+            self.refuse(_COLLECTIVES["all_reduce"], error, role)
         layout = self.layout
-        call = (_COLLECTIVES["all_reduce"], op + 1, wire, -1, tensor.numel(), _dtype_id(tensor.dtype))
+        call = (_COLLECTIVES["all_reduce"], op + 1, wire, -1, tensor.numel(), _dtype_id(tensor.dtype), role)
         self._begin("all_reduce")
         self._agree_on_node("all_reduce", call, "all_reduce", tensor.dtype, tensor.numel(), op + 1, wire)
         count = tensor.numel()
@@ -379,7 +435,7 @@ class Hierarchy:
             parts = [part if k == layout.node else _as(received[k], tensor.dtype) for k in range(layout.count)]
             total = reduce_in_order(parts, op, self.size)
         out = tensor.reshape(-1) if padded == count else torch.empty(padded, dtype=tensor.dtype)
-        self._node_phase("all_reduce", call, C.all_gather, out, total, DEFAULT_HANDLE)
+        self._node_phase("all_reduce", call, C.all_gather, out, total, DEFAULT_HANDLE, lane_follows=False)
         if padded != count:
             tensor.reshape(-1).copy_(out[:count])
 
@@ -418,17 +474,20 @@ class Hierarchy:
         return total
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: int, wire: int,
-                       wire_dtype: Optional[torch.dtype]) -> None:
+                       wire_dtype: Optional[torch.dtype], role: int) -> None:
         """``output`` receives part ``rank`` of ``input`` reduced across every member."""
-        _check_tensor(output, "output")
-        _check_tensor(input, "input")
         layout = self.layout
-        chunk = output.numel()
-        if input.dtype != output.dtype or input.numel() != chunk * self.size:
-            raise ValueError(f"`input` must hold {self.size} x output's {chunk} elements of {output.dtype}, but got "
-                             f"{input.numel()} of {input.dtype}")
-        _check_avg(op, output.dtype)
-        call = (_COLLECTIVES["reduce_scatter"], op + 1, wire, -1, chunk, _dtype_id(output.dtype))
+        try:
+            _check_tensor(output, "output")
+            _check_tensor(input, "input")
+            chunk = output.numel()
+            if input.dtype != output.dtype or input.numel() != chunk * self.size:
+                raise ValueError(f"`input` must hold {self.size} x output's {chunk} elements of {output.dtype}, but "
+                                 f"got {input.numel()} of {input.dtype}")
+            _check_avg(op, output.dtype)
+        except (ValueError, TypeError) as error:
+            self.refuse(_COLLECTIVES["reduce_scatter"], error, role)
+        call = (_COLLECTIVES["reduce_scatter"], op + 1, wire, -1, chunk, _dtype_id(output.dtype), role)
         self._begin("reduce_scatter")
         self._agree_on_node("reduce_scatter", call, "reduce_scatter", output.dtype, chunk, op + 1, wire)
         # Member i of this node reduces the parts of lane i, in node order.
@@ -458,16 +517,19 @@ class Hierarchy:
             total = reduce_in_order(parts, op, self.size)
         output.reshape(-1).copy_(total)
 
-    def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor, role: int) -> None:
         """``output`` receives member r's ``input`` at r x its bytes."""
-        _check_tensor(output, "output")
-        _check_tensor(input, "input")
         layout = self.layout
-        nbytes = input.numel() * input.element_size()
-        if output.numel() * output.element_size() != nbytes * self.size:
-            raise ValueError(f"`output` must hold {self.size} x input's {nbytes} bytes, but got "
-                             f"{output.numel() * output.element_size()} bytes")
-        call = (_COLLECTIVES["all_gather"], 0, 0, -1, input.numel(), _dtype_id(input.dtype))
+        try:
+            _check_tensor(output, "output")
+            _check_tensor(input, "input")
+            nbytes = input.numel() * input.element_size()
+            if output.numel() * output.element_size() != nbytes * self.size:
+                raise ValueError(f"`output` must hold {self.size} x input's {nbytes} bytes, but got "
+                                 f"{output.numel() * output.element_size()} bytes")
+        except (ValueError, TypeError) as error:
+            self.refuse(_COLLECTIVES["all_gather"], error, role)
+        call = (_COLLECTIVES["all_gather"], 0, 0, -1, input.numel(), _dtype_id(input.dtype), role)
         self._begin("all_gather")
         self._agree_on_node("all_gather", call, "all_gather", input.dtype, input.numel())
         # Node k's input lands in row k of `lane` (this member's own too), then the node gathers every lane.
@@ -475,25 +537,30 @@ class Hierarchy:
         lane[layout.node].copy_(_bytes(input))
         self.exchange("all_gather", call, [lane[layout.node]] * layout.count, into=list(lane))
         gathered = torch.empty(layout.per_node * layout.count, nbytes, dtype=torch.uint8)
-        self._node_phase("all_gather", call, C.all_gather, gathered.reshape(-1), lane.reshape(-1), DEFAULT_HANDLE)
+        self._node_phase("all_gather", call, C.all_gather, gathered.reshape(-1), lane.reshape(-1), DEFAULT_HANDLE,
+                         lane_follows=False)
         rows = _bytes(output).view(self.size, nbytes)
         for block, group_rank in enumerate(layout.lane_major):  # row copies: index_copy_ of bytes is far slower
             rows[group_rank].copy_(gathered[block])
 
-    def all_to_all(self, sends: Sequence[torch.Tensor], receive: torch.Tensor, receive_counts: Sequence[int]) -> None:
+    def all_to_all(self, sends: Sequence[torch.Tensor], receive: torch.Tensor, receive_counts: Sequence[int],
+                   role: int) -> None:
         """``sends[j]`` goes to member j; ``receive`` gets member i's part after the counts of members < i."""
-        _check_tensor(receive, "receive")
         layout = self.layout
-        if len(sends) != self.size or len(receive_counts) != self.size:
-            raise ValueError(f"`sends` and `receive_counts` must have one entry per member ({self.size}), but got "
-                             f"{len(sends)} and {len(receive_counts)}")
-        sends = [_check_tensor(s, f"sends[{j}]") for j, s in enumerate(sends)]
-        counts = [int(c) for c in receive_counts]
-        if any(c < 0 for c in counts) or sum(counts) != receive.numel():
-            raise ValueError(f"`receive_counts` must be non-negative and sum to receive's {receive.numel()} "
-                             f"elements, but got {counts}")
+        try:
+            _check_tensor(receive, "receive")
+            if len(sends) != self.size or len(receive_counts) != self.size:
+                raise ValueError(f"`sends` and `receive_counts` must have one entry per member ({self.size}), but "
+                                 f"got {len(sends)} and {len(receive_counts)}")
+            sends = [_check_tensor(s, f"sends[{j}]") for j, s in enumerate(sends)]
+            counts = [int(c) for c in receive_counts]
+            if any(c < 0 for c in counts) or sum(counts) != receive.numel():
+                raise ValueError(f"`receive_counts` must be non-negative and sum to receive's {receive.numel()} "
+                                 f"elements, but got {counts}")
+        except (ValueError, TypeError) as error:
+            self.refuse(_COLLECTIVES["all_to_all"], error, role)
         dtype = receive.dtype
-        call = (_COLLECTIVES["all_to_all"], 0, 0, -1, 0, _dtype_id(dtype))  # counts differ by member
+        call = (_COLLECTIVES["all_to_all"], 0, 0, -1, 0, _dtype_id(dtype), role)  # counts differ by member
         self._begin("all_to_all")
         self._agree_on_node("all_to_all", call, "all_to_all", dtype, 0)
         # 1. Every node member's send counts, then each part to the member of its receiver's lane.
@@ -605,14 +672,14 @@ class Hierarchy:
     # ---- agreement -----------------------------------------------------------------------------------------------
 
     def agree(self, collective: int, dtype_name: str, element_bytes: int, count: int, reduce_op: int, wire: int,
-              peer: int, values: list) -> list:
+              peer: int, values: list, role: int) -> list:
         """Every member's ``values`` after checking that every member makes the same call (Team.agree)."""
         layout = self.layout
-        call = (collective, reduce_op, wire, peer, count, zlib.crc32(dtype_name.encode()) if dtype_name else 0)
+        call = (collective, reduce_op, wire, peer, count, zlib.crc32(dtype_name.encode()) if dtype_name else 0, role)
         self._begin("agree")
         try:
             rows = C.agree(self.node_team, collective, dtype_name, element_bytes, count, reduce_op, wire, peer,
-                           list(values), DEFAULT_HANDLE)
+                           list(values), DEFAULT_HANDLE, role)
         except Exception as error:
             self._fail_lane("agree", call, error)
             raise

@@ -25,17 +25,41 @@ from hyper_parallel.core.multicore.shmem._binding import C
 from hyper_parallel.core.multicore.shmem._hierarchy import Hierarchy
 from hyper_parallel.core.multicore.shmem._lifecycle import _bootstrap, _local_bootstrap, require_root
 from hyper_parallel.core.multicore.shmem._streams import current_handle
-from hyper_parallel.core.multicore.errors import ShmemStateError, ShmemTimeoutError, attach_fields
+from hyper_parallel.core.multicore.errors import (
+    ShmemStateError,
+    ShmemTimeoutError,
+    attach_fields,
+    project_code,
+)
 
-# The numberings are the runtime's (runtime/team.h, ops/reduce_op.h): exported once, never retyped.
+# The numberings are the runtime's (runtime/team.h, ops/reduce_op.h, runtime/status.h): exported once, never retyped.
 COLLECTIVES: dict = dict(C.collectives())
 REDUCE_OPS: dict = dict(C.reduce_ops())
 #: A fingerprint's wire format: "full", or a low-precision dtype's name.
 WIRE_FORMATS: dict = dict(C.wire_formats())
+_STATUS_CODES: dict = dict(C.status_codes())
+
+
+class _Roles(dict):
+    """The call roles by name (runtime/team.h's CallRole); an unknown name is a broken contract, not a KeyError."""
+
+    def __missing__(self, role: object) -> int:
+        raise ValueError(f"`role` must be one of {', '.join(map(repr, self))}, but got {role!r}")
+
+
+#: What a call is for, in its fingerprint: "forward", "backward" (a gradient's collective), "fused_gather" and
+#: "fused_scatter" (a fused op's own syncs). Calls of different roles never pair: every member raises
+#: ShmemMismatchError naming the role.
+CALL_ROLES: dict = _Roles(C.call_roles())
 
 
 class Team:
     """A team of PEs over a ProcessGroup inside the root (collective over the group to make).
+
+    Every collective takes a ``role`` (a name of :data:`CALL_ROLES`, "forward" by default) that enters its
+    fingerprint: a gradient's collective ("backward") never pairs with a forward one. A check of the caller's that
+    fails once the team is known is refused through the team (:meth:`refuse`), so that every member fails the call
+    alike.
 
     Args:
         group: a ProcessGroup whose ranks all lie in the root, or None for the root itself.
@@ -107,18 +131,20 @@ class Team:
             except Exception:  # its lifecycle already ended: nothing of it is left to release
                 pass
 
-    def _call(self, name: str, fn, *args):
+    def _call(self, name: str, fn, *args, role: int):
+        """The binding's ``fn(team, *args, stream, role)`` on the current stream; its errors get upstream's fields."""
         try:
-            return fn(self._id, *args, current_handle())
+            return fn(self._id, *args, current_handle(), role)
         except Exception as error:
             attach_fields(error, name)
             raise
 
-    def barrier(self) -> None:
-        """Every member arrives; everything enqueued before it is visible to every member."""
+    def barrier(self, role: str = "forward") -> None:
+        """Every member arrives; everything enqueued before it is visible to every member (``role``: what the
+        barrier is for, a name of :data:`CALL_ROLES`)."""
         if self._hierarchy is not None:
-            return self._spanning("team_barrier", self._hierarchy.barrier)
-        self._call("team_barrier", C.team_barrier)
+            return self._spanning("team_barrier", self._hierarchy.barrier, CALL_ROLES[role])
+        self._call("team_barrier", C.team_barrier, role=CALL_ROLES[role])
 
     def _spanning(self, name: str, fn, *args):
         """Runs a collective of a team that spans nodes (its phases call the runtime and torch.distributed)."""
@@ -133,22 +159,22 @@ class Team:
     # The collectives and send/recv call the binding directly (not through _call): they sit on the small-message
     # path.
 
-    def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor, role: str = "forward") -> None:
         """``output`` (size x input's bytes) receives member r's ``input`` at r x its bytes.
 
         ``input`` may be this member's part of ``output``. The same symmetric ``output`` (or ``input``) on every
-        member takes the copy-free path.
+        member takes the copy-free path. ``role``: what the call is for (:data:`CALL_ROLES`).
         """
         if self._hierarchy is not None:
-            return self._spanning("all_gather", self._hierarchy.all_gather, output, input)
+            return self._spanning("all_gather", self._hierarchy.all_gather, output, input, CALL_ROLES[role])
         try:
-            C.all_gather(self._id, output, input, current_handle())
+            C.all_gather(self._id, output, input, current_handle(), CALL_ROLES[role])
         except Exception as error:
             attach_fields(error, "all_gather")
             raise
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", wire: Optional[torch.dtype | str] = None, *,
-                   input: Optional[torch.Tensor] = None) -> None:
+                   input: Optional[torch.Tensor] = None, role: str = "forward") -> None:
         """Reduces ``tensor`` in place ('sum', 'avg', 'max', 'min'), or ``input`` into ``tensor``; every member ends
         with bit-identical values.
 
@@ -163,9 +189,10 @@ class Team:
                 dtype.
             input: None (in place), or a tensor of ``tensor``'s dtype and size, not overlapping it, whose values are
                 reduced into ``tensor``.
+            role: what the call is for, a name of :data:`CALL_ROLES` ("backward" for a gradient's all_reduce).
 
         Raises:
-            ShmemMismatchError: members disagree on the call (wire format included).
+            ShmemMismatchError: members disagree on the call (wire format and role included).
             ShmemTimeoutError: a member did not arrive in time.
             ValueError: a wire format that cannot carry the reduction; an ``input`` of another size, or one that
                 overlaps ``tensor``.
@@ -175,39 +202,42 @@ class Team:
         number = REDUCE_OPS.get(op) if type(op) is str else None
         if self._hierarchy is not None:
             return self._spanning("all_reduce", self._hierarchy.all_reduce, tensor, _reduce_op(op), _wire(wire),
-                                  _wire_dtype(wire), input)
+                                  _wire_dtype(wire), input, CALL_ROLES[role])
         try:
             C.all_reduce(self._id, tensor, input, _reduce_op(op) if number is None else number, current_handle(),
-                         0 if wire is None else _wire(wire))
+                         0 if wire is None else _wire(wire), CALL_ROLES[role])
         except Exception as error:
             attach_fields(error, "all_reduce")
             raise
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum",
-                       wire: Optional[torch.dtype | str] = None) -> None:
-        """``output`` receives part ``rank`` of ``input`` reduced across the members (``wire`` as in
+                       wire: Optional[torch.dtype | str] = None, role: str = "forward") -> None:
+        """``output`` receives part ``rank`` of ``input`` reduced across the members (``wire`` and ``role`` as in
         :meth:`all_reduce`)."""
         number = REDUCE_OPS.get(op) if type(op) is str else None
         if self._hierarchy is not None:
             return self._spanning("reduce_scatter", self._hierarchy.reduce_scatter, output, input, _reduce_op(op),
-                                  _wire(wire), _wire_dtype(wire))
+                                  _wire(wire), _wire_dtype(wire), CALL_ROLES[role])
         try:
             C.reduce_scatter(self._id, output, input, _reduce_op(op) if number is None else number, current_handle(),
-                             0 if wire is None else _wire(wire))
+                             0 if wire is None else _wire(wire), CALL_ROLES[role])
         except Exception as error:
             attach_fields(error, "reduce_scatter")
             raise
 
-    def all_to_all(self, sends: Sequence[torch.Tensor], receive: torch.Tensor, receive_counts: Sequence[int]) -> None:
+    def all_to_all(self, sends: Sequence[torch.Tensor], receive: torch.Tensor, receive_counts: Sequence[int],
+                   role: str = "forward") -> None:
         """``sends[j]`` goes to member j; ``receive`` gets member i's part after the counts of members < i
-        (elements of ``receive``'s dtype). The counts are checked across members before anything is written."""
+        (elements of ``receive``'s dtype). The counts are checked across members before anything is written.
+        ``role``: what the call is for (:data:`CALL_ROLES`)."""
         # The binding takes lists and tuples as they are.
         sends = sends if type(sends) in (list, tuple) else list(sends)
         receive_counts = receive_counts if type(receive_counts) in (list, tuple) else list(receive_counts)
         if self._hierarchy is not None:
-            return self._spanning("all_to_all", self._hierarchy.all_to_all, sends, receive, receive_counts)
+            return self._spanning("all_to_all", self._hierarchy.all_to_all, sends, receive, receive_counts,
+                                  CALL_ROLES[role])
         try:
-            C.all_to_all(self._id, sends, receive, receive_counts, current_handle())
+            C.all_to_all(self._id, sends, receive, receive_counts, current_handle(), CALL_ROLES[role])
         except Exception as error:
             attach_fields(error, "all_to_all")
             raise
@@ -233,7 +263,8 @@ class Team:
             raise
 
     def agree(self, collective: str, values: Sequence[int] = (), dtype: Optional[torch.dtype] = None, count: int = 0,
-              op: Optional[str] = None, wire: Optional[torch.dtype] = None, peer: int = -1) -> list:
+              op: Optional[str] = None, wire: Optional[torch.dtype] = None, peer: int = -1,
+              role: str = "forward") -> list:
         """A fingerprinted sync for algorithms written over the primitives: every member's ``values`` (at most
         2 x the largest node's size + 1 ints), after checking that every member makes the same call.
 
@@ -243,6 +274,8 @@ class Team:
             dtype, count, op: the call's element type, element count and reduce op ('sum', 'avg', 'max', 'min').
             wire: the low-precision dtype the data travels in (None: the tensor's own).
             peer: the call's root or peer, -1 for none.
+            role: what the call is for, a name of :data:`CALL_ROLES` (a fused op's phase: "fused_gather",
+                "fused_scatter").
 
         Returns:
             Every member's ``values``, in group-rank order.
@@ -255,10 +288,36 @@ class Team:
         if self._hierarchy is not None:
             return self._spanning("agree", self._hierarchy.agree, COLLECTIVES[collective], dtype_name,
                                   0 if dtype is None else dtype.itemsize, count,
-                                  0 if op is None else REDUCE_OPS[op] + 1, _wire(wire), peer, list(values))
+                                  0 if op is None else REDUCE_OPS[op] + 1, _wire(wire), peer, list(values),
+                                  CALL_ROLES[role])
         return self._call("agree", C.agree, COLLECTIVES[collective], dtype_name,
                           0 if dtype is None else dtype.itemsize, count, 0 if op is None else REDUCE_OPS[op] + 1,
-                          _wire(wire), peer, list(values))
+                          _wire(wire), peer, list(values), role=CALL_ROLES[role])
+
+    def refuse(self, collective: str, error: BaseException, role: str = "forward") -> None:
+        """Refuses this member's call of ``collective`` for ``error``, a check of the caller's that failed once the
+        team was known (a rank-local fact: an address, an overlap, a freed tensor, a destroyed group): the member
+        still enters the call's first sync, with the refusal, and every member fails the call alike.
+
+        Args:
+            collective: the call refused, a name of :data:`COLLECTIVES`.
+            error: the failed check (a ShmemValueError, ShmemTypeError or ShmemStateError, or a ValueError or
+                TypeError); its class and message are what every member raises.
+            role: the call's role (:data:`CALL_ROLES`).
+
+        Raises:
+            The class of ``error``'s status on every member (ShmemValueError, ShmemTypeError, ShmemStateError),
+            with ``error``'s message and the refusing rank: "... (refused by rank R: op=... team_ranks=[...]; every
+            member fails this call)". ``error`` itself when the team runs no call any more (nobody waits for it).
+        """
+        if self._hierarchy is not None:
+            return self._spanning(collective, self._hierarchy.refuse, COLLECTIVES[collective], error,
+                                  CALL_ROLES[role])
+        if self._released:
+            raise error
+        self._call(collective, C.refuse, COLLECTIVES[collective], _STATUS_CODES[project_code(error)], str(error),
+                   role=CALL_ROLES[role])
+        raise error   # not reached: a refusal always raises
 
 
 def _member(peer: object, size: int, me: int) -> int:
