@@ -481,7 +481,12 @@ def _node_death(out_dir: str) -> None:
     while not os.path.exists(os.path.join(out_dir, "node1_killed")):
         time.sleep(0.05)
     record = {}
-    for name, call in (("all_reduce", lambda: team.all_reduce(torch.ones(8))),
+    # The all_to_all first: its cross-node phase runs on one member of each node while the other waits in the node's
+    # sync; both must fail at once, naming a rank of the dead node. The team is broken after it; the barrier runs on
+    # the bootstrap.
+    sends = [torch.full((2,), float(RANK)) for _ in range(WORLD)]
+    for name, call in (("all_to_all", lambda: team.all_to_all(sends, torch.empty(2 * WORLD), [2] * WORLD)),
+                       ("all_reduce", lambda: team.all_reduce(torch.ones(8))),
                        ("barrier", lambda: shmem.barrier())):
         start = time.monotonic()
         try:

@@ -135,6 +135,7 @@ def _case_fields_and_repr() -> dict:
                 "timeout_sec": 20.0,
                 "log_level": 2,
                 "device": "host",
+                "checks": "deferred",   # as configured; the host device checks before data moves in either mode
                 "heap_size_bytes": 16 * MiB,
                 "timeout_seconds": 20.0,
                 "data_engine": "cpu",

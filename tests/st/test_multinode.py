@@ -67,12 +67,15 @@ def test_ranks_that_disagree_across_nodes_all_name_both_calls(case_results: dict
 
 
 def test_a_mismatch_inside_one_node_reaches_the_other_node(case_results: dict) -> None:
-    for rank in range(PER_NODE):  # node 0's ranks saw it themselves
-        assert "rank 1 calls collective=all_gather" in case_results[rank][
-            "case_mismatch_within_a_node_reaches_the_other_node"]["value"]
-    for rank in range(PER_NODE, WORLD):  # node 1's heard it from their lane
-        assert "ranks disagree on a collective on another node: op=all_reduce rank=" in case_results[rank][
-            "case_mismatch_within_a_node_reaches_the_other_node"]["value"]
+    # Node 0's ranks saw it themselves; node 1's heard it from their lane, as node 0 raised it: one error everywhere.
+    messages = [case_results[rank]["case_mismatch_within_a_node_reaches_the_other_node"]["value"]
+                for rank in range(WORLD)]
+    for rank in range(PER_NODE):   # each names both calls, its own first
+        assert "ranks disagree on a collective (collective): team_ranks=[0,1] " in messages[rank], messages[rank]
+        assert "rank 1 calls collective=all_gather" in messages[rank], messages[rank]
+        assert "rank 0 calls collective=all_reduce" in messages[rank], messages[rank]
+    for rank in range(PER_NODE, WORLD):
+        assert messages[rank] in messages[:PER_NODE], (rank, messages)
 
 
 @pytest.mark.parametrize("nodes, per_node", [(4, 2), (2, 4)])
@@ -105,15 +108,23 @@ def test_a_dead_node_is_named_by_the_others_in_time(tmp_path) -> None:
             assert job.poll()[0] is None, f"node 0 ended early:\n{job.output(0)}"
             time.sleep(0.1)
         job.kill_node(0)
+    dead = [str(rank) for rank in range(PER_NODE, WORLD)]
     for rank in range(PER_NODE):
         record = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        lane_peer = rank + PER_NODE
+        # Every member of the surviving node fails the all_to_all at once (a closed connection, not the timeout),
+        # naming a rank of the dead node: the one whose lane peer died, and its node-mate through the node's sync.
+        all_to_all = record["all_to_all"]
+        assert all_to_all["raised"].startswith("ShmemTimeoutError: "), all_to_all
+        assert "cross-node phase failed: op=all_to_all missing_ranks=[" in all_to_all["raised"], all_to_all
+        named = all_to_all["raised"].split("missing_ranks=[", 1)[1].split("]", 1)[0].split(", ")
+        assert named and set(named) <= set(dead), all_to_all
+        assert all_to_all["seconds"] < TIMEOUT_SEC / 2, record
+        # The team is broken from then on: its next call says so at once.
         all_reduce = record["all_reduce"]
-        assert all_reduce["raised"].startswith("ShmemTimeoutError: cross-node phase failed: op=all_reduce "
-                                               f"missing_ranks=[{lane_peer}]"), all_reduce
+        assert "cross-node phase failed: op=all_to_all" in all_reduce["raised"], all_reduce
+        assert all_reduce["seconds"] < TIMEOUT_SEC / 2, record
         barrier = record["barrier"]
         assert barrier["raised"].startswith("ShmemTimeoutError: bootstrap "), barrier
         assert "missing_ranks=[2, 3]" in barrier["raised"], barrier
-        for step in (all_reduce, barrier):
-            assert step["seconds"] < TIMEOUT_SEC + 5, record
+        assert barrier["seconds"] < TIMEOUT_SEC + 5, record
         assert record["dev_shm"] == [], record
