@@ -25,6 +25,7 @@
 #include "bindings/torch/arguments.h"
 #include "bindings/torch/py_bootstrap.h"
 #include "bindings/torch/status_error.h"
+#include "bindings/torch/symm_mem_register.h"
 #include "bindings/torch/tensor_device.h"
 #include "ops/host/codec.h"
 #include "runtime/config.h"
@@ -986,6 +987,7 @@ PYBIND11_MODULE(_shmem_torch, m) {
 #endif
   m.def("read_config", &ReadConfig);
   m.def("log_level", [] { return static_cast<int>(Logger::Level()); });
+  RegisterSymmMemBackend(m);   // the host device as torch's symmetric-memory backend for CPU (symm_mem_backend.h)
   m.def("status_codes", [] {
     py::dict codes;
     for (int c = static_cast<int>(StatusCode::kOk); c <= static_cast<int>(StatusCode::kInterrupted); ++c) {
