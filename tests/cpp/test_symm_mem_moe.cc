@@ -15,12 +15,20 @@ namespace hp::shmem {
 namespace {
 
 using testutil::HasError;
-using testutil::InitHost;
 using testutil::IsOk;
 using testutil::RunRanks;
 using torch_binding::MoeDirection;
 using torch_binding::MoeExchange;
 using torch_binding::RunMoeExchange;
+
+// The host device with room for the team pool and the tests' buffers.
+Status InitHost(Runtime& runtime, Bootstrap& bootstrap) {
+  Config config;
+  config.heap_size = 8 * testutil::kMiB;
+  config.timeout_sec = 10.0;
+  config.log_level = LogLevel::kError;
+  return runtime.Init(config, std::make_unique<host::HostDevice>(), bootstrap);
+}
 
 std::vector<int> AllPes(int world) {
   std::vector<int> pes;
@@ -49,21 +57,29 @@ struct Buffers {
   float* input = nullptr;    // symmetric
   float* output = nullptr;   // symmetric
   float* back = nullptr;     // symmetric: combine's output
+  std::int64_t input_offset = -1;    // heap offsets
+  std::int64_t output_offset = -1;
 };
 
 Buffers Allocate(Runtime& runtime, std::int64_t rows) {
   Buffers b;
+  std::int64_t* offsets[] = {&b.input_offset, &b.output_offset, nullptr};
+  int k = 0;
   for (float** p : {&b.input, &b.output, &b.back}) {
     auto info = runtime.Allocate(static_cast<std::size_t>(rows) * kRowBytes, 0, "moe test");
     EXPECT_TRUE(info.ok()) << info.status().ToString();
     *p = reinterpret_cast<float*>(info.value().base);
+    if (offsets[k] != nullptr) *offsets[k] = static_cast<std::int64_t>(info.value().offset);
+    ++k;
   }
   return b;
 }
 
+// Both data paths: pulled out of symmetric inputs, or through the engine's all_to_all (an ordinary input on rank 0,
+// as torch.compile hands one over, takes every rank there).
 TEST(SymmMemMoeTest, DispatchLaysOutExpertMajorAndCombineRestoresEveryToken) {
-  for (int world : {2, 3}) {
-    RunRanks(world, [world](int rank, Bootstrap& bootstrap) {
+  for (auto [world, symmetric] : {std::pair{2, true}, std::pair{3, true}, std::pair{2, false}, std::pair{3, false}}) {
+    RunRanks(world, [world, symmetric = symmetric](int rank, Bootstrap& bootstrap) {
       Runtime runtime;
       ASSERT_TRUE(IsOk(InitHost(runtime, bootstrap)));
       auto team = runtime.CreateTeam(AllPes(world), bootstrap);
@@ -93,6 +109,7 @@ TEST(SymmMemMoeTest, DispatchLaysOutExpertMajorAndCombineRestoresEveryToken) {
       dispatch.direction = MoeDirection::kDispatch;
       dispatch.experts = kExperts;
       dispatch.input = reinterpret_cast<const char*>(b.input);
+      dispatch.input_heap_offset = symmetric || rank > 0 ? b.input_offset : -1;
       dispatch.input_rows = capacity;
       dispatch.output = reinterpret_cast<char*>(b.output);
       dispatch.output_rows = capacity;
@@ -128,6 +145,7 @@ TEST(SymmMemMoeTest, DispatchLaysOutExpertMajorAndCombineRestoresEveryToken) {
       combine.op = "all_to_all_vdev_2d_offset";
       combine.direction = MoeDirection::kCombine;
       combine.input = reinterpret_cast<const char*>(b.output);
+      combine.input_heap_offset = symmetric || rank > 0 ? b.output_offset : -1;
       combine.output = reinterpret_cast<char*>(b.back);
       combine.in_splits = out.data();
       combine.in_offsets = out.data() + nsplits;
@@ -158,7 +176,7 @@ TEST(SymmMemMoeTest, AReceiveBufferTooSmallFailsOnEveryRankBeforeAnythingIsWritt
     // Every rank sends 3 rows to each expert of rank 1 and 1 row to rank 0: rank 1 receives 12 rows, and its
     // `out` holds 8 (its expert 0's region takes 6, expert 1's region ends at row 12).
     std::vector<std::int64_t> in_splits = {1, 1, 3, 3};
-    std::vector<std::int64_t> out(4, -7);
+    std::vector<std::int64_t> out(8, -7);   // splits, then offsets
     MoeExchange x;
     x.op = "all_to_all_vdev_2d";
     x.team = team.value();
@@ -171,12 +189,12 @@ TEST(SymmMemMoeTest, AReceiveBufferTooSmallFailsOnEveryRankBeforeAnythingIsWritt
     x.in_splits = in_splits.data();
     x.major_align = 1;
     x.out_splits = out.data();
-    x.out_offsets = out.data() + 2;
+    x.out_offsets = out.data() + 4;
     EXPECT_TRUE(HasError(RunMoeExchange(runtime, x), StatusCode::kInvalidArgument,
                          "all_to_all_vdev_2d: `out` of rank 1 must hold the 12 rows its peers send (the overflow starts "
                          "at expert 3, local expert 1 of rank 1), but got 8 rows (every rank raises; nothing was "
                          "written)"));
-    EXPECT_EQ(out, std::vector<std::int64_t>(4, -7));
+    EXPECT_EQ(out, std::vector<std::int64_t>(8, -7));
     for (int f = 0; f < 16 * kRowFloats; ++f) EXPECT_EQ(b.output[f], -1.0F);
     // The team stays in step: the same exchange with room for everything goes through.
     x.output_rows = 16;

@@ -199,7 +199,12 @@ class Backend {
                     " on rank ", r, " and heap_offset=", mine[0], " bytes=", mine[1], " on rank ", team.me);
       }
     }
-    if (block->pad == nullptr && n == runtime.world_size()) AddPad(*block);
+    if (block->pad == nullptr && n == runtime.world_size()) {
+      AddPad(*block);
+      // Every member's pad is zeroed before any member's handle may signal into it.
+      WithoutGil nogil;
+      ThrowIfNotOk(runtime.TeamBarrier(team.id, kDefaultStream));
+    }
     std::vector<void*> buffers(static_cast<std::size_t>(n)), pads;
     for (int r = 0; r < n; ++r) {
       const int pe = team.pes[static_cast<std::size_t>(r)];
@@ -623,14 +628,29 @@ void HostSymmetricMemory::barrier(int channel, size_t timeout_ms) {
   }
 }
 
-c10::intrusive_ptr<HostSymmetricMemory> SymmMemHandle(const at::Tensor& tensor, const std::string& group_name,
-                                                      const char* op, const char* what) {
+c10::intrusive_ptr<HostSymmetricMemory> SymmMemHandleIfSymmetric(const at::Tensor& tensor,
+                                                                 const std::string& group_name, const char* op,
+                                                                 const char* what) {
   TORCH_CHECK(tensor.device().is_cpu(), op, ": ", what, " must be a CPU tensor, but got ", tensor.device());
   auto handle = c10d::symmetric_memory::rendezvous(tensor, group_name);
+  if (!handle) return nullptr;
   auto* host = dynamic_cast<HostSymmetricMemory*>(handle.get());
-  TORCH_CHECK(host != nullptr, op, ": ", what, " must be allocated with empty_strided_p2p().");
+  TORCH_CHECK(host != nullptr, op, ": ", what, " must be a tensor of the ", kSymmMemBackendName,
+              " backend (the CPU backend), but got one of ",
+              c10d::symmetric_memory::get_backend(tensor.device()).value_or("no backend"));
   host->CheckLive(op);
   return c10::intrusive_ptr<HostSymmetricMemory>::reclaim_copy(host);
+}
+
+c10::intrusive_ptr<HostSymmetricMemory> SymmMemHandle(const at::Tensor& tensor, const std::string& group_name,
+                                                      const char* op, const char* what) {
+  auto handle = SymmMemHandleIfSymmetric(tensor, group_name, op, what);
+  TORCH_CHECK(handle, op, ": ", what, " must be allocated with empty_strided_p2p().");
+  return handle;
+}
+
+std::int64_t HostSymmetricMemory::HeapOffsetOf(const void* address) const {
+  return static_cast<std::int64_t>(block_->offset) + (static_cast<const char*>(address) - block_->base);
 }
 
 SymmMemTeam SymmMemTeamOf(const std::string& group_name) { return Backend::Get().Team(group_name); }

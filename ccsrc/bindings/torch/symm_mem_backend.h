@@ -75,6 +75,8 @@ class HostSymmetricMemory final : public c10d::symmetric_memory::SymmetricMemory
   const std::string& group_name() const { return group_name_; }
   // Raises when the allocation is no longer live (freed through the other API, or an ended lifecycle).
   void CheckLive(const char* op) const;
+  // The heap offset of `address`, a byte of this handle's buffer on this rank (the same on every rank).
+  std::int64_t HeapOffsetOf(const void* address) const;
 
  private:
   // The pad slot of `peer` on `channel`, after checking both (torch's messages: "must be in [0", "maximum
@@ -93,6 +95,11 @@ class HostSymmetricMemory final : public c10d::symmetric_memory::SymmetricMemory
 // caller in errors ("<op>: input must be allocated with empty_strided_p2p()." when the tensor is not symmetric).
 c10::intrusive_ptr<HostSymmetricMemory> SymmMemHandle(const at::Tensor& tensor, const std::string& group_name,
                                                       const char* op, const char* what);
+
+// SymmMemHandle's handle, or null when `tensor` is not symmetric (any other failure raises).
+c10::intrusive_ptr<HostSymmetricMemory> SymmMemHandleIfSymmetric(const at::Tensor& tensor,
+                                                                 const std::string& group_name, const char* op,
+                                                                 const char* what);
 
 // The team of a group, made on first use (collective over the group then).
 SymmMemTeam SymmMemTeamOf(const std::string& group_name);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <utility>
@@ -57,6 +58,13 @@ std::string Describe(const MoeExchange& x, const Finding& f, int rank, int exper
       break;
   }
   return "";
+}
+
+// The rows a member sends in all (every split; the verdict made sure they are non-negative).
+std::int64_t SentRows(const MoeExchange& x, std::size_t nsplits) {
+  std::int64_t rows = 0;
+  for (std::size_t t = 0; t < nsplits; ++t) rows += x.in_splits[t];
+  return rows;
 }
 
 }  // namespace
@@ -154,7 +162,8 @@ Status RunMoeExchange(Runtime& runtime, const MoeExchange& x) {
 
   // 4. Every member's verdict: all raise the first member's error before anything is written.
   std::vector<std::vector<std::int64_t>> verdicts;
-  const std::vector<std::int64_t> published = {static_cast<std::int64_t>(mine.verdict), mine.a, mine.b, mine.c};
+  const std::vector<std::int64_t> published = {static_cast<std::int64_t>(mine.verdict), mine.a, mine.b, mine.c,
+                                               x.input_heap_offset};
   if (n > 1) {
     Fingerprint fingerprint{};
     fingerprint.collective = static_cast<std::uint32_t>(Collective::kAllToAll);
@@ -166,25 +175,90 @@ Status RunMoeExchange(Runtime& runtime, const MoeExchange& x) {
   } else {
     verdicts.push_back(published);
   }
+  bool pull = true;   // every member's input is symmetric
   for (int r = 0; r < n; ++r) {
     const auto& row = verdicts[static_cast<std::size_t>(r)];
-    if (row.size() < 4 || row[0] == 0) continue;
+    pull = pull && row[4] >= 0;
+    if (row[0] == 0) continue;
     const Finding found{static_cast<Verdict>(row[0]), row[1], row[2], row[3]};
     return InvalidArgument(Describe(x, found, r, ne));
   }
-
-  // 5. Pull every chunk straight into place, then hold `input` until every member has read it.
   std::copy(out_splits.begin(), out_splits.end(), x.out_splits);
   std::copy(out_offsets.begin(), out_offsets.end(), x.out_offsets);
-  for (std::size_t i = 0; i < nsplits; ++i) {
-    if (out_splits[i] == 0) continue;
-    const int s = dispatch ? static_cast<int>(i % static_cast<std::size_t>(n)) : static_cast<int>(i / ne);
-    const std::size_t bytes = static_cast<std::size_t>(out_splits[i]) * x.row_bytes;
-    HP_RETURN_IF_ERROR(runtime.Get(x.output + static_cast<std::size_t>(out_offsets[i]) * x.row_bytes,
-                                   x.input + static_cast<std::size_t>(from[i]) * x.row_bytes, bytes, bytes,
-                                   view.pes[static_cast<std::size_t>(s)], kDefaultStream, nullptr));
+  // The receiving chunk i comes from group rank `SourceOf(i)`.
+  auto source_of = [&](std::size_t i) {
+    return dispatch ? static_cast<int>(i % static_cast<std::size_t>(n)) : static_cast<int>(i / ne);
+  };
+
+  // 5a. Pull every chunk straight into place out of the peer's input (at the peer's heap offset), then hold `input`
+  // until every member has read it.
+  if (pull) {
+    for (std::size_t i = 0; i < nsplits; ++i) {
+      if (out_splits[i] == 0) continue;
+      const int s = source_of(i);
+      const std::int64_t shift = verdicts[static_cast<std::size_t>(s)][4] - x.input_heap_offset;
+      const std::size_t bytes = static_cast<std::size_t>(out_splits[i]) * x.row_bytes;
+      HP_RETURN_IF_ERROR(runtime.Get(x.output + static_cast<std::size_t>(out_offsets[i]) * x.row_bytes,
+                                     x.input + shift + static_cast<std::size_t>(from[i]) * x.row_bytes, bytes, bytes,
+                                     view.pes[static_cast<std::size_t>(s)], kDefaultStream, nullptr));
+    }
+    return runtime.TeamBarrier(x.team, kDefaultStream);
   }
-  return runtime.TeamBarrier(x.team, kDefaultStream);
+
+  // 5b. The engine's all_to_all: each member's chunks for a receiver in one part (expert after expert), received
+  // source after source.
+  std::vector<char> send_staging;
+  std::vector<std::pair<const void*, std::size_t>> parts;
+  parts.reserve(static_cast<std::size_t>(n));
+  const bool contiguous = dispatch && x.in_offsets == nullptr;   // rank-major and packed: a receiver's part is whole
+  if (!contiguous) send_staging.resize(static_cast<std::size_t>(std::max<std::int64_t>(SentRows(x, nsplits), 0)) *
+                                 x.row_bytes);
+  std::size_t at = 0;
+  for (int r = 0; r < n; ++r) {
+    const std::size_t first = at;
+    std::size_t rows = 0;
+    for (int e = 0; e < ne; ++e) {
+      const std::size_t t = dispatch ? static_cast<std::size_t>(r) * ne + e : static_cast<std::size_t>(e) * n + r;
+      const auto split = static_cast<std::size_t>(x.in_splits[t]);
+      if (!contiguous && split > 0) {
+        std::memcpy(send_staging.data() + at * x.row_bytes, x.input + static_cast<std::size_t>(source[t]) * x.row_bytes,
+                    split * x.row_bytes);
+      }
+      at += split;
+      rows += split;
+    }
+    const char* base = contiguous ? x.input + static_cast<std::size_t>(source[static_cast<std::size_t>(r) * ne]) *
+                                                  x.row_bytes
+                                  : send_staging.data() + first * x.row_bytes;
+    parts.emplace_back(base, rows * x.row_bytes);
+  }
+  std::vector<std::uint64_t> receive_rows(static_cast<std::size_t>(n), 0);
+  for (std::size_t i = 0; i < nsplits; ++i) receive_rows[static_cast<std::size_t>(source_of(i))] += out_splits[i];
+  std::uint64_t total = 0;
+  for (std::uint64_t rows : receive_rows) total += rows;
+  ElementType row_type;
+  row_type.name = "moe_row";
+  row_type.bytes = x.row_bytes;
+  if (!dispatch) {   // combine's output is rank-major and packed: the engine's own layout
+    return runtime.AllToAll(x.team, parts, x.output, total * x.row_bytes, receive_rows, row_type, kDefaultStream,
+                            nullptr);
+  }
+  std::vector<char> receive_staging(total * x.row_bytes);
+  HP_RETURN_IF_ERROR(runtime.AllToAll(x.team, parts, receive_staging.data(), receive_staging.size(), receive_rows, row_type,
+                                      kDefaultStream, nullptr));
+  // Source after source, each source's chunks expert after expert: into the expert-major regions.
+  std::size_t read = 0;
+  for (int s = 0; s < n; ++s) {
+    for (int e = 0; e < ne; ++e) {
+      const std::size_t i = static_cast<std::size_t>(e) * n + s;
+      const std::size_t bytes = static_cast<std::size_t>(out_splits[i]) * x.row_bytes;
+      if (bytes > 0) {
+        std::memcpy(x.output + static_cast<std::size_t>(out_offsets[i]) * x.row_bytes, receive_staging.data() + read, bytes);
+      }
+      read += bytes;
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace hp::shmem::torch_binding

@@ -13,12 +13,15 @@
 //             (expert-major, the layout dispatch produced). `output` is rank-major, packed: the chunks of source s
 //             for its experts 0..experts-1 in order; out_splits/out_offsets are indexed [source * experts + e].
 //
-// Collective over the team; every member passes the same `experts` and direction. Three syncs: an all_to_all of the
-// splits and source offsets, an agreement on every member's verdict (a negative split, a chunk outside `input`, an
-// `output` too small for what the peers send: every member raises the same error, naming the rank, the expert and
-// both sizes, before anything is written), then each member pulls its chunks out of the peers' `input` (which must
-// be symmetric: one Get per chunk, straight into place) and a closing barrier keeps every `input` unchanged until
-// all members have read it.
+// Collective over the team; every member passes the same `experts` and direction. An all_to_all of the splits and
+// source offsets, then an agreement on every member's verdict (a negative split, a chunk outside `input`, an `output`
+// too small for what the peers send: every member raises the same error, naming the rank, the expert and both sizes,
+// before anything is written) and on the data path:
+//   - every member's `input` symmetric: each member pulls its chunks out of the peers' `input` (one Get per chunk,
+//     straight into place), and a closing barrier keeps every `input` unchanged until all members have read it;
+//   - otherwise (an ordinary tensor: what torch.compile's functionalization passes on): the engine's all_to_all of
+//     each member's chunks per receiver, packed first where they are not contiguous (combine), laid out
+//     expert-major after (dispatch): one local copy more than the pull.
 #pragma once
 
 #include <cstddef>
@@ -35,8 +38,9 @@ struct MoeExchange {
   std::uint64_t team = 0;
   MoeDirection direction = MoeDirection::kDispatch;
   int experts = 1;                       // experts per rank (1: a plain all_to_all_v)
-  const char* input = nullptr;           // symmetric: peers pull their chunks out of it
+  const char* input = nullptr;
   std::int64_t input_rows = 0;
+  std::int64_t input_heap_offset = -1;   // where `input` lies in the symmetric heap (-1: an ordinary tensor)
   char* output = nullptr;
   std::int64_t output_rows = 0;
   std::size_t row_bytes = 0;

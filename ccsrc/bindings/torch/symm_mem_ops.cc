@@ -67,8 +67,28 @@ std::size_t Alignment(std::size_t value) {
   return 1;
 }
 
-void CheckSum(std::string reduce_op, const char* op) {
+void CheckSum(const std::string& reduce_op, const char* op) {
   TORCH_CHECK(reduce_op == "sum", op, ": only sum is supported for now.");
+}
+
+// The group an operator runs on, and the handle of its symmetric tensor when it is one. torch's kernels require the
+// symmetric tensor; these also take an ordinary one (the engine stages it), which is what torch.compile hands an
+// operator once functionalization has cloned a symmetric tensor another operator mutated.
+struct OpGroup {
+  c10::intrusive_ptr<HostSymmetricMemory> handle;   // null: `tensor` is not symmetric
+  SymmMemTeam team;
+  int world() const { return static_cast<int>(team.pes.size()); }
+  // The heap offset of `tensor` when it is symmetric, else -1.
+  std::int64_t HeapOffset(const at::Tensor& tensor) const {
+    return handle ? handle->HeapOffsetOf(tensor.data_ptr()) : -1;
+  }
+};
+
+OpGroup GroupOf(const at::Tensor& tensor, const std::string& group_name, const char* op, const char* what) {
+  OpGroup group;
+  group.handle = SymmMemHandleIfSymmetric(tensor, group_name, op, what);
+  group.team = group.handle ? group.handle->team() : SymmMemTeamOf(group_name);
+  return group;
 }
 
 // ---- one-shot and two-shot all-reduce -------------------------------------------------------------------------
@@ -92,11 +112,11 @@ at::Tensor OneShotAllReduceOutImpl(const at::Tensor& input, const std::optional<
   }
   if (input.numel() == 0) return out;
   const DataType dtype = ReduceTypeOf(input, op);
-  auto handle = SymmMemHandle(input, std::string(group_name), op, "input");
+  const OpGroup group = GroupOf(input, group_name, op, "input");
   // The copy variant first puts the local input into this rank's symmetric buffer, as torch's kernel does.
   if (local_input.has_value()) std::memcpy(input.data_ptr(), local_input->data_ptr(), Bytes(*local_input));
   SymmMemWithoutGil nogil;
-  CheckStatus(R().AllReduce(handle->team().id, out.data_ptr(), Bytes(out), dtype, ReduceOp::kSum, kDefaultStream,
+  CheckStatus(R().AllReduce(group.team.id, out.data_ptr(), Bytes(out), dtype, ReduceOp::kSum, kDefaultStream,
                             nullptr, std::nullopt, input.data_ptr()));
   return out;
 }
@@ -125,7 +145,7 @@ at::Tensor TwoShotAllReduceImpl(at::Tensor input, const std::optional<at::Tensor
   const char* op = "two_shot_all_reduce";
   TORCH_CHECK(input.is_contiguous(), op, ": input must be contiguous.");
   CheckSum(reduce_op, op);
-  auto handle = SymmMemHandle(input, std::string(group_name), op, "input");
+  const OpGroup group = GroupOf(input, group_name, op, "input");
   if (output.has_value()) {
     TORCH_CHECK(output->is_contiguous(), op, ": output must be contiguous.");
     TORCH_CHECK(output->sizes() == input.sizes(), op, ": input/output size mismatch, input.sizes(): ", input.sizes(),
@@ -139,7 +159,7 @@ at::Tensor TwoShotAllReduceImpl(at::Tensor input, const std::optional<at::Tensor
   const DataType dtype = ReduceTypeOf(input, op);
   at::Tensor result = output.has_value() ? *output : input;
   SymmMemWithoutGil nogil;
-  CheckStatus(R().AllReduce(handle->team().id, result.data_ptr(), Bytes(result), dtype, ReduceOp::kSum,
+  CheckStatus(R().AllReduce(group.team.id, result.data_ptr(), Bytes(result), dtype, ReduceOp::kSum,
                             kDefaultStream, nullptr, std::nullopt,
                             output.has_value() ? input.data_ptr() : nullptr));
   return result;
@@ -160,8 +180,8 @@ at::Tensor ReduceScatterOut(at::Tensor input, std::string group_name, bool split
   const char* op = "reduce_scatter";
   TORCH_CHECK(input.is_contiguous(), op, ": input must be contiguous.");
   TORCH_CHECK(output.is_contiguous(), op, ": output must be contiguous.");
-  auto handle = SymmMemHandle(input, std::string(group_name), op, "input");
-  const int world = handle->get_world_size();
+  const OpGroup group = GroupOf(input, group_name, op, "input");
+  const int world = group.world();
   // torch's kernel splits the input in vectors of `alignment` bytes: its divisibility rule is kept, so that code
   // that runs here runs on CUDA.
   const std::size_t alignment = std::min(Alignment(static_cast<std::size_t>(input.storage_offset()) *
@@ -195,7 +215,7 @@ at::Tensor ReduceScatterOut(at::Tensor input, std::string group_name, bool split
   at::Tensor parts = split_last_dim ? input.view({-1, world, input.size(-1) / world}).transpose(0, 1).contiguous()
                                     : input;
   SymmMemWithoutGil nogil;
-  CheckStatus(R().ReduceScatter(handle->team().id, output.data_ptr(), Bytes(output), parts.data_ptr(), Bytes(parts),
+  CheckStatus(R().ReduceScatter(group.team.id, output.data_ptr(), Bytes(output), parts.data_ptr(), Bytes(parts),
                                 dtype, ReduceOp::kSum, kDefaultStream, nullptr));
   return output;
 }
@@ -205,7 +225,7 @@ at::Tensor ReduceScatterOut(at::Tensor input, std::string group_name, bool split
 at::Tensor LowContentionAllGather(const at::Tensor& tensor, std::string group_name) {
   const char* op = "_low_contention_all_gather";
   TORCH_CHECK(tensor.device().is_cpu(), op, ": tensor must be a CPU tensor, but got ", tensor.device());
-  const SymmMemTeam team = SymmMemTeamOf(std::string(group_name));
+  const SymmMemTeam team = SymmMemTeamOf(group_name);
   const auto world = static_cast<std::int64_t>(team.pes.size());
   const at::Tensor input = tensor.contiguous();
   std::vector<std::int64_t> shape = input.sizes().vec();
@@ -226,7 +246,7 @@ at::Tensor LowContentionReduceScatter(const at::Tensor& tensor, std::string redu
   const char* op = "_low_contention_reduce_scatter";
   TORCH_CHECK(tensor.device().is_cpu(), op, ": tensor must be a CPU tensor, but got ", tensor.device());
   TORCH_CHECK(reduce_op == "sum" || reduce_op == "avg", op, ": reduce_op must be sum or avg, but got ", reduce_op);
-  const SymmMemTeam team = SymmMemTeamOf(std::string(group_name));
+  const SymmMemTeam team = SymmMemTeamOf(group_name);
   const auto world = static_cast<std::int64_t>(team.pes.size());
   TORCH_CHECK(tensor.dim() >= 1 && tensor.size(0) % world == 0, op, ": tensor.shape[0] must be divisible by the group "
               "size (", world, "), but got shape ", tensor.sizes());
@@ -243,7 +263,7 @@ at::Tensor LowContentionReduceScatter(const at::Tensor& tensor, std::string redu
 }
 
 std::vector<at::Tensor> GetRemoteTensors(const at::Tensor& x, std::string group_name) {
-  auto handle = SymmMemHandle(x, std::string(group_name), "get_remote_tensors", "x");
+  auto handle = SymmMemHandle(x, group_name, "get_remote_tensors", "x");
   std::vector<at::Tensor> remote;
   for (int peer = 0; peer < handle->get_world_size(); ++peer) {
     remote.push_back(handle->get_remote_tensor(peer, x.sizes(), x.scalar_type()));
@@ -268,7 +288,7 @@ void CheckSplitTable(const at::Tensor& t, const char* name, std::int64_t rows, s
 
 void RunExchange(const char* op, const at::Tensor& input, const at::Tensor& out, const std::int64_t* in_splits,
                  const std::int64_t* in_offsets, const at::Tensor& out_splits_offsets, int experts,
-                 MoeDirection direction, std::int64_t major_align, const HostSymmetricMemory& handle) {
+                 MoeDirection direction, std::int64_t major_align, const OpGroup& group) {
   TORCH_CHECK(input.is_contiguous() && out.is_contiguous(), op, ": input and out must be contiguous");
   TORCH_CHECK(input.dim() >= 1 && out.dim() >= 1, op, ": input and out must have at least one dimension, but got ",
               input.sizes(), " and ", out.sizes());
@@ -276,11 +296,12 @@ void RunExchange(const char* op, const at::Tensor& input, const at::Tensor& out,
               op, ": input and out must have the same dtype and same stride at dim 0");
   TORCH_CHECK(out.device().is_cpu(), op, ": out must be a CPU tensor, but got ", out.device());
   const auto row_bytes = static_cast<std::size_t>(input.stride(0)) * input.element_size();
-  const std::size_t n = handle.team().pes.size();
+  const std::size_t n = group.team.pes.size();
   const std::size_t nsplits = n * static_cast<std::size_t>(experts);
   MoeExchange exchange;
   exchange.op = op;
-  exchange.team = handle.team().id;
+  exchange.team = group.team.id;
+  exchange.input_heap_offset = group.HeapOffset(input);
   exchange.direction = direction;
   exchange.experts = experts;
   exchange.input = static_cast<const char*>(input.data_ptr());
@@ -301,19 +322,19 @@ void RunExchange(const char* op, const at::Tensor& input, const at::Tensor& out,
 void AllToAllVdev(at::Tensor& input, at::Tensor& out, at::Tensor& in_splits,
                   at::Tensor& out_splits_offsets, std::string group_name) {
   const char* op = "all_to_all_vdev";
-  auto handle = SymmMemHandle(input, std::string(group_name), op, "input");
-  const int world = handle->get_world_size();
+  const OpGroup group = GroupOf(input, group_name, op, "input");
+  const int world = group.world();
   CheckSplitTable(in_splits, "in_splits", 0, world, op);
   CheckSplitTable(out_splits_offsets, "out_splits_offsets", 2, world, op);
   RunExchange(op, input, out, in_splits.data_ptr<std::int64_t>(), nullptr, out_splits_offsets, 1,
-              MoeDirection::kDispatch, 0, *handle);
+              MoeDirection::kDispatch, 0, group);
 }
 
 void AllToAllVdev2d(at::Tensor& input, at::Tensor& out, at::Tensor& in_splits,
                     at::Tensor& out_splits_offsets, std::string group_name, std::optional<int64_t> major_align) {
   const char* op = "all_to_all_vdev_2d";
-  auto handle = SymmMemHandle(input, std::string(group_name), op, "input");
-  const int world = handle->get_world_size();
+  const OpGroup group = GroupOf(input, group_name, op, "input");
+  const int world = group.world();
   const std::int64_t align = major_align.value_or(1);
   TORCH_CHECK(align > 0, op, ": major_align must be positive, but got ", align);
   TORCH_CHECK(in_splits.dim() == 1 && in_splits.size(0) % world == 0, op, ": in_splits must be 1D with a multiple of "
@@ -322,14 +343,14 @@ void AllToAllVdev2d(at::Tensor& input, at::Tensor& out, at::Tensor& in_splits,
   CheckSplitTable(in_splits, "in_splits", 0, nsplits, op);
   CheckSplitTable(out_splits_offsets, "out_splits_offsets", 2, nsplits, op);
   RunExchange(op, input, out, in_splits.data_ptr<std::int64_t>(), nullptr, out_splits_offsets,
-              static_cast<int>(nsplits / world), MoeDirection::kDispatch, align, *handle);
+              static_cast<int>(nsplits / world), MoeDirection::kDispatch, align, group);
 }
 
 void AllToAllVdev2dOffset(at::Tensor& input, at::Tensor& out, at::Tensor& in_splits_offsets,
                           at::Tensor& out_splits_offsets, std::string group_name) {
   const char* op = "all_to_all_vdev_2d_offset";
-  auto handle = SymmMemHandle(input, std::string(group_name), op, "input");
-  const int world = handle->get_world_size();
+  const OpGroup group = GroupOf(input, group_name, op, "input");
+  const int world = group.world();
   TORCH_CHECK(in_splits_offsets.dim() == 2 && in_splits_offsets.size(0) == 2 &&
                   in_splits_offsets.size(1) % world == 0,
               op, ": in_splits_offsets must be 2D with 2 rows, each row must be a multiple of world_size, but got "
@@ -339,7 +360,7 @@ void AllToAllVdev2dOffset(at::Tensor& input, at::Tensor& out, at::Tensor& in_spl
   CheckSplitTable(out_splits_offsets, "out_splits_offsets", 2, nsplits, op);
   const auto* splits = in_splits_offsets.data_ptr<std::int64_t>();
   RunExchange(op, input, out, splits, splits + nsplits, out_splits_offsets, static_cast<int>(nsplits / world),
-              MoeDirection::kCombine, 0, *handle);
+              MoeDirection::kCombine, 0, group);
 }
 
 // ---- tile reductions -------------------------------------------------------------------------------------------
@@ -371,7 +392,7 @@ void TileReduce(at::Tensor& in_tile, at::Tensor& out_tile, int64_t root, std::st
   CheckSum(reduce_op, op);
   CheckTile(out_tile, out_tile, "out_tile", op);
   CheckTile(in_tile, out_tile, "in_tile", op);
-  auto handle = SymmMemHandle(in_tile, std::string(group_name), op, "in_tile");
+  auto handle = SymmMemHandle(in_tile, group_name, op, "in_tile");
   const SymmMemTeam& team = handle->team();
   const auto world = static_cast<std::int64_t>(team.pes.size());
   TORCH_CHECK(root >= 0 && root < world, op, ": root must be in [0, ", world, ") (got ", root, ")");
@@ -391,7 +412,7 @@ void MultiRootTileReduce(at::TensorList in_tiles, at::Tensor& out_tile, at::IntA
   TORCH_CHECK(!in_tiles.empty(), op, ": in_tiles must hold at least one tile");
   CheckTile(out_tile, out_tile, "out_tile", op);
   for (const at::Tensor& tile : in_tiles) CheckTile(tile, out_tile, "in_tiles[i]", op);
-  auto handle = SymmMemHandle(in_tiles[0], std::string(group_name), op, "in_tiles[0]");
+  auto handle = SymmMemHandle(in_tiles[0], group_name, op, "in_tiles[0]");
   const SymmMemTeam& team = handle->team();
   const auto world = static_cast<std::int64_t>(team.pes.size());
   std::set<std::int64_t> seen;
@@ -400,7 +421,7 @@ void MultiRootTileReduce(at::TensorList in_tiles, at::Tensor& out_tile, at::IntA
     TORCH_CHECK(seen.insert(root).second, op, ": a rank cannot be a root more than once, but got ", roots);
   }
   for (std::size_t k = 1; k < in_tiles.size(); ++k) {
-    (void)SymmMemHandle(in_tiles[k], std::string(group_name), op, "in_tiles[k]");
+    (void)SymmMemHandle(in_tiles[k], group_name, op, "in_tiles[k]");
   }
   const DataType dtype = ReduceTypeOf(out_tile, op);
   SymmMemWithoutGil nogil;
