@@ -61,14 +61,19 @@ def main() -> None:
     assert torch.equal(returned[:routed], tokens[:routed])
     assert torch.equal(back_splits_offsets[0], in_splits)
 
-    # The same operators under torch.compile.
-    @torch.compile(fullgraph=True)
-    def all_reduce_twice(x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.symm_mem.one_shot_all_reduce(x, "sum", group_name)
-        return y * 2
+    # The same operators traced whole by torch.compile (the splits stay in tensors: no graph break). The aot_eager
+    # backend runs them: inductor's own lowering of the symm_mem operators allocates CUDA buffers only (torch 2.13).
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def all_reduce_then_dispatch(x: torch.Tensor, splits: torch.Tensor) -> tuple:
+        y = torch.ops.symm_mem.one_shot_all_reduce(x, "sum", group_name) * 2
+        layout = torch.zeros(2, experts * world, dtype=torch.int64)
+        torch.ops.symm_mem.all_to_all_vdev_2d(tokens, received, splits, layout, group_name, major_align=4)
+        return y, layout
 
     t.fill_(1)
-    assert all_reduce_twice(t).eq(2 * world).all()
+    doubled, layout = all_reduce_then_dispatch(t, in_splits)
+    assert doubled.eq(2 * world).all()
+    assert torch.equal(layout, out_splits_offsets)
 
     dist.barrier()
     if rank == 0:
