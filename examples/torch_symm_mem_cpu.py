@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._symmetric_memory as symm_mem
 
-import hyper_parallel.core.multicore.shmem  # noqa: F401  (registers the host device as torch's CPU backend)
+import hyper_parallel.platform.torch  # noqa: F401  (the torch handler: registers the host device as a CPU backend)
 
 
 def main() -> None:
@@ -57,7 +57,9 @@ def main() -> None:
     out_splits_offsets = torch.empty(2, experts * world, dtype=torch.int64)
     back_splits_offsets = torch.empty(2, experts * world, dtype=torch.int64)
     torch.ops.symm_mem.all_to_all_vdev_2d(tokens, received, in_splits, out_splits_offsets, group_name, major_align=4)
-    torch.ops.symm_mem.all_to_all_vdev_2d_offset(received, returned, out_splits_offsets, back_splits_offsets, group_name)
+    torch.ops.symm_mem.all_to_all_vdev_2d_offset(
+        received, returned, out_splits_offsets, back_splits_offsets, group_name
+    )
     assert torch.equal(returned[:routed], tokens[:routed])
     assert torch.equal(back_splits_offsets[0], in_splits)
 

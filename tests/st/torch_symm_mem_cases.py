@@ -18,7 +18,7 @@ import unittest
 import torch
 import torch.distributed as dist
 
-import hyper_parallel.core.multicore.shmem  # noqa: F401  (registers the host device as torch's CPU backend)
+import hyper_parallel.platform.torch  # noqa: F401  (the torch handler: registers the host device as a CPU backend)
 
 # torch's tests run with the backend their device has: here the host device's, by its name.
 BACKEND = "HYPER_PARALLEL_SHMEM"

@@ -1,11 +1,11 @@
 """The host device as torch's own symmetric-memory backend for CPU tensors.
 
-Importing this module (the runtime face's binding loader does, so any import of the package's torch side) makes
-``torch.distributed._symmetric_memory`` work on CPU tensors over the runtime and heap of ``shmem.empty`` and
-``symm.empty``::
+Importing this module (the torch handler, :mod:`hyper_parallel.platform.torch`, does, and so does ``import
+hyper_parallel.core.symmetric_memory`` on torch) makes ``torch.distributed._symmetric_memory`` work on CPU tensors
+over the runtime and heap of ``shmem.empty`` and ``symm.empty``::
 
     import torch.distributed._symmetric_memory as symm_mem
-    import hyper_parallel.core.multicore.shmem  # noqa: F401  (registers the backend)
+    import hyper_parallel.platform.torch  # noqa: F401  (the torch handler: registers the backend)
 
     t = symm_mem.empty(1024, device="cpu")         # collective over WORLD (the runtime's allocations are)
     hdl = symm_mem.rendezvous(t, dist.group.WORLD)  # collective over the group
@@ -30,6 +30,7 @@ import torch.distributed._symmetric_memory  # noqa: F401  (declares torch's Pyth
 from torch._C._distributed_c10d import _SymmetricMemory
 from torch.distributed import distributed_c10d as c10d
 
+from hyper_parallel.core.multicore import shmem  # first: it loads the binding after torch, as the binding needs
 from hyper_parallel import _shmem_torch as C
 
 #: The name ``torch.distributed._symmetric_memory.set_backend`` takes for this backend.
@@ -44,7 +45,6 @@ _teams: dict = {}
 def _ensure_runtime() -> None:
     """Acquires the backend's reference to the runtime over WORLD on first use (collective over WORLD then)."""
     global _handle
-    from hyper_parallel.core.multicore import shmem
     from hyper_parallel.core.multicore.errors import ShmemStateError
 
     with _lock:
@@ -67,7 +67,6 @@ def _team_for_group(group_name: Optional[str]) -> tuple:
         ShmemStateError: no runtime is active.
         ValueError: the group has ranks outside the root, or spans nodes.
     """
-    from hyper_parallel.core.multicore import shmem
     from hyper_parallel.core.multicore.errors import ShmemStateError
 
     with _lock:

@@ -15,7 +15,3 @@ from hyper_parallel.core.multicore import errors as _errors
 _errors.register_binding(C)
 
 __all__ = ["C"]
-
-# torch's own symmetric-memory API (torch.distributed._symmetric_memory) on CPU tensors runs over this runtime too:
-# the torch handler registers the backend as soon as the binding is loaded.
-from hyper_parallel.platform.torch import symm_mem_backend  # noqa: E402,F401
