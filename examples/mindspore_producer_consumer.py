@@ -1,4 +1,5 @@
-"""Seed 000's example 1 on MindSpore: the same symm calls on mindspore.Tensors (host device, CPU).
+"""The user API's first example (symm_producer_consumer.py) on MindSpore: the same symm calls on
+mindspore.Tensors (host device, CPU).
 
 Run:  msrun --worker_num=2 --local_worker_num=2 --join=True mindspore_producer_consumer.py
 """

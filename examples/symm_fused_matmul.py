@@ -1,7 +1,7 @@
-"""Seed 000's example 2 (fused all-gather + matmul), with CPU tensors (the host device) in float32.
+"""The user API's fused all-gather + matmul example, with CPU tensors (the host device) in float32.
 
-Seed 000 runs it in float16 on NPUs; CPU matmuls in float16 are slow, so this copy uses float32. Everything else
-is as written in the seed, followed by a check against the unfused sequence.
+The API's specification runs it in float16 on NPUs; CPU matmuls in float16 are slow, so this copy uses float32.
+Everything else is as written there, followed by a check against the unfused sequence.
 
 Run:  python -m torch.distributed.run --standalone --nproc-per-node 2 symm_fused_matmul.py
 """

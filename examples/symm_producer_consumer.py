@@ -1,4 +1,5 @@
-"""Seed 000's example 1, unchanged except that tensors live on the CPU (the host device) instead of an NPU.
+"""The user API's first example (one rank produces, the other consumes), as its specification writes it for NPUs,
+unchanged except that tensors live on the CPU (the host device).
 
 Run:  python -m torch.distributed.run --standalone --nproc-per-node 2 symm_producer_consumer.py
 """

@@ -1,4 +1,4 @@
-"""Seed 000 section 5.2, pull mode: every rank stages its row in its own symmetric buffer and announces it; each
+"""Pull mode: every rank stages its row in its own symmetric buffer and announces it; each
 rank then reads the rows it needs, in the order it chooses (deterministic consumption, one more local copy than
 push mode).
 

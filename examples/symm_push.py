@@ -1,4 +1,4 @@
-"""Seed 000 section 5.1, push mode: every rank writes its row into every peer's symmetric buffer and raises the
+"""Push mode: every rank writes its row into every peer's symmetric buffer and raises the
 peer's signal (ADD 1); a rank's rows are complete once its signal counts every rank. One copy per row.
 
 Run:  python -m torch.distributed.run --standalone --nproc-per-node 4 symm_push.py

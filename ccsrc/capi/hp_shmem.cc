@@ -20,7 +20,7 @@
 #include "ops/reduce_op.h"
 #include "ops/wire_format.h"
 #include "runtime/bootstrap.h"
-#include "runtime/collectives.h"
+#include "runtime/collectives/engine.h"
 #include "runtime/config.h"
 #include "runtime/device.h"
 #include "runtime/device_factory.h"
@@ -60,6 +60,10 @@ static_assert(HP_SHMEM_INT64 == static_cast<int>(DataType::kInt64));
 static_assert(static_cast<int>(ReduceOp::kSum) == 0 && static_cast<int>(ReduceOp::kAvg) == 1 &&
               static_cast<int>(ReduceOp::kMax) == 2 && static_cast<int>(ReduceOp::kMin) == 3);
 static_assert(static_cast<int>(SignalOp::kSet) == 0 && static_cast<int>(SignalOp::kAdd) == 1);
+static_assert(HP_SHMEM_ROLE_FORWARD == static_cast<int>(CallRole::kForward) &&
+              HP_SHMEM_ROLE_BACKWARD == static_cast<int>(CallRole::kBackward) &&
+              HP_SHMEM_ROLE_FUSED_GATHER == static_cast<int>(CallRole::kFusedGather) &&
+              HP_SHMEM_ROLE_FUSED_SCATTER == static_cast<int>(CallRole::kFusedScatter));
 static_assert(static_cast<int>(CompareOp::kEq) == 0 && static_cast<int>(CompareOp::kNe) == 1 &&
               static_cast<int>(CompareOp::kGt) == 2 && static_cast<int>(CompareOp::kGe) == 3 &&
               static_cast<int>(CompareOp::kLt) == 4 && static_cast<int>(CompareOp::kLe) == 5);
@@ -147,6 +151,13 @@ Result<SignalWidth> SignalWidthArg(int signal_bytes) {
 }
 
 // -1: the tensor's own dtype; otherwise an ops::LowFormat.
+Result<CallRole> RoleArg(int role) {
+  if (role < HP_SHMEM_ROLE_FORWARD || role > HP_SHMEM_ROLE_FUSED_SCATTER) {
+    return hp::shmem::InvalidArgument("`role` must be an hp_shmem_role, but got " + std::to_string(role));
+  }
+  return static_cast<CallRole>(role);
+}
+
 Result<std::optional<ops::LowFormat>> WireArg(int wire) {
   if (wire == -1) return std::optional<ops::LowFormat>();
   if (ops::IsLowFormat(wire)) return std::optional<ops::LowFormat>(static_cast<ops::LowFormat>(wire));
@@ -399,6 +410,8 @@ std::string DebugStateJson(const DebugSnapshot& s) {
 }  // namespace hp::shmem::capi
 
 using hp::shmem::AllocationInfo;
+using hp::shmem::CallRole;
+using hp::shmem::Collective;
 using hp::shmem::CompareOp;
 using hp::shmem::Config;
 using hp::shmem::DataType;
@@ -562,81 +575,138 @@ int hp_shmem_team_release(uint64_t team) {
   return Call([&]() -> Status { return R().ReleaseTeam(team); });
 }
 
-int hp_shmem_team_barrier(uint64_t team) {
-  return Call([&]() -> Status { return R().TeamBarrier(team, kDefaultStream); });
+int hp_shmem_team_barrier(uint64_t team, int role) {
+  return Call([&]() -> Status {
+    HP_ASSIGN_OR_RETURN(const CallRole call_role, hp::shmem::capi::RoleArg(role));
+    return R().TeamBarrier(team, kDefaultStream, call_role);
+  });
 }
 
 int hp_shmem_all_gather(uint64_t team, void* output, size_t output_bytes, const void* input, size_t input_bytes,
-                        const hp_shmem_element_type* type) {
+                        const hp_shmem_element_type* type, int role) {
   return Call([&]() -> Status {
-    HP_RETURN_IF_ERROR(NonNullData(output, output_bytes, "output"));
-    HP_RETURN_IF_ERROR(NonNullData(input, input_bytes, "input"));
-    HP_ASSIGN_OR_RETURN(const ElementType element, hp::shmem::capi::ElementTypeArg(type));
-    return R().AllGather(team, output, output_bytes, input, input_bytes, element, kDefaultStream, nullptr);
+    HP_ASSIGN_OR_RETURN(const CallRole call_role, hp::shmem::capi::RoleArg(role));
+    std::optional<ElementType> element;
+    const Status args = [&]() -> Status {
+      HP_RETURN_IF_ERROR(NonNullData(output, output_bytes, "output"));
+      HP_RETURN_IF_ERROR(NonNullData(input, input_bytes, "input"));
+      HP_ASSIGN_OR_RETURN(element, hp::shmem::capi::ElementTypeArg(type));
+      return Status::Ok();
+    }();
+    if (!args.ok()) return R().Refuse(team, Collective::kAllGather, args, kDefaultStream, call_role);
+    return R().AllGather(team, output, output_bytes, input, input_bytes, *element, kDefaultStream, nullptr, call_role);
   });
 }
 
 int hp_shmem_all_reduce(uint64_t team, void* tensor, const void* input, size_t bytes, int dtype, int reduce_op,
-                        int wire) {
+                        int wire, int role) {
   return Call([&]() -> Status {
-    HP_RETURN_IF_ERROR(NonNullData(tensor, bytes, "tensor"));
-    HP_ASSIGN_OR_RETURN(const DataType type, hp::shmem::capi::DtypeArg(dtype));
-    HP_ASSIGN_OR_RETURN(const ReduceOp op, hp::shmem::capi::ReduceOpArg(reduce_op));
-    HP_ASSIGN_OR_RETURN(const auto format, hp::shmem::capi::WireArg(wire));
-    return R().AllReduce(team, tensor, bytes, type, op, kDefaultStream, nullptr, format, input);
+    HP_ASSIGN_OR_RETURN(const CallRole call_role, hp::shmem::capi::RoleArg(role));
+    DataType type{};
+    ReduceOp op{};
+    std::optional<hp::shmem::ops::LowFormat> format;
+    const Status args = [&]() -> Status {
+      HP_RETURN_IF_ERROR(NonNullData(tensor, bytes, "tensor"));
+      HP_ASSIGN_OR_RETURN(type, hp::shmem::capi::DtypeArg(dtype));
+      HP_ASSIGN_OR_RETURN(op, hp::shmem::capi::ReduceOpArg(reduce_op));
+      HP_ASSIGN_OR_RETURN(format, hp::shmem::capi::WireArg(wire));
+      return Status::Ok();
+    }();
+    if (!args.ok()) return R().Refuse(team, Collective::kAllReduce, args, kDefaultStream, call_role);
+    return R().AllReduce(team, tensor, bytes, type, op, kDefaultStream, nullptr, format, input, call_role);
   });
 }
 
 int hp_shmem_reduce_scatter(uint64_t team, void* output, size_t output_bytes, const void* input, size_t input_bytes,
-                            int dtype, int reduce_op, int wire) {
+                            int dtype, int reduce_op, int wire, int role) {
   return Call([&]() -> Status {
-    HP_RETURN_IF_ERROR(NonNullData(output, output_bytes, "output"));
-    HP_RETURN_IF_ERROR(NonNullData(input, input_bytes, "input"));
-    HP_ASSIGN_OR_RETURN(const DataType type, hp::shmem::capi::DtypeArg(dtype));
-    HP_ASSIGN_OR_RETURN(const ReduceOp op, hp::shmem::capi::ReduceOpArg(reduce_op));
-    HP_ASSIGN_OR_RETURN(const auto format, hp::shmem::capi::WireArg(wire));
+    HP_ASSIGN_OR_RETURN(const CallRole call_role, hp::shmem::capi::RoleArg(role));
+    DataType type{};
+    ReduceOp op{};
+    std::optional<hp::shmem::ops::LowFormat> format;
+    const Status args = [&]() -> Status {
+      HP_RETURN_IF_ERROR(NonNullData(output, output_bytes, "output"));
+      HP_RETURN_IF_ERROR(NonNullData(input, input_bytes, "input"));
+      HP_ASSIGN_OR_RETURN(type, hp::shmem::capi::DtypeArg(dtype));
+      HP_ASSIGN_OR_RETURN(op, hp::shmem::capi::ReduceOpArg(reduce_op));
+      HP_ASSIGN_OR_RETURN(format, hp::shmem::capi::WireArg(wire));
+      return Status::Ok();
+    }();
+    if (!args.ok()) return R().Refuse(team, Collective::kReduceScatter, args, kDefaultStream, call_role);
     return R().ReduceScatter(team, output, output_bytes, input, input_bytes, type, op, kDefaultStream, nullptr,
-                             format);
+                             format, call_role);
   });
 }
 
 int hp_shmem_all_to_all(uint64_t team, const void* const* sends, const size_t* send_bytes, int nsends, void* receive,
                         size_t receive_bytes, const uint64_t* receive_counts, int ncounts,
-                        const hp_shmem_element_type* type) {
+                        const hp_shmem_element_type* type, int role) {
   return Call([&]() -> Status {
+    HP_ASSIGN_OR_RETURN(const CallRole call_role, hp::shmem::capi::RoleArg(role));
+    std::optional<ElementType> element;
+    std::vector<std::pair<const void*, std::size_t>> views;
+    std::vector<std::uint64_t> counts;
+    const Status args = [&]() -> Status {
     HP_RETURN_IF_ERROR(NonNegative(nsends, "nsends"));
     HP_RETURN_IF_ERROR(NonNegative(ncounts, "ncounts"));
-    if (nsends > 0) {
-      HP_RETURN_IF_ERROR(NonNull(sends, "sends"));
-      HP_RETURN_IF_ERROR(NonNull(send_bytes, "send_bytes"));
-    }
-    if (ncounts > 0) HP_RETURN_IF_ERROR(NonNull(receive_counts, "receive_counts"));
-    HP_RETURN_IF_ERROR(NonNullData(receive, receive_bytes, "receive"));
-    HP_ASSIGN_OR_RETURN(const ElementType element, hp::shmem::capi::ElementTypeArg(type));
-    std::vector<std::pair<const void*, std::size_t>> views;
-    views.reserve(static_cast<std::size_t>(nsends));
-    for (int j = 0; j < nsends; ++j) {
-      if (sends[j] == nullptr && send_bytes[j] > 0) {
-        return hp::shmem::InvalidArgument("`sends[" + std::to_string(j) + "]` must be a non-null pointer, but got NULL");
+      HP_RETURN_IF_ERROR(NonNegative(nsends, "nsends"));
+      HP_RETURN_IF_ERROR(NonNegative(ncounts, "ncounts"));
+      if (nsends > 0) {
+        HP_RETURN_IF_ERROR(NonNull(sends, "sends"));
+        HP_RETURN_IF_ERROR(NonNull(send_bytes, "send_bytes"));
       }
-      views.emplace_back(sends[j], send_bytes[j]);
+      if (ncounts > 0) HP_RETURN_IF_ERROR(NonNull(receive_counts, "receive_counts"));
+      HP_RETURN_IF_ERROR(NonNullData(receive, receive_bytes, "receive"));
+      HP_ASSIGN_OR_RETURN(element, hp::shmem::capi::ElementTypeArg(type));
+      views.reserve(static_cast<std::size_t>(nsends));
+      for (int j = 0; j < nsends; ++j) {
+        if (sends[j] == nullptr && send_bytes[j] > 0) {
+          return hp::shmem::InvalidArgument("`sends[" + std::to_string(j) + "]` must be a non-null pointer, but got NULL");
+        }
+        views.emplace_back(sends[j], send_bytes[j]);
+      }
+      counts.assign(receive_counts, receive_counts + ncounts);
+      return Status::Ok();
+    }();
+    if (!args.ok()) return R().Refuse(team, Collective::kAllToAll, args, kDefaultStream, call_role);
+    return R().AllToAll(team, views, receive, receive_bytes, counts, *element, kDefaultStream, nullptr, call_role);
+  });
+}
+
+int hp_shmem_send(uint64_t team, const void* data, size_t bytes, const hp_shmem_element_type* type, int peer) {
+  return Call([&]() -> Status {
+    HP_RETURN_IF_ERROR(NonNullData(data, bytes, "data"));
+    HP_ASSIGN_OR_RETURN(const ElementType element, hp::shmem::capi::ElementTypeArg(type));
+    return R().Send(team, data, bytes, element, peer, kDefaultStream, nullptr);
+  });
+}
+
+int hp_shmem_recv(uint64_t team, void* data, size_t bytes, const hp_shmem_element_type* type, int peer) {
+  return Call([&]() -> Status {
+    HP_RETURN_IF_ERROR(NonNullData(data, bytes, "data"));
+    HP_ASSIGN_OR_RETURN(const ElementType element, hp::shmem::capi::ElementTypeArg(type));
+    return R().Recv(team, data, bytes, element, peer, kDefaultStream, nullptr);
+  });
+}
+
+int hp_shmem_refuse(uint64_t team, int collective, int status, const char* message, int role) {
+  return Call([&]() -> Status {
+    HP_RETURN_IF_ERROR(NonNull(message, "message"));
+    HP_ASSIGN_OR_RETURN(const CallRole call_role, hp::shmem::capi::RoleArg(role));
+    if (status <= HP_SHMEM_OK || status > HP_SHMEM_INTERRUPTED) {
+      return hp::shmem::InvalidArgument("`status` must be a failure code of hp_shmem_status, but got " +
+                                        std::to_string(status));
     }
-    const std::vector<std::uint64_t> counts(receive_counts, receive_counts + ncounts);
-    return R().AllToAll(team, views, receive, receive_bytes, counts, element, kDefaultStream, nullptr);
+    return R().Refuse(team, static_cast<Collective>(collective), Status(static_cast<hp::shmem::StatusCode>(status), message),
+                      kDefaultStream, call_role);
   });
 }
 
-int hp_shmem_send(uint64_t team, const void* data, size_t bytes, int peer) {
+int hp_shmem_give_up(uint64_t team, const char* message) {
   return Call([&]() -> Status {
-    HP_RETURN_IF_ERROR(NonNullData(data, bytes, "data"));
-    return R().Send(team, data, bytes, peer, kDefaultStream, nullptr);
-  });
-}
-
-int hp_shmem_recv(uint64_t team, void* data, size_t bytes, int peer) {
-  return Call([&]() -> Status {
-    HP_RETURN_IF_ERROR(NonNullData(data, bytes, "data"));
-    return R().Recv(team, data, bytes, peer, kDefaultStream, nullptr);
+    HP_RETURN_IF_ERROR(NonNull(message, "message"));
+    (void)R().GiveUp(team, hp::shmem::StateError(message));
+    return Status::Ok();
   });
 }
 

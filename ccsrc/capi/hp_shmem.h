@@ -28,7 +28,7 @@ extern "C" {
 #define HP_SHMEM_API __attribute__((visibility("default")))
 
 /* Bumped on every incompatible change; a caller checks it before anything else. */
-#define HP_SHMEM_ABI_VERSION 1
+#define HP_SHMEM_ABI_VERSION 2
 
 /* The runtime's StatusCode values (runtime/status.h), asserted equal there. */
 typedef enum {
@@ -75,6 +75,15 @@ typedef enum {
   HP_SHMEM_INT32 = 6,
   HP_SHMEM_INT64 = 7,
 } hp_shmem_dtype;
+
+/* What a collective call is for (CallRole, runtime/team.h, asserted equal there): part of what the members agree
+ * on, so that a gradient's collective never pairs with a forward one. */
+typedef enum {
+  HP_SHMEM_ROLE_FORWARD = 0,
+  HP_SHMEM_ROLE_BACKWARD = 1,
+  HP_SHMEM_ROLE_FUSED_GATHER = 2,
+  HP_SHMEM_ROLE_FUSED_SCATTER = 3,
+} hp_shmem_role;
 
 /* ReduceOp (sum, avg, max, min), SignalOp (set, add), CompareOp (eq, ne, gt, ge, lt, le) and LowFormat (the wire
  * formats of low-precision reductions: float8_e4m3fn, float8_e5m2, float16, bfloat16) keep the runtime's values;
@@ -129,22 +138,34 @@ HP_SHMEM_API int hp_shmem_team_create(const int* pes, int npes, const hp_shmem_b
 HP_SHMEM_API int hp_shmem_team_release(uint64_t team);
 
 /* The collective engine, one call each; collective over the team. Buffers are local; a buffer inside an active
- * allocation at the same heap offset on every member takes the copy-free path. */
-HP_SHMEM_API int hp_shmem_team_barrier(uint64_t team);
+ * allocation at the same heap offset on every member takes the copy-free path. `role`: an hp_shmem_role. An argument
+ * refused by one member fails the call on every member, naming it; a member that gives a call up (its wait timed
+ * out) makes it fail on every member (docs/engine.md). */
+HP_SHMEM_API int hp_shmem_team_barrier(uint64_t team, int role);
 HP_SHMEM_API int hp_shmem_all_gather(uint64_t team, void* output, size_t output_bytes, const void* input,
-                                     size_t input_bytes, const hp_shmem_element_type* type);
+                                     size_t input_bytes, const hp_shmem_element_type* type, int role);
 /* `input` NULL: in place on `tensor`; otherwise `bytes` of input reduced into `tensor` (no overlap). */
 HP_SHMEM_API int hp_shmem_all_reduce(uint64_t team, void* tensor, const void* input, size_t bytes, int dtype,
-                                     int reduce_op, int wire);
+                                     int reduce_op, int wire, int role);
 HP_SHMEM_API int hp_shmem_reduce_scatter(uint64_t team, void* output, size_t output_bytes, const void* input,
-                                         size_t input_bytes, int dtype, int reduce_op, int wire);
+                                         size_t input_bytes, int dtype, int reduce_op, int wire, int role);
 /* sends[j] (send_bytes[j] bytes) goes to group rank j; `receive` gets rank i's part after receive_counts[<i]
  * elements. Counts are checked across members before anything is written. */
 HP_SHMEM_API int hp_shmem_all_to_all(uint64_t team, const void* const* sends, const size_t* send_bytes, int nsends,
                                      void* receive, size_t receive_bytes, const uint64_t* receive_counts, int ncounts,
-                                     const hp_shmem_element_type* type);
-HP_SHMEM_API int hp_shmem_send(uint64_t team, const void* data, size_t bytes, int peer);
-HP_SHMEM_API int hp_shmem_recv(uint64_t team, void* data, size_t bytes, int peer);
+                                     const hp_shmem_element_type* type, int role);
+/* Point to point; `type` travels with the message: a receiver of another dtype or size refuses it (its recv fails,
+ * and the sender's next send or recv with it). */
+HP_SHMEM_API int hp_shmem_send(uint64_t team, const void* data, size_t bytes, const hp_shmem_element_type* type,
+                               int peer);
+HP_SHMEM_API int hp_shmem_recv(uint64_t team, void* data, size_t bytes, const hp_shmem_element_type* type, int peer);
+/* This rank refuses the call `collective` (a Collective value) for a check of its own that failed (`status` a failure
+ * code, `message` its text): every member of the team fails the call with it, naming this rank. Returns `status`
+ * (or an earlier member's refusal), with hp_shmem_last_error() giving the message every member reports. */
+HP_SHMEM_API int hp_shmem_refuse(uint64_t team, int collective, int status, const char* message, int role);
+/* This rank gives up the team's next sync (a failure of its own, e.g. across nodes): members waiting there fail at
+ * once with `message`. Local, never waits; returns HP_SHMEM_OK once done. */
+HP_SHMEM_API int hp_shmem_give_up(uint64_t team, const char* message);
 
 /* The runtime's snapshot as one JSON object (keys as debug_state's). Writes at most `capacity` bytes including the
  * NUL and sets `*needed` to the full length + 1; call again with a larger buffer when `*needed` > `capacity`. */

@@ -1,8 +1,9 @@
 // The fake aclnn operator API: tensor and scalar descriptors, and the operators the ascend device reduces and casts
 // with (in-place add, maximum, minimum, in-place division by a scalar, cast), in CANN's two phases. The first phase
 // checks the descriptors and builds a one-shot executor; the second enqueues it on a stream, where it reads and
-// writes NPU memory through the fakes' host views (any NPU's memory: a peer's heap is reached through aclshmem_ptr,
-// as the NPU reaches it over HCCS). Host memory faults the kernel, as on an NPU.
+// writes NPU memory through the fakes' host views: memory of the launching NPU, or the heap of a PE that NPU maps
+// (reached through aclshmem_ptr, over HCCS). Host memory, or a peer's heap the NPU does not map (aclshmem_ptr
+// answers an address for it all the same), faults the kernel, as on an NPU.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -24,6 +25,7 @@ using hp::fakes::kAclnnErrParamNullptr;
 using hp::fakes::kAclnnWorkspaceBytes;
 using hp::fakes::internal::CurrentProcess;
 using hp::fakes::internal::HostView;
+using hp::fakes::internal::Pe;
 using hp::fakes::internal::Stream;
 using hp::fakes::internal::World;
 
@@ -48,6 +50,7 @@ struct aclOpExecutor {
   aclTensor out;     // kMax/kMin/kCast (kAdd, kDivs: self)
   double scalar = 0; // kAdd: alpha, kDivs: the divisor
   int device = -1;
+  std::shared_ptr<Pe> pe;   // the launching process's PE (null: none): which peers' heaps its NPU maps
 };
 
 namespace {
@@ -178,7 +181,7 @@ std::int64_t ApplyInt64(Kind kind, std::int64_t a, std::int64_t b, double scalar
   }
 }
 
-// The operator on the stream: every operand must be NPU memory, or the kernel faults.
+// The operator on the stream: every operand must be memory the launching NPU reaches, or the kernel faults.
 int Run(const aclOpExecutor& op) {
   const std::size_t n = op.self.elements;
   const bool binary = op.kind == Kind::kAdd || op.kind == Kind::kMax || op.kind == Kind::kMin;
@@ -186,7 +189,15 @@ int Run(const aclOpExecutor& op) {
   const HostView self = HostView::Of(op.self.data, n * ElementSize(op.self.dtype));
   const HostView other = binary ? HostView::Of(op.other.data, n * ElementSize(op.other.dtype)) : HostView{};
   const HostView to = HostView::Of(out.data, n * ElementSize(out.dtype));
-  if (!self || !to || (binary && !other)) return kKernelFault;
+  {
+    World& world = World::Get();
+    std::lock_guard<std::mutex> lock(world.mu);
+    const Pe* launcher = op.pe.get();
+    if (!world.Accessible(launcher, op.device, self) || !world.Accessible(launcher, op.device, to) ||
+        (binary && !world.Accessible(launcher, op.device, other))) {
+      return kKernelFault;
+    }
+  }
   const std::size_t in_size = ElementSize(op.self.dtype), out_size = ElementSize(out.dtype);
   for (std::size_t i = 0; i < n; ++i) {
     const char* a = self.host + i * in_size;
@@ -228,8 +239,7 @@ int Prepare(const char* name, Kind kind, const aclTensor* self, const aclTensor*
   std::lock_guard<std::mutex> lock(world.mu);
   FakeCall call = Named(name, self);
   call.op = static_cast<int>(kind);
-  world.Record(call);
-  if (const int code = world.TakeFailure(name)) return code;
+  if (const int code = world.Enter(call)) return code;
   const bool binary = kind == Kind::kAdd || kind == Kind::kMax || kind == Kind::kMin;
   const bool has_out = kind == Kind::kMax || kind == Kind::kMin || kind == Kind::kCast;
   if (self == nullptr || workspaceSize == nullptr || executor == nullptr || (binary && other == nullptr) ||
@@ -266,6 +276,7 @@ int Launch(const char* name, void* workspace, uint64_t workspaceSize, aclOpExecu
   }
   if (world.streams.count(stream) == 0) return kAclnnErrParamInvalid;
   std::shared_ptr<aclOpExecutor> shared(op.release());
+  shared->pe = CurrentProcess().pe;
   world.Enqueue(stream, [shared](const Stream&) { return Run(*shared); });
   return ACL_SUCCESS;
 }

@@ -1,12 +1,23 @@
 // Test control of the fake ACL runtime, fake aclnn operators and fake CANN SHMEM (ccsrc/fakes): what the calls
-// recorded, which calls fail next, and a reset between tests.
+// recorded and cost, which calls fail next, how late streams run, and a reset between tests.
 //
-// The fakes behave as CANN SHMEM v1.5.1 does (third_party/shmem_patches/README.md lists the facts): the heap is
-// local_mem_size + ACLSHMEM_EXTRA_SIZE with CANN's own 5.13 MiB taken at init; malloc/calloc/align end with a
-// control-plane barrier over every PE ("aclshmemi_control_barrier_all", injectable by FailNext); unique-id mode
-// bounds its barriers by DEFAULT_TIMEOUT and runs the config store without TLS; a failed init whose heap exists is
-// not rolled back; a timed-out wait keeps spinning, and destroying its stream or finalizing hangs (counted, see
-// SetHangLimit); PEs on different hosts reach each other only with ACLSHMEM_DATA_OP_ROCE.
+// The fakes behave as CANN SHMEM v1.5.1 does on the chip, and fail where the chip fails (third_party/shmem_patches/
+// README.md lists the facts; the code names the source line of each):
+// - The heap is local_mem_size + ACLSHMEM_EXTRA_SIZE with CANN's own 5.13 MiB taken at init; malloc/calloc/align
+//   end with a control-plane barrier over every PE, which fails with ACLSHMEM_SMEM_ERROR (injectable by FailNext,
+//   see kControlBarrier); calloc(nmemb, size) zeroes only `size` bytes; unique-id mode bounds the barriers by
+//   DEFAULT_TIMEOUT and runs the config store without TLS.
+// - A failed aclshmemx_init_attr keeps what it built until aclshmem_finalize: before the heap is set up the status
+//   stays NOT_INITIALIZED, after it SHM_CREATED, and a failure of init's last barrier leaves IS_INITIALIZED.
+// - Streams run after the host enqueued (SetStreamLag: by default a millisecond later); a timed-out wait keeps spinning, and destroying its stream or
+//   finalizing hangs (counted, see SetHangLimit); streams under graph capture (aclmdlRICaptureBegin) record instead of
+//   running, and refuse synchronization and blocking copies.
+// - A signal SET writes back its whole 64-byte line as the writer last wrote it; unknown compare and signal ops are
+//   ignored by the kernels.
+// - Reachability is the chip's: PEs reach each other over MTE (mapped heaps) on one host and, on a 910B, in one group
+//   of 8 logical NPUs; aclshmem_ptr answers an address for every PE, and a kernel touching an unmapped one faults;
+//   put, get and SET to a PE with no transport do nothing; RoCE (opted in at init) reaches every other PE for put,
+//   get and SET, never for ADD or barriers.
 //
 // The fakes simulate several PEs inside one process. Each thread is one simulated process: it has its own current
 // ACL device (aclrtSetDevice) and, once aclshmemx_init_attr returned, its own PE. PEs find each other through the
@@ -65,6 +76,26 @@ struct InitRecord {
   std::string uid_session_id;
 };
 
+// What the calls of the fakes cost, counted per calling thread (simulated process) and in total, so that tests can
+// assert what a collective costs on an NPU.
+struct FakeCounters {
+  // aclrtSynchronizeStream and aclrtSynchronizeStreamWithTimeout: the host waits for the NPU.
+  std::size_t stream_synchronizations = 0;
+  // aclrtMemcpy, and aclrtMemcpyAsync with a side in pageable host memory (it returns once the stream ran it).
+  std::size_t blocking_copies = 0;
+  // Every call that enqueues on a stream (run later or captured): CANN's *_on_stream calls, aclrtMemcpyAsync,
+  // aclrtRecordEvent, aclrtStreamWaitEvent, aclnn launches, aclmdlRIExecuteAsync.
+  std::size_t device_tasks = 0;
+  std::size_t device_mallocs = 0;   // aclrtMalloc
+};
+
+// The control-plane barrier of CANN SHMEM (aclshmemi_control_barrier_all). FailNext(kControlBarrier, code) fails the
+// calling thread's next one, wherever it is; FailNext(kControlBarrier + ":" + stage, code) the next one of that stage:
+// init's "init_device_state" (shmem_init_backend.cpp:121), "exchange_slice" (:440), "exchange_entity" (:498),
+// "aclshmemi_signal_init" and "aclshmemi_team_init" (their aclshmem_mallocs), "aclshmemx_init_attr" (its last,
+// shmem_init.cpp:520); and "aclshmem_malloc", "aclshmem_calloc", "aclshmem_align".
+constexpr const char* kControlBarrier = "aclshmemi_control_barrier_all";
+
 // aclnn's status codes the fake returns (CANN: ACLNN_ERR_PARAM_NULLPTR, ACLNN_ERR_PARAM_INVALID).
 constexpr int kAclnnErrParamNullptr = 161001;
 constexpr int kAclnnErrParamInvalid = 161002;
@@ -85,7 +116,8 @@ class FakeCann {
   // returning a pointer returns NULL, a stream-enqueued call makes its stream report `code` at the next synchronize.
   static void FailNext(const std::string& name, int code);
 
-  static void SetSocName(const std::string& soc_name);   // default "Ascend910B1"
+  // Default "Ascend910B1": a 910B, whose NPUs reach each other over MTE in groups of 8 logical ids only.
+  static void SetSocName(const std::string& soc_name);
   static std::optional<InitRecord> LastInit();           // of the calling thread
   static std::size_t LiveStreams();
   static std::size_t LiveEvents();
@@ -96,8 +128,9 @@ class FakeCann {
   static std::size_t LiveDeviceAllocations();   // aclrtMalloc buffers not freed yet
   static std::size_t LiveAclnnObjects();        // aclCreateTensor/aclCreateScalar objects not destroyed yet
 
-  // The simulated host the calling thread runs on (default "node0"). Put, get and signal between PEs on different
-  // hosts need ACLSHMEM_DATA_OP_ROCE in the caller's data_op_engine_type; without it the copy kernel faults.
+  // The simulated host the calling thread runs on (default "node0"). PEs on different hosts, or in different groups of
+  // 8 logical NPUs of a 910B host, do not map each other's heaps: put, get and signal SET between them need
+  // ACLSHMEM_DATA_OP_ROCE in both PEs' data_op_engine_type at init, and without it do nothing.
   static void SetNode(const std::string& node);
   // The release fixes both bootstrap timeouts of unique-id mode at DEFAULT_TIMEOUT (120 s): the fake uses this
   // instead, so that a test can make a PE miss a CANN barrier without waiting two minutes. Reset restores 120 s.
@@ -106,6 +139,22 @@ class FakeCann {
   // hangs on an NPU. The fake waits this long (default 10 s), then counts a hang and carries on.
   static void SetHangLimit(std::chrono::milliseconds limit);
   static std::size_t Hangs();
+
+  // How late a stream runs what the host enqueued: each task runs `lag` after it was enqueued, or as soon as someone
+  // waits for it (a synchronize, an event wait, a blocking async copy, destroying the stream, finalize), whichever
+  // comes first; kLagUntilDemanded waits for the latter only, so that a host read without synchronization sees stale
+  // data every time. The default, kDefaultStreamLag (restored by Reset), is short but never zero, as on an NPU: no
+  // task runs the instant the host enqueued it, and a read right after the enqueue is stale; it costs the tests little
+  // because every synchronize makes the stream run at once.
+  static constexpr std::chrono::milliseconds kLagUntilDemanded = std::chrono::milliseconds::max();
+  static constexpr std::chrono::milliseconds kDefaultStreamLag{1};
+  static void SetStreamLag(std::chrono::milliseconds lag);
+
+  // What the calling thread's calls cost since its last ResetCounters (or Reset), and every thread's since the last
+  // ResetCounters of any thread (or Reset).
+  static FakeCounters Counters();
+  static FakeCounters TotalCounters();
+  static void ResetCounters();
 };
 
 }  // namespace hp::fakes

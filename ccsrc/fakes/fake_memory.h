@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 namespace hp::fakes::internal {
@@ -23,6 +24,14 @@ class DeviceMemory {
   char* device_base() const { return device_base_; }
   std::size_t size() const { return size_; }
   int device() const { return device_; }
+  // A symmetric heap knows whose it is (session id, PE), so that a kernel touching it can be checked against the
+  // PEs its NPU maps; session 0 means not a heap (aclrtMalloc).
+  void MarkHeapOf(std::uint64_t session, int pe) {
+    heap_session_ = session;
+    heap_pe_ = pe;
+  }
+  std::uint64_t heap_session() const { return heap_session_; }
+  int heap_pe() const { return heap_pe_; }
 
  private:
   DeviceMemory() = default;
@@ -34,6 +43,8 @@ class DeviceMemory {
   std::size_t reservation_ = 0;
   void* reservation_base_ = nullptr;
   int device_ = -1;
+  std::uint64_t heap_session_ = 0;
+  int heap_pe_ = -1;
 };
 
 // Where the fakes' data plane reads and writes the device range [address, address + bytes): null `host` when the

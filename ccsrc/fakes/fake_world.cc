@@ -1,8 +1,11 @@
 #include "fake_world.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <string>
 
-#include "acl/acl_base.h"
+#include "acl/acl.h"
 
 namespace hp::fakes::internal {
 
@@ -23,6 +26,11 @@ void World::Record(FakeCall call) {
   calls.push_back(std::move(call));
 }
 
+int World::Enter(const FakeCall& call) {
+  Record(call);
+  return TakeFailure(call.name);
+}
+
 int World::TakeFailure(const std::string& name) {
   auto& failures = CurrentProcess().failures;
   auto it = failures.find(name);
@@ -30,6 +38,11 @@ int World::TakeFailure(const std::string& name) {
   const int code = it->second.front();
   it->second.pop_front();
   return code;
+}
+
+void World::Count(std::size_t FakeCounters::*field) {
+  ++(CurrentProcess().counters.*field);
+  ++(total_counters.*field);
 }
 
 void* World::CreateStream(int device) {
@@ -41,7 +54,17 @@ void* World::CreateStream(int device) {
     while (true) {
       changed.wait(lock, [raw] { return raw->cancelled || !raw->tasks.empty(); });
       if (raw->cancelled) return;
-      Task task = std::move(raw->tasks.front());
+      // The NPU runs the task once its lag passed, or at once when someone waits for it.
+      const Clock::time_point ready_at = raw->tasks.front().ready_at;
+      if (raw->demanded <= raw->completed && Clock::now() < ready_at) {
+        if (ready_at == Clock::time_point::max()) {
+          changed.wait(lock);
+        } else {
+          changed.wait_until(lock, ready_at);
+        }
+        continue;
+      }
+      Task task = std::move(raw->tasks.front().task);
       raw->tasks.pop_front();
       lock.unlock();
       const int rc = task(*raw);
@@ -62,6 +85,7 @@ bool World::DestroyStream(void* handle, std::unique_lock<std::mutex>& lock, bool
   bool drained = true;
   if (drain) {
     const std::uint64_t target = stream->enqueued;
+    Demand(*stream, target);
     drained = changed.wait_for(lock, hang_limit, [&] { return stream->completed >= target; });
     if (!drained) ++hangs;
   }
@@ -75,6 +99,9 @@ bool World::DestroyStream(void* handle, std::unique_lock<std::mutex>& lock, bool
 }
 
 bool World::DrainDevice(int device, std::unique_lock<std::mutex>& lock) {
+  for (auto& entry : streams) {
+    if (entry.second->device == device) Demand(*entry.second, entry.second->enqueued);
+  }
   auto idle = [&] {
     for (const auto& entry : streams) {
       if (entry.second->device == device && entry.second->completed < entry.second->enqueued) return false;
@@ -89,10 +116,37 @@ bool World::DrainDevice(int device, std::unique_lock<std::mutex>& lock) {
 bool World::Enqueue(void* handle, Task task) {
   auto it = streams.find(handle);
   if (it == streams.end()) return false;
-  it->second->tasks.push_back(std::move(task));
-  ++it->second->enqueued;
+  Count(&FakeCounters::device_tasks);
+  Stream& stream = *it->second;
+  if (stream.capture) {   // recorded into the graph, run by aclmdlRIExecuteAsync
+    stream.capture->tasks.push_back(std::move(task));
+    return true;
+  }
+  const Clock::time_point now = Clock::now();
+  const Clock::time_point ready_at = stream_lag == FakeCann::kLagUntilDemanded ? Clock::time_point::max()
+                                                                              : now + stream_lag;
+  stream.tasks.push_back(QueuedTask{std::move(task), ready_at});
+  ++stream.enqueued;
   changed.notify_all();
   return true;
+}
+
+void World::Demand(Stream& stream, std::uint64_t position) {
+  if (position <= stream.demanded) return;
+  stream.demanded = position;
+  changed.notify_all();
+}
+
+Capture* World::BlockingCallCapture() {
+  const Process* self = &CurrentProcess();
+  for (auto& entry : streams) {
+    Capture* capture = entry.second->capture.get();
+    if (capture != nullptr && capture->owner == self && !capture->invalidated &&
+        capture->mode != ACL_MODEL_RI_CAPTURE_MODE_RELAXED) {
+      return capture;
+    }
+  }
+  return nullptr;
 }
 
 int World::Synchronize(void* handle, std::int32_t timeout_ms, std::unique_lock<std::mutex>& lock) {
@@ -100,6 +154,7 @@ int World::Synchronize(void* handle, std::int32_t timeout_ms, std::unique_lock<s
   if (it == streams.end()) return ACL_ERROR_RT_PARAM_INVALID;
   std::shared_ptr<Stream> stream = it->second;
   const std::uint64_t target = stream->enqueued;
+  Demand(*stream, target);
   auto drained = [&] { return stream->cancelled || stream->completed >= target; };
   if (timeout_ms < 0) {
     changed.wait(lock, drained);
@@ -116,6 +171,45 @@ void World::WaitInTask(const Stream& stream, std::unique_lock<std::mutex>& lock,
   while (!stream.cancelled && !done()) changed.wait_for(lock, std::chrono::milliseconds(5));
 }
 
+bool World::IsPinned(const void* address, std::size_t bytes) const {
+  const auto at = reinterpret_cast<std::uintptr_t>(address);
+  auto it = host_allocations.upper_bound(at);
+  if (it == host_allocations.begin()) return false;
+  --it;
+  const std::size_t offset = at - it->first;
+  return offset < it->second.size && bytes <= it->second.size - offset;
+}
+
+bool World::Accessible(const Pe* self, int device, const HostView& view) {
+  if (!view) return false;
+  const DeviceMemory& memory = *view.memory;
+  if (memory.device() == device) return true;
+  if (self == nullptr || memory.heap_session() != self->session->id) return false;
+  const Pe* owner = self->session->pes[static_cast<std::size_t>(memory.heap_pe())];
+  return owner != nullptr && MteReaches(*this, *self, *owner);
+}
+
+bool MteReaches(const World& world, const Pe& self, const Pe& peer) {
+  if (&self == &peer) return true;
+  if (self.node != peer.node) return false;
+  constexpr int kHccsGroup = 8;   // ASC910B_CONN_RANKS
+  const bool is_910b = world.soc_name.find("Ascend910B") != std::string::npos;
+  return !is_910b || self.logical_device / kHccsGroup == peer.logical_device / kHccsGroup;
+}
+
+int LogicalDevice(int user_device) {
+  const char* visible = std::getenv("ASCEND_RT_VISIBLE_DEVICES");
+  if (visible == nullptr || *visible == '\0') return user_device;
+  const std::string list(visible);
+  std::size_t start = 0;
+  for (int index = 0; start <= list.size(); ++index) {
+    const std::size_t comma = std::min(list.find(',', start), list.size());
+    if (index == user_device) return std::atoi(list.substr(start, comma - start).c_str());
+    start = comma + 1;
+  }
+  return -1;
+}
+
 }  // namespace hp::fakes::internal
 
 namespace hp::fakes {
@@ -128,14 +222,43 @@ void FakeCann::Reset() {
   std::unique_lock<std::mutex> lock(world.mu);
   while (!world.streams.empty()) world.DestroyStream(world.streams.begin()->first, lock, /*drain=*/false);
   world.events.clear();
+  world.models.clear();
   world.device_allocations.clear();
+  world.host_allocations.clear();
   world.sessions.clear();
   world.calls.clear();
   world.soc_name = "Ascend910B1";
   world.cann_default_timeout = std::chrono::seconds(DEFAULT_TIMEOUT);
   world.hang_limit = std::chrono::seconds(10);
   world.hangs = 0;
+  world.stream_lag = FakeCann::kDefaultStreamLag;
+  world.total_counters = FakeCounters{};
   CurrentProcess() = internal::Process{};
+}
+
+void FakeCann::SetStreamLag(std::chrono::milliseconds lag) {
+  World& world = World::Get();
+  std::lock_guard<std::mutex> lock(world.mu);
+  world.stream_lag = lag;
+}
+
+FakeCounters FakeCann::Counters() {
+  World& world = World::Get();
+  std::lock_guard<std::mutex> lock(world.mu);
+  return CurrentProcess().counters;
+}
+
+FakeCounters FakeCann::TotalCounters() {
+  World& world = World::Get();
+  std::lock_guard<std::mutex> lock(world.mu);
+  return world.total_counters;
+}
+
+void FakeCann::ResetCounters() {
+  World& world = World::Get();
+  std::lock_guard<std::mutex> lock(world.mu);
+  CurrentProcess().counters = FakeCounters{};
+  world.total_counters = FakeCounters{};
 }
 
 void FakeCann::SetCannDefaultTimeout(std::chrono::milliseconds timeout) {

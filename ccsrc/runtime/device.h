@@ -29,6 +29,26 @@ const char* CompareOpName(CompareOp op);
 // Signals are 4- or 8-byte signed integers in symmetric memory.
 enum class SignalWidth : int { k32 = 4, k64 = 8 };
 
+// Why a member gave up a sync (Device::Arrive, Device::GiveUp).
+enum class GiveUpReason : int { kTimeout = 1, kInterrupted = 2, kFailed = 3 };
+const char* GiveUpReasonName(GiveUpReason reason);
+
+// An arrival counter of an arbitrated sync: a 64-bit word in symmetric memory. Its low 31 bits count the members that
+// arrived; a member that gives the sync up sets kGivenUpBit (and bit 31, so that the low half a futex sleeps on
+// changes too) and names itself and its reason, in the same atomic step: a counter is either complete (every member
+// counted, no mark) or given up, never both. Marked words are larger than any count.
+struct ArrivalCounter {
+  static constexpr std::int64_t kGivenUpBit = std::int64_t{1} << 62;
+  static constexpr std::int64_t Mark(int member, GiveUpReason reason) {
+    return kGivenUpBit | (static_cast<std::int64_t>(reason) << 48) | (static_cast<std::int64_t>(member + 1) << 32) |
+           (std::int64_t{1} << 31);
+  }
+  static constexpr std::int64_t Count(std::int64_t word) { return word & 0x7fffffff; }
+  static constexpr bool GivenUp(std::int64_t word) { return (word & kGivenUpBit) != 0; }
+  static constexpr int Member(std::int64_t word) { return static_cast<int>((word >> 32) & 0xffff) - 1; }
+  static constexpr GiveUpReason Reason(std::int64_t word) { return static_cast<GiveUpReason>((word >> 48) & 0xff); }
+};
+
 struct DeviceInitArgs {
   int rank = 0;
   int world_size = 1;
@@ -82,10 +102,15 @@ class Device {
 
   // The node of every PE (index: PE), numbered by each node's lowest PE; agreed at Init, so the same list on every
   // rank. A node is the PEs whose heaps this device maps: Put, Get, Signal, WaitSignal, Reduce, Decode,
-  // ReduceEncoded, PeerAddress, GetPeerMemory and ReducePeerMemory reach the PEs of this rank's node only, and
-  // Barrier counts them only. The host device's node is the ranks that share its shared-memory filesystem (one
-  // machine); CANN SHMEM reaches every PE of the world itself (RoCE between machines), so the ascend device has one.
+  // ReduceEncoded, PeerAddress, GetPeerMemory and ReducePeerMemory reach the PEs of this rank's node only (but see
+  // reaches_remotely), and Barrier counts them only. The host device's node is the ranks that share its
+  // shared-memory filesystem (one machine); the ascend device's is the NPUs that reach each other over MTE (one host
+  // and, on a 910B, one HCCS group of 8).
   virtual const std::vector<int>& nodes() const = 0;
+  // Whether Put, Get and Signal(kSet) reach `pe` although it lies outside this rank's node: over a transport the
+  // device opened at Init (the ascend device's RoCE), not through mapped memory, so PeerAddress, the in-place
+  // reductions and Signal(kAdd) still stop at the node. Local and immediate; false for a PE of this rank's node.
+  virtual bool reaches_remotely(int /*pe*/) const { return false; }
 
   // Local copies between host memory and this rank's own heap, for the runtime's own records. The heap may be
   // device memory that the host cannot dereference (an NPU's): these are the only way the host reads or writes it.
@@ -146,6 +171,32 @@ class Device {
   // Every rank of this rank's node reaches the barrier, and everything enqueued before it (on those ranks) is
   // complete and visible.
   virtual Status Barrier(StreamHandle stream) = 0;
+
+  // Arbitration: one decision of every member of a sync. A device whose host reaches every heap of its node with
+  // atomic operations (the host device) arbitrates: the engine's syncs on it are arrival counters (ArrivalCounter) in
+  // the heap of a team's first member, so that when a member gives a sync up (its wait timed out, it was interrupted,
+  // or a step of the call failed) the members agree on whether the sync happened: every member passes it, or every
+  // member fails it, and a member arriving late fails at once. Devices that do not arbitrate (stream devices whose
+  // heap the host cannot read without stopping the stream) refuse these calls.
+  //
+  // Whether this device arbitrates: local and immediate.
+  virtual bool arbitrates() const { return false; }
+  // Counts this member's arrival on the counter at `symmetric_counter` on `members[0]`, then waits until every one of
+  // `members` (PEs, this rank's at index `member`) arrived. Fails at once, naming who gave the sync up and why, when
+  // the counter is marked given up (before or during the wait: kStateError). When this member's own wait times out
+  // or is interrupted, it marks the counter given up on its own behalf unless every member has arrived by then (the
+  // sync happened: it completes), and fails with kTimeout or kInterrupted. Synchronous (the caller finishes its
+  // streams' work first): every member's writes before its arrival are visible once it completes.
+  virtual Status Arrive(void* symmetric_counter, const std::vector<int>& members, int member);
+  // This member gives the sync up for `reason` before arriving at it: marks the counter (unless it is marked
+  // already), then counts its arrival, so that the members waiting there fail at once and the count still reaches
+  // every member once they all passed by. Synchronous; never waits.
+  virtual Status GiveUp(void* symmetric_counter, const std::vector<int>& members, int member, GiveUpReason reason);
+  // Waits until every one of `members` arrived at the counter, given up or not: after a given-up sync, no member
+  // is still inside the call before it. Synchronous, bounded by the timeout.
+  virtual Status AwaitArrivals(const void* symmetric_counter, const std::vector<int>& members);
+  // The counter's value now (synchronous).
+  virtual Result<std::int64_t> ReadCounter(const void* symmetric_counter, int pe);
 
   // Peers' memory outside the heap: ordinary tensors, at the addresses their own process sees. A device that reaches
   // it lets the collectives on ordinary tensors move each byte once, straight between the ranks' buffers, instead of

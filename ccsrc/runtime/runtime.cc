@@ -17,29 +17,6 @@ const char* LifecycleStateName(LifecycleState state) {
   return "?";
 }
 
-const char* SignalOpName(SignalOp op) { return op == SignalOp::kSet ? "set" : "add"; }
-
-const char* CompareOpName(CompareOp op) {
-  switch (op) {
-    case CompareOp::kEq: return "eq";
-    case CompareOp::kNe: return "ne";
-    case CompareOp::kGt: return "gt";
-    case CompareOp::kGe: return "ge";
-    case CompareOp::kLt: return "lt";
-    case CompareOp::kLe: return "le";
-  }
-  return "?";
-}
-
-Status CheckInOwnHeap(const Device& device, const void* address, std::size_t bytes, const char* what) {
-  const std::uintptr_t base = device.heap_base();
-  const std::uintptr_t end = base + device.heap_size();
-  const auto from = reinterpret_cast<std::uintptr_t>(address);
-  if (from >= base && from <= end && bytes <= end - from) return Status::Ok();
-  return InvalidArgument(std::string("`") + what + "` must lie inside this rank's symmetric heap [" + Hex(base) + "," +
-                         Hex(end) + "), but got [" + Hex(from) + "," + Hex(from + bytes) + ")");
-}
-
 namespace {
 bool IsPowerOfTwo(std::size_t v) { return v != 0 && (v & (v - 1)) == 0; }
 
@@ -82,10 +59,16 @@ Status Runtime::RequireInitialized(const char* op) const {
                     " (call acquire_shmem() first)");
 }
 
-Status Runtime::CheckOnNode(int pe, const char* op) const {
+Status Runtime::CheckOnNode(int pe, const char* op, bool remote_ok) const {
   if (nodes_[static_cast<std::size_t>(pe)] == nodes_[static_cast<std::size_t>(rank_)]) return Status::Ok();
-  return StateError(std::string("pe lies on another node (one-sided calls of the ") + device_->name() +
-                    " device reach the ranks of this rank's node only): op=" + op + " pe=" + std::to_string(pe) +
+  const bool remote = device_->reaches_remotely(pe);
+  if (remote && remote_ok) return Status::Ok();
+  const std::string reason =
+      remote ? std::string("the ") + device_->name() + " device reaches other nodes for put, get and signal set only: "
+                   "signal add and in-place peer access need mapped memory (MTE)"
+             : std::string("one-sided calls of the ") + device_->name() +
+                   " device reach the ranks of this rank's node only";
+  return StateError("pe lies on another node (" + reason + "): op=" + op + " pe=" + std::to_string(pe) +
                     " pe_node=" + std::to_string(nodes_[static_cast<std::size_t>(pe)]) + " rank=" +
                     std::to_string(rank_) + " node=" + std::to_string(nodes_[static_cast<std::size_t>(rank_)]));
 }
@@ -377,7 +360,7 @@ Status Runtime::CheckTransfer(const char* op, int pe, std::size_t dst_bytes, std
                               const void* symmetric, const char* symmetric_name) const {
   HP_RETURN_IF_ERROR(RequireInitialized(op));
   HP_RETURN_IF_ERROR(CheckPe(pe, "pe"));
-  HP_RETURN_IF_ERROR(CheckOnNode(pe, op));
+  HP_RETURN_IF_ERROR(CheckOnNode(pe, op, /*remote_ok=*/true));
   HP_RETURN_IF_ERROR(CheckSameBytes(dst_bytes, src_bytes));
   return ResolveSymmetric(symmetric, dst_bytes, symmetric_name).status();
 }
@@ -419,7 +402,7 @@ Status Runtime::Signal(const void* symmetric_signal, SignalWidth width, std::int
   OperationScope scope(*this);
   HP_RETURN_IF_ERROR(Record(RequireInitialized("signal")));
   HP_RETURN_IF_ERROR(Record(CheckPe(pe, "pe")));
-  HP_RETURN_IF_ERROR(Record(CheckOnNode(pe, "signal")));
+  HP_RETURN_IF_ERROR(Record(CheckOnNode(pe, "signal", /*remote_ok=*/op == SignalOp::kSet)));
   HP_RETURN_IF_ERROR(Record(CheckSignal(symmetric_signal, width)));
   return Record(device_->Signal(const_cast<void*>(symmetric_signal), width, value, op, pe, stream));
 }
@@ -598,7 +581,7 @@ Result<std::uint64_t> Runtime::CreateTeam(const std::vector<int>& pes, Bootstrap
     HP_RETURN_IF_ERROR(Record(ReserveTeamPool()));
   }
   InterruptsBlocked no_interrupts;   // the bootstrap takes Python's lock: see interrupt.h
-  auto team = teams_.Create(*device_, pes, bootstrap.rank(), bootstrap, config_.timeout_sec);
+  auto team = teams_.Create(*device_, pes, bootstrap.rank(), bootstrap);
   if (!team.ok()) return Record(team.status());
   return team.value()->id;
 }
@@ -622,39 +605,19 @@ Result<TeamView> Runtime::DescribeTeam(std::uint64_t team) const {
 }
 
 // Runs `body` on the live team with its lock held, counted as a call in flight.
-#define HP_WITH_TEAM(team_id, op, engine, stream, keep)                   \
+#define HP_WITH_TEAM(team_id, op, engine, stream, keep, role)             \
   OperationScope scope(*this);                                            \
   auto hp_found = LiveTeam(team_id, op);                                  \
   if (!hp_found.ok()) return Record(hp_found.status());                   \
   std::lock_guard<std::mutex> hp_team_lock(hp_found.value()->mu);         \
-  CollectiveEngine engine(*device_, *hp_found.value(), stream, keep)
+  CollectiveEngine engine(*device_, *hp_found.value(), stream, keep, role)
 
-Status Runtime::TeamBarrier(std::uint64_t team, StreamHandle stream) {
-  HP_WITH_TEAM(team, "team_barrier", engine, stream, nullptr);
-  return Record(engine.Barrier());
-}
-
-Status Runtime::AllGather(std::uint64_t team, void* output, std::size_t output_bytes, const void* input,
-                          std::size_t input_bytes, const ElementType& type, StreamHandle stream, KeepAlive keep) {
-  HP_WITH_TEAM(team, "all_gather", engine, stream, std::move(keep));
-  const auto n = static_cast<std::size_t>(hp_found.value()->size());
-  const std::size_t expected = input_bytes * n;
-  if (expected / n != input_bytes || output_bytes != expected) {
-    return Record(InvalidArgument("`output` must have group_size * input bytes (" + std::to_string(n) + " * " +
-                                  std::to_string(input_bytes) + " = " + std::to_string(expected) + "), but got " +
-                                  std::to_string(output_bytes)));
-  }
-  const auto* out = static_cast<const char*>(output);
-  const auto* in = static_cast<const char*>(input);
-  const char* slot = out + static_cast<std::size_t>(hp_found.value()->me) * input_bytes;
-  if (in != slot && in < out + output_bytes && out < in + input_bytes) {
-    // Peers write every other part while this rank still reads its input: only its own part is safe in place.
-    return Record(InvalidArgument("`input` must not overlap `output` except as this rank's own part (offset " +
-                                  std::to_string(slot - out) + "), but got an input at offset " +
-                                  std::to_string(in - out) + " of the output"));
-  }
-  return Record(engine.AllGather(Resolve(output, output_bytes), Resolve(input, input_bytes), type));
-}
+// The first failed check of a collective is refused collectively (every member fails with it); none runs `call`.
+#define HP_REFUSE_IF_ERROR(engine, collective, check)                      \
+  do {                                                                     \
+    ::hp::shmem::Status hp_check_ = (check);                               \
+    if (!hp_check_.ok()) return Record((engine).Refuse((collective), hp_check_)); \
+  } while (0)
 
 namespace {
 ElementType ReducibleType(DataType dtype) {
@@ -673,7 +636,7 @@ Status CheckReduceOp(DataType dtype, ReduceOp op) {
   return Status::Ok();
 }
 
-// The wire format must apply to the reduction and be one the device carries; checked alike on every rank.
+// The wire format must apply to the reduction and be one the device carries.
 Status CheckWire(const Device& device, std::optional<ops::LowFormat> wire, DataType dtype, ReduceOp op) {
   if (!wire.has_value()) return Status::Ok();
   const std::string refusal = ops::LowFormatRefusal(*wire, dtype, op);
@@ -689,21 +652,114 @@ Status CheckWholeElements(std::size_t bytes, DataType dtype, const char* what) {
   return InvalidArgument(std::string("`") + what + "` must hold whole " + DataTypeName(dtype) + " elements, but got " +
                          std::to_string(bytes) + " bytes");
 }
-}  // namespace
 
-Status Runtime::AllReduce(std::uint64_t team, void* tensor, std::size_t bytes, DataType dtype, ReduceOp op,
-                          StreamHandle stream, KeepAlive keep, std::optional<ops::LowFormat> wire, const void* input) {
-  HP_WITH_TEAM(team, "all_reduce", engine, stream, std::move(keep));
-  HP_RETURN_IF_ERROR(Record(CheckReduceOp(dtype, op)));
-  HP_RETURN_IF_ERROR(Record(CheckWire(*device_, wire, dtype, op)));
-  HP_RETURN_IF_ERROR(Record(CheckWholeElements(bytes, dtype, "tensor")));
+Status CheckAllGather(const Team& team, const void* output, std::size_t output_bytes, const void* input,
+                      std::size_t input_bytes) {
+  const auto n = static_cast<std::size_t>(team.size());
+  const std::size_t expected = input_bytes * n;
+  if (expected / n != input_bytes || output_bytes != expected) {
+    return InvalidArgument("`output` must have group_size * input bytes (" + std::to_string(n) + " * " +
+                           std::to_string(input_bytes) + " = " + std::to_string(expected) + "), but got " +
+                           std::to_string(output_bytes));
+  }
+  const auto* out = static_cast<const char*>(output);
+  const auto* in = static_cast<const char*>(input);
+  const char* slot = out + static_cast<std::size_t>(team.me) * input_bytes;
+  if (in != slot && in < out + output_bytes && out < in + input_bytes) {
+    // Peers write every other part while this rank still reads its input: only its own part is safe in place.
+    return InvalidArgument("`input` must not overlap `output` except as this rank's own part (offset " +
+                           std::to_string(slot - out) + "), but got an input at offset " + std::to_string(in - out) +
+                           " of the output");
+  }
+  return Status::Ok();
+}
+
+Status CheckAllReduce(const Device& device, const void* tensor, std::size_t bytes, DataType dtype, ReduceOp op,
+                      std::optional<ops::LowFormat> wire, const void* input) {
+  HP_RETURN_IF_ERROR(CheckReduceOp(dtype, op));
+  HP_RETURN_IF_ERROR(CheckWire(device, wire, dtype, op));
+  HP_RETURN_IF_ERROR(CheckWholeElements(bytes, dtype, "tensor"));
   const auto* out = static_cast<const char*>(tensor);
   const auto* in = input == nullptr ? out : static_cast<const char*>(input);
   if (in != out && in < out + bytes && out < in + bytes) {
-    return Record(InvalidArgument("`input` must be `tensor` itself or not overlap it, but got an overlap at byte " +
-                                  std::to_string(in < out ? out - in : in - out)));
+    return InvalidArgument("`input` must be `tensor` itself or not overlap it, but got an overlap at byte " +
+                           std::to_string(in < out ? out - in : in - out));
   }
-  const Buffer values = Resolve(in, bytes);
+  return Status::Ok();
+}
+
+Status CheckReduceScatter(const Device& device, const Team& team, const void* output, std::size_t output_bytes,
+                          const void* input, std::size_t input_bytes, DataType dtype, ReduceOp op,
+                          std::optional<ops::LowFormat> wire) {
+  HP_RETURN_IF_ERROR(CheckReduceOp(dtype, op));
+  HP_RETURN_IF_ERROR(CheckWire(device, wire, dtype, op));
+  HP_RETURN_IF_ERROR(CheckWholeElements(output_bytes, dtype, "output"));
+  const auto n = static_cast<std::size_t>(team.size());
+  if (input_bytes != n * output_bytes) {
+    return InvalidArgument("`input` must have group_size * output bytes (" + std::to_string(n) + " * " +
+                           std::to_string(output_bytes) + "), but got " + std::to_string(input_bytes));
+  }
+  const auto* out = static_cast<const char*>(output);
+  const auto* in = static_cast<const char*>(input);
+  const char* mine = in + static_cast<std::size_t>(team.me) * output_bytes;
+  if (out != mine && out < in + input_bytes && in < out + output_bytes) {
+    return InvalidArgument("`output` must be this rank's part of `input` or not overlap it, but got an overlap "
+                           "at byte " + std::to_string(out - in) + " of the input");
+  }
+  return Status::Ok();
+}
+
+Status CheckAllToAll(const Team& team, const std::vector<std::pair<const void*, std::size_t>>& sends,
+                     std::size_t receive_bytes, const std::vector<std::uint64_t>& receive_counts,
+                     const ElementType& type) {
+  const auto n = static_cast<std::size_t>(team.size());
+  if (sends.size() != n || receive_counts.size() != n) {
+    return InvalidArgument("`sends` and `receive_counts` must have one entry per group rank (" + std::to_string(n) +
+                           "), but got " + std::to_string(sends.size()) + " and " +
+                           std::to_string(receive_counts.size()));
+  }
+  std::uint64_t total = 0;
+  for (std::uint64_t c : receive_counts) total += c;
+  if (total * type.bytes > receive_bytes) {
+    return InvalidArgument("`sum(receive_counts)` must fit the receive buffer (" +
+                           std::to_string(receive_bytes / type.bytes) + " elements), but got " + std::to_string(total));
+  }
+  for (std::size_t j = 0; j < n; ++j) {
+    if (sends[j].second % type.bytes != 0) {
+      return InvalidArgument("`sends[" + std::to_string(j) + "]` must hold whole " + type.name + " elements, but got " +
+                             std::to_string(sends[j].second) + " bytes");
+    }
+  }
+  return Status::Ok();
+}
+
+Status CheckPeer(const Team& team, int peer) {
+  if (peer >= 0 && peer < team.size() && peer != team.me) return Status::Ok();
+  return InvalidArgument("`peer` must be another group rank in [0, " + std::to_string(team.size()) +
+                         ") than this one (" + std::to_string(team.me) + "), but got " + std::to_string(peer));
+}
+}  // namespace
+
+Status Runtime::TeamBarrier(std::uint64_t team, StreamHandle stream, CallRole role) {
+  HP_WITH_TEAM(team, "team_barrier", engine, stream, nullptr, role);
+  return Record(engine.Barrier());
+}
+
+Status Runtime::AllGather(std::uint64_t team, void* output, std::size_t output_bytes, const void* input,
+                          std::size_t input_bytes, const ElementType& type, StreamHandle stream, KeepAlive keep,
+                          CallRole role) {
+  HP_WITH_TEAM(team, "all_gather", engine, stream, std::move(keep), role);
+  HP_REFUSE_IF_ERROR(engine, Collective::kAllGather,
+                     CheckAllGather(*hp_found.value(), output, output_bytes, input, input_bytes));
+  return Record(engine.AllGather(Resolve(output, output_bytes), Resolve(input, input_bytes), type));
+}
+
+Status Runtime::AllReduce(std::uint64_t team, void* tensor, std::size_t bytes, DataType dtype, ReduceOp op,
+                          StreamHandle stream, KeepAlive keep, std::optional<ops::LowFormat> wire, const void* input,
+                          CallRole role) {
+  HP_WITH_TEAM(team, "all_reduce", engine, stream, std::move(keep), role);
+  HP_REFUSE_IF_ERROR(engine, Collective::kAllReduce, CheckAllReduce(*device_, tensor, bytes, dtype, op, wire, input));
+  const Buffer values = Resolve(input == nullptr ? tensor : input, bytes);
   if (wire.has_value()) {
     return Record(engine.AllReduceLowPrecision(Resolve(tensor, bytes), values, ReducibleType(dtype), op, *wire));
   }
@@ -712,24 +768,11 @@ Status Runtime::AllReduce(std::uint64_t team, void* tensor, std::size_t bytes, D
 
 Status Runtime::ReduceScatter(std::uint64_t team, void* output, std::size_t output_bytes, const void* input,
                               std::size_t input_bytes, DataType dtype, ReduceOp op, StreamHandle stream,
-                              KeepAlive keep, std::optional<ops::LowFormat> wire) {
-  HP_WITH_TEAM(team, "reduce_scatter", engine, stream, std::move(keep));
-  HP_RETURN_IF_ERROR(Record(CheckReduceOp(dtype, op)));
-  HP_RETURN_IF_ERROR(Record(CheckWire(*device_, wire, dtype, op)));
-  HP_RETURN_IF_ERROR(Record(CheckWholeElements(output_bytes, dtype, "output")));
-  const Team& t = *hp_found.value();
-  const auto n = static_cast<std::size_t>(t.size());
-  if (input_bytes != n * output_bytes) {
-    return Record(InvalidArgument("`input` must have group_size * output bytes (" + std::to_string(n) + " * " +
-                                  std::to_string(output_bytes) + "), but got " + std::to_string(input_bytes)));
-  }
-  const auto* out = static_cast<const char*>(output);
-  const auto* in = static_cast<const char*>(input);
-  const char* mine = in + static_cast<std::size_t>(t.me) * output_bytes;
-  if (out != mine && out < in + input_bytes && in < out + output_bytes) {
-    return Record(InvalidArgument("`output` must be this rank's part of `input` or not overlap it, but got an overlap "
-                                  "at byte " + std::to_string(out - in) + " of the input"));
-  }
+                              KeepAlive keep, std::optional<ops::LowFormat> wire, CallRole role) {
+  HP_WITH_TEAM(team, "reduce_scatter", engine, stream, std::move(keep), role);
+  HP_REFUSE_IF_ERROR(engine, Collective::kReduceScatter,
+                     CheckReduceScatter(*device_, *hp_found.value(), output, output_bytes, input, input_bytes, dtype,
+                                        op, wire));
   if (wire.has_value()) {
     return Record(engine.ReduceScatterLowPrecision(Resolve(output, output_bytes), Resolve(input, input_bytes),
                                                    ReducibleType(dtype), op, *wire));
@@ -739,68 +782,59 @@ Status Runtime::ReduceScatter(std::uint64_t team, void* output, std::size_t outp
 
 Status Runtime::AllToAll(std::uint64_t team, const std::vector<std::pair<const void*, std::size_t>>& sends,
                          void* receive, std::size_t receive_bytes, const std::vector<std::uint64_t>& receive_counts,
-                         const ElementType& type, StreamHandle stream, KeepAlive keep) {
-  HP_WITH_TEAM(team, "all_to_all", engine, stream, std::move(keep));
-  const auto n = static_cast<std::size_t>(hp_found.value()->size());
-  if (sends.size() != n || receive_counts.size() != n) {
-    return Record(InvalidArgument("`sends` and `receive_counts` must have one entry per group rank (" +
-                                  std::to_string(n) + "), but got " + std::to_string(sends.size()) + " and " +
-                                  std::to_string(receive_counts.size())));
-  }
-  std::uint64_t total = 0;
-  for (std::uint64_t c : receive_counts) total += c;
-  if (total * type.bytes > receive_bytes) {
-    return Record(InvalidArgument("`sum(receive_counts)` must fit the receive buffer (" +
-                                  std::to_string(receive_bytes / type.bytes) + " elements), but got " +
-                                  std::to_string(total)));
-  }
+                         const ElementType& type, StreamHandle stream, KeepAlive keep, CallRole role) {
+  HP_WITH_TEAM(team, "all_to_all", engine, stream, std::move(keep), role);
+  HP_REFUSE_IF_ERROR(engine, Collective::kAllToAll,
+                     CheckAllToAll(*hp_found.value(), sends, receive_bytes, receive_counts, type));
   std::vector<Buffer> buffers;
-  buffers.reserve(n);
-  for (std::size_t j = 0; j < n; ++j) {
-    if (sends[j].second % type.bytes != 0) {
-      return Record(InvalidArgument("`sends[" + std::to_string(j) + "]` must hold whole " + type.name +
-                                    " elements, but got " + std::to_string(sends[j].second) + " bytes"));
-    }
-    buffers.push_back(Buffer{const_cast<void*>(sends[j].first), sends[j].second, -1});
-  }
+  buffers.reserve(sends.size());
+  for (const auto& send : sends) buffers.push_back(Buffer{const_cast<void*>(send.first), send.second, -1});
   return Record(engine.AllToAll(buffers, Resolve(receive, receive_bytes), receive_counts, type));
 }
 
-Status Runtime::Send(std::uint64_t team, const void* data, std::size_t bytes, int peer, StreamHandle stream,
-                     KeepAlive keep) {
-  HP_WITH_TEAM(team, "send", engine, stream, std::move(keep));
-  const Team& t = *hp_found.value();
-  if (peer < 0 || peer >= t.size() || peer == t.me) {
-    return Record(InvalidArgument("`peer` must be another group rank in [0, " + std::to_string(t.size()) +
-                                  ") than this one (" + std::to_string(t.me) + "), but got " + std::to_string(peer)));
-  }
-  return Record(engine.Send(Buffer{const_cast<void*>(data), bytes, -1}, peer));
+Status Runtime::Send(std::uint64_t team, const void* data, std::size_t bytes, const ElementType& type, int peer,
+                     StreamHandle stream, KeepAlive keep) {
+  HP_WITH_TEAM(team, "send", engine, stream, std::move(keep), CallRole::kForward);
+  HP_RETURN_IF_ERROR(Record(CheckPeer(*hp_found.value(), peer)));
+  return Record(engine.Send(Buffer{const_cast<void*>(data), bytes, -1}, peer, type));
 }
 
-Status Runtime::Recv(std::uint64_t team, void* data, std::size_t bytes, int peer, StreamHandle stream, KeepAlive keep) {
-  HP_WITH_TEAM(team, "recv", engine, stream, std::move(keep));
-  const Team& t = *hp_found.value();
-  if (peer < 0 || peer >= t.size() || peer == t.me) {
-    return Record(InvalidArgument("`peer` must be another group rank in [0, " + std::to_string(t.size()) +
-                                  ") than this one (" + std::to_string(t.me) + "), but got " + std::to_string(peer)));
-  }
-  return Record(engine.Recv(Buffer{data, bytes, -1}, peer));
+Status Runtime::Recv(std::uint64_t team, void* data, std::size_t bytes, const ElementType& type, int peer,
+                     StreamHandle stream, KeepAlive keep) {
+  HP_WITH_TEAM(team, "recv", engine, stream, std::move(keep), CallRole::kForward);
+  HP_RETURN_IF_ERROR(Record(CheckPeer(*hp_found.value(), peer)));
+  return Record(engine.Recv(Buffer{data, bytes, -1}, peer, type));
 }
 
 Result<std::vector<std::vector<std::int64_t>>> Runtime::Agree(std::uint64_t team, const Fingerprint& fingerprint,
                                                               const std::vector<std::int64_t>& values,
                                                               StreamHandle stream) {
-  HP_WITH_TEAM(team, "agree", engine, stream, nullptr);
+  HP_WITH_TEAM(team, "agree", engine, stream, nullptr, static_cast<CallRole>(fingerprint.role));
   const std::size_t limit = 2 * static_cast<std::size_t>(max_node_size_) + 1;
   if (values.size() > limit) {
-    return Record(InvalidArgument("`values` must have at most " + std::to_string(limit) + " entries, but got " +
-                                  std::to_string(values.size())));
+    return Record(engine.Refuse(static_cast<Collective>(fingerprint.collective),
+                                InvalidArgument("`values` must have at most " + std::to_string(limit) +
+                                                " entries, but got " + std::to_string(values.size()))));
   }
   auto rows = engine.Agree(fingerprint, values);
   if (!rows.ok()) return Record(rows.status());
   return rows;
 }
 
+Status Runtime::Refuse(std::uint64_t team, Collective collective, const Status& refusal, StreamHandle stream,
+                       CallRole role) {
+  if (refusal.ok()) return Record(InvalidArgument("`refusal` must be a failure, but got OK"));
+  HP_WITH_TEAM(team, "refuse", engine, stream, nullptr, role);
+  return Record(engine.Refuse(collective, refusal));
+}
+
+Status Runtime::GiveUp(std::uint64_t team, const Status& why) {
+  if (why.ok()) return Record(InvalidArgument("`why` must be a failure, but got OK"));
+  HP_WITH_TEAM(team, "give_up", engine, kDefaultStream, nullptr, CallRole::kForward);
+  return Record(engine.GiveUp(why));
+}
+
+#undef HP_REFUSE_IF_ERROR
 #undef HP_WITH_TEAM
 
 Result<StreamHandle> Runtime::CreateStream() {

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/collectives.h"
+#include "runtime/collectives/engine.h"
 #include "runtime/config.h"
 #include "runtime/device.h"
 #include "runtime/heap.h"
@@ -117,7 +117,7 @@ class Runtime {
   // Where [symmetric, symmetric + bytes), a range of one active allocation, lies on `pe` (rank inside the root),
   // for reading and writing a peer's copy directly; `what` names the argument in errors. Nothing is ordered.
   Result<void*> PeerAddress(const void* symmetric, std::size_t bytes, int pe, const char* what) const;
-  // Teams (team.h) and their collectives (collectives.h). A team id names a team of this lifecycle.
+  // Teams (team.h) and their collectives (collectives/engine.h). A team id names a team of this lifecycle.
   //
   // Collective over `bootstrap`, whose ranks are the members in group-rank order (`pes`: their PEs). The first team
   // of a lifecycle must be the root team (every PE, in order): it reserves the team pool, collectively over the root.
@@ -125,29 +125,47 @@ class Runtime {
   // Local, never waits; calls of the team after it are refused.
   Status ReleaseTeam(std::uint64_t team);
   Result<TeamView> DescribeTeam(std::uint64_t team) const;
-  // The collectives, each one call (collectives.h for the contracts). Buffers are local addresses; symmetric ones
-  // (inside an active allocation) let the engine take a copy-free path when every rank passes the same.
-  Status TeamBarrier(std::uint64_t team, StreamHandle stream);
+  // The collectives, each one call (collectives/engine.h for the contracts). Buffers are local addresses; symmetric ones
+  // (inside an active allocation) let the engine take a copy-free path when every rank passes the same. `role`: what
+  // the call is for (forward, backward, a fused op's phase), part of what the ranks agree on. An argument that breaks
+  // a contract here is refused collectively: this rank still enters the call's first sync, and every member fails
+  // with the same error, naming this rank.
+  Status TeamBarrier(std::uint64_t team, StreamHandle stream, CallRole role = CallRole::kForward);
   Status AllGather(std::uint64_t team, void* output, std::size_t output_bytes, const void* input,
-                   std::size_t input_bytes, const ElementType& type, StreamHandle stream, KeepAlive keep);
+                   std::size_t input_bytes, const ElementType& type, StreamHandle stream, KeepAlive keep,
+                   CallRole role = CallRole::kForward);
   // `wire`: the low-precision format the values travel in (sum or avg of a floating-point dtype wider than it, on a
   // device that carries it), or none for the tensor's own dtype. `input`: `bytes` of values to reduce into `tensor`
   // (out of place; it must not overlap `tensor`), or null to reduce `tensor` in place.
   Status AllReduce(std::uint64_t team, void* tensor, std::size_t bytes, DataType dtype, ReduceOp op,
                    StreamHandle stream, KeepAlive keep, std::optional<ops::LowFormat> wire = std::nullopt,
-                   const void* input = nullptr);
+                   const void* input = nullptr, CallRole role = CallRole::kForward);
   Status ReduceScatter(std::uint64_t team, void* output, std::size_t output_bytes, const void* input,
                        std::size_t input_bytes, DataType dtype, ReduceOp op, StreamHandle stream, KeepAlive keep,
-                       std::optional<ops::LowFormat> wire = std::nullopt);
+                       std::optional<ops::LowFormat> wire = std::nullopt, CallRole role = CallRole::kForward);
   Status AllToAll(std::uint64_t team, const std::vector<std::pair<const void*, std::size_t>>& sends, void* receive,
                   std::size_t receive_bytes, const std::vector<std::uint64_t>& receive_counts, const ElementType& type,
-                  StreamHandle stream, KeepAlive keep);
-  Status Send(std::uint64_t team, const void* data, std::size_t bytes, int peer, StreamHandle stream, KeepAlive keep);
-  Status Recv(std::uint64_t team, void* data, std::size_t bytes, int peer, StreamHandle stream, KeepAlive keep);
+                  StreamHandle stream, KeepAlive keep, CallRole role = CallRole::kForward);
+  // Point to point: `type` travels with the message, and a receiver of another dtype or size refuses it.
+  Status Send(std::uint64_t team, const void* data, std::size_t bytes, const ElementType& type, int peer,
+              StreamHandle stream, KeepAlive keep);
+  Status Recv(std::uint64_t team, void* data, std::size_t bytes, const ElementType& type, int peer,
+              StreamHandle stream, KeepAlive keep);
   // A fingerprinted sync that publishes `values` (at most 2n + 1, n the most PEs of one node) and returns every
   // member's.
   Result<std::vector<std::vector<std::int64_t>>> Agree(std::uint64_t team, const Fingerprint& fingerprint,
                                                        const std::vector<std::int64_t>& values, StreamHandle stream);
+  // This rank refuses the call `collective` for `refusal`, a check of its own that failed above the runtime (a freed
+  // tensor, a destroyed group): it enters the call's first sync so that every member fails with `refusal`, naming
+  // this rank. Returns the refusal as every member reports it.
+  Status Refuse(std::uint64_t team, Collective collective, const Status& refusal, StreamHandle stream,
+                CallRole role = CallRole::kForward);
+  // This rank gives up the team's next sync for `why` (a failure of its own above the runtime, e.g. across nodes):
+  // the members waiting there, or arriving later, fail at once with `why`'s message. Local, never waits. Returns why.
+  Status GiveUp(std::uint64_t team, const Status& why);
+  // Test seam: the counter every team created from now on starts at (0 otherwise): tests run teams across the 32-bit
+  // wrap of the ascend device's signals.
+  void SetFirstTeamCounterForTesting(std::uint64_t counter) { teams_.set_first_counter(counter); }
 
   Result<StreamHandle> CreateStream();
   Status DestroyStream(StreamHandle stream);
@@ -190,8 +208,9 @@ class Runtime {
 
   Status RequireInitialized(const char* op) const;
   Status CheckPe(int pe, const char* what) const;
-  // OK when `pe` (in range) lies on this rank's node; otherwise the fact, naming both nodes, for data-plane `op`.
-  Status CheckOnNode(int pe, const char* op) const;
+  // OK when `pe` (in range) lies on this rank's node, or when `remote_ok` (put, get, signal set) and the device
+  // reaches it remotely (Device::reaches_remotely); otherwise the fact, naming both nodes, for data-plane `op`.
+  Status CheckOnNode(int pe, const char* op, bool remote_ok = false) const;
   // A signal: inside an active allocation and naturally aligned.
   Status CheckSignal(const void* symmetric_signal, SignalWidth width) const;
   // The checks shared by Put and Get: state, pe, equal byte counts, the symmetric side inside an allocation.

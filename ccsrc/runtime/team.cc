@@ -23,6 +23,16 @@ const char* CollectiveName(Collective collective) {
   return "?";
 }
 
+const char* CallRoleName(CallRole role) {
+  switch (role) {
+    case CallRole::kForward: return "forward";
+    case CallRole::kBackward: return "backward";
+    case CallRole::kFusedGather: return "fused_gather";
+    case CallRole::kFusedScatter: return "fused_scatter";
+  }
+  return "?";
+}
+
 namespace {
 
 constexpr std::size_t kPage = 4096;
@@ -46,6 +56,11 @@ std::string CollectiveNameOf(std::uint32_t collective) {
   return name[0] == '?' ? "unknown(" + std::to_string(collective) + ")" : name;
 }
 
+std::string RoleNameOf(std::uint32_t role) {
+  const char* name = CallRoleName(static_cast<CallRole>(role));
+  return name[0] == '?' ? "unknown(" + std::to_string(role) + ")" : name;
+}
+
 }  // namespace
 
 std::string DescribeFingerprint(const Fingerprint& f) {
@@ -58,6 +73,7 @@ std::string DescribeFingerprint(const Fingerprint& f) {
   if (f.reduce_op != 0) text += std::string(" op=") + ReduceName(f.reduce_op);
   if (f.reduce_op != 0 || f.wire != kWireFull) text += std::string(" wire=") + WireName(f.wire);
   if (f.peer >= 0) text += " root=" + std::to_string(f.peer);
+  if (f.role != static_cast<std::uint32_t>(CallRole::kForward)) text += " role=" + RoleNameOf(f.role);
   return text;
 }
 
@@ -69,6 +85,7 @@ std::string FingerprintDifference(const Fingerprint& a, const Fingerprint& b) {
   if (a.reduce_op != b.reduce_op) return "op";
   if (a.wire != b.wire) return "wire";
   if (a.peer != b.peer) return "root";
+  if (a.role != b.role) return "role";
   return "";
 }
 
@@ -79,14 +96,20 @@ TeamSlotLayout TeamSlotLayout::For(int world_size, std::size_t staging_bytes) {
   int rounds = 0;
   while ((std::size_t{1} << rounds) < n) ++rounds;
   l.rounds = rounds;
-  // 1. Signal words, each on a cache line of its own kind: peers write them concurrently.
+  // 1. Signal words, each alone on its line: peers write them concurrently (an NPU's signal write cleans the whole
+  //    line, so a neighbour's concurrent write to it would be lost).
+  const std::size_t pieces = n * static_cast<std::size_t>(kMailboxPieces);
   l.dissemination = 0;
-  l.sent = RoundUp(l.dissemination + std::max(rounds, 1) * sizeof(std::int64_t), 64);
-  l.acked = RoundUp(l.sent + n * sizeof(std::int64_t), 64);
-  l.release_count = RoundUp(l.acked + n * sizeof(std::int64_t), 64);
-  // 2. The tables every rank writes its row of.
-  l.fingerprints = RoundUp(l.release_count + sizeof(std::int64_t), 64);
-  l.counts = RoundUp(l.fingerprints + 2 * n * sizeof(Fingerprint), 64);
+  l.arrivals = l.dissemination + static_cast<std::size_t>(std::max(rounds, 1)) * 2 * kSignalLineBytes;
+  l.sent = l.arrivals + static_cast<std::size_t>(kArrivalWords) * kSignalLineBytes;
+  l.acked = l.sent + pieces * kSignalLineBytes;
+  l.refused = l.acked + pieces * kSignalLineBytes;
+  l.release_count = l.refused + n * kSignalLineBytes;
+  l.signals_bytes = l.release_count;   // the release count outlives the slot's teams: never zeroed
+  // 2. The tables every rank writes its row of (puts, not signal writes: no line of their own needed).
+  l.fingerprints = l.release_count + kSignalLineBytes;
+  l.statements = l.fingerprints + 2 * n * sizeof(Fingerprint);
+  l.counts = l.statements + 2 * n * kStatementBytes;
   l.control_bytes = RoundUp(l.counts + 2 * n * l.count_row_bytes(), kPage);
   // 3. Staging, then the mailbox of the same size.
   l.staging = l.control_bytes;
@@ -160,43 +183,26 @@ Result<bool> TeamPool::SlotFree(Device& device, int slot) const {
   return releases == state.expected_releases;
 }
 
-Result<std::int64_t> TeamPool::HighWater(Device& device, int slot) const {
-  const TeamSlotLayout& l = layout_.Of(slot);
-  char* base = memory_ + layout_.SlotOffset(slot);
-  // The signal words lie together at the start of the slot: one read covers them.
-  std::vector<std::int64_t> words((l.release_count) / sizeof(std::int64_t));
-  HP_RETURN_IF_ERROR(device.CopyFromHeap(words.data(), base, words.size() * sizeof(std::int64_t)));
-  std::int64_t high = 0;
-  for (std::int64_t w : words) {
-    // A device with 32-bit signals writes the low half of each word (little-endian), the high half stays zero.
-    high = std::max(high, device.native_signal_width() == SignalWidth::k32 ? static_cast<std::int64_t>(static_cast<std::int32_t>(w)) : w);
-  }
-  return high;
-}
-
 Result<std::shared_ptr<Team>> TeamPool::Create(Device& device, const std::vector<int>& pes, int me,
-                                                Bootstrap& bootstrap, double /*timeout_sec*/) {
+                                                Bootstrap& bootstrap) {
   std::lock_guard<std::mutex> lock(mu_);
   if (memory_ == nullptr) return Internal("team pool is not allocated: op=team_create");
   const int n = static_cast<int>(pes.size());
   const bool whole_root = pes == root_pes_;
   // 1. Every member is past what it did before this call (its releases of earlier teams included); then what this
-  //    rank offers: its PE, the slots free here, and what each free slot's words hold.
+  //    rank offers: its PE and the slots free here.
   HP_RETURN_IF_ERROR(bootstrap.Barrier());
   struct Offer {
     std::int32_t pe;
     std::int32_t members;
     std::uint64_t free_mask[2];   // bit s: slot s is free on this rank
-    std::int64_t high_water[kTeamSlots];
   };
   Offer mine{};
   mine.pe = pes[static_cast<std::size_t>(me)];
   mine.members = n;
   for (int s = 0; s < kTeamSlots; ++s) {
     HP_ASSIGN_OR_RETURN(bool free, SlotFree(device, s));
-    if (!free) continue;
-    mine.free_mask[s / 64] |= std::uint64_t{1} << (s % 64);
-    HP_ASSIGN_OR_RETURN(mine.high_water[s], HighWater(device, s));
+    if (free) mine.free_mask[s / 64] |= std::uint64_t{1} << (s % 64);
   }
   // 2. Every member's offer, bounded by the bootstrap (which names who did not arrive).
   std::vector<Offer> offers(static_cast<std::size_t>(n));
@@ -221,8 +227,15 @@ Result<std::shared_ptr<Team>> TeamPool::Create(Device& device, const std::vector
                       " live_teams_here=" + std::to_string(teams_.size()) +
                       " (release teams of destroyed groups: shmem.Team.release() or destroy_process_group)");
   }
-  std::int64_t high = 0;
-  for (const Offer& offer : offers) high = std::max(high, offer.high_water[chosen]);
+  // 4. This rank's signal words and tables of the slot start from zero (no late write of the slot's earlier teams
+  //    can come: the slot is free on every member), and no member uses the team before every member zeroed them.
+  const TeamSlotLayout& chosen_layout = layout_.Of(chosen);
+  char* chosen_base = memory_ + layout_.SlotOffset(chosen);
+  const std::vector<char> zeros(std::max(chosen_layout.signals_bytes, chosen_layout.control_bytes - chosen_layout.fingerprints), 0);
+  HP_RETURN_IF_ERROR(device.CopyToHeap(chosen_base, zeros.data(), chosen_layout.signals_bytes));
+  HP_RETURN_IF_ERROR(device.CopyToHeap(chosen_base + chosen_layout.fingerprints, zeros.data(),
+                                       chosen_layout.control_bytes - chosen_layout.fingerprints));
+  HP_RETURN_IF_ERROR(bootstrap.Barrier());
 
   static std::atomic<std::uint64_t> next_id{1};   // never reused, not even across lifecycles
   auto team = std::make_shared<Team>();
@@ -231,11 +244,14 @@ Result<std::shared_ptr<Team>> TeamPool::Create(Device& device, const std::vector
   team->slot = chosen;
   team->pes = pes;
   team->me = me;
-  team->base = memory_ + layout_.SlotOffset(chosen);
-  team->layout = &layout_.Of(chosen);
-  team->signal_base = high + 2;   // above anything an earlier team (even a rank one sync ahead) left here
-  team->sent_pieces.assign(static_cast<std::size_t>(n), 0);
-  team->received_pieces.assign(static_cast<std::size_t>(n), 0);
+  team->base = chosen_base;
+  team->layout = &chosen_layout;
+  team->first_counter = first_counter_;
+  team->epoch = first_counter_;
+  team->sequence = first_counter_;
+  team->sent_pieces.assign(static_cast<std::size_t>(n), first_counter_);
+  team->received_pieces.assign(static_cast<std::size_t>(n), first_counter_);
+  team->refusals_seen.assign(static_cast<std::size_t>(n), 0);
   slots_[static_cast<std::size_t>(chosen)].busy = true;
   slots_[static_cast<std::size_t>(chosen)].expected_releases += n;
   teams_.push_back(team);

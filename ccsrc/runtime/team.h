@@ -1,16 +1,23 @@
-// Teams: a set of PEs that runs collectives together, with the workspace they stage through and the epoch protocol
-// that keeps them in step.
+// Teams: a set of PEs that runs collectives together, with the workspace they stage through and the protocols that
+// keep them in step.
 //
 // The runtime reserves one symmetric *team pool* when the root team is created (collective over the root): slot 0
 // for the root team, kSubTeamSlots slots for the other teams. A slot is laid out once (TeamSlotLayout):
 //
-//   control   dissemination words (one per round), send/recv sequence words (one per sender), the release count,
-//             the fingerprint table (2 parities x members), the count table (2 parities x members x 3n + 1)
-//   staging   bounce space for collectives whose tensors are not symmetric (two halves for one-step ops)
-//   mailbox   one region per sender for send/recv, kMailboxPieces pieces in flight, each a header and a payload
+//   signals     every word peers write concurrently, each on a 64-byte line of its own (an NPU's signal write cleans
+//               and invalidates the whole line it lies in, losing a neighbour's concurrent write): the dissemination
+//               words (one per round and parity), the arrival counters of arbitrated syncs (three), the send/recv
+//               words (one per sender and mailbox piece, one per receiver and piece), the refusal words of send/recv
+//               (one per receiver), the release count
+//   tables      the fingerprint table (2 parities x members), the statements (2 parities x members: the text of a
+//               refusal or of a given-up call), the count table (2 parities x members x 3n + 1)
+//   staging     bounce space for collectives whose tensors are not symmetric (two halves for one-step ops)
+//   mailbox     one region per sender for send/recv, kMailboxPieces pieces in flight, each a header and a payload
 //
-// Every value a team writes into a signal word is `base + counter`, with counters that only grow: a slot never needs
-// resetting, and a team created in a slot starts above every value an earlier team of that slot left there.
+// Every value a protocol writes into a signal word is SignalValue(counter), with counters that only grow, and every
+// wait compares for equality with the value it expects: a word is written again only after its reader has seen the
+// value before, so 32-bit signals (CANN SHMEM's) survive their wrap, and no word ever needs resetting within a team.
+// A team made in a slot starts from words its members zeroed (SignalValue is never 0).
 //
 // A team is created collectively by its members (through a Bootstrap over them: bounded, naming who did not
 // arrive); the members agree on the lowest slot free on all of them. Releasing is local and never waits: the
@@ -49,11 +56,21 @@ const char* CollectiveName(Collective collective);
 // Wire formats a fingerprint names (0: the tensor's own dtype). The low-precision formats follow ops::LowFormat + 1.
 constexpr std::uint32_t kWireFull = 0;
 
-// What a rank says it is calling, carried by every sync of a team. Ranks compare every field but `epoch`, `where`
-// and `address`, which carry what each rank publishes for the others: the heap offsets of its tensors (-1 for none),
-// and, when the device reaches peers' memory, their addresses in its own process (0 for none).
+// What a call is for, beside what it computes: a gradient's collective never pairs with a forward one, nor one phase
+// of a fused op with another. One numbering for every layer: the bindings export it.
+enum class CallRole : std::uint32_t {
+  kForward = 0,
+  kBackward = 1,
+  kFusedGather = 2,    // the fused ops' own syncs, by phase
+  kFusedScatter = 3,
+};
+const char* CallRoleName(CallRole role);
+
+// What a rank says it is calling, carried by every sync of a team. Ranks compare every field but `epoch`, `where`,
+// `address` and `refusal`, which carry what each rank publishes for the others: the heap offsets of its tensors (-1
+// for none), when the device reaches peers' memory their addresses in its own process (0 for none), and a refusal.
 struct Fingerprint {
-  std::uint64_t epoch;      // base + the sync's epoch: tells who arrived
+  std::uint64_t epoch;      // SignalValue of the sync's epoch: tells who arrived
   std::uint64_t sequence;   // the team's call number
   std::uint32_t collective;
   std::uint32_t reduce_op;  // ReduceOp + 1, 0 for none
@@ -64,7 +81,8 @@ struct Fingerprint {
   char dtype[24];           // NUL-terminated name ("float32"), "" for none
   std::int64_t where[4];
   std::uint64_t address[2];
-  std::uint8_t reserved[8];
+  std::uint32_t role;       // CallRole
+  std::int32_t refusal;     // a StatusCode when this rank refuses the call (its statement says why), 0 otherwise
 };
 static_assert(sizeof(Fingerprint) == 128, "a fingerprint is laid out the same on every rank");
 // "collective=all_reduce sequence=3 dtype=float32 count=8 op=sum wire=full": what a message names of a call.
@@ -72,23 +90,50 @@ std::string DescribeFingerprint(const Fingerprint& fingerprint);
 // The first field on which two calls differ ("" when they agree).
 std::string FingerprintDifference(const Fingerprint& a, const Fingerprint& b);
 
+// The value a signal word holds for `counter`: in [1, 2^31 - 1], never 0 (a zeroed word), and consecutive counters
+// differ, also across the 32-bit wrap.
+constexpr std::int64_t kSignalPeriod = (std::int64_t{1} << 31) - 1;
+inline std::int64_t SignalValue(std::uint64_t counter) {
+  return 1 + static_cast<std::int64_t>(counter % static_cast<std::uint64_t>(kSignalPeriod));
+}
+
+// Bytes of a member's statement: the text every member reads when that member refuses or gives up a call.
+constexpr std::size_t kStatementBytes = 256;
+// Each signal word lies alone on a line of this size.
+constexpr std::size_t kSignalLineBytes = 64;
+// Arbitrated syncs (Device::arbitrates) count arrivals on three words of the team's first member, used in turn: the
+// word of sync e is zeroed by that member when it arrives at sync e - 2, when everyone is past sync e - 3, the
+// word's last use.
+constexpr int kArrivalWords = 3;
+
 constexpr int kSubTeamSlots = 64;
 constexpr int kTeamSlots = kSubTeamSlots + 1;   // slot 0: the root team
 constexpr int kMailboxPieces = 4;               // send/recv pieces in flight per (sender, receiver)
 constexpr std::size_t kMailboxHeaderBytes = 64;
-// A message of at most this many bytes travels in its header's cache line, right after the header's two words
-// (total bytes, piece number): the receiver reads one line per message instead of two.
-constexpr std::size_t kMailboxInlineBytes = kMailboxHeaderBytes - 2 * sizeof(std::uint64_t);
+// A message's header: the piece number, then what the message is (so a receiver of another dtype or size refuses it).
+struct MailboxHeader {
+  std::uint64_t piece;
+  std::uint64_t bytes;
+  char dtype[16];   // NUL-terminated name of the element type ("float32")
+};
+static_assert(sizeof(MailboxHeader) == 32, "a mailbox header is laid out the same on every rank");
+// A message of at most this many bytes travels in its header's cache line, right after the header: the receiver reads
+// one line per message instead of two.
+constexpr std::size_t kMailboxInlineBytes = kMailboxHeaderBytes - sizeof(MailboxHeader);
 
 // Where everything lies inside one slot. The same on every rank (it depends on the heap size and the root's size).
 struct TeamSlotLayout {
   int world_size = 0;
-  int rounds = 0;                      // dissemination rounds words (enough for the root)
-  std::size_t dissemination = 0;       // rounds x int64
-  std::size_t sent = 0;                // world x int64: the last piece sender i put here
-  std::size_t acked = 0;               // world x int64: the last piece receiver i took from here
-  std::size_t release_count = 0;       // int64
+  int rounds = 0;                      // dissemination rounds (enough for the root)
+  std::size_t dissemination = 0;       // rounds x 2 parities: the round's partner signals the sync's value
+  std::size_t arrivals = 0;            // kArrivalWords counters (arbitrated syncs; used in the first member's slot)
+  std::size_t sent = 0;                // world x kMailboxPieces: sender i put its piece k here
+  std::size_t acked = 0;               // world x kMailboxPieces: receiver i took this rank's piece k
+  std::size_t refused = 0;             // world: receiver i refused a message of this rank
+  std::size_t release_count = 0;
+  std::size_t signals_bytes = 0;       // every signal word above: what a new team's members zero
   std::size_t fingerprints = 0;        // 2 x world x Fingerprint
+  std::size_t statements = 0;          // 2 parities x world x kStatementBytes
   std::size_t counts = 0;              // 2 x world x (3 world + 1) x int64
   std::size_t control_bytes = 0;       // the above, rounded up to a page
   std::size_t staging = 0;
@@ -125,20 +170,39 @@ struct Team {
   int my_pe() const { return pes[static_cast<std::size_t>(me)]; }
   char* base = nullptr;   // the slot in this rank's heap
   const TeamSlotLayout* layout = nullptr;
-  std::int64_t signal_base = 0;   // every signal value is signal_base + a counter
-  std::uint64_t epoch = 0;        // syncs so far
+  std::uint64_t first_counter = 0;   // where every counter below started
+  std::uint64_t epoch = 0;        // syncs so far (SignalValue(epoch): what the current sync signals)
   std::uint64_t sequence = 0;     // calls so far
   std::vector<std::uint64_t> sent_pieces;       // per peer: send/recv pieces sent to it
   std::vector<std::uint64_t> received_pieces;   // per peer: pieces taken from it
+  std::vector<std::int64_t> refusals_seen;      // per peer: the refusal word as this rank last reported it
+  // The epoch of the last sync a member gave up (0: none since the team was made): before this rank's next call, every
+  // member must have arrived at it (and failed there), so that no peer still reads what that call left behind.
+  std::uint64_t given_up_epoch = 0;
   std::string broken;             // why the team cannot be used any more ("" while it can)
   std::mutex mu;
 
   char* At(std::size_t offset) const { return base + offset; }
-  std::int64_t* Dissemination(int round) const {
-    return reinterpret_cast<std::int64_t*>(At(layout->dissemination)) + round;
+  char* Line(std::size_t offset, std::size_t index) const { return At(offset + index * kSignalLineBytes); }
+  void* Dissemination(int round, int parity) const {
+    return Line(layout->dissemination, static_cast<std::size_t>(round) * 2 + static_cast<std::size_t>(parity));
   }
-  std::int64_t* Sent(int sender) const { return reinterpret_cast<std::int64_t*>(At(layout->sent)) + sender; }
-  std::int64_t* Acked(int receiver) const { return reinterpret_cast<std::int64_t*>(At(layout->acked)) + receiver; }
+  void* Arrivals(std::uint64_t epoch_of_sync) const {
+    return Line(layout->arrivals, static_cast<std::size_t>(epoch_of_sync % kArrivalWords));
+  }
+  void* Sent(int sender, std::uint64_t piece) const {
+    return Line(layout->sent, static_cast<std::size_t>(sender) * kMailboxPieces + piece % kMailboxPieces);
+  }
+  void* Acked(int receiver, std::uint64_t piece) const {
+    return Line(layout->acked, static_cast<std::size_t>(receiver) * kMailboxPieces + piece % kMailboxPieces);
+  }
+  void* Refused(int receiver) const { return Line(layout->refused, static_cast<std::size_t>(receiver)); }
+  // The statement member `rank` made at the sync of this parity (read there, after the sync, like the fingerprints).
+  char* Statement(int parity, int rank) const {
+    return At(layout->statements + (static_cast<std::size_t>(parity) * static_cast<std::size_t>(layout->world_size) +
+                                    static_cast<std::size_t>(rank)) *
+                                       kStatementBytes);
+  }
   Fingerprint* FingerprintRow(int parity, int rank) const {
     return reinterpret_cast<Fingerprint*>(At(layout->fingerprints)) +
            static_cast<std::size_t>(parity) * static_cast<std::size_t>(layout->world_size) + rank;
@@ -170,10 +234,12 @@ class TeamPool {
   bool ready() const { return memory_ != nullptr; }
   const TeamPoolLayout& layout() const { return layout_; }
 
-  // Collective over `bootstrap`, whose ranks are the team's members in group-rank order: agrees on a slot and a
-  // signal base. `pes` are the members' PEs (checked by the caller); `me` this rank's group rank.
-  Result<std::shared_ptr<Team>> Create(Device& device, const std::vector<int>& pes, int me, Bootstrap& bootstrap,
-                                       double timeout_sec);
+  // Collective over `bootstrap`, whose ranks are the team's members in group-rank order: agrees on a slot, zeroes
+  // its signal words and tables here, and waits for every member to have done so. `pes` are the members' PEs
+  // (checked by the caller); `me` this rank's group rank.
+  Result<std::shared_ptr<Team>> Create(Device& device, const std::vector<int>& pes, int me, Bootstrap& bootstrap);
+  // Where a new team's counters start (0; tests start them near the 32-bit wrap).
+  void set_first_counter(std::uint64_t counter) { first_counter_ = counter; }
   // Local, never waits: tells every member that this rank is done with the team's slot.
   Status Release(Device& device, std::uint64_t team_id);
   Result<std::shared_ptr<Team>> Find(std::uint64_t team_id) const;
@@ -184,9 +250,8 @@ class TeamPool {
     bool busy = false;
     std::int64_t expected_releases = 0;   // members of every team this slot held so far
   };
-  // Whether `slot` may hold a new team on this rank, and the highest signal value anything left in it.
+  // Whether `slot` may hold a new team on this rank.
   Result<bool> SlotFree(Device& device, int slot) const;
-  Result<std::int64_t> HighWater(Device& device, int slot) const;
 
   mutable std::mutex mu_;
   char* memory_ = nullptr;
@@ -196,6 +261,7 @@ class TeamPool {
   std::array<SlotState, kTeamSlots> slots_{};
   std::vector<std::shared_ptr<Team>> teams_;
   std::uint64_t next_id_ = 1;
+  std::uint64_t first_counter_ = 0;
 };
 
 }  // namespace hp::shmem

@@ -54,6 +54,21 @@ static_assert(ACL_SUCCESS == 0 && ACL_ERROR_RT_PARAM_INVALID == 107000 && ACL_ER
                   ACL_ERROR_RT_AICORE_EXCEPTION == 507015 && ACL_ERROR_RT_STREAM_SYNC_TIMEOUT == 507046 &&
                   ACL_ERROR_RT_EVENT_SYNC_TIMEOUT == 507047,
               "ACL runtime error codes");
+static_assert(ACL_ERROR_RT_STREAM_CAPTURED == 107027 && ACL_ERROR_RT_STREAM_NOT_CAPTURED == 107029 &&
+                  ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT == 107030 &&
+                  ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED == 507903,
+              "ACL graph-capture error codes");
+
+// Graph capture (acl/acl_mdl.h).
+static_assert(ACL_MODEL_RI_CAPTURE_MODE_GLOBAL == 0 && ACL_MODEL_RI_CAPTURE_MODE_THREAD_LOCAL == 1 &&
+                  ACL_MODEL_RI_CAPTURE_MODE_RELAXED == 2,
+              "capture modes");
+static_assert(ACL_MODEL_RI_CAPTURE_STATUS_NONE == 0 && ACL_MODEL_RI_CAPTURE_STATUS_ACTIVE == 1 &&
+                  ACL_MODEL_RI_CAPTURE_STATUS_INVALIDATED == 2,
+              "capture states");
+static_assert(sizeof(aclmdlRI) == sizeof(void*), "aclmdlRI is a handle");
+static_assert(ACLSHMEM_TEAM_WORLD == 0 && ACLSHMEM_TEAM_INVALID == -1, "team handles");
+static_assert(SCALAR_DATA_CACHELINE_SIZE == 64, "the cache line a SET writes back");
 
 // The heap CANN maps and what init takes from it (include/host_device/shmem_common_types.h).
 static_assert(ACLSHMEM_PAGE_SIZE == 2u << 20, "2 MiB pages");

@@ -59,6 +59,7 @@ class SplitBootstrap final : public Bootstrap {
 
 inline ElementType Float32() { return ElementType{"float32", 4, true, DataType::kFloat32}; }
 inline ElementType Int32() { return ElementType{"int32", 4, true, DataType::kInt32}; }
+inline ElementType Int64() { return ElementType{"int64", 8, true, DataType::kInt64}; }
 
 inline std::vector<int> AllPes(int world) {
   std::vector<int> pes(static_cast<std::size_t>(world));
@@ -221,11 +222,11 @@ inline void RunEveryCollective(const CollectiveBackend& backend, int world) {
           const int previous = (rank + world - 1) % world;
           // Rank 0 starts the ring: a message larger than the mailbox's window waits for its receiver.
           if (rank == 0) {
-            ASSERT_TRUE(IsOk(runtime.Send(t, message.data(), message.bytes(), next, kDefaultStream, nullptr)));
+            ASSERT_TRUE(IsOk(runtime.Send(t, message.data(), message.bytes(), Float32(), next, kDefaultStream, nullptr)));
           }
-          ASSERT_TRUE(IsOk(runtime.Recv(t, arrived.data(), arrived.bytes(), previous, kDefaultStream, nullptr)));
+          ASSERT_TRUE(IsOk(runtime.Recv(t, arrived.data(), arrived.bytes(), Float32(), previous, kDefaultStream, nullptr)));
           if (rank != 0) {
-            ASSERT_TRUE(IsOk(runtime.Send(t, message.data(), message.bytes(), next, kDefaultStream, nullptr)));
+            ASSERT_TRUE(IsOk(runtime.Send(t, message.data(), message.bytes(), Float32(), next, kDefaultStream, nullptr)));
           }
           std::vector<float> theirs(count);
           for (std::size_t i = 0; i < count; ++i) theirs[i] = Value(previous, i);

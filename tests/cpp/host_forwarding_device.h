@@ -66,6 +66,17 @@ class HostForwardingDevice : public Device {
   }
   Result<void*> PeerAddress(const void* symmetric, int pe) const override { return host_.PeerAddress(symmetric, pe); }
   Status Barrier(StreamHandle stream) override { return host_.Barrier(stream); }
+  bool arbitrates() const override { return host_.arbitrates(); }
+  Status Arrive(void* counter, const std::vector<int>& members, int member) override {
+    return host_.Arrive(counter, members, member);
+  }
+  Status GiveUp(void* counter, const std::vector<int>& members, int member, GiveUpReason reason) override {
+    return host_.GiveUp(counter, members, member, reason);
+  }
+  Status AwaitArrivals(const void* counter, const std::vector<int>& members) override {
+    return host_.AwaitArrivals(counter, members);
+  }
+  Result<std::int64_t> ReadCounter(const void* counter, int pe) override { return host_.ReadCounter(counter, pe); }
   Status Copy(void* dst, const void* src, std::size_t bytes, StreamHandle stream, KeepAlive keep) override {
     return host_.Copy(dst, src, bytes, stream, std::move(keep));
   }

@@ -373,12 +373,39 @@ TEST_F(AscendDeviceTest, AllocationFailureIsOutOfMemoryAndShowsInLatestFailure) 
   RunNpuRanks(1, [](int, Bootstrap& bootstrap) {
     Runtime runtime;
     ASSERT_TRUE(IsOk(runtime.Init(AscendConfig(), std::make_unique<AscendDevice>(), bootstrap)));
-    FakeCann::FailNext("aclshmem_align", 1);
-    EXPECT_TRUE(HasError(runtime.Allocate(256, 0, "test").status(), StatusCode::kOutOfMemory,
-                         "aclshmem_align failed: cann_error_code=-8 (ACLSHMEM_MALLOC_FAILED) requested=256"));
-    EXPECT_TRUE(Contains(runtime.Snapshot().latest_failure, "cann_error_code=-8"));
     EXPECT_TRUE(HasError(runtime.Allocate(64 * kMiB, 0, "test").status(), StatusCode::kOutOfMemory,
-                         "the symmetric heap is exhausted"));
+                         "aclshmem_align failed: cann_error_code=-8 (ACLSHMEM_MALLOC_FAILED) requested=67108864 "
+                         "alignment=64 local_mem_size=2097152 heap_size=8388608 (the symmetric heap has no gap that "
+                         "large"));
+    EXPECT_TRUE(Contains(runtime.Snapshot().latest_failure, "cann_error_code=-8"));
+    ASSERT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+  });
+}
+
+TEST_F(AscendDeviceTest, AMallocWhoseBarrierFailsIsATimeoutNotAFullHeap) {
+  // CANN answers NULL for both (shmem_mm.cpp:46-53); the heap has room, so the barrier failed.
+  RunNpuRanks(1, [](int, Bootstrap& bootstrap) {
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(AscendConfig(), std::make_unique<AscendDevice>(), bootstrap)));
+    for (const char* call : {"aclshmem_align", "aclshmem_malloc"}) {
+      FakeCann::FailNext(std::string(fakes::kControlBarrier) + ":" + call, ACLSHMEM_SMEM_ERROR);
+      const std::size_t alignment = std::string(call) == "aclshmem_align" ? 0 : 16;
+      EXPECT_TRUE(HasError(runtime.Allocate(256, alignment, "test").status(), StatusCode::kTimeout,
+                           std::string(call) + " failed: cann_error_code=-3 (ACLSHMEM_SMEM_ERROR) requested=256 "
+                           "alignment=" + (alignment == 0 ? "64" : "16") + " local_mem_size=2097152 "
+                           "heap_size=8388608 (the heap has room for it, so CANN's closing control barrier failed: a "
+                           "peer missing or later than CANN's 120 s control timeout"));
+    }
+    // Fragmented rather than full: what is left in total would hold it, no gap does.
+    auto a = runtime.Allocate(kMiB, 0, "a");
+    auto b = runtime.Allocate(kMiB / 2, 0, "b");
+    auto c = runtime.Allocate(kMiB, 0, "c");
+    ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+    ASSERT_TRUE(IsOk(runtime.Free(a->id, "a")));
+    ASSERT_TRUE(IsOk(runtime.Free(c->id, "c")));
+    EXPECT_TRUE(HasError(runtime.Allocate(2 * kMiB, 0, "big").status(), StatusCode::kOutOfMemory,
+                         "(the symmetric heap has no gap that large"));
+    ASSERT_TRUE(IsOk(runtime.Free(b->id, "b")));
     ASSERT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
   });
 }
@@ -465,7 +492,10 @@ TEST_F(AscendDeviceTest, DataPlaneCallsCarryTheStreamBytesAndPe) {
     EXPECT_EQ(after.back().value, 5000);
     EXPECT_EQ(ReadNpu(back.data(), 1000)[0], static_cast<char>('a' + rank));   // what this rank put into the peer
     ASSERT_TRUE(IsOk(device.Barrier(stream.value())));
-    EXPECT_EQ(CallsOf(rank, "aclshmemx_barrier_all_on_stream").back().stream, stream.value());
+    const std::vector<FakeCall> barriers = CallsOf(rank, "aclshmemx_barrier_on_stream");
+    ASSERT_FALSE(barriers.empty());
+    EXPECT_EQ(barriers.back().stream, stream.value());
+    EXPECT_EQ(barriers.back().value, ACLSHMEM_TEAM_WORLD);   // one host, one HCCS group: the world is the node
     ASSERT_TRUE(IsOk(device.SynchronizeStream(stream.value())));
     ASSERT_TRUE(IsOk(device.DestroyStream(stream.value())));
     EXPECT_TRUE(HasError(device.DestroyStream(stream.value()), StatusCode::kInvalidArgument,
@@ -754,7 +784,8 @@ TEST_F(AscendDeviceTest, CallersStreamIsUsedAsIsButNeverDestroyed) {
     ASSERT_EQ(aclrtCreateStream(&current), ACL_SUCCESS);
     const auto handle = reinterpret_cast<StreamHandle>(current);
     ASSERT_TRUE(IsOk(device.Barrier(handle)));
-    EXPECT_EQ(CallsOf(rank, "aclshmemx_barrier_all_on_stream").back().stream, handle);
+    ASSERT_FALSE(CallsOf(rank, "aclshmemx_barrier_on_stream").empty());
+    EXPECT_EQ(CallsOf(rank, "aclshmemx_barrier_on_stream").back().stream, handle);
     FakeCann::ClearCalls();
     ASSERT_TRUE(IsOk(device.Quiesce()));
     EXPECT_FALSE(FakeCann::CallsNamed("aclrtSynchronizeStreamWithTimeout").empty());
@@ -833,8 +864,8 @@ TEST_F(AscendDeviceTest, HeapHoldsCannsOwnStructuresAndUserMemoryMayEndPastLocal
     const int value = 42;
     ASSERT_TRUE(IsOk(device.CopyToHeap(end - sizeof(value), &value, sizeof(value))));
     EXPECT_TRUE(HasError(device.Allocate(16, 16).status(), StatusCode::kOutOfMemory,
-                         "local_mem_size=2097152 heap_size=8388608 (the symmetric heap is exhausted; CANN's own "
-                         "structures take about 5.13 MiB of it)"));
+                         "local_mem_size=2097152 heap_size=8388608 (the symmetric heap has no gap that large; CANN's "
+                         "own structures take about 5.13 MiB of it)"));
     ASSERT_TRUE(IsOk(device.Finalize()));
   });
 }
@@ -925,30 +956,84 @@ TEST_F(AscendDeviceTest, AWaitThatCannotBeReleasedLeavesItsStreamAloneAndFinaliz
   EXPECT_EQ(FakeCann::Hangs(), 0u);
 }
 
-TEST_F(AscendDeviceTest, AFailedInitWhoseHeapExistsIsFinalizedAndReported) {
+TEST_F(AscendDeviceTest, AnyFailedCannInitIsFinalizedWhateverStateItLeft) {
+  struct Case {
+    const char* stage;     // the control barrier of CANN's init that fails
+    StatusCode code;       // what CANN's answer maps to
+    const char* answer;
+    const char* left;      // aclshmemx_init_status after the failure
+  };
+  for (const Case& c : {Case{"init_device_state", StatusCode::kDeviceError, "cann_error_code=-3 (ACLSHMEM_SMEM_ERROR)",
+                             "NOT_INITIALIZED"},
+                        Case{"aclshmemi_signal_init", StatusCode::kDeviceError,
+                             "cann_error_code=-4 (ACLSHMEM_INNER_ERROR)", "SHM_CREATED"},
+                        Case{"aclshmemx_init_attr", StatusCode::kDeviceError, "cann_error_code=-3 (ACLSHMEM_SMEM_ERROR)",
+                             "IS_INITIALIZED"}}) {
+    SCOPED_TRACE(c.stage);
+    FakeCann::Reset();
+    RunNpuRanks(1, [&c](int rank, Bootstrap& bootstrap) {
+      FakeCann::FailNext(std::string(fakes::kControlBarrier) + ":" + c.stage, ACLSHMEM_SMEM_ERROR);
+      AscendDevice device;
+      EXPECT_TRUE(HasError(device.Init(Args(rank, 1), bootstrap), c.code,
+                           std::string("aclshmemx_init_attr failed: ") + c.answer));
+      EXPECT_TRUE(IsOk(device.Init(Args(rank, 1), bootstrap))) << "a clean retry";
+      ASSERT_TRUE(IsOk(device.Finalize()));
+    });
+    // Every failure was finalized: CANN's stream and bootstrap were released.
+    EXPECT_EQ(FakeCann::CallsNamed("aclshmem_finalize").size(), 2u);
+    EXPECT_EQ(FakeCann::LiveStreams(), 0u);
+    EXPECT_EQ(FakeCann::LiveSessions(), 0u);
+  }
+  // The state CANN left is reported, and ACLSHMEM_SMEM_ERROR explained.
+  FakeCann::Reset();
   RunNpuRanks(1, [](int rank, Bootstrap& bootstrap) {
-    // The last step of CANN's init (its control barrier) fails after the heap exists: no rollback in v1.5.1.
-    FakeCann::FailNext("aclshmemi_control_barrier_all", ACLSHMEM_TIMEOUT_ERROR);
+    FakeCann::FailNext(std::string(fakes::kControlBarrier) + ":init_device_state", ACLSHMEM_SMEM_ERROR);
     AscendDevice device;
-    EXPECT_TRUE(HasError(device.Init(Args(rank, 1), bootstrap), StatusCode::kTimeout,
-                         "(CANN kept a half-initialised heap: init_status=1, released by aclshmem_finalize)"));
-    EXPECT_EQ(aclshmemx_init_status(), ACLSHMEM_STATUS_NOT_INITIALIZED);
-    ASSERT_TRUE(IsOk(device.Init(Args(rank, 1), bootstrap)));   // a clean retry
-    ASSERT_TRUE(IsOk(device.Finalize()));
+    EXPECT_TRUE(HasError(device.Init(Args(rank, 1), bootstrap), StatusCode::kDeviceError,
+                         "(CANN left init_status=NOT_INITIALIZED behind, released by aclshmem_finalize; "
+                         "ACLSHMEM_SMEM_ERROR is how v1.5.1 reports a control barrier that failed (a peer missing, or "
+                         "later than CANN's 120 s) or its memory layer failing)"));
+    FakeCann::FailNext(std::string(fakes::kControlBarrier) + ":aclshmemi_signal_init", ACLSHMEM_SMEM_ERROR);
+    EXPECT_TRUE(HasError(device.Init(Args(rank, 1), bootstrap), StatusCode::kDeviceError,
+                         "(CANN left init_status=SHM_CREATED behind, released by aclshmem_finalize)"));
+    FakeCann::FailNext(std::string(fakes::kControlBarrier) + ":aclshmemx_init_attr", ACLSHMEM_SMEM_ERROR);
+    EXPECT_TRUE(HasError(device.Init(Args(rank, 1), bootstrap), StatusCode::kDeviceError,
+                         "(CANN left init_status=IS_INITIALIZED behind, released by aclshmem_finalize;"));
 
     // When finalize cannot release it either, the device says CANN is unusable in this process.
-    FakeCann::FailNext("aclshmemi_control_barrier_all", ACLSHMEM_TIMEOUT_ERROR);
+    FakeCann::FailNext(std::string(fakes::kControlBarrier) + ":aclshmemi_signal_init", ACLSHMEM_SMEM_ERROR);
     FakeCann::FailNext("aclshmem_finalize", ACLSHMEM_INNER_ERROR);
     AscendDevice stuck;
-    EXPECT_TRUE(HasError(stuck.Init(Args(rank, 1), bootstrap), StatusCode::kTimeout,
-                         "aclshmem_finalize did not release: init_status=1; CANN SHMEM cannot be initialised again "
-                         "in this process"));
+    EXPECT_TRUE(HasError(stuck.Init(Args(rank, 1), bootstrap), StatusCode::kDeviceError,
+                         "(CANN left init_status=SHM_CREATED behind, which aclshmem_finalize did not release: "
+                         "init_status=SHM_CREATED; CANN SHMEM cannot be initialised again in this process"));
     EXPECT_TRUE(HasError(stuck.Init(Args(rank, 1), bootstrap), StatusCode::kStateError, "cannot be used again"));
     EXPECT_EQ(aclshmem_finalize(), ACLSHMEM_SUCCESS);   // clean the fake's PE
   });
 }
 
-TEST_F(AscendDeviceTest, RanksOnSeveralHostsAddRoceToTheDataEngines) {
+TEST_F(AscendDeviceTest, AMissingPeerFailsCannsFirstBarrierAndEveryRankFinalizes) {
+  FakeCann::SetCannDefaultTimeout(std::chrono::milliseconds(300));
+  RunNpuRanks(2, [](int rank, Bootstrap& bootstrap) {
+    // Rank 1's CANN init fails before any barrier; rank 0 waits in init_device_state's and gets ACLSHMEM_SMEM_ERROR
+    // with its status still NOT_INITIALIZED: the device finalizes anyway, which releases CANN's stream.
+    if (rank == 1) FakeCann::FailNext("aclshmemx_init_attr", ACLSHMEM_BOOTSTRAP_ERROR);
+    AscendDevice device;
+    const Status failed = device.Init(Args(rank, 2), bootstrap);
+    EXPECT_TRUE(HasError(failed, StatusCode::kDeviceError, "initialising CANN SHMEM failed"));
+    if (rank == 0) {
+      EXPECT_TRUE(Contains(failed.message(), "cann_error_code=-3 (ACLSHMEM_SMEM_ERROR)")) << failed.message();
+      EXPECT_TRUE(Contains(failed.message(), "CANN left init_status=NOT_INITIALIZED behind, released by "
+                                             "aclshmem_finalize")) << failed.message();
+    }
+    EXPECT_EQ(CallsOf(rank, "aclshmem_finalize").size(), 1u);
+    EXPECT_EQ(aclshmemx_init_status(), ACLSHMEM_STATUS_NOT_INITIALIZED);
+  });
+  EXPECT_EQ(FakeCann::LiveStreams(), 0u);
+  EXPECT_EQ(FakeCann::LiveSessions(), 0u);
+}
+
+TEST_F(AscendDeviceTest, RanksOnSeveralHostsAddRoceWhichCarriesPutGetAndSetButNotAddOrInPlaceAccess) {
   RunNpuRanks(2, [](int rank, Bootstrap& bootstrap) {
     const std::string host = "host" + std::to_string(rank);
     FakeCann::SetNode(host);
@@ -959,37 +1044,248 @@ TEST_F(AscendDeviceTest, RanksOnSeveralHostsAddRoceToTheDataEngines) {
     EXPECT_TRUE(device.uses_roce());
     EXPECT_EQ(FakeCann::LastInit()->attr.option_attr.data_op_engine_type,
               ACLSHMEM_DATA_OP_MTE | ACLSHMEM_DATA_OP_ROCE);
+    EXPECT_EQ(device.nodes(), (std::vector<int>{0, 1}));   // two hosts: two nodes
+    EXPECT_TRUE(device.reaches_remotely(1 - rank));
+    EXPECT_FALSE(device.reaches_remotely(rank));
     auto buffer = device.Allocate(8, 16);
     ASSERT_TRUE(buffer.ok());
     const NpuBuffer src(std::vector<char>(8, static_cast<char>('a' + rank)));
     ASSERT_TRUE(IsOk(device.Put(buffer.value(), src.data(), 8, 1 - rank, kDefaultStream, nullptr)));
+    ASSERT_TRUE(IsOk(device.Signal(buffer.value(), SignalWidth::k32, 7, SignalOp::kSet, 1 - rank, kDefaultStream)));
+    ASSERT_TRUE(bootstrap.Barrier().ok());
+    const std::vector<char> got = ReadNpu(buffer.value(), 8);
+    EXPECT_EQ(std::vector<char>(got.begin() + 4, got.end()), std::vector<char>(4, static_cast<char>('a' + 1 - rank)));
+    EXPECT_EQ(ReadValues<std::int32_t>(buffer.value(), 1)[0], 7);
+    const std::string peer = std::to_string(1 - rank);
+    EXPECT_TRUE(HasError(device.Signal(buffer.value(), SignalWidth::k32, 1, SignalOp::kAdd, 1 - rank, kDefaultStream),
+                         StatusCode::kStateError,
+                         "pe lies outside this rank's node (signal add is an MTE atomic at aclshmem_ptr's address, "
+                         "which reaches this node only, RoCE or not): op=Signal(add) pe=" + peer + " pe_node=" + peer + " (host=host" +
+                         peer + " hccs_group=0) rank=" + std::to_string(rank)));
+    EXPECT_TRUE(HasError(device.PeerAddress(buffer.value(), 1 - rank).status(), StatusCode::kStateError,
+                         "pe lies outside this rank's node (this NPU maps the heaps of its own node only (MTE: the "
+                         "same host and HCCS group), and a kernel touching another node's address faults): "
+                         "op=PeerAddress pe=" + peer));
+    // The node barrier is each host's own: no CANN barrier spans the hosts (it would fault).
     ASSERT_TRUE(IsOk(device.Barrier(kDefaultStream)));
-    EXPECT_EQ(ReadNpu(buffer.value(), 8), std::vector<char>(8, static_cast<char>('a' + 1 - rank)));
+    EXPECT_EQ(CallsOf(rank, "aclshmemx_barrier_all_on_stream").size(), 0u);
     ASSERT_TRUE(bootstrap.Barrier().ok());
     ASSERT_TRUE(IsOk(device.Finalize()));
   });
 }
 
-TEST_F(AscendDeviceTest, UniqueIdFailuresNameTheInterfaceVariables) {
-  ASSERT_EQ(setenv("SHMEM_UID_SOCK_IFNAME", "bogus0:inet4", 1), 0);
+TEST_F(AscendDeviceTest, SixteenNpusOnOneHostAreTwoNodesAndNothingOneSidedCrossesThem) {
+  RunNpuRanks(16, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 16), bootstrap)));
+    std::vector<int> expected(16, 0);
+    for (int pe = 8; pe < 16; ++pe) expected[static_cast<std::size_t>(pe)] = 8;
+    EXPECT_EQ(device.nodes(), expected);
+    EXPECT_FALSE(device.uses_roce());   // one host: RoCE stays off
+    const int across = rank ^ 8;
+    EXPECT_FALSE(device.reaches_remotely(across));
+    auto buffer = device.Allocate(64, 64);
+    ASSERT_TRUE(buffer.ok());
+    const NpuBuffer src(std::vector<char>(64, 'x'));
+    const std::string facts = "op=Put pe=" + std::to_string(across) + " pe_node=" + std::to_string(across / 8 * 8) +
+                              " (host=";
+    EXPECT_TRUE(HasError(device.Put(buffer.value(), src.data(), 64, across, kDefaultStream, nullptr),
+                         StatusCode::kStateError,
+                         "pe lies outside this rank's node (this NPU reaches other nodes over RoCE only, which is on "
+                         "only when the ranks span several hosts; without it put, get and signal do nothing on the "
+                         "NPU): " + facts));
+    EXPECT_TRUE(HasError(device.Get(src.data(), buffer.value(), 64, across, kDefaultStream, nullptr),
+                         StatusCode::kStateError, "op=Get pe=" + std::to_string(across)));
+    EXPECT_TRUE(HasError(device.Signal(buffer.value(), SignalWidth::k32, 1, SignalOp::kSet, across, kDefaultStream),
+                         StatusCode::kStateError, "op=Signal(set) pe=" + std::to_string(across)));
+    EXPECT_TRUE(HasError(device.Signal(buffer.value(), SignalWidth::k32, 1, SignalOp::kAdd, across, kDefaultStream),
+                         StatusCode::kStateError,
+                         "(signal add is an MTE atomic at aclshmem_ptr's address, which reaches this node only, RoCE or "
+                         "not): op=Signal(add) pe=" + std::to_string(across)));
+    EXPECT_TRUE(HasError(device.PeerAddress(buffer.value(), across).status(), StatusCode::kStateError,
+                         "hccs_group=" + std::to_string(across / 8) + ") rank=" + std::to_string(rank) + " node=" +
+                             std::to_string(rank / 8 * 8) + " (host="));
+    EXPECT_TRUE(HasError(device.Reduce(src.data(), buffer.value(), 16, DataType::kFloat32, ReduceOp::kSum,
+                                       {rank, across}, kDefaultStream, nullptr),
+                         StatusCode::kStateError, "op=Reduce pe=" + std::to_string(across)));
+    // Inside the node everything works, and the barrier is the node's CANN team.
+    const int beside = rank ^ 1;
+    ASSERT_TRUE(IsOk(device.Put(buffer.value(), src.data(), 64, beside, kDefaultStream, nullptr)));
+    EXPECT_NE(device.PeerAddress(buffer.value(), beside).value(), nullptr);
+    ASSERT_TRUE(IsOk(device.Barrier(kDefaultStream)));
+    const std::vector<FakeCall> barriers = CallsOf(rank, "aclshmemx_barrier_on_stream");
+    ASSERT_FALSE(barriers.empty());
+    EXPECT_NE(barriers.back().value, ACLSHMEM_TEAM_WORLD);
+    const FakeCall split = CallsOf(rank, "aclshmem_team_split_strided").back();
+    EXPECT_EQ(split.target_pe, rank / 8 * 8);   // pe_start
+    EXPECT_EQ(split.value, 1);                  // pe_stride
+    EXPECT_EQ(split.bytes, 8u);                 // pe_size
+    ASSERT_TRUE(bootstrap.Barrier().ok());
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
+TEST_F(AscendDeviceTest, TheNodesFollowTheLogicalNpuIdsAndSpanStridedTeams) {
+  // ASCEND_RT_VISIBLE_DEVICES=0,8,1,9,...: even ranks are logical 0-7, odd ranks logical 8-15.
+  std::string interleaved;
+  for (int i = 0; i < 8; ++i) interleaved += std::to_string(i) + "," + std::to_string(i + 8) + (i < 7 ? "," : "");
+  ASSERT_EQ(setenv("ASCEND_RT_VISIBLE_DEVICES", interleaved.c_str(), 1), 0);
+  RunNpuRanks(4, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 4), bootstrap)));
+    EXPECT_EQ(device.logical_device_id(), rank / 2 + (rank % 2) * 8);
+    EXPECT_EQ(device.nodes(), (std::vector<int>{0, 1, 0, 1}));
+    const FakeCall split = CallsOf(rank, "aclshmem_team_split_strided").back();
+    EXPECT_EQ(split.target_pe, rank % 2);
+    EXPECT_EQ(split.value, 2);
+    ASSERT_TRUE(IsOk(device.Barrier(kDefaultStream)));
+    ASSERT_TRUE(bootstrap.Barrier().ok());
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+  // A list that does not name the device's logical NPU is refused before CANN is touched.
+  ASSERT_EQ(setenv("ASCEND_RT_VISIBLE_DEVICES", "0,x", 1), 0);
   RunNpuRanks(2, [](int rank, Bootstrap& bootstrap) {
     AscendDevice device;
-    EXPECT_TRUE(HasError(device.Init(Args(rank, 2), bootstrap), StatusCode::kDeviceError,
-                         "aclshmemx_get_uniqueid failed: cann_error_code=-6 (ACLSHMEM_BOOTSTRAP_ERROR) rank=0 "
-                         "SHMEM_UID_SESSION_ID=unset SHMEM_UID_SOCK_IFNAME=bogus0:inet4 (without either, CANN binds "
-                         "the id to rank 0's first non-loopback interface)"));
+    EXPECT_TRUE(HasError(device.Init(Args(rank, 2), bootstrap), StatusCode::kInvalidArgument,
+                         "preparing CANN SHMEM failed: rank=1 (`ASCEND_RT_VISIBLE_DEVICES` must list the logical NPU "
+                         "of device 1 as a number, but got \"0,x\")"));
   });
-  ASSERT_EQ(setenv("SHMEM_UID_SOCK_IFNAME", "eth0:inet4", 1), 0);
+  ASSERT_EQ(unsetenv("ASCEND_RT_VISIBLE_DEVICES"), 0);
+  // On another SoC the groups do not apply: one host is one node.
+  FakeCann::SetSocName("Ascend910_9391");
+  RunNpuRanks(16, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 16), bootstrap)));
+    EXPECT_EQ(device.nodes(), std::vector<int>(16, 0));
+    ASSERT_TRUE(bootstrap.Barrier().ok());
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
+TEST_F(AscendDeviceTest, TheRuntimeLetsPutGetAndSetReachOtherNodesOnlyWhereTheDeviceDoes) {
+  RunNpuRanks(2, [](int rank, Bootstrap& bootstrap) {
+    const std::string host = "host" + std::to_string(rank);
+    FakeCann::SetNode(host);
+    AscendDeviceOptions options;
+    options.node_name = host;
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(AscendConfig(), std::make_unique<AscendDevice>(options), bootstrap)));
+    auto allocation = runtime.Allocate(64, 64, "test");
+    ASSERT_TRUE(allocation.ok());
+    void* base = reinterpret_cast<void*>(allocation->base);
+    const NpuBuffer src(std::vector<char>(64, 'r'));
+    const int peer = 1 - rank;
+    EXPECT_TRUE(IsOk(runtime.Put(base, src.data(), 64, 64, peer, kDefaultStream, nullptr)));
+    EXPECT_TRUE(IsOk(runtime.Get(src.data(), base, 64, 64, peer, kDefaultStream, nullptr)));
+    EXPECT_TRUE(IsOk(runtime.Signal(base, SignalWidth::k32, 1, SignalOp::kSet, peer, kDefaultStream)));
+    EXPECT_TRUE(HasError(runtime.Signal(base, SignalWidth::k32, 1, SignalOp::kAdd, peer, kDefaultStream),
+                         StatusCode::kStateError,
+                         "pe lies on another node (the ascend device reaches other nodes for put, get and signal set "
+                         "only: signal add and in-place peer access need mapped memory (MTE)): op=signal pe=" +
+                             std::to_string(peer) + " pe_node=" + std::to_string(peer) + " rank=" +
+                             std::to_string(rank) + " node=" + std::to_string(rank)));
+    EXPECT_TRUE(HasError(runtime.PeerAddress(base, 64, peer, "tensor").status(), StatusCode::kStateError,
+                         "op=peer_tensor pe=" + std::to_string(peer)));
+    ASSERT_TRUE(bootstrap.Barrier().ok());
+    ASSERT_TRUE(IsOk(runtime.Free(allocation->id, "test")));
+    ASSERT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+  });
+}
+
+TEST_F(AscendDeviceTest, UnknownSignalAndCompareOpsAreRefusedBeforeTheKernelIgnoresThem) {
+  RunNpuRanks(1, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 1), bootstrap)));
+    auto signal = device.Allocate(4, 16);
+    ASSERT_TRUE(signal.ok());
+    FakeCann::ClearCalls();
+    EXPECT_TRUE(HasError(device.Signal(signal.value(), SignalWidth::k32, 1, static_cast<SignalOp>(7), 0,
+                                       kDefaultStream),
+                         StatusCode::kInvalidArgument, "`op` must be set or add, but got 7"));
+    EXPECT_TRUE(HasError(device.WaitSignal(signal.value(), SignalWidth::k32, static_cast<CompareOp>(9), 1,
+                                           kDefaultStream),
+                         StatusCode::kInvalidArgument, "`cmp` must be eq, ne, gt, ge, lt or le, but got 9"));
+    EXPECT_TRUE(FakeCann::CallsNamed("aclshmemx_signal_op_on_stream").empty());
+    EXPECT_TRUE(FakeCann::CallsNamed("aclshmemx_signal_wait_until_on_stream").empty());
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
+TEST_F(AscendDeviceTest, NothingSynchronizesOrCopiesBlockingWhileTheCallersStreamIsCaptured) {
+  RunNpuRanks(1, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 1), bootstrap)));
+    auto buffer = device.Allocate(64, 64);
+    ASSERT_TRUE(buffer.ok());
+    aclrtStream captured = nullptr;   // torch_npu's current stream under NPUGraph capture
+    ASSERT_EQ(aclrtCreateStream(&captured), ACL_SUCCESS);
+    const auto handle = reinterpret_cast<StreamHandle>(captured);
+    const NpuBuffer src(std::vector<char>(64, 'g'));
+    ASSERT_EQ(aclmdlRICaptureBegin(captured, ACL_MODEL_RI_CAPTURE_MODE_GLOBAL), ACL_SUCCESS);
+    // Enqueueing is what a capture records.
+    ASSERT_TRUE(IsOk(device.Put(buffer.value(), src.data(), 64, rank, handle, nullptr)));
+    const std::string stream = Hex(handle);
+    EXPECT_TRUE(HasError(device.SynchronizeStream(handle), StatusCode::kStateError,
+                         "SynchronizeStream cannot run while stream " + stream + " is being captured "
+                         "(aclmdlRICaptureBegin): it would synchronize the stream, which a graph capture does not "
+                         "allow (the capture would fail): capture_status=active"));
+    int host = 0;
+    const std::size_t copies = FakeCann::CallsNamed("aclrtMemcpy").size();
+    EXPECT_TRUE(HasError(device.CopyToHeap(buffer.value(), &host, sizeof(host)), StatusCode::kStateError,
+                         "CopyToHeap cannot run while stream " + stream + " is being captured (aclmdlRICaptureBegin): "
+                         "it would run a blocking aclrtMemcpy"));
+    EXPECT_TRUE(HasError(device.CopyFromHeap(&host, buffer.value(), sizeof(host)), StatusCode::kStateError,
+                         "CopyFromHeap cannot run while stream " + stream));
+    EXPECT_TRUE(HasError(device.Quiesce(), StatusCode::kStateError, "Quiesce cannot run while stream " + stream));
+    EXPECT_EQ(FakeCann::CallsNamed("aclrtMemcpy").size(), copies);   // refused before ACL saw them
+    // The capture was never invalidated: it ends well, and its replay does the put.
+    aclmdlRI model = nullptr;
+    ASSERT_EQ(aclmdlRICaptureEnd(captured, &model), ACL_SUCCESS);
+    EXPECT_EQ(ReadNpu(buffer.value(), 64), std::vector<char>(64, '\0'));
+    ASSERT_EQ(aclmdlRIExecuteAsync(model, captured), ACL_SUCCESS);
+    ASSERT_TRUE(IsOk(device.SynchronizeStream(handle)));
+    EXPECT_EQ(ReadNpu(buffer.value(), 64), std::vector<char>(64, 'g'));
+    ASSERT_EQ(aclmdlRIDestroy(model), ACL_SUCCESS);
+    ASSERT_TRUE(IsOk(device.Finalize()));
+    ASSERT_EQ(aclrtDestroyStream(captured), ACL_SUCCESS);
+  });
+}
+
+TEST_F(AscendDeviceTest, UniqueIdFailuresNameTheInterfaceVariablesAndTheirForm) {
+  // SHMEM_UID_SOCK_IFNAME is a name prefix that needs its family (store_net_utils.h:237-260, 352): without the colon
+  // CANN finds nothing; with it a prefix is enough.
+  for (const char* bad : {"bogus0:inet4", "eth0"}) {
+    ASSERT_EQ(setenv("SHMEM_UID_SOCK_IFNAME", bad, 1), 0);
+    RunNpuRanks(2, [bad](int rank, Bootstrap& bootstrap) {
+      AscendDevice device;
+      EXPECT_TRUE(HasError(device.Init(Args(rank, 2), bootstrap), StatusCode::kInvalidArgument,
+                           std::string("`SHMEM_UID_SESSION_ID` or `SHMEM_UID_SOCK_IFNAME` must let CANN find an "
+                                       "address of rank 0's host (ip:port, or an interface-name prefix with its family "
+                                       "after a colon, e.g. eth0:inet4; with neither, CANN takes the first up, running, "
+                                       "non-loopback, non-virtual interface), but got SHMEM_UID_SESSION_ID=unset "
+                                       "SHMEM_UID_SOCK_IFNAME=") + bad + " (aclshmemx_get_uniqueid failed on rank 0: "
+                                       "cann_error_code=-1 (ACLSHMEM_INVALID_PARAM))"));
+    });
+  }
+  ASSERT_EQ(setenv("SHMEM_UID_SOCK_IFNAME", "eth:inet4", 1), 0);
   RunNpuRanks(2, [](int rank, Bootstrap& bootstrap) {
     AscendDevice device;
     ASSERT_TRUE(IsOk(device.Init(Args(rank, 2), bootstrap)));
     if (rank == 0) {
-      EXPECT_EQ(FakeCann::LastInit()->uid_sock_ifname, "eth0:inet4");   // passed through to CANN
+      EXPECT_EQ(FakeCann::LastInit()->uid_sock_ifname, "eth:inet4");   // passed through to CANN
     }
     ASSERT_TRUE(bootstrap.Barrier().ok());
     ASSERT_TRUE(IsOk(device.Finalize()));
   });
   ASSERT_EQ(unsetenv("SHMEM_UID_SOCK_IFNAME"), 0);
+  // Other failures keep CANN's code and name both variables.
+  RunNpuRanks(2, [](int rank, Bootstrap& bootstrap) {
+    if (rank == 0) FakeCann::FailNext("aclshmemx_get_uniqueid", ACLSHMEM_BOOTSTRAP_ERROR);
+    AscendDevice device;
+    EXPECT_TRUE(HasError(device.Init(Args(rank, 2), bootstrap), StatusCode::kDeviceError,
+                         "aclshmemx_get_uniqueid failed: cann_error_code=-6 (ACLSHMEM_BOOTSTRAP_ERROR) rank=0 "
+                         "SHMEM_UID_SESSION_ID=unset SHMEM_UID_SOCK_IFNAME=unset"));
+  });
 }
 
 TEST_F(AscendDeviceTest, ReductionsRunOnTheStreamThroughAclnnReadingPeersInPlace) {

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -380,9 +381,9 @@ TEST_F(CannFakesTest, InitTakesAbout5MiBOfTheHeapAndAllocationEndsInAControlBarr
   EXPECT_EQ(static_cast<char*>(first) - static_cast<char*>(base), 512 + SYNC_POOL_SIZE + SYNC_COUNTERS_SIZE);
   void* zeroed = aclshmem_calloc(4, 8);
   ASSERT_NE(zeroed, nullptr);
-  EXPECT_EQ(Download(zeroed, 32), std::string(32, '\0'));
+  EXPECT_EQ(Download(zeroed, 8), std::string(8, '\0'));
   // The barrier that ends every allocation: a failed one releases the block and answers NULL.
-  FakeCann::FailNext("aclshmemi_control_barrier_all", ACLSHMEM_TIMEOUT_ERROR);
+  FakeCann::FailNext(kControlBarrier, ACLSHMEM_SMEM_ERROR);
   EXPECT_EQ(aclshmem_malloc(64), nullptr);
   void* again = aclshmem_malloc(64);
   EXPECT_EQ(again, static_cast<char*>(zeroed) + 32);   // the released block comes back
@@ -413,20 +414,103 @@ TEST_F(CannFakesTest, AMallocOnOnePeWaitsForEveryPeUpToCannsOwnTimeout) {
   });
 }
 
-TEST_F(CannFakesTest, AFailedInitKeepsItsHeapUntilFinalize) {
-  ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS);
+// aclshmemx_init_attr on one PE with `stage`'s control barrier failing (kControlBarrier + ":" + stage).
+int InitFailingAt(const std::string& stage, int code) {
+  EXPECT_EQ(aclrtSetDevice(0), ACL_SUCCESS);
   aclshmemx_uniqueid_t uid{};
-  ASSERT_EQ(aclshmemx_get_uniqueid(&uid), ACLSHMEM_SUCCESS);
+  EXPECT_EQ(aclshmemx_get_uniqueid(&uid), ACLSHMEM_SUCCESS);
   aclshmemx_init_attr_t attr{};
-  ASSERT_EQ(aclshmemx_set_attr_uniqueid_args(0, 1, 2 << 20, &uid, &attr), ACLSHMEM_SUCCESS);
-  FakeCann::FailNext("aclshmemi_control_barrier_all", ACLSHMEM_TIMEOUT_ERROR);
-  EXPECT_EQ(aclshmemx_init_attr(ACLSHMEMX_INIT_WITH_UNIQUEID, &attr), ACLSHMEM_TIMEOUT_ERROR);
-  EXPECT_EQ(aclshmemx_init_status(), ACLSHMEM_STATUS_SHM_CREATED);   // no rollback
-  EXPECT_EQ(aclshmemx_init_attr(ACLSHMEMX_INIT_WITH_UNIQUEID, &attr), ACLSHMEM_INNER_ERROR);   // "repeatedly"
-  EXPECT_EQ(aclshmem_malloc(16), nullptr);
+  EXPECT_EQ(aclshmemx_set_attr_uniqueid_args(0, 1, 2 << 20, &uid, &attr), ACLSHMEM_SUCCESS);
+  FakeCann::FailNext(std::string(kControlBarrier) + ":" + stage, code);
+  return aclshmemx_init_attr(ACLSHMEMX_INIT_WITH_UNIQUEID, &attr);
+}
+
+TEST_F(CannFakesTest, AFailedInitLeavesTheReleasesStateAndItsStreamUntilFinalize) {
+  struct Case {
+    const char* stage;
+    int returned;   // what init answers
+    int status;     // what aclshmemx_init_status says after it
+  };
+  // init_device_state turns any barrier failure into ACLSHMEM_SMEM_ERROR before the heap exists; CANN's allocations
+  // after it answer ACLSHMEM_INNER_ERROR; the last barrier's code comes back as it is, after "initialized" was set.
+  for (const Case& c : {Case{"init_device_state", ACLSHMEM_SMEM_ERROR, ACLSHMEM_STATUS_NOT_INITIALIZED},
+                        Case{"exchange_slice", ACLSHMEM_SMEM_ERROR, ACLSHMEM_STATUS_NOT_INITIALIZED},
+                        Case{"aclshmemi_signal_init", ACLSHMEM_INNER_ERROR, ACLSHMEM_STATUS_SHM_CREATED},
+                        Case{"aclshmemi_team_init", ACLSHMEM_INNER_ERROR, ACLSHMEM_STATUS_SHM_CREATED},
+                        Case{"aclshmemx_init_attr", ACLSHMEM_SMEM_ERROR, ACLSHMEM_STATUS_IS_INITIALIZED}}) {
+    SCOPED_TRACE(c.stage);
+    FakeCann::Reset();
+    EXPECT_EQ(InitFailingAt(c.stage, ACLSHMEM_SMEM_ERROR), c.returned);   // what a failed barrier returns
+    EXPECT_EQ(aclshmemx_init_status(), c.status);
+    EXPECT_EQ(FakeCann::LiveStreams(), 1u);    // CANN's own stream, created before any barrier
+    EXPECT_EQ(FakeCann::LiveSessions(), 1u);   // and the bootstrap
+    if (c.status != ACLSHMEM_STATUS_NOT_INITIALIZED) {
+      aclshmemx_init_attr_t again{};
+      EXPECT_EQ(aclshmemx_init_attr(ACLSHMEMX_INIT_WITH_UNIQUEID, &again), ACLSHMEM_INNER_ERROR);   // "repeatedly"
+      EXPECT_NE(aclshmemx_get_heap_base(DEVICE_SIDE), nullptr);
+    }
+    EXPECT_EQ(aclshmem_finalize(), ACLSHMEM_SUCCESS);   // releases whatever was built
+    EXPECT_EQ(aclshmemx_init_status(), ACLSHMEM_STATUS_NOT_INITIALIZED);
+    EXPECT_EQ(FakeCann::LiveStreams(), 0u);
+    EXPECT_EQ(FakeCann::LiveSessions(), 0u);
+  }
+}
+
+TEST_F(CannFakesTest, AMissingPeerFailsInitsFirstBarrierWithSmemErrorBeforeTheHeap) {
+  FakeCann::SetCannDefaultTimeout(std::chrono::milliseconds(200));
+  shmem::testutil::RunRanks(2, [](int rank, shmem::Bootstrap& bootstrap) {
+    aclshmemx_uniqueid_t uid{};
+    aclshmemx_init_attr_t attr{};
+    ASSERT_NO_FATAL_FAILURE(PrepareUniqueIdPe(rank, 2, bootstrap, &uid, &attr));
+    if (rank == 0) {
+      // Rank 1 never comes: the config store's group barrier times out, reported as ACLSHMEM_SMEM_ERROR
+      // (shmemi_bootstrap_config_store.cpp:206-209), not ACLSHMEM_TIMEOUT_ERROR.
+      EXPECT_EQ(aclshmemx_init_attr(ACLSHMEMX_INIT_WITH_UNIQUEID, &attr), ACLSHMEM_SMEM_ERROR);
+      EXPECT_EQ(aclshmemx_init_status(), ACLSHMEM_STATUS_NOT_INITIALIZED);
+      EXPECT_EQ(aclshmemx_get_heap_base(DEVICE_SIDE), nullptr);
+      EXPECT_EQ(FakeCann::LiveStreams(), 1u);   // CANN's stream stays until finalize
+      EXPECT_EQ(aclshmem_finalize(), ACLSHMEM_SUCCESS);
+      EXPECT_EQ(FakeCann::LiveStreams(), 0u);
+    }
+    ASSERT_TRUE(bootstrap.Barrier().ok());
+  });
+}
+
+TEST_F(CannFakesTest, InitWithNullAttributesCrashesAsTheReleaseDoes) {
+  ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH((void)aclshmemx_init_attr(ACLSHMEMX_INIT_WITH_UNIQUEID, nullptr), "NULL attributes dereferenced");
+}
+
+TEST_F(CannFakesTest, CallocZeroesOnlyItsSizeArgumentAndAZeroProductSkipsTheBarrier) {
+  InitSinglePe();
+  auto* dirty = static_cast<char*>(aclshmem_malloc(64));
+  ASSERT_NE(dirty, nullptr);
+  Upload(dirty, std::string(64, 'x').data(), 64);
+  aclshmem_free(dirty);
+  // aclrtMemset(ptr, size, 0, size) (shmem_mm.cpp:75): 16 of the 64 bytes.
+  auto* reused = static_cast<char*>(aclshmem_calloc(4, 16));
+  ASSERT_EQ(reused, dirty);
+  EXPECT_EQ(Download(reused, 64), std::string(16, '\0') + std::string(48, 'x'));
   EXPECT_EQ(aclshmem_finalize(), ACLSHMEM_SUCCESS);
-  EXPECT_EQ(aclshmemx_init_status(), ACLSHMEM_STATUS_NOT_INITIALIZED);
-  EXPECT_EQ(FakeCann::LiveSessions(), 0u);
+
+  FakeCann::Reset();
+  FakeCann::SetCannDefaultTimeout(std::chrono::milliseconds(200));
+  shmem::testutil::RunRanks(2, [](int rank, shmem::Bootstrap& bootstrap) {
+    aclshmemx_uniqueid_t uid{};
+    aclshmemx_init_attr_t attr{};
+    ASSERT_NO_FATAL_FAILURE(PrepareUniqueIdPe(rank, 2, bootstrap, &uid, &attr));
+    ASSERT_EQ(aclshmemx_init_attr(ACLSHMEMX_INIT_WITH_UNIQUEID, &attr), ACLSHMEM_SUCCESS);
+    // A zero product returns before the barrier (SHM_ASSERT_MULTIPLY_OVERFLOW): the peer that calls malloc waits in
+    // a barrier nobody else enters, and fails.
+    if (rank == 0) {
+      EXPECT_EQ(aclshmem_calloc(0, 16), nullptr);
+    } else {
+      EXPECT_EQ(aclshmem_malloc(16), nullptr);
+    }
+    ASSERT_TRUE(bootstrap.Barrier().ok());
+    EXPECT_EQ(aclshmem_finalize(), ACLSHMEM_SUCCESS);
+  });
 }
 
 TEST_F(CannFakesTest, TlsIsOffWhateverWasAskedAndTheKeyCallExists) {
@@ -442,31 +526,378 @@ TEST_F(CannFakesTest, TlsIsOffWhateverWasAskedAndTheKeyCallExists) {
   EXPECT_EQ(aclshmem_finalize(), ACLSHMEM_SUCCESS);
 }
 
-TEST_F(CannFakesTest, PesOnAnotherHostNeedRoce) {
+// A PE of `n_pes` on npu:`rank` (host `host`, the engines given), initialised, with an NPU staging buffer of 64
+// bytes holding `fill`.
+struct ReachPe {
+  void* target = nullptr;    // 64 heap bytes, the same offset on every PE
+  void* staging = nullptr;   // 64 bytes of this NPU
+  aclrtStream stream = nullptr;
+};
+
+ReachPe InitReachPe(int rank, int n_pes, shmem::Bootstrap& bootstrap, const std::string& host, int engines,
+                    char fill) {
+  ReachPe pe;
+  aclshmemx_uniqueid_t uid{};
+  aclshmemx_init_attr_t attr{};
+  PrepareUniqueIdPe(rank, n_pes, bootstrap, &uid, &attr);
+  FakeCann::SetNode(host);
+  attr.option_attr.data_op_engine_type = static_cast<data_op_engine_type_t>(engines);
+  EXPECT_EQ(aclshmemx_init_attr(ACLSHMEMX_INIT_WITH_UNIQUEID, &attr), ACLSHMEM_SUCCESS);
+  pe.target = aclshmem_malloc(64);
+  EXPECT_NE(pe.target, nullptr);
+  EXPECT_EQ(aclrtMalloc(&pe.staging, 64, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  Upload(pe.staging, std::string(64, fill).data(), 64);
+  EXPECT_EQ(aclrtCreateStream(&pe.stream), ACL_SUCCESS);
+  return pe;
+}
+
+void ReleaseReachPe(ReachPe& pe, shmem::Bootstrap& bootstrap) {
+  EXPECT_EQ(aclrtDestroyStream(pe.stream), ACL_SUCCESS);
+  EXPECT_EQ(aclrtFree(pe.staging), ACL_SUCCESS);
+  EXPECT_TRUE(bootstrap.Barrier().ok());
+  EXPECT_EQ(aclshmem_finalize(), ACLSHMEM_SUCCESS);
+}
+
+TEST_F(CannFakesTest, SixteenNpusOfA910BHostAreTwoHccsGroupsThatDoNotMapEachOther) {
+  // Logical ids 0-7 and 8-15 (hybm_mem_segment.cpp:168-173): a put across is a silent no-op, aclshmem_ptr answers
+  // an address all the same, and a kernel touching it faults.
+  shmem::testutil::RunRanks(16, [](int rank, shmem::Bootstrap& bootstrap) {
+    ReachPe pe = InitReachPe(rank, 16, bootstrap, "node0", ACLSHMEM_DATA_OP_MTE, static_cast<char>('a' + rank));
+    const int same_group = rank ^ 1;    // 0<->1, ..., 8<->9
+    const int other_group = rank ^ 8;   // 0<->8, ...
+    for (int peer = 0; peer < 16; ++peer) EXPECT_NE(aclshmem_ptr(pe.target, peer), nullptr);
+    aclshmemx_putmem_on_stream(pe.target, pe.staging, 64, same_group, pe.stream);
+    aclshmemx_putmem_on_stream(pe.target, pe.staging, 64, other_group, pe.stream);
+    EXPECT_EQ(aclrtSynchronizeStream(pe.stream), ACL_SUCCESS);   // nothing reported
+    ASSERT_TRUE(bootstrap.Barrier().ok());
+    EXPECT_EQ(Download(pe.target, 64), std::string(64, static_cast<char>('a' + same_group)));
+
+    // A get and a SET across do nothing either; an ADD faults (an MTE atomic at an unmapped address).
+    aclshmemx_getmem_on_stream(pe.staging, pe.target, 64, other_group, pe.stream);
+    aclshmemx_signal_op_on_stream(static_cast<int32_t*>(pe.target), 7, ACLSHMEM_SIGNAL_SET, other_group, pe.stream);
+    EXPECT_EQ(aclrtSynchronizeStream(pe.stream), ACL_SUCCESS);
+    EXPECT_EQ(Download(pe.staging, 64), std::string(64, static_cast<char>('a' + rank)));
+    aclshmemx_signal_op_on_stream(static_cast<int32_t*>(pe.target), 1, ACLSHMEM_SIGNAL_ADD, other_group, pe.stream);
+    EXPECT_EQ(aclrtSynchronizeStream(pe.stream), ACL_ERROR_RT_AICORE_EXCEPTION);
+
+    // An aclnn kernel reading the peer in place: fine in the group, a fault across it.
+    void* workspace = nullptr;
+    ASSERT_EQ(aclrtMalloc(&workspace, kAclnnWorkspaceBytes, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+    const int64_t dims[1] = {16};
+    float one = 1;
+    aclScalar* alpha = aclCreateScalar(&one, ACL_FLOAT);
+    aclTensor* mine = aclCreateTensor(dims, 1, ACL_FLOAT, nullptr, 0, ACL_FORMAT_ND, dims, 1, pe.staging);
+    for (const int peer : {same_group, other_group}) {
+      aclTensor* theirs =
+          aclCreateTensor(dims, 1, ACL_FLOAT, nullptr, 0, ACL_FORMAT_ND, dims, 1, aclshmem_ptr(pe.target, peer));
+      uint64_t size = 0;
+      aclOpExecutor* executor = nullptr;
+      ASSERT_EQ(aclnnInplaceAddGetWorkspaceSize(mine, theirs, alpha, &size, &executor), ACL_SUCCESS);
+      ASSERT_EQ(aclnnInplaceAdd(workspace, size, executor, pe.stream), ACL_SUCCESS);
+      EXPECT_EQ(aclrtSynchronizeStream(pe.stream), peer == same_group ? ACL_SUCCESS : ACL_ERROR_RT_AICORE_EXCEPTION);
+      EXPECT_EQ(aclDestroyTensor(theirs), ACL_SUCCESS);
+    }
+    EXPECT_EQ(aclDestroyTensor(mine), ACL_SUCCESS);
+    EXPECT_EQ(aclDestroyScalar(alpha), ACL_SUCCESS);
+    EXPECT_EQ(aclrtFree(workspace), ACL_SUCCESS);
+
+    // CANN's barrier reads every member's word in place: over the world it faults; over a team of the group it works.
+    aclshmemx_barrier_all_on_stream(pe.stream);
+    EXPECT_EQ(aclrtSynchronizeStream(pe.stream), ACL_ERROR_RT_AICORE_EXCEPTION);
+    aclshmem_team_t group = ACLSHMEM_TEAM_INVALID;
+    ASSERT_EQ(aclshmem_team_split_strided(ACLSHMEM_TEAM_WORLD, rank / 8 * 8, 1, 8, &group), ACLSHMEM_SUCCESS);
+    ASSERT_NE(group, ACLSHMEM_TEAM_INVALID);
+    aclshmemx_barrier_on_stream(group, pe.stream);
+    EXPECT_EQ(aclrtSynchronizeStream(pe.stream), ACL_SUCCESS);
+    aclshmem_team_destroy(group);
+    ReleaseReachPe(pe, bootstrap);
+  });
+}
+
+TEST_F(CannFakesTest, TheHccsGroupIsTheLogicalDeviceIdsNotTheUsersDeviceIds) {
+  // ASCEND_RT_VISIBLE_DEVICES=0,8,1,9,...: user devices 0 and 1 are logical 0 and 8, two groups.
+  std::string interleaved;
+  for (int i = 0; i < 8; ++i) interleaved += std::to_string(i) + "," + std::to_string(i + 8) + (i < 7 ? "," : "");
+  ASSERT_EQ(setenv("ASCEND_RT_VISIBLE_DEVICES", interleaved.c_str(), 1), 0);
+  shmem::testutil::RunRanks(2, [](int rank, shmem::Bootstrap& bootstrap) {
+    ReachPe pe = InitReachPe(rank, 2, bootstrap, "node0", ACLSHMEM_DATA_OP_MTE, static_cast<char>('a' + rank));
+    aclshmemx_putmem_on_stream(pe.target, pe.staging, 64, 1 - rank, pe.stream);
+    EXPECT_EQ(aclrtSynchronizeStream(pe.stream), ACL_SUCCESS);
+    ASSERT_TRUE(bootstrap.Barrier().ok());
+    EXPECT_EQ(Download(pe.target, 64), std::string(64, '\0'));   // nothing arrived
+    ReleaseReachPe(pe, bootstrap);
+  });
+  ASSERT_EQ(unsetenv("ASCEND_RT_VISIBLE_DEVICES"), 0);
+}
+
+TEST_F(CannFakesTest, OtherHostsAreReachedOverRoceForPutGetAndSetButNeverForAddOrBarriers) {
   for (const int engines : {static_cast<int>(ACLSHMEM_DATA_OP_MTE), ACLSHMEM_DATA_OP_MTE | ACLSHMEM_DATA_OP_ROCE}) {
+    SCOPED_TRACE(engines);
     FakeCann::Reset();
     shmem::testutil::RunRanks(2, [engines](int rank, shmem::Bootstrap& bootstrap) {
-      aclshmemx_uniqueid_t uid{};
-      aclshmemx_init_attr_t attr{};
-      ASSERT_NO_FATAL_FAILURE(PrepareUniqueIdPe(rank, 2, bootstrap, &uid, &attr));
-      FakeCann::SetNode("host" + std::to_string(rank));
-      attr.option_attr.data_op_engine_type = static_cast<data_op_engine_type_t>(engines);
-      ASSERT_EQ(aclshmemx_init_attr(ACLSHMEMX_INIT_WITH_UNIQUEID, &attr), ACLSHMEM_SUCCESS);
-      void* target = aclshmem_malloc(8);
-      void* staging = nullptr;
-      ASSERT_EQ(aclrtMalloc(&staging, 8, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
-      aclrtStream stream = nullptr;
-      ASSERT_EQ(aclrtCreateStream(&stream), ACL_SUCCESS);
-      aclshmemx_putmem_on_stream(target, staging, 8, 1 - rank, stream);
+      ReachPe pe = InitReachPe(rank, 2, bootstrap, "host" + std::to_string(rank), engines,
+                               static_cast<char>('a' + rank));
       const bool roce = (engines & ACLSHMEM_DATA_OP_ROCE) != 0;
-      EXPECT_EQ(aclrtSynchronizeStream(stream), roce ? ACL_SUCCESS : ACL_ERROR_RT_AICORE_EXCEPTION);
-      EXPECT_EQ(aclshmem_ptr(target, 1 - rank) != nullptr, roce);
-      ASSERT_EQ(aclrtDestroyStream(stream), ACL_SUCCESS);
-      ASSERT_EQ(aclrtFree(staging), ACL_SUCCESS);
+      EXPECT_NE(aclshmem_ptr(pe.target, 1 - rank), nullptr);   // mapped or not
+      aclshmemx_putmem_on_stream(pe.target, pe.staging, 64, 1 - rank, pe.stream);
+      EXPECT_EQ(aclrtSynchronizeStream(pe.stream), ACL_SUCCESS);
       ASSERT_TRUE(bootstrap.Barrier().ok());
-      EXPECT_EQ(aclshmem_finalize(), ACLSHMEM_SUCCESS);
+      EXPECT_EQ(Download(pe.target, 64), std::string(64, roce ? static_cast<char>('a' + 1 - rank) : '\0'));
+      ASSERT_TRUE(bootstrap.Barrier().ok());
+      aclshmemx_signal_op_on_stream(static_cast<int32_t*>(pe.target), 5, ACLSHMEM_SIGNAL_SET, 1 - rank, pe.stream);
+      EXPECT_EQ(aclrtSynchronizeStream(pe.stream), ACL_SUCCESS);
+      ASSERT_TRUE(bootstrap.Barrier().ok());
+      int32_t set = 0;
+      ASSERT_EQ(aclrtMemcpy(&set, 4, pe.target, 4, ACL_MEMCPY_DEVICE_TO_HOST), ACL_SUCCESS);
+      EXPECT_EQ(set == 5, roce);
+      // SIGNAL ADD is an MTE atomic through aclshmem_ptr (shmem_device_so.hpp:299-312), RoCE or not.
+      aclshmemx_signal_op_on_stream(static_cast<int32_t*>(pe.target), 1, ACLSHMEM_SIGNAL_ADD, 1 - rank, pe.stream);
+      EXPECT_EQ(aclrtSynchronizeStream(pe.stream), ACL_ERROR_RT_AICORE_EXCEPTION);
+      aclshmemx_barrier_all_on_stream(pe.stream);
+      EXPECT_EQ(aclrtSynchronizeStream(pe.stream), ACL_ERROR_RT_AICORE_EXCEPTION);
+      ReleaseReachPe(pe, bootstrap);
     });
   }
+}
+
+TEST_F(CannFakesTest, ASetWritesItsWholeLineBackAsTheWriterLastWroteIt) {
+  // Two PEs SET their own flag in one 64-byte line of PE 0's heap, one after the other, and then again: the second
+  // round writes back the line as each writer last wrote it, so the other writer's flag is lost.
+  shmem::testutil::RunRanks(3, [](int rank, shmem::Bootstrap& bootstrap) {
+    ReachPe pe = InitReachPe(rank, 3, bootstrap, "node0", ACLSHMEM_DATA_OP_MTE, 'z');
+    auto* line = static_cast<int32_t*>(pe.target);   // 64-byte aligned: its own line
+    ASSERT_EQ(reinterpret_cast<std::uintptr_t>(line) % 64, 0u);
+    for (int round = 1; round <= 2; ++round) {
+      for (int writer = 1; writer <= 2; ++writer) {
+        if (rank == writer) {
+          aclshmemx_signal_op_on_stream(line + writer, round, ACLSHMEM_SIGNAL_SET, 0, pe.stream);
+          EXPECT_EQ(aclrtSynchronizeStream(pe.stream), ACL_SUCCESS);
+        }
+        ASSERT_TRUE(bootstrap.Barrier().ok());
+      }
+    }
+    if (rank == 0) {
+      int32_t flags[3] = {};
+      ASSERT_EQ(aclrtMemcpy(flags, sizeof(flags), line, sizeof(flags), ACL_MEMCPY_DEVICE_TO_HOST), ACL_SUCCESS);
+      EXPECT_EQ(flags[2], 2);
+      EXPECT_EQ(flags[1], 1) << "writer 2's write-back restored the line it last saw, losing writer 1's second flag";
+    }
+    // Flags on lines of their own lose nothing.
+    ASSERT_TRUE(bootstrap.Barrier().ok());
+    for (int round = 3; round <= 4; ++round) {
+      for (int writer = 1; writer <= 2; ++writer) {
+        if (rank == writer) {
+          aclshmemx_signal_op_on_stream(line + 16 * (writer - 1) + 32, round, ACLSHMEM_SIGNAL_SET, 0, pe.stream);
+          EXPECT_EQ(aclrtSynchronizeStream(pe.stream), ACL_SUCCESS);
+        }
+        ASSERT_TRUE(bootstrap.Barrier().ok());
+      }
+    }
+    if (rank == 0) {
+      int32_t padded[17] = {};
+      ASSERT_EQ(aclrtMemcpy(padded, sizeof(padded), line + 32, sizeof(padded), ACL_MEMCPY_DEVICE_TO_HOST),
+                ACL_SUCCESS);
+      EXPECT_EQ(padded[0], 4);
+      EXPECT_EQ(padded[16], 4);
+    }
+    ASSERT_TRUE(bootstrap.Barrier().ok());
+    ReleaseReachPe(pe, bootstrap);
+  });
+}
+
+TEST_F(CannFakesTest, KernelsIgnoreUnknownCompareAndSignalOps) {
+  InitSinglePe();
+  auto* signal = static_cast<int32_t*>(aclshmem_malloc(4));
+  const int32_t zero = 0;
+  Upload(signal, &zero, sizeof(zero));
+  aclrtStream stream = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&stream), ACL_SUCCESS);
+  // The wait's switch has no default (shmem_device_p2p_sync.hpp:74-90): it returns at once, whatever the signal.
+  aclshmemx_signal_wait_until_on_stream(signal, 9, 1, stream);
+  EXPECT_EQ(aclrtSynchronizeStreamWithTimeout(stream, 5000), ACL_SUCCESS);
+  // Nor does the signal's (shmem_device_so.hpp:333-343): nothing is written, nothing reported.
+  aclshmemx_signal_op_on_stream(signal, 5, 7, 0, stream);
+  EXPECT_EQ(aclrtSynchronizeStream(stream), ACL_SUCCESS);
+  EXPECT_EQ(Download(signal, 4), std::string(4, '\0'));
+  EXPECT_EQ(aclrtDestroyStream(stream), ACL_SUCCESS);
+  EXPECT_EQ(aclshmem_finalize(), ACLSHMEM_SUCCESS);
+}
+
+TEST_F(CannFakesTest, ALaggingStreamLeavesAHostReadStaleUntilSynchronized) {
+  InitSinglePe();
+  FakeCann::SetStreamLag(FakeCann::kLagUntilDemanded);
+  auto* heap = static_cast<char*>(aclshmem_malloc(8));
+  void* staging = nullptr;
+  ASSERT_EQ(aclrtMalloc(&staging, 8, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  Upload(staging, "arrived", 8);
+  aclrtStream stream = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&stream), ACL_SUCCESS);
+  aclshmemx_putmem_on_stream(heap, staging, 8, 0, stream);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(Download(heap, 8), std::string(8, '\0'));   // aclrtMemcpy is not ordered with the stream
+  EXPECT_EQ(aclrtSynchronizeStream(stream), ACL_SUCCESS);
+  EXPECT_STREQ(Download(heap, 8).c_str(), "arrived");
+
+  // A stream waiting on an event of a lagging one makes it run.
+  aclrtStream other = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&other), ACL_SUCCESS);
+  aclrtEvent event = nullptr;
+  ASSERT_EQ(aclrtCreateEvent(&event), ACL_SUCCESS);
+  Upload(staging, "second!", 8);
+  aclshmemx_putmem_on_stream(heap, staging, 8, 0, stream);
+  ASSERT_EQ(aclrtRecordEvent(event, stream), ACL_SUCCESS);
+  ASSERT_EQ(aclrtStreamWaitEvent(other, event), ACL_SUCCESS);
+  EXPECT_EQ(aclrtSynchronizeStream(other), ACL_SUCCESS);
+  EXPECT_STREQ(Download(heap, 8).c_str(), "second!");
+
+  // A finite lag: the task runs by itself once it passed.
+  FakeCann::SetStreamLag(std::chrono::milliseconds(30));
+  Upload(staging, "later!!", 8);
+  aclshmemx_putmem_on_stream(heap, staging, 8, 0, stream);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (Download(heap, 8) != std::string("later!!", 8) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_STREQ(Download(heap, 8).c_str(), "later!!");
+  EXPECT_EQ(aclrtDestroyEvent(event), ACL_SUCCESS);
+  EXPECT_EQ(aclrtDestroyStream(other), ACL_SUCCESS);
+  EXPECT_EQ(aclrtDestroyStream(stream), ACL_SUCCESS);
+  EXPECT_EQ(aclrtFree(staging), ACL_SUCCESS);
+  EXPECT_EQ(aclshmem_finalize(), ACLSHMEM_SUCCESS);
+}
+
+TEST_F(CannFakesTest, GraphCaptureRecordsTasksAndRefusesSynchronizationAndBlockingCopies) {
+  InitSinglePe();
+  auto* heap = static_cast<char*>(aclshmem_malloc(8));
+  void* staging = nullptr;
+  ASSERT_EQ(aclrtMalloc(&staging, 8, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  Upload(staging, "graph!!", 8);
+  aclrtStream stream = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&stream), ACL_SUCCESS);
+
+  ASSERT_EQ(aclmdlRICaptureBegin(stream, ACL_MODEL_RI_CAPTURE_MODE_GLOBAL), ACL_SUCCESS);
+  EXPECT_EQ(aclmdlRICaptureBegin(stream, ACL_MODEL_RI_CAPTURE_MODE_GLOBAL), ACL_ERROR_RT_STREAM_CAPTURED);
+  aclmdlRICaptureStatus status = ACL_MODEL_RI_CAPTURE_STATUS_NONE;
+  aclmdlRI model = nullptr;
+  ASSERT_EQ(aclmdlRICaptureGetInfo(stream, &status, &model), ACL_SUCCESS);
+  EXPECT_EQ(status, ACL_MODEL_RI_CAPTURE_STATUS_ACTIVE);
+  aclshmemx_putmem_on_stream(heap, staging, 8, 0, stream);   // recorded, not run
+  ASSERT_EQ(aclmdlRICaptureEnd(stream, &model), ACL_SUCCESS);
+  ASSERT_NE(model, nullptr);
+  EXPECT_EQ(aclrtSynchronizeStream(stream), ACL_SUCCESS);
+  EXPECT_EQ(Download(heap, 8), std::string(8, '\0'));
+  ASSERT_EQ(aclmdlRIExecuteAsync(model, stream), ACL_SUCCESS);   // the replay runs it
+  EXPECT_EQ(aclrtSynchronizeStream(stream), ACL_SUCCESS);
+  EXPECT_STREQ(Download(heap, 8).c_str(), "graph!!");
+  EXPECT_EQ(aclmdlRIDestroy(model), ACL_SUCCESS);
+
+  // A synchronization of the captured stream and a blocking copy fail and invalidate the capture.
+  ASSERT_EQ(aclmdlRICaptureBegin(stream, ACL_MODEL_RI_CAPTURE_MODE_GLOBAL), ACL_SUCCESS);
+  EXPECT_EQ(aclrtSynchronizeStream(stream), ACL_ERROR_RT_STREAM_CAPTURED);
+  EXPECT_EQ(aclrtSynchronizeStreamWithTimeout(stream, 1000), ACL_ERROR_RT_STREAM_CAPTURED);
+  ASSERT_EQ(aclmdlRICaptureGetInfo(stream, &status, &model), ACL_SUCCESS);
+  EXPECT_EQ(status, ACL_MODEL_RI_CAPTURE_STATUS_INVALIDATED);
+  EXPECT_EQ(aclmdlRICaptureEnd(stream, &model), ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED);
+  EXPECT_EQ(model, nullptr);
+  ASSERT_EQ(aclmdlRICaptureBegin(stream, ACL_MODEL_RI_CAPTURE_MODE_THREAD_LOCAL), ACL_SUCCESS);
+  char host[8] = {};
+  EXPECT_EQ(aclrtMemcpy(host, 8, heap, 8, ACL_MEMCPY_DEVICE_TO_HOST), ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT);
+  EXPECT_EQ(aclmdlRICaptureEnd(stream, &model), ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED);
+  // RELAXED allows a blocking copy.
+  ASSERT_EQ(aclmdlRICaptureBegin(stream, ACL_MODEL_RI_CAPTURE_MODE_RELAXED), ACL_SUCCESS);
+  EXPECT_EQ(aclrtMemcpy(host, 8, heap, 8, ACL_MEMCPY_DEVICE_TO_HOST), ACL_SUCCESS);
+  ASSERT_EQ(aclmdlRICaptureEnd(stream, &model), ACL_SUCCESS);
+  EXPECT_EQ(aclmdlRIDestroy(model), ACL_SUCCESS);
+  EXPECT_EQ(aclmdlRICaptureEnd(stream, &model), ACL_ERROR_RT_STREAM_NOT_CAPTURED);
+  EXPECT_EQ(aclrtDestroyStream(stream), ACL_SUCCESS);
+  EXPECT_EQ(aclrtFree(staging), ACL_SUCCESS);
+  EXPECT_EQ(aclshmem_finalize(), ACLSHMEM_SUCCESS);
+}
+
+TEST_F(CannFakesTest, CountersCountSynchronizationsBlockingCopiesTasksAndMallocs) {
+  InitSinglePe();
+  auto* heap = static_cast<char*>(aclshmem_malloc(64));
+  aclrtStream stream = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&stream), ACL_SUCCESS);
+  void* pinned = nullptr;
+  ASSERT_EQ(aclrtMallocHost(&pinned, 64), ACL_SUCCESS);
+  FakeCann::ResetCounters();
+  void* staging = nullptr;
+  ASSERT_EQ(aclrtMalloc(&staging, 64, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);   // 1 malloc
+  Upload(staging, std::string(64, 'c').data(), 64);                               // 1 blocking copy
+  aclshmemx_putmem_on_stream(heap, staging, 64, 0, stream);                      // 1 task
+  aclshmemx_signal_op_on_stream(reinterpret_cast<int32_t*>(heap), 1, ACLSHMEM_SIGNAL_ADD, 0, stream);   // 1 task
+  ASSERT_EQ(aclrtMemcpyAsync(heap, 64, pinned, 64, ACL_MEMCPY_HOST_TO_DEVICE, stream), ACL_SUCCESS);   // 1 task
+  std::string pageable(64, 'p');
+  ASSERT_EQ(aclrtMemcpyAsync(heap, 64, pageable.data(), 64, ACL_MEMCPY_HOST_TO_DEVICE, stream),
+            ACL_SUCCESS);                                                        // 1 task, 1 blocking copy
+  ASSERT_EQ(aclrtSynchronizeStream(stream), ACL_SUCCESS);                         // 1 synchronization
+  const FakeCounters mine = FakeCann::Counters();
+  EXPECT_EQ(mine.device_mallocs, 1u);
+  EXPECT_EQ(mine.blocking_copies, 2u);
+  EXPECT_EQ(mine.device_tasks, 4u);
+  EXPECT_EQ(mine.stream_synchronizations, 1u);
+  // Other threads count for themselves and in the total.
+  std::thread([] {
+    ASSERT_EQ(aclrtSetDevice(1), ACL_SUCCESS);
+    void* buffer = nullptr;
+    ASSERT_EQ(aclrtMalloc(&buffer, 8, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+    EXPECT_EQ(FakeCann::Counters().device_mallocs, 1u);
+    EXPECT_EQ(aclrtFree(buffer), ACL_SUCCESS);
+  }).join();
+  EXPECT_EQ(FakeCann::Counters().device_mallocs, 1u);
+  EXPECT_EQ(FakeCann::TotalCounters().device_mallocs, 2u);
+  FakeCann::ResetCounters();
+  EXPECT_EQ(FakeCann::Counters().device_tasks, 0u);
+  EXPECT_EQ(FakeCann::TotalCounters().device_mallocs, 0u);
+  EXPECT_EQ(aclrtFreeHost(pinned), ACL_SUCCESS);
+  EXPECT_EQ(aclrtFree(staging), ACL_SUCCESS);
+  EXPECT_EQ(aclrtDestroyStream(stream), ACL_SUCCESS);
+  EXPECT_EQ(aclshmem_finalize(), ACLSHMEM_SUCCESS);
+}
+
+TEST_F(CannFakesTest, TheUniqueIdBindsToAnInterfaceAsTheConfigStorePluginChoosesIt) {
+  struct Case {
+    const char* ifname;   // null: unset
+    int code;
+  };
+  // store_net_utils.h:395-456: a prefix and a family after ':' (no ':' finds nothing); never a loopback interface;
+  // IPv6 needs a routable address (eth0 has only a link-local one here); unset picks the first usable interface.
+  for (const Case& c : {Case{nullptr, ACLSHMEM_SUCCESS}, Case{"eth:inet4", ACLSHMEM_SUCCESS},
+                        Case{"eth0:inet4", ACLSHMEM_SUCCESS}, Case{"docker0:inet4", ACLSHMEM_SUCCESS},
+                        Case{"eth0:anything", ACLSHMEM_SUCCESS}, Case{"eth0", ACLSHMEM_INVALID_PARAM},
+                        Case{"lo:inet4", ACLSHMEM_INVALID_PARAM}, Case{"eth0:inet6", ACLSHMEM_INVALID_PARAM},
+                        Case{"bogus0:inet4", ACLSHMEM_INVALID_PARAM}, Case{":inet4", ACLSHMEM_INVALID_PARAM}}) {
+    SCOPED_TRACE(c.ifname != nullptr ? c.ifname : "unset");
+    if (c.ifname != nullptr) {
+      ASSERT_EQ(setenv("SHMEM_UID_SOCK_IFNAME", c.ifname, 1), 0);
+    } else {
+      ASSERT_EQ(unsetenv("SHMEM_UID_SOCK_IFNAME"), 0);
+    }
+    aclshmemx_uniqueid_t uid{};
+    EXPECT_EQ(aclshmemx_get_uniqueid(&uid), c.code);
+  }
+  ASSERT_EQ(unsetenv("SHMEM_UID_SOCK_IFNAME"), 0);
+}
+
+TEST_F(CannFakesTest, PinnedHostMemoryMakesAsyncCopiesOnlyEnqueue) {
+  ASSERT_EQ(aclrtSetDevice(0), ACL_SUCCESS);
+  FakeCann::SetStreamLag(FakeCann::kLagUntilDemanded);
+  void* npu = nullptr;
+  ASSERT_EQ(aclrtMalloc(&npu, 8, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  void* pinned = nullptr;
+  ASSERT_EQ(aclrtMallocHost(&pinned, 8), ACL_SUCCESS);
+  std::memcpy(pinned, "pinned!", 8);
+  aclrtStream stream = nullptr;
+  ASSERT_EQ(aclrtCreateStream(&stream), ACL_SUCCESS);
+  ASSERT_EQ(aclrtMemcpyAsync(npu, 8, pinned, 8, ACL_MEMCPY_HOST_TO_DEVICE, stream), ACL_SUCCESS);
+  EXPECT_EQ(Download(npu, 8), std::string(8, '\0'));   // only enqueued: the lagging stream has not run it
+  EXPECT_EQ(aclrtSynchronizeStream(stream), ACL_SUCCESS);
+  EXPECT_STREQ(Download(npu, 8).c_str(), "pinned!");
+  EXPECT_EQ(aclrtFreeHost(pinned), ACL_SUCCESS);
+  EXPECT_EQ(aclrtFreeHost(pinned), ACL_ERROR_RT_PARAM_INVALID);
+  EXPECT_EQ(aclrtDestroyStream(stream), ACL_SUCCESS);
+  EXPECT_EQ(aclrtFree(npu), ACL_SUCCESS);
 }
 
 TEST_F(CannFakesTest, DestroyingAStreamWithASpinningWaitHangsAndIsCounted) {

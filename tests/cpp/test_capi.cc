@@ -150,6 +150,18 @@ std::string Where(const char* file, int line) { return std::string(file) + ":" +
     }                                                                                                    \
   } while (0)
 
+// A collective's bad argument is refused on every member of the team: the message, then who refused it.
+#define REQUIRE_REFUSAL(code, message, call)                                                             \
+  do {                                                                                                   \
+    REQUIRE_RC(code, call);                                                                              \
+    const std::string error = hp_shmem_last_error();                                                     \
+    if (error.rfind(std::string(message) + " (refused by rank 0: op=", 0) != 0 ||                        \
+        error.find("; every member fails this call)") == std::string::npos) {                            \
+      throw ChildFailure(Where(__FILE__, __LINE__) + #call ": last_error='" + error + "', expected '" +  \
+                         std::string(message) + " (refused by rank 0: op=...; every member fails this call)'"); \
+    }                                                                                                    \
+  } while (0)
+
 // What a rank runs: its root membership and the shared groups.
 struct Rank {
   int rank;
@@ -268,6 +280,7 @@ std::uint64_t CreateRootTeam(Rank& me) {
 
 const hp_shmem_element_type kFloat32{"float32", 4, HP_SHMEM_FLOAT32};
 const hp_shmem_element_type kInt32{"int32", 4, HP_SHMEM_INT32};
+const hp_shmem_element_type kInt64{"int64", 8, HP_SHMEM_INT64};
 
 // ---- a minimal JSON reader: enough to check the debug state's document round-trips ----
 
@@ -505,12 +518,12 @@ TEST_P(CapiWorld, TeamsAndCollectives) {
     InitRoot(me);
     const int n = me.world_size;
     const std::uint64_t team = CreateRootTeam(me);
-    REQUIRE_OK(hp_shmem_team_barrier(team));
+    REQUIRE_OK(hp_shmem_team_barrier(team, HP_SHMEM_ROLE_FORWARD));
 
     // all_gather: 3 floats from each rank, in rank order.
     std::vector<float> in(3), out(static_cast<std::size_t>(3 * n));
     for (int i = 0; i < 3; ++i) in[static_cast<std::size_t>(i)] = static_cast<float>(10 * me.rank + i);
-    REQUIRE_OK(hp_shmem_all_gather(team, out.data(), out.size() * 4, in.data(), in.size() * 4, &kFloat32));
+    REQUIRE_OK(hp_shmem_all_gather(team, out.data(), out.size() * 4, in.data(), in.size() * 4, &kFloat32, HP_SHMEM_ROLE_FORWARD));
     for (int r = 0; r < n; ++r) {
       for (int i = 0; i < 3; ++i) REQUIRE(out[static_cast<std::size_t>(3 * r + i)] == static_cast<float>(10 * r + i));
     }
@@ -518,12 +531,12 @@ TEST_P(CapiWorld, TeamsAndCollectives) {
     // all_reduce in place (int32 sum), out of place (float32 max), and on a low-precision wire (bfloat16 carries
     // these small integers and their sums exactly).
     std::vector<std::int32_t> ints(17, me.rank + 1);
-    REQUIRE_OK(hp_shmem_all_reduce(team, ints.data(), nullptr, ints.size() * 4, HP_SHMEM_INT32, 0, -1));
+    REQUIRE_OK(hp_shmem_all_reduce(team, ints.data(), nullptr, ints.size() * 4, HP_SHMEM_INT32, 0, -1, HP_SHMEM_ROLE_FORWARD));
     for (auto v : ints) REQUIRE(v == n * (n + 1) / 2);
     std::vector<float> source(33), result(33, -1.0f);
     for (std::size_t i = 0; i < source.size(); ++i) source[i] = static_cast<float>((me.rank * 7 + i) % 11);
     REQUIRE_OK(hp_shmem_all_reduce(team, result.data(), source.data(), source.size() * 4, HP_SHMEM_FLOAT32,
-                                   /*max*/ 2, -1));
+                                   /*max*/ 2, -1, HP_SHMEM_ROLE_FORWARD));
     for (std::size_t i = 0; i < result.size(); ++i) {
       float expected = 0;
       for (int r = 0; r < n; ++r) expected = std::max(expected, static_cast<float>((r * 7 + i) % 11));
@@ -532,7 +545,7 @@ TEST_P(CapiWorld, TeamsAndCollectives) {
     std::vector<float> low(300);
     for (std::size_t i = 0; i < low.size(); ++i) low[i] = static_cast<float>(me.rank + i % 5);
     REQUIRE_OK(hp_shmem_all_reduce(team, low.data(), nullptr, low.size() * 4, HP_SHMEM_FLOAT32, 0,
-                                   /*bfloat16*/ 3));
+                                   /*bfloat16*/ 3, HP_SHMEM_ROLE_FORWARD));
     for (std::size_t i = 0; i < low.size(); ++i) {
       REQUIRE(low[i] == static_cast<float>(n * (n - 1) / 2 + n * static_cast<int>(i % 5)));
     }
@@ -541,7 +554,7 @@ TEST_P(CapiWorld, TeamsAndCollectives) {
     std::vector<double> parts(static_cast<std::size_t>(5 * n)), mine(5);
     for (std::size_t i = 0; i < parts.size(); ++i) parts[i] = static_cast<double>(me.rank) + 0.5 * static_cast<double>(i);
     REQUIRE_OK(hp_shmem_reduce_scatter(team, mine.data(), mine.size() * 8, parts.data(), parts.size() * 8,
-                                       HP_SHMEM_FLOAT64, 0, -1));
+                                       HP_SHMEM_FLOAT64, 0, -1, HP_SHMEM_ROLE_FORWARD));
     for (int i = 0; i < 5; ++i) {
       const double index = 5.0 * me.rank + i;
       REQUIRE(mine[static_cast<std::size_t>(i)] == n * (n - 1) / 2.0 + n * 0.5 * index);
@@ -564,7 +577,7 @@ TEST_P(CapiWorld, TeamsAndCollectives) {
     }
     std::vector<std::int32_t> received(total, -1);
     REQUIRE_OK(hp_shmem_all_to_all(team, send_ptrs.data(), send_bytes.data(), n, received.data(), total * 4,
-                                   counts.data(), n, &kInt32));
+                                   counts.data(), n, &kInt32, HP_SHMEM_ROLE_FORWARD));
     std::size_t at = 0;
     for (int i = 0; i < n; ++i) {
       for (std::uint64_t k = 0; k < counts[static_cast<std::size_t>(i)]; ++k) REQUIRE(received[at++] == 100 * i + me.rank);
@@ -577,10 +590,10 @@ TEST_P(CapiWorld, TeamsAndCollectives) {
       const bool sender = (me.rank % 2 == 0) == (round == 0);
       if (sender) {
         std::iota(message.begin(), message.end(), std::int64_t{1000} * me.rank + round);
-        REQUIRE_OK(hp_shmem_send(team, message.data(), message.size() * 8, partner));
+        REQUIRE_OK(hp_shmem_send(team, message.data(), message.size() * 8, &kInt64, partner));
       } else {
         std::fill(message.begin(), message.end(), -1);
-        REQUIRE_OK(hp_shmem_recv(team, message.data(), message.size() * 8, partner));
+        REQUIRE_OK(hp_shmem_recv(team, message.data(), message.size() * 8, &kInt64, partner));
         for (std::size_t i = 0; i < message.size(); ++i) {
           REQUIRE(message[i] == std::int64_t{1000} * partner + round + static_cast<std::int64_t>(i));
         }
@@ -599,14 +612,14 @@ TEST_P(CapiWorld, TeamsAndCollectives) {
     REQUIRE_OK(hp_shmem_team_create(pes.data(), static_cast<int>(pes.size()), &sub_bootstrap, &sub));
     REQUIRE(sub != team);
     std::vector<std::int64_t> sub_values(9, me.rank);
-    REQUIRE_OK(hp_shmem_all_reduce(sub, sub_values.data(), nullptr, sub_values.size() * 8, HP_SHMEM_INT64, 0, -1));
+    REQUIRE_OK(hp_shmem_all_reduce(sub, sub_values.data(), nullptr, sub_values.size() * 8, HP_SHMEM_INT64, 0, -1, HP_SHMEM_ROLE_FORWARD));
     std::int64_t sub_sum = 0;
     for (int pe : pes) sub_sum += pe;
     for (auto v : sub_values) REQUIRE(v == sub_sum);
     REQUIRE_OK(hp_shmem_team_release(sub));
-    REQUIRE_RC(HP_SHMEM_STATE_ERROR, hp_shmem_team_barrier(sub));   // released: refused
+    REQUIRE_RC(HP_SHMEM_STATE_ERROR, hp_shmem_team_barrier(sub, HP_SHMEM_ROLE_FORWARD));   // released: refused
 
-    REQUIRE_OK(hp_shmem_team_barrier(team));
+    REQUIRE_OK(hp_shmem_team_barrier(team, HP_SHMEM_ROLE_FORWARD));
     REQUIRE_OK(hp_shmem_team_release(team));
     ShutdownRoot(me);
   }));
@@ -620,11 +633,11 @@ TEST_P(CapiWorld, MismatchIsSeenByEveryRankAndTheTeamRecovers) {
     const std::uint64_t team = CreateRootTeam(me);
     std::vector<float> values(me.rank == 0 ? 4 : 8, 1.0f);
     REQUIRE_RC(HP_SHMEM_MISMATCH, hp_shmem_all_reduce(team, values.data(), nullptr, values.size() * 4,
-                                                      HP_SHMEM_FLOAT32, 0, -1));
+                                                      HP_SHMEM_FLOAT32, 0, -1, HP_SHMEM_ROLE_FORWARD));
     REQUIRE(hp_shmem_last_error()[0] != '\0');
     for (float v : values) REQUIRE(v == 1.0f);   // nothing was written
     std::vector<float> agreed(8, static_cast<float>(me.rank));
-    REQUIRE_OK(hp_shmem_all_reduce(team, agreed.data(), nullptr, agreed.size() * 4, HP_SHMEM_FLOAT32, 0, -1));
+    REQUIRE_OK(hp_shmem_all_reduce(team, agreed.data(), nullptr, agreed.size() * 4, HP_SHMEM_FLOAT32, 0, -1, HP_SHMEM_ROLE_FORWARD));
     for (float v : agreed) REQUIRE(v == static_cast<float>(n * (n - 1) / 2));
     REQUIRE_OK(hp_shmem_team_release(team));
     ShutdownRoot(me);
@@ -664,17 +677,17 @@ TEST(Capi, ArgumentErrorsHaveExactMessagesAndChangeNothing) {
                   hp_shmem_allocate(64, 64, "args", nullptr));
     REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`src` must be a non-null pointer, but got NULL",
                   hp_shmem_put(a.address, nullptr, 4, 4, 1));
-    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT,
+    REQUIRE_REFUSAL(HP_SHMEM_INVALID_ARGUMENT,
                   "`reduce_op` must be one of 0 (sum), 1 (avg), 2 (max), 3 (min), but got 7",
-                  hp_shmem_all_reduce(team, a.address, nullptr, 16, HP_SHMEM_FLOAT32, 7, -1));
-    REQUIRE_ERROR(HP_SHMEM_TYPE_ERROR,
+                  hp_shmem_all_reduce(team, a.address, nullptr, 16, HP_SHMEM_FLOAT32, 7, -1, HP_SHMEM_ROLE_FORWARD));
+    REQUIRE_REFUSAL(HP_SHMEM_TYPE_ERROR,
                   "`dtype` must be one of 0 (float32), 1 (float64), 2 (float16), 3 (bfloat16), 4 (int8), 5 (uint8), "
                   "6 (int32), 7 (int64), but got 8",
-                  hp_shmem_all_reduce(team, a.address, nullptr, 16, 8, 0, -1));
-    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT,
+                  hp_shmem_all_reduce(team, a.address, nullptr, 16, 8, 0, -1, HP_SHMEM_ROLE_FORWARD));
+    REQUIRE_REFUSAL(HP_SHMEM_INVALID_ARGUMENT,
                   "`wire` must be one of -1 (the tensor's own dtype), 0 (float8_e4m3fn), 1 (float8_e5m2), "
                   "2 (float16), 3 (bfloat16), but got 4",
-                  hp_shmem_reduce_scatter(team, a.address, 8, a.address, 16, HP_SHMEM_FLOAT32, 0, 4));
+                  hp_shmem_reduce_scatter(team, a.address, 8, a.address, 16, HP_SHMEM_FLOAT32, 0, 4, HP_SHMEM_ROLE_FORWARD));
     REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`signal_bytes` must be 4 (int32) or 8 (int64), but got 2",
                   hp_shmem_signal(a.address, 2, 1, 0, 1));
     REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`signal_op` must be one of 0 (set), 1 (add), but got 2",
@@ -685,31 +698,30 @@ TEST(Capi, ArgumentErrorsHaveExactMessagesAndChangeNothing) {
     REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`signal_bytes` must be 4 (int32) or 8 (int64), but got 16",
                   hp_shmem_wait_signal(a.address, 16, 0, 1));
     const hp_shmem_element_type long_name{"a_type_name_of_24_chars_", 4, -1};
-    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`type->name` must have 1 to 23 characters, but got more",
-                  hp_shmem_all_gather(team, a.address, 8, a.address, 4, &long_name));
+    REQUIRE_REFUSAL(HP_SHMEM_INVALID_ARGUMENT, "`type->name` must have 1 to 23 characters, but got more",
+                  hp_shmem_all_gather(team, a.address, 8, a.address, 4, &long_name, HP_SHMEM_ROLE_FORWARD));
     const hp_shmem_element_type no_bytes{"float32", 0, -1};
-    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`type->bytes` must be > 0, but got 0",
-                  hp_shmem_all_gather(team, a.address, 8, a.address, 4, &no_bytes));
-    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`type` must be a non-null pointer, but got NULL",
-                  hp_shmem_all_gather(team, a.address, 8, a.address, 4, nullptr));
+    REQUIRE_REFUSAL(HP_SHMEM_INVALID_ARGUMENT, "`type->bytes` must be > 0, but got 0",
+                  hp_shmem_all_gather(team, a.address, 8, a.address, 4, &no_bytes, HP_SHMEM_ROLE_FORWARD));
+    REQUIRE_REFUSAL(HP_SHMEM_INVALID_ARGUMENT, "`type` must be a non-null pointer, but got NULL",
+                  hp_shmem_all_gather(team, a.address, 8, a.address, 4, nullptr, HP_SHMEM_ROLE_FORWARD));
     const void* sends[2] = {a.address, nullptr};
     const std::size_t send_bytes[2] = {4, 4};
     const std::uint64_t counts[2] = {1, 1};
-    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`sends[1]` must be a non-null pointer, but got NULL",
-                  hp_shmem_all_to_all(team, sends, send_bytes, 2, a.address, 8, counts, 2, &kInt32));
-    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`ncounts` must be >= 0, but got -2",
-                  hp_shmem_all_to_all(team, sends, send_bytes, 2, a.address, 8, counts, -2, &kInt32));
+    REQUIRE_REFUSAL(HP_SHMEM_INVALID_ARGUMENT, "`sends[1]` must be a non-null pointer, but got NULL",
+                  hp_shmem_all_to_all(team, sends, send_bytes, 2, a.address, 8, counts, 2, &kInt32, HP_SHMEM_ROLE_FORWARD));
+    REQUIRE_REFUSAL(HP_SHMEM_INVALID_ARGUMENT, "`ncounts` must be >= 0, but got -2",
+                  hp_shmem_all_to_all(team, sends, send_bytes, 2, a.address, 8, counts, -2, &kInt32, HP_SHMEM_ROLE_FORWARD));
     REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`needed` must be a non-null pointer, but got NULL",
                   hp_shmem_debug_state_json(nullptr, 0, nullptr));
 
-    // Nothing of it reached the runtime: same state, same allocations, no failure recorded, and the next
-    // collective still agrees on every rank.
+    // Nothing changed: same state, same allocations, and the next collective still agrees on every rank (the
+    // collectives' refusals went through the team's first sync, where every member failed alike).
     REQUIRE(hp_shmem_state() == 1);
     const Json after = DebugState();
-    REQUIRE(after["latest_failure"].text == before["latest_failure"].text);
     REQUIRE(after["active_allocations"].items.size() == before["active_allocations"].items.size());
     REQUIRE(after["allocated"].number == before["allocated"].number);
-    REQUIRE_OK(hp_shmem_team_barrier(team));
+    REQUIRE_OK(hp_shmem_team_barrier(team, HP_SHMEM_ROLE_FORWARD));
     REQUIRE_OK(hp_shmem_free(a.id, "args"));
     REQUIRE_OK(hp_shmem_team_release(team));
     ShutdownRoot(me);

@@ -348,38 +348,64 @@ TEST(TeamTest, SixtyFourLiveTeamsThenAClearRefusal) {
   });
 }
 
-TEST(TeamTest, ATimedOutRankThatRetriesStaysInStep) {
-  RunRanks(2, [](int rank, Bootstrap& bootstrap) {
+// A call that one member gives up (its first sync timed out while a peer was late) fails on every member, the late
+// one included, which never reads what the member that gave up has taken back; then the team runs on. Ordinary
+// tensors of 1,000 floats take the one-step path, of 1 Mi floats the peer-memory path (each rank reads the others'
+// tensors in place), both checked by value.
+class GivenUpCallTest : public ::testing::TestWithParam<std::tuple<int, std::size_t>> {};
+
+TEST_P(GivenUpCallTest, FailsOnEveryMemberAndTheTeamRunsOn) {
+  const int world = std::get<0>(GetParam());
+  const std::size_t count = std::get<1>(GetParam());
+  RunRanks(world, [&](int rank, Bootstrap& bootstrap) {
     Runtime runtime;
-    ASSERT_TRUE(IsOk(runtime.Init(HostConfig(0.2), std::make_unique<host::HostDevice>(), bootstrap)));
-    auto team = runtime.CreateTeam(AllPes(2), bootstrap);
+    ASSERT_TRUE(IsOk(runtime.Init(HostConfig(0.3), std::make_unique<host::HostDevice>(), bootstrap)));
+    auto team = runtime.CreateTeam(AllPes(world), bootstrap);
     ASSERT_TRUE(team.ok());
-    float value = static_cast<float>(rank + 1);
-    if (rank == 0) {
-      // Rank 1 is late: the first try times out naming it, the retry pairs with rank 1's call.
-      const Status late = runtime.AllReduce(team.value(), &value, 4, DataType::kFloat32, ReduceOp::kSum, kDefaultStream,
-                                            nullptr);
-      EXPECT_EQ(late.code(), StatusCode::kTimeout) << late.ToString();
-      EXPECT_TRUE(Contains(late.message(), "team sync timed out: op=all_reduce team_ranks=[0,1] epoch=1 missing_ranks=[1]"))
-          << late.message();
-      EXPECT_EQ(value, 1.0f);
+    const int late = world - 1;
+    std::vector<float> values(count, 10.0f * static_cast<float>(rank + 1));
+    auto all_reduce = [&] {
+      return runtime.AllReduce(team.value(), values.data(), count * 4, DataType::kFloat32, ReduceOp::kSum,
+                               kDefaultStream, nullptr);
+    };
+    if (rank != late) {
+      const Status gave_up = all_reduce();
+      EXPECT_TRUE(gave_up.code() == StatusCode::kTimeout || gave_up.code() == StatusCode::kStateError)
+          << gave_up.ToString();
+      if (gave_up.code() == StatusCode::kTimeout) {
+        EXPECT_TRUE(Contains(gave_up.message(), "all_reduce timed out at its first sync: team_ranks=[")) << gave_up.message();
+        EXPECT_TRUE(Contains(gave_up.message(), "missing_ranks=[" + std::to_string(late) + "]")) << gave_up.message();
+        EXPECT_TRUE(Contains(gave_up.message(), "it fails on every member")) << gave_up.message();
+      }
+      std::fill(values.begin(), values.end(), 99.0f);   // the tensor is taken back and changed
     }
-    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
-    ASSERT_TRUE(IsOk(runtime.AllReduce(team.value(), &value, 4, DataType::kFloat32, ReduceOp::kSum, kDefaultStream,
-                                       nullptr)));
-    EXPECT_EQ(value, 3.0f);
-    // And the next calls still pair up.
-    ASSERT_TRUE(IsOk(runtime.AllReduce(team.value(), &value, 4, DataType::kFloat32, ReduceOp::kSum, kDefaultStream,
-                                       nullptr)));
-    EXPECT_EQ(value, 6.0f);
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));   // the late rank arrives only now
+    if (rank == late) {
+      const Status refused = all_reduce();
+      EXPECT_EQ(refused.code(), StatusCode::kStateError) << refused.ToString();
+      EXPECT_TRUE(Contains(refused.message(), "all_reduce was given up by a member at its first sync")) << refused.message();
+      EXPECT_TRUE(Contains(refused.message(), "(it timed out)")) << refused.message();
+      EXPECT_EQ(values, std::vector<float>(count, 10.0f * static_cast<float>(rank + 1)));   // untouched
+    }
+    // The team runs on: the next calls pair up, numbered alike, with every member's new values.
+    for (int call = 1; call <= 3; ++call) {
+      std::fill(values.begin(), values.end(), static_cast<float>(call * (rank + 1)));
+      ASSERT_TRUE(IsOk(all_reduce()));
+      const float expected = static_cast<float>(call * world * (world + 1) / 2);
+      EXPECT_EQ(values, std::vector<float>(count, expected));
+    }
     EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
   });
 }
 
+INSTANTIATE_TEST_SUITE_P(RanksAndSizes, GivenUpCallTest,
+                         ::testing::Combine(::testing::Values(2, 4), ::testing::Values(std::size_t{1000},
+                                                                                          std::size_t{1} << 20)));
+
 // The one-step paths move their data with the first sync: all_gather stages it in the sender's half, all_to_all
-// pushes it into the receiver's. A rank that timed out there and retries re-stages the same data, and both ranks
-// get every part; the calls after it (the other parity, then the same) pair up too.
-TEST(TeamTest, ATimedOutOneStepCallThatIsRetriedDeliversItsData) {
+// pushes it into the receiver's. A call given up there writes no output on any member; the calls after it (the
+// other parity, then the same) deliver every part.
+TEST(TeamTest, AGivenUpOneStepCallWritesNothingAndTheNextCallsDeliver) {
   RunRanks(2, [](int rank, Bootstrap& bootstrap) {
     Runtime runtime;
     ASSERT_TRUE(IsOk(runtime.Init(HostConfig(0.2), std::make_unique<host::HostDevice>(), bootstrap)));
@@ -401,17 +427,18 @@ TEST(TeamTest, ATimedOutOneStepCallThatIsRetriedDeliversItsData) {
     const std::vector<float> expected = {1.0f, 10.0f, 2.0f, 20.0f};
     for (int call = 0; call < 2; ++call) {
       SCOPED_TRACE(call == 0 ? "all_gather" : "all_to_all");
-      if (rank == 0) {   // rank 1 is late: the first try times out, nothing written
+      if (rank == 0) {   // rank 1 is late: rank 0 gives the call up
         const Status late = call == 0 ? all_gather() : all_to_all();
         EXPECT_EQ(late.code(), StatusCode::kTimeout) << late.ToString();
         EXPECT_TRUE(Contains(late.message(), "missing_ranks=[1]")) << late.message();
-        const float* output = call == 0 ? gathered : received;
-        EXPECT_EQ(std::vector<float>(output, output + 4), std::vector<float>(4, 0.0f));
       }
       ASSERT_TRUE(IsOk(bootstrap.Barrier()));
-      ASSERT_TRUE(IsOk(call == 0 ? all_gather() : all_to_all()));
+      if (rank == 1) {
+        const Status refused = call == 0 ? all_gather() : all_to_all();
+        EXPECT_TRUE(HasError(refused, StatusCode::kStateError, "was given up by a member")) << refused.ToString();
+      }
       const float* output = call == 0 ? gathered : received;
-      EXPECT_EQ(std::vector<float>(output, output + 4), expected);
+      EXPECT_EQ(std::vector<float>(output, output + 4), std::vector<float>(4, 0.0f));
     }
     for (int again = 0; again < 3; ++again) {
       std::fill(gathered, gathered + 4, 0.0f);
@@ -421,6 +448,27 @@ TEST(TeamTest, ATimedOutOneStepCallThatIsRetriedDeliversItsData) {
       EXPECT_EQ(std::vector<float>(gathered, gathered + 4), expected);
       EXPECT_EQ(std::vector<float>(received, received + 4), expected);
     }
+    EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+  });
+}
+
+// A gradient's collective never pairs with a forward one: the role is part of what the members agree on.
+TEST(TeamTest, ABackwardCallNeverPairsWithAForwardOne) {
+  RunRanks(2, [](int rank, Bootstrap& bootstrap) {
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(HostConfig(), std::make_unique<host::HostDevice>(), bootstrap)));
+    auto team = runtime.CreateTeam(AllPes(2), bootstrap);
+    ASSERT_TRUE(team.ok());
+    float value = rank == 0 ? 100.0f : 2.0f;
+    const Status mixed = runtime.AllReduce(team.value(), &value, 4, DataType::kFloat32, ReduceOp::kSum, kDefaultStream,
+                                           nullptr, std::nullopt, nullptr,
+                                           rank == 0 ? CallRole::kBackward : CallRole::kForward);
+    EXPECT_TRUE(HasError(mixed, StatusCode::kMismatch, "ranks disagree on a collective (role)")) << mixed.ToString();
+    EXPECT_TRUE(Contains(mixed.message(), "role=backward")) << mixed.message();
+    EXPECT_EQ(value, rank == 0 ? 100.0f : 2.0f);
+    ASSERT_TRUE(IsOk(runtime.AllReduce(team.value(), &value, 4, DataType::kFloat32, ReduceOp::kSum, kDefaultStream,
+                                       nullptr, std::nullopt, nullptr, CallRole::kBackward)));
+    EXPECT_EQ(value, 102.0f);
     EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
   });
 }
@@ -446,14 +494,14 @@ class FailOnceDevice final : public testutil::HostForwardingDevice {
   bool fail_next = false;
 };
 
-// A call that fails on one rank before its first sync (staging its data) reached no peer: the peers time out and
-// roll back, and the failed rank's call number is given back, so the retry pairs on every path that stages first.
-TEST(TeamTest, AFailureBeforeTheFirstSyncLeavesTheTeamInStep) {
+// A call that fails on one rank before its first sync (staging its data) is given up for every member at once (the
+// peers fail now, not after their timeout, naming that rank and its reason); the team runs on.
+TEST(TeamTest, AFailureBeforeTheFirstSyncFailsEveryMemberAtOnce) {
   RunRanks(2, [](int rank, Bootstrap& bootstrap) {
     auto owned = std::make_unique<FailOnceDevice>();
     FailOnceDevice* device = owned.get();
     Runtime runtime;
-    ASSERT_TRUE(IsOk(runtime.Init(HostConfig(0.2), std::move(owned), bootstrap)));
+    ASSERT_TRUE(IsOk(runtime.Init(HostConfig(30.0), std::move(owned), bootstrap)));
     auto team = runtime.CreateTeam(AllPes(2), bootstrap);
     ASSERT_TRUE(team.ok());
     for (bool low_precision : {false, true}) {
@@ -467,8 +515,14 @@ TEST(TeamTest, AFailureBeforeTheFirstSyncLeavesTheTeamInStep) {
       };
       device->fail_next = rank == 1;
       const Status first = call();
-      EXPECT_EQ(first.code(), rank == 1 ? StatusCode::kDeviceError : StatusCode::kTimeout) << first.ToString();
-      ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+      if (rank == 1) {
+        EXPECT_TRUE(HasError(first, StatusCode::kDeviceError, "all_reduce failed before its first sync")) << first.ToString();
+      } else {
+        EXPECT_TRUE(HasError(first, StatusCode::kStateError, "all_reduce was given up by a member at its first sync"))
+            << first.ToString();
+        EXPECT_TRUE(Contains(first.message(), "given up by rank 1 (it failed)")) << first.message();
+        EXPECT_TRUE(Contains(first.message(), "injected:")) << first.message();   // rank 1's own words
+      }
       ASSERT_TRUE(IsOk(call()));
       EXPECT_EQ(std::vector<float>(values, values + 4), (std::vector<float>{2.0f, 4.0f, 6.0f, 8.0f}));
       ASSERT_TRUE(IsOk(runtime.TeamBarrier(team.value(), kDefaultStream)));
@@ -477,7 +531,81 @@ TEST(TeamTest, AFailureBeforeTheFirstSyncLeavesTheTeamInStep) {
   });
 }
 
-TEST(TeamTest, BadArgumentsAreRefusedBeforeAnySync) {
+// A check that fails on one member only (its own addresses, sizes, ops) is refused collectively: every member fails
+// the call with that member's error, naming it, and nothing is written; the next call pairs up.
+class RefusalTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(RefusalTest, OneMembersBadArgumentFailsEveryMemberWithItsError) {
+  const int world = GetParam();
+  RunRanks(world, [&](int rank, Bootstrap& bootstrap) {
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(HostConfig(), std::make_unique<host::HostDevice>(), bootstrap)));
+    auto team = runtime.CreateTeam(AllPes(world), bootstrap);
+    ASSERT_TRUE(team.ok());
+    const int refuser = 1;
+    std::vector<float> output(static_cast<std::size_t>(world) * 4, -1.0f);
+    std::vector<float> input(4, static_cast<float>(rank));
+    // The refuser's input lies inside another member's block of its output.
+    const float* in = rank == refuser ? output.data() + ((rank + 1) % world) * 4 : input.data();
+    const Status gathered = runtime.AllGather(team.value(), output.data(), output.size() * 4, in, 16,
+                                              testutil::Float32(), kDefaultStream, nullptr);
+    EXPECT_TRUE(HasError(gathered, StatusCode::kInvalidArgument,
+                         "`input` must not overlap `output` except as this rank's own part"))
+        << gathered.ToString();
+    EXPECT_TRUE(Contains(gathered.message(), "(refused by rank 1: op=all_gather team_ranks=[")) << gathered.message();
+    if (rank != refuser) {
+      EXPECT_EQ(output, std::vector<float>(output.size(), -1.0f));
+    }
+    // avg of an integer tensor on the refuser only.
+    std::int32_t ints[2] = {rank, rank};
+    const Status reduced = runtime.AllReduce(team.value(), ints, 8, DataType::kInt32,
+                                             rank == refuser ? ReduceOp::kAvg : ReduceOp::kSum, kDefaultStream, nullptr);
+    EXPECT_TRUE(HasError(reduced, StatusCode::kInvalidArgument, "`op` must be sum, max or min for int32, but got avg"))
+        << reduced.ToString();
+    EXPECT_TRUE(Contains(reduced.message(), "refused by rank 1")) << reduced.message();
+    EXPECT_EQ(ints[0], rank);
+    ASSERT_TRUE(IsOk(runtime.AllReduce(team.value(), ints, 8, DataType::kInt32, ReduceOp::kSum, kDefaultStream, nullptr)));
+    EXPECT_EQ(ints[0], world * (world - 1) / 2);
+    // A refusal decided above the runtime (a freed tensor, a destroyed group) the same way.
+    const Status above = rank == refuser
+                             ? runtime.Refuse(team.value(), Collective::kAllReduce,
+                                              StateError("tensor of a freed symmetric allocation: allocation_id=7"),
+                                              kDefaultStream)
+                             : runtime.AllReduce(team.value(), ints, 8, DataType::kInt32, ReduceOp::kSum,
+                                                 kDefaultStream, nullptr);
+    EXPECT_TRUE(HasError(above, StatusCode::kStateError, "tensor of a freed symmetric allocation: allocation_id=7 "
+                                                         "(refused by rank 1: op=all_reduce"))
+        << above.ToString();
+    ASSERT_TRUE(IsOk(runtime.TeamBarrier(team.value(), kDefaultStream)));
+    EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, RefusalTest, ::testing::Values(2, 4));
+
+// A member that gives up the team's next sync for a reason of its own (e.g. its node's peer died) makes the members
+// waiting there fail at once with its words.
+TEST(TeamTest, AMemberGivingUpTheNextSyncWakesTheOthersWithItsReason) {
+  RunRanks(3, [](int rank, Bootstrap& bootstrap) {
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(HostConfig(30.0), std::make_unique<host::HostDevice>(), bootstrap)));
+    auto team = runtime.CreateTeam(AllPes(3), bootstrap);
+    ASSERT_TRUE(team.ok());
+    if (rank == 2) {
+      const Status why = StateError("node 1 died: rank 5 did not answer the exchange across nodes");
+      EXPECT_EQ(runtime.GiveUp(team.value(), why).message(), why.message());
+    }
+    const Status waited = rank == 2 ? Status::Ok() : runtime.TeamBarrier(team.value(), kDefaultStream);
+    if (rank != 2) {
+      EXPECT_TRUE(HasError(waited, StatusCode::kStateError, "barrier was given up by a member")) << waited.ToString();
+      EXPECT_TRUE(Contains(waited.message(), "node 1 died: rank 5 did not answer")) << waited.message();
+    }
+    ASSERT_TRUE(IsOk(runtime.TeamBarrier(team.value(), kDefaultStream)));
+    EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+  });
+}
+
+TEST(TeamTest, BadArgumentsAreRefused) {
   RunRanks(2, [](int rank, Bootstrap& bootstrap) {
     Runtime runtime;
     ASSERT_TRUE(IsOk(runtime.Init(HostConfig(), std::make_unique<host::HostDevice>(), bootstrap)));
@@ -492,20 +620,79 @@ TEST(TeamTest, BadArgumentsAreRefusedBeforeAnySync) {
                          StatusCode::kInvalidArgument, "`output` must have group_size * input bytes (2 * 4 = 8), but got 12"));
     EXPECT_TRUE(HasError(runtime.AllReduce(team.value(), data, 8, DataType::kInt32, ReduceOp::kAvg, kDefaultStream, nullptr),
                          StatusCode::kInvalidArgument, "`op` must be sum, max or min for int32, but got avg"));
-    EXPECT_TRUE(HasError(runtime.Send(team.value(), data, 4, rank, kDefaultStream, nullptr), StatusCode::kInvalidArgument,
-                         "`peer` must be another group rank in [0, 2) than this one"));
-    // A message of the wrong size is drained and refused; the next one arrives.
+    EXPECT_TRUE(HasError(runtime.Send(team.value(), data, 4, Float32(), rank, kDefaultStream, nullptr),
+                         StatusCode::kInvalidArgument, "`peer` must be another group rank in [0, 2) than this one"));
+    EXPECT_TRUE(IsOk(runtime.TeamBarrier(team.value(), kDefaultStream)));
+    EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+  });
+}
+
+// A message of another size or dtype is drained and refused on both sides: the receiver's recv fails naming what was
+// sent, the sender's next send or recv with it fails once; the next message arrives.
+TEST(TeamTest, AMessageOfAnotherSizeOrDtypeIsRefusedOnBothSides) {
+  RunRanks(2, [](int rank, Bootstrap& bootstrap) {
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(HostConfig(), std::make_unique<host::HostDevice>(), bootstrap)));
+    auto team = runtime.CreateTeam(AllPes(2), bootstrap);
+    ASSERT_TRUE(team.ok());
+    float data[4] = {1.5f, 0.0f, 0.0f, 0.0f};
+    const ElementType int32 = testutil::Int32();
     if (rank == 0) {
-      ASSERT_TRUE(IsOk(runtime.Send(team.value(), data, 16, 1, kDefaultStream, nullptr)));
+      ASSERT_TRUE(IsOk(runtime.Send(team.value(), data, 16, Float32(), 1, kDefaultStream, nullptr)));   // size
+      ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+      EXPECT_TRUE(HasError(runtime.Send(team.value(), data, 4, Float32(), 1, kDefaultStream, nullptr),
+                           StatusCode::kInvalidArgument, "a message this rank sent must match the receive buffer of rank 1"));
+      ASSERT_TRUE(IsOk(runtime.Send(team.value(), data, 4, Float32(), 1, kDefaultStream, nullptr)));    // dtype
+      ASSERT_TRUE(IsOk(bootstrap.Barrier()));
       data[0] = 7.0f;
-      ASSERT_TRUE(IsOk(runtime.Send(team.value(), data, 4, 1, kDefaultStream, nullptr)));
+      EXPECT_TRUE(HasError(runtime.Send(team.value(), data, 4, Float32(), 1, kDefaultStream, nullptr),
+                           StatusCode::kInvalidArgument, "refused it"));
+      ASSERT_TRUE(IsOk(runtime.Send(team.value(), data, 4, Float32(), 1, kDefaultStream, nullptr)));
     } else {
-      EXPECT_TRUE(HasError(runtime.Recv(team.value(), data, 8, 0, kDefaultStream, nullptr), StatusCode::kInvalidArgument,
-                           "`tensor` must have the 16 bytes rank 0 sent, but got 8 bytes"));
-      ASSERT_TRUE(IsOk(runtime.Recv(team.value(), data, 4, 0, kDefaultStream, nullptr)));
+      EXPECT_TRUE(HasError(runtime.Recv(team.value(), data, 8, Float32(), 0, kDefaultStream, nullptr),
+                           StatusCode::kInvalidArgument,
+                           "`tensor` must be a receive buffer for the float32 message of 16 bytes rank 0 sent, but got "
+                           "float32 of 8 bytes"));
+      ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+      std::int32_t wrong = -1;
+      EXPECT_TRUE(HasError(runtime.Recv(team.value(), &wrong, 4, int32, 0, kDefaultStream, nullptr), StatusCode::kTypeError,
+                           "`tensor` must be a receive buffer for the float32 message of 4 bytes rank 0 sent, but got "
+                           "int32 of 4 bytes"));
+      EXPECT_EQ(wrong, -1);   // 1.5f never lands in it as 1069547520
+      ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+      ASSERT_TRUE(IsOk(runtime.Recv(team.value(), data, 4, Float32(), 0, kDefaultStream, nullptr)));
       EXPECT_EQ(data[0], 7.0f);
     }
     EXPECT_TRUE(IsOk(runtime.TeamBarrier(team.value(), kDefaultStream)));
+    EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+  });
+}
+
+// Signal words hold SignalValue of counters that only grow, compared for equality: a team whose counters start just
+// below the 32-bit signals' wrap runs 10,000 syncs and send/recv pieces across it.
+TEST(TeamTest, TenThousandSyncsAndSendsAcrossTheSignalWrap) {
+  RunRanks(2, [](int rank, Bootstrap& bootstrap) {
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(HostConfig(), std::make_unique<host::HostDevice>(), bootstrap)));
+    auto root = runtime.CreateTeam(AllPes(2), bootstrap);
+    ASSERT_TRUE(root.ok());
+    runtime.SetFirstTeamCounterForTesting(static_cast<std::uint64_t>(kSignalPeriod) - 5000);
+    auto team = runtime.CreateTeam(AllPes(2), bootstrap);
+    ASSERT_TRUE(team.ok());
+    for (int i = 0; i < 10000; ++i) {
+      std::int64_t value = i + rank;
+      ASSERT_TRUE(IsOk(runtime.AllReduce(team.value(), &value, 8, DataType::kInt64, ReduceOp::kSum, kDefaultStream,
+                                         nullptr))) << i;
+      ASSERT_EQ(value, 2 * i + 1) << i;
+      std::int64_t message = 3 * i;
+      if (rank == 0) {
+        ASSERT_TRUE(IsOk(runtime.Send(team.value(), &message, 8, testutil::Int64(), 1, kDefaultStream, nullptr))) << i;
+      } else {
+        message = -1;
+        ASSERT_TRUE(IsOk(runtime.Recv(team.value(), &message, 8, testutil::Int64(), 0, kDefaultStream, nullptr))) << i;
+        ASSERT_EQ(message, 3 * i) << i;
+      }
+    }
     EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
   });
 }

@@ -40,6 +40,13 @@ Config TestConfig(std::size_t heap_size = kMiB, double timeout_sec = 10.0) {
 }
 
 // `status` has `code` and exactly `message`.
+// What every member of a team of `world` PEs 0..world-1 adds to a refusal its rank 0 made.
+std::string RefusedByRankZero(const std::string& op, int world) {
+  std::string ranks;
+  for (int r = 0; r < world; ++r) ranks += (r ? "," : "") + std::to_string(r);
+  return " (refused by rank 0: op=" + op + " team_ranks=[" + ranks + "]; every member fails this call)";
+}
+
 ::testing::AssertionResult IsError(const Status& status, StatusCode code, const std::string& message) {
   if (status.code() == code && status.message() == message) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "got " << status.ToString() << "; expected " << StatusCodeName(code) << ": "
@@ -1030,12 +1037,12 @@ TEST(RuntimeTest, MisalignedSignalsAndOverlappingAllGatherInputsAreRejected) {
     auto team = runtime.CreateTeam({0, 1}, bootstrap);
     ASSERT_TRUE(team.ok()) << team.status().ToString();
     const std::size_t other_slot = static_cast<std::size_t>(1 - rank) * 128;
+    // Every member fails with rank 0's refusal (the lowest group rank that refused).
     EXPECT_TRUE(IsError(runtime.AllGather(team.value(), Address(buffer), 256, Address(buffer, other_slot), 128,
                                           ElementType{}, kDefaultStream, nullptr),
                         StatusCode::kInvalidArgument,
-                        "`input` must not overlap `output` except as this rank's own part (offset " +
-                            std::to_string(rank * 128) + "), but got an input at offset " +
-                            std::to_string(other_slot) + " of the output"));
+                        "`input` must not overlap `output` except as this rank's own part (offset 0), but got an "
+                        "input at offset 128 of the output" + RefusedByRankZero("all_gather", 2)));
     EXPECT_TRUE(IsOk(runtime.Free(buffer.id, "test")));
     EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
   });
@@ -1099,7 +1106,8 @@ TEST_P(RuntimeRanksTest, AllGather) {
                                           kDefaultStream, nullptr),
                         StatusCode::kInvalidArgument,
                         "`output` must have group_size * input bytes (" + std::to_string(world) + " * 999 = " +
-                            std::to_string(999 * world) + "), but got " + std::to_string(total)));
+                            std::to_string(999 * world) + "), but got " + std::to_string(total) +
+                            RefusedByRankZero("all_gather", world)));
     EXPECT_TRUE(IsOk(runtime.AllGather(team.value(), Address(output), 0, input.data(), 0, bytes, kDefaultStream, nullptr)));
     EXPECT_EQ(std::memcmp(Address(output), expected.data(), total), 0);
     EXPECT_TRUE(IsOk(runtime.Free(output.id, "test")));

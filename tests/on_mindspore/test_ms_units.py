@@ -16,17 +16,56 @@ from hypothesis import strategies as st
 import hyper_parallel.core.symmetric_memory as symm
 from hyper_parallel.core.multicore import c_runtime
 from hyper_parallel.core.multicore.errors import ShmemStateError
-from hyper_parallel.core.symmetric_memory import _framework, _on_mindspore
-from hyper_parallel.core.symmetric_memory._over_c_abi import CAbiCalls
+from hyper_parallel.core.multicore.errors import ShmemTypeError, ShmemValueError
+from hyper_parallel.core.symmetric_memory import _framework, protocol
 from hyper_parallel.platform.mindspore import tensors
+from hyper_parallel.platform.mindspore.calls import CAbiCalls
+from hyper_parallel.platform.mindspore.handler import HANDLER
 
 
 def test_the_user_api_is_mindspores_here():
-    assert _framework.FRAMEWORK == "mindspore"
-    assert symm.empty == _on_mindspore.API.empty and symm.shmem_allreduce == _on_mindspore.API.shmem_allreduce
-    assert isinstance(_on_mindspore.API.calls, CAbiCalls)
-    assert {"rendezvous", "SymmetricMemory", "shmem_alltoall"} <= set(symm.__all__)
+    assert _framework.FRAMEWORK == "mindspore" and symm.FRAMEWORK == "mindspore"
+    assert _framework.handler() is HANDLER and symm.API.handler is HANDLER
+    assert symm.empty == symm.API.empty and symm.shmem_allreduce == symm.API.shmem_allreduce
+    assert isinstance(symm.API.calls, CAbiCalls) and symm.API.fast is None
+    assert {"rendezvous", "SymmetricMemory", "shmem_alltoall", "debug_state"} <= set(symm.__all__)
     assert symm.is_shmem_available() is True
+
+
+def test_the_mindspore_handler_implements_the_protocol():
+    assert protocol.mismatches(HANDLER) == []
+    assert isinstance(HANDLER, protocol.Handler)
+    assert isinstance(HANDLER.facts, protocol.TensorFacts) and isinstance(HANDLER.calls, protocol.Calls)
+
+
+@pytest.mark.parametrize("call,cls,operation,message", [
+    (lambda: symm.shmem_allreduce(ms.Tensor(np.ones(3, np.float32)), op="prod"), ShmemValueError, "shmem_allreduce",
+     "`op` must be one of 'sum', 'avg', 'max', 'min', but got 'prod'"),
+    (lambda: symm.shmem_allgather(ms.Tensor(np.ones(4, np.float32)), [1.0]), ShmemTypeError, "shmem_allgather",
+     "`input_tensor` must be a mindspore.Tensor, but got list"),
+    (lambda: symm.empty((2, -1)), ShmemValueError, "empty",
+     "`shape` must have non-negative dimensions, but got (2, -1)"),
+    (lambda: symm.shmem_allreduce(ms.Tensor(np.ones(3, np.float32)), group=3), ShmemTypeError, "shmem_allreduce",
+     "`group` must be a MindSpore group name (str) or None, but got int"),
+])
+def test_contract_errors_carry_upstreams_fields(call, cls, operation, message):
+    with pytest.raises(cls) as info:
+        call()
+    error = info.value
+    assert str(error) == message and isinstance(error, RuntimeError)
+    assert (error.error_code, error.operation, error.phase, error.cann_error_code) == (
+        "INVALID_ARGUMENT", operation, "Validation", None)
+    assert error.__notes__ == [f"[HYPER_PARALLEL_SHMEM_ERROR] error_code=INVALID_ARGUMENT operation={operation} "
+                               f"phase=Validation cann_error_code=None message={message}"]
+
+
+def test_debug_state_without_a_runtime_speaks_both_vocabularies():
+    state = symm.debug_state()
+    assert state["state"] == "uninitialized" and state["state"] == "Uninitialized"
+    assert state["config"] is None and state["reference_count"] == 0 and state["root_ranks"] == []
+    assert state["latest_failure"]["error_code"] is None
+    with pytest.raises(TypeError, match="must not be modified"):
+        state["state"] = "initialized"
 
 
 def test_an_unknown_platform_is_refused(monkeypatch):

@@ -7,7 +7,7 @@ runner (``tests/on_mindspore/ms_fw.py``, run by ``ms_cases.py`` and asserted by 
 
 Numpy builds every input and checks every result; the references are independent of the code under test: numpy on
 inputs every rank can rebuild, or the framework's own collectives (gloo, mccl). Error messages are compared whole
-where both frameworks give the same text (the rules in ``symmetric_memory/_rules.py``); the framework's part of a
+where both frameworks give the same text (the rules in ``symmetric_memory/checks.py``); the framework's part of a
 message (``torch.Tensor``, a dtype's printed name) comes from the adapter.
 
 This module imports no framework (it is imported in both environments) and is no test module of pytest's.
@@ -197,7 +197,8 @@ def empty_and_free(fw: Framework) -> None:
 
 @case
 def heap_size_from_the_environment(fw: Framework) -> None:
-    """The job sets the runtime's variable or seed 004's alias (which MindSpore's path copies into the variable)."""
+    """The job sets the runtime's variable or the user API's alias, SYMMETRIC_MEMORY_HEAP_SIZE (which MindSpore's
+    path copies into the variable)."""
     given = {v: os.environ[v] for v in ("HYPER_PARALLEL_SHMEM_HEAP_SIZE", "SYMMETRIC_MEMORY_HEAP_SIZE")
              if v in os.environ}
     assert len(set(given.values())) == 1, f"the job must set one heap size, but set {given}"
@@ -231,6 +232,35 @@ def shutdown_refused_then_done(fw: Framework) -> None:
     symm.shutdown()
 
 
+@case
+def upstreams_vocabulary_for_diagnosis(fw: Framework) -> None:
+    """A refused call carries upstream hyper-parallel's fields (diagnostics parse its note), and ``debug_state()``
+    answers upstream's keys, ``config["data_engine"]`` included: the host device moves bytes with the CPU."""
+    symm = fw.symm
+    message = "`op` must be one of 'sum', 'avg', 'max', 'min', but got 'prod'"
+    error = caught(symm.shmem_allreduce, fw.tensor(values(fw.rank, 4)), op="prod")
+    assert isinstance(error, ValueError) and isinstance(error, RuntimeError), repr(error)
+    assert type(error).__name__ == "ShmemValueError", type(error).__mro__
+    fields = (error.error_code, error.operation, error.phase, error.cann_error_code)
+    assert fields == ("INVALID_ARGUMENT", "shmem_allreduce", "Validation", None), fields
+    assert error.__notes__ == ["[HYPER_PARALLEL_SHMEM_ERROR] error_code=INVALID_ARGUMENT operation=shmem_allreduce "
+                               f"phase=Validation cann_error_code=None message={message}"], error.__notes__
+    error = caught(symm.shmem_alltoall, [fw.tensor(values(fw.rank, 1))] * fw.world, fw.tensor(values(0, 1)),
+                   "1" * fw.world)
+    assert isinstance(error, TypeError) and (error.error_code, error.operation) == (
+        "INVALID_ARGUMENT", "shmem_alltoall"), (repr(error), getattr(error, "operation", None))
+    t = symm.empty(4)
+    try:
+        state = symm.debug_state()
+        assert state["state"] == "Ready" and state["root_rank"] == fw.rank and state["root_size"] == fw.world, state
+        assert state["reference_count"] >= 1 and state["allocated_count"] >= 1, state
+        config = state["config"]
+        assert config["data_engine"] == "cpu" and config["bootstrap_endpoint_base"] is None, config
+        assert config["heap_size_bytes"] == state["heap_size"], config
+    finally:
+        symm.free(t)
+
+
 # ---------------------------------------------------------------------------------------------------- primitives
 @case
 def put_get_ring(fw: Framework) -> None:
@@ -255,7 +285,7 @@ def put_get_ring(fw: Framework) -> None:
 
 @case
 def example_one_put_with_signal(fw: Framework) -> None:
-    """Seed 000's example 1: rank 0 produces, rank 1 consumes."""
+    """The API's first example (examples/symm_producer_consumer.py): rank 0 produces, rank 1 consumes."""
     symm = fw.symm
     data_buf = symm.empty(4096, dtype=fw.dtype("float16"))
     signal = symmetric(fw, np.zeros(1, np.int32))

@@ -390,10 +390,13 @@ _EXIT_SCRIPT = textwrap.dedent(
 
 def test_process_exits_promptly_with_an_open_handle(tmp_path) -> None:
     src = os.path.dirname(os.path.dirname(os.path.abspath(hyper_parallel.__file__)))
-    env = {**os.environ, **ENV, "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC": "5"}
+    # A collective at rank 1's exit would hold rank 1 until rank 0 exits too (the SHMEM timeout is longer than the
+    # linger): rank 1 must end well before rank 0 does. How long an interpreter with torch takes to exit depends on
+    # the machine's load, so the margins are wide and relative.
+    env = {**os.environ, **ENV, "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC": "60"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     store = str(tmp_path / "store")
-    linger = 7.0  # longer than the SHMEM timeout: a collective at rank 1's exit would show
+    linger = 15.0
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _EXIT_SCRIPT, str(rank), "2", store, str(linger)],
@@ -421,6 +424,6 @@ def test_process_exits_promptly_with_an_open_handle(tmp_path) -> None:
         assert procs[rank].returncode == 0, f"rank {rank} exit code {procs[rank].returncode}:\n{out}\n{err}"
         exiting = float(out.split("EXITING ")[1].split()[0])
         took = ended[rank] - exiting
-        assert took < 4.0, f"rank {rank} needed {took:.1f} s to exit after its last line:\n{err}"
+        assert took < linger / 2, f"rank {rank} needed {took:.1f} s to exit after its last line:\n{err}"
     # Rank 1 was gone while rank 0 still lingered: nothing waited for a peer at exit.
-    assert ended[1] < ended[0] - 2.0, ended
+    assert ended[1] < ended[0] - linger / 2, ended

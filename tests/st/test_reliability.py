@@ -170,8 +170,9 @@ def _case_sub_group_timeout_names_the_group_the_op_and_the_rank() -> dict:
             if rank == 1:
                 out["allreduce"] = expect_error(shmem.ShmemTimeoutError, lambda: symm.shmem_allreduce(torch.ones(4),
                                                                                                     group=pair),
-                                                "team sync timed out: op=all_reduce", "team_ranks=[1,2]",
-                                                "missing_ranks=[2]", "signal wait timed out")
+                                                "all_reduce timed out at its first sync: team_ranks=[1,2]",
+                                                "missing_ranks=[2]", "sync timed out: arrived=1 of 2",
+                                                "it fails on every member")
                 out["recv"] = expect_error(shmem.ShmemTimeoutError,
                                            lambda: symm.shmem_recv(torch.empty(4), 1, group=pair),
                                            "recv timed out waiting for a peer", "team_ranks=[1,2]",

@@ -1,6 +1,6 @@
 """System tests of the user API's primitives, groups, examples and argument checks (real ranks, gloo groups).
 
-* the examples: seed 000's example 1 (only the device changed) and the push and pull examples, run as written;
+* the examples: the API's first example (only the device changed) and the push and pull examples, run as written;
 * primitives with int and one-element tensor offsets, get's direction, every signal and compare op;
 * groups: group-local ranks, overlapping DP {0,1},{2,3} and TP {0,2},{1,3} groups in use at once, on two
   streams at once, and mixed with torch.distributed collectives on the other group in the same step;
@@ -64,7 +64,7 @@ def _case_primitives() -> None:
         sig.zero_()
         symm.barrier()
         row = torch.arange(8, dtype=torch.int64) + 100 * rank
-        # Tensor offsets (seed 000) for the first half, ints for the second.
+        # Tensor offsets (the API takes one-element tensors) for the first half, ints for the second.
         symm.shmem_put(buf, torch.tensor([rank * 8]), row, torch.tensor([0]), torch.tensor([4]), peer)
         symm.shmem_put(buf, rank * 8 + 4, row, 4, 4, torch.tensor(peer))
         symm.shmem_signal_op(sig, 0, 1, ADD, peer)
@@ -188,8 +188,9 @@ def _case_bad_arguments() -> None:
             (TypeError, lambda: symm.shmem_alltoall(torch.ones(world), torch.empty(world), [1] * world), f"`send_tensor_list` must be a sequence of {world} tensors, but got Tensor"),
             (TypeError, lambda: symm.shmem_alltoall([torch.ones(1)] * world, torch.empty(world), "1" * world), f"`receive_list` must be a sequence of {world} ints, but got str"),
             (TypeError, lambda: symm.shmem_alltoall([torch.ones(1)] * world, torch.empty(world), torch.ones(world)), "`receive_list` must be a sequence of"),
-            (ValueError, lambda: symm.shmem_allgather(big[:3 * world], big[1:4]), "`input_tensor` must be this rank's part of `output_tensor` or not overlap it, but got an overlap at byte 4"),
-            (ValueError, lambda: symm.shmem_reduce_scatter(big[1:4], big[:3 * world]), "`output_tensor` must be this rank's part of `input_tensor` or not overlap it, but got an overlap at byte 4"),
+            # Overlaps are the engine's check (the runtime's message names its own arguments).
+            (ValueError, lambda: symm.shmem_allgather(big[:3 * world], big[1:4]), f"`input` must not overlap `output` except as this rank's own part (offset {rank * 12}), but got an input at offset 4 of the output"),
+            (ValueError, lambda: symm.shmem_reduce_scatter(big[1:4], big[:3 * world]), "`output` must be this rank's part of `input` or not overlap it, but got an overlap at byte 4 of the input"),
             (ValueError, lambda: symm.shmem_allreduce(torch.ones(2, device="meta")), "`tensor` must be a tensor on cpu (the SHMEM device), but got meta"),
             (TypeError, lambda: symm.shmem_wait_for_signal([1], sig, 0, 1, 0), "`depend_tensor` must be a torch.Tensor or None, but got list"),
             (TypeError, lambda: symm.shmem_signal_op(sig, 0, 1.5, SET, 0), "`signal_value` must be an int or a one-element integer tensor, but got float"),
@@ -339,6 +340,28 @@ def _case_one_sided_calls_never_acquire() -> None:
     assert shmem.debug_state()["state"] == "uninitialized"
 
 
+def _case_world_takes_the_fast_path() -> None:
+    """group=dist.group.WORLD is the WORLD: an eager small all-reduce on it goes straight to the engine and never
+    enters the user API's checks, as group=None does and a sub-group does once its team exists. A call the fast path
+    leaves (an explicit low_precision_dtype) takes the checks once."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    everyone = dist.new_group(list(range(world)))
+    expected = [float(world * (world + 1) // 2)] * 4
+    with symm_session():
+        symm.barrier()
+        symm.barrier(everyone)  # its team exists from here on
+        checked = mock.Mock(wraps=symm.API.checks.tensor)
+        with mock.patch.object(symm.API.checks, "tensor", checked):
+            for group in (dist.group.WORLD, None, everyone):
+                t = torch.full((4,), float(rank + 1))
+                symm.shmem_allreduce(t, group=group)
+                assert t.tolist() == expected, (group, t)
+            assert checked.call_count == 0, checked.call_args_list
+            t = torch.full((4,), float(rank + 1))
+            symm.shmem_allreduce(t, group=dist.group.WORLD, low_precision_dtype="none")
+            assert t.tolist() == expected and checked.call_count == 1, checked.call_args_list
+
+
 def _case_team_slots_and_churn() -> None:
     """64 groups live at once besides WORLD; the next is refused on all its ranks; destroyed groups give their
     slots back, so that a layout that creates and destroys groups for ever never runs out."""
@@ -427,6 +450,10 @@ def test_one_sided_calls_never_acquire_the_runtime(world_factory) -> None:
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_team_all_reduce_out_of_place(world_factory, nranks: int) -> None:
     run_case(world_factory(nranks, _ENV), _case_team_all_reduce_out_of_place)
+
+
+def test_world_takes_the_fast_path(world_factory) -> None:
+    run_case(world_factory(2, _ENV), _case_world_takes_the_fast_path)
 
 
 def test_team_slots_run_out_with_a_clear_error_and_are_reused(world_factory) -> None:

@@ -1,4 +1,4 @@
-"""System tests of autograd through the user API (seed 004 §1.5.3) on real gloo groups.
+"""System tests of autograd through the user API on real gloo groups.
 
 Every gradient is compared with a reference computed without the library: each rank rebuilds every rank's
 inputs, evaluates the same function of all of them in one process with plain torch ops (concatenations and sums

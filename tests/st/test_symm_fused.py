@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 import hyper_parallel.core.symmetric_memory as symm
 from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.symmetric_memory import _fused
+from hyper_parallel.platform.torch import fused as _fused
 from st_cases import expect_error, run_case
 from symm_cases import gathered, symm_session
 

@@ -1,8 +1,8 @@
 """The shared user-API cases (``tests/shared/symm_api_cases.py``) on torch: every case on 2 and 4 real ranks
 (gloo groups), the same cases that ``tests/on_mindspore`` runs on MindSpore.
 
-The 2-rank world sizes its heap with the runtime's variable, the 4-rank world with seed 004's alias; every case must
-leave no allocation behind, and the runtime is shut down after each.
+The 2-rank world sizes its heap with the runtime's variable, the 4-rank world with the user API's alias
+(SYMMETRIC_MEMORY_HEAP_SIZE); every case must leave no allocation behind, and the runtime is shut down after each.
 """
 
 from __future__ import annotations

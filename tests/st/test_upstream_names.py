@@ -678,7 +678,7 @@ _ONE_PE_SCRIPT = textwrap.dedent(
     shmem.release()
     assert shmem.debug_state()["state"] == "Uninitialized"
     try:
-        shmem.acquire_shmem()  # seed 001's call still needs torch.distributed to start a lifecycle
+        shmem.acquire_shmem()  # the runtime face's own call still needs torch.distributed to start a lifecycle
     except shmem.ShmemStateError as error:
         assert "torch.distributed is not initialised" in str(error), error
     else:

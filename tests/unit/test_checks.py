@@ -14,7 +14,8 @@ import torch
 
 from hyper_parallel.core.multicore import shmem
 from hyper_parallel.core.multicore.shmem import DebugState, ShmemStateError
-from hyper_parallel.core.multicore.shmem._checks import check_choice, type_name
+from hyper_parallel.core.multicore.errors import type_name
+from hyper_parallel.core.multicore.shmem._checks import check_choice
 
 # --------------------------------------------------------------------------
 # _checks.py

@@ -1,4 +1,5 @@
-"""The argument checks both user-API paths share (symmetric_memory/_checks.py), over torch's tensor facts.
+"""The user API's argument checks (symmetric_memory/checks.py): the rules that need no framework, and the checks
+over torch's tensor facts.
 
 The MindSpore suite runs the same checks over MindSpore's handler (tests/on_mindspore): only the framework's names in
 the messages differ.
@@ -11,7 +12,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hyper_parallel.core.symmetric_memory._checks import Checks
+from hyper_parallel.core.multicore.errors import ShmemTypeError, ShmemValueError
+from hyper_parallel.core.symmetric_memory import checks
+from hyper_parallel.core.symmetric_memory._api import SymmetricMemory
+from hyper_parallel.core.symmetric_memory.checks import Checks
 from hyper_parallel.platform.torch import tensors as torch_tensors
 
 CHECKS = Checks(torch_tensors)
@@ -50,12 +54,22 @@ def test_tensor_contract():
         CHECKS.tensor(torch.zeros(2, device="meta"), "src")
 
 
+def test_a_broken_contract_raises_the_runtimes_contract_classes():
+    """ValueError and TypeError as ever, and ShmemError too: the user API gives them upstream's fields."""
+    with pytest.raises(ShmemValueError, match=r"^`shape` must have non-negative dimensions"):
+        checks.shape((2, -1))
+    with pytest.raises(ShmemTypeError, match=r"^`src` must be a torch.Tensor, but got list$"):
+        CHECKS.tensor([1.0], "src")
+    with pytest.raises(ShmemValueError, match=r"^`size` must be non-negative, but got -1$"):
+        CHECKS.count(-1, "size")
+
+
 def test_peer_is_another_rank_of_the_group():
-    assert CHECKS.peer(2, "dst_rank", 4, 1) == 2
+    assert checks.peer(2, "dst_rank", 4, 1) == 2
     with pytest.raises(ValueError, match=r"^`dst_rank` must be another rank than this one \(1\), but got 1$"):
-        CHECKS.peer(1, "dst_rank", 4, 1)
+        checks.peer(1, "dst_rank", 4, 1)
     with pytest.raises(ValueError, match=r"^`dst_rank` must be in \[0, 4\), but got 4$"):
-        CHECKS.peer(4, "dst_rank", 4, 1)
+        checks.peer(4, "dst_rank", 4, 1)
 
 
 def test_reduce_op_and_low_precision_rules():
@@ -64,11 +78,11 @@ def test_reduce_op_and_low_precision_rules():
         CHECKS.reduce_op("avg", torch.int32)
     with pytest.raises(TypeError, match=r"^`tensor` must have one of dtypes float32, float64, float16, bfloat16, "):
         CHECKS.reduce_op("sum", torch.int16)
-    assert CHECKS.low_precision_rule(2, torch.float32, "sum") is None
-    assert CHECKS.low_precision_rule(2, torch.float16, "avg") == ("narrower than the tensor's dtype torch.float16 "
-                                                                  "(2 bytes)")
-    assert CHECKS.low_precision_rule(1, torch.float32, "max").startswith("None for op 'max'")
-    assert CHECKS.low_precision_rule(1, torch.int64, "sum").startswith("None for the integer dtype torch.int64")
+    rule = checks.low_precision_rule
+    assert rule(torch_tensors, 2, torch.float32, "sum") is None
+    assert rule(torch_tensors, 2, torch.float16, "avg") == "narrower than the tensor's dtype torch.float16 (2 bytes)"
+    assert rule(torch_tensors, 1, torch.float32, "max").startswith("None for op 'max'")
+    assert rule(torch_tensors, 1, torch.int64, "sum").startswith("None for the integer dtype torch.int64")
 
 
 @given(st.lists(st.integers(0, 5), min_size=1, max_size=4), st.integers(0, 12))
@@ -111,20 +125,7 @@ def test_group_multiple_and_backward_modes():
         CHECKS.differentiable("max", "tensor")
 
 
-def test_torch_low_precision_dtypes_are_the_shared_wire_names():
-    from hyper_parallel.core.symmetric_memory import _low_precision, _rules
-
-    assert tuple(_low_precision.LOW_PRECISION_DTYPES) == _rules.LOW_PRECISION_NAMES
-    with pytest.raises(ValueError, match=r"^`low_precision_dtype` must be one of float16, bfloat16, float8_e4m3fn, "
-                                         r"float8_e5m2 or 'none', but got 'fp8'$"):
-        _low_precision.resolve("fp8", torch.float32, "sum")
-    assert _low_precision.resolve(" Torch.BFloat16 ", torch.float32, "sum") is torch.bfloat16
-    assert _low_precision.resolve("none", torch.float32, "sum") is None
-
-
 def test_symmetric_memory_get_buffer_checks_before_it_views():
-    from hyper_parallel.core.symmetric_memory._api import SymmetricMemory
-
     seen = []
     handle = SymmetricMemory(CHECKS, 1, [0x1000, 0x2000], 64, lambda *view: seen.append(view) or view, lambda: None)
     assert handle.get_buffer(0, (2, 3), torch.float32, 4) == (0, 16, 40, (2, 3), torch.float32)
@@ -137,3 +138,63 @@ def test_symmetric_memory_get_buffer_checks_before_it_views():
         handle.get_buffer(0, 2, torch.float32, 15)
     assert len(seen) == 1   # refusals view nothing
     assert repr(handle) == "SymmetricMemory(rank=1, world_size=2, buffer_size=64)"
+
+
+# --------------------------------------------------------------------------
+# The rules that need no framework.
+# --------------------------------------------------------------------------
+
+
+def test_choice_names_every_choice():
+    assert checks.choice(1, "signal_op", checks.SIGNAL_OPS) == "add"
+    for bad in (2, True, "0", 1.0):
+        with pytest.raises(ValueError, match=r"^`signal_op` must be one of 0 \(SET\), 1 \(ADD\), but got "):
+            checks.choice(bad, "signal_op", checks.SIGNAL_OPS)
+
+
+@given(st.lists(st.integers(0, 9), max_size=4))
+def test_shape_accepts_sequences_of_non_negative_ints(dims):
+    assert checks.shape(dims) == tuple(dims)
+
+
+def test_shape_refusals():
+    assert checks.shape(5) == (5,)
+    with pytest.raises(ValueError, match=r"^`shape` must have non-negative dimensions, but got \(2, -1\)$"):
+        checks.shape((2, -1))
+    for bad in ("12", 1.5, [1, 2.0], True):
+        with pytest.raises(TypeError, match=r"^`shape` must be an int or a sequence of ints, but got "):
+            checks.shape(bad)
+
+
+def test_integer_and_rank():
+    assert checks.integer(3, "size") == 3
+    with pytest.raises(TypeError, match=r"^`size` must be an int or a one-element integer tensor, but got float$"):
+        checks.integer(3.0, "size")
+    with pytest.raises(ValueError, match=r"^`target_rank` must be in \[0, 4\), but got 4$"):
+        checks.rank_in_group(4, "target_rank", 4)
+
+
+def test_low_precision_names():
+    assert checks.low_precision_name(" BFloat16 ", "x") == "bfloat16"
+    assert checks.low_precision_name("mindspore.float16", "x") == "float16"
+    assert checks.low_precision_name("none", "x") is None and checks.low_precision_name("", "x") is None
+    with pytest.raises(ValueError, match=r"^`low_precision_dtype` must be one of float16, bfloat16, float8_e4m3fn, "
+                                         r"float8_e5m2 or 'none', but got 'float7'$"):
+        checks.low_precision_name("float7", "low_precision_dtype")
+    with pytest.raises(TypeError, match=r"^`low_precision_dtype` must be a dtype, its name or None, but got int$"):
+        checks.low_precision_name(8, "low_precision_dtype")
+
+
+def test_rendezvous_mismatch_names_every_rank():
+    assert checks.rendezvous_mismatch([[256, 64], [256, 64]]) is None
+    assert checks.rendezvous_mismatch([[-1, 64], [-1, 64]]).endswith("rank0=(offset=-1, bytes=64), "
+                                                                     "rank1=(offset=-1, bytes=64)")
+    assert checks.rendezvous_mismatch([[256, 64], [288, 32]]).endswith("rank0=(offset=256, bytes=64), "
+                                                                       "rank1=(offset=288, bytes=32)")
+
+
+def test_view_bytes():
+    assert checks.view_bytes(2, 4, 4, 24) == (8, 24)
+    with pytest.raises(ValueError, match=r"^`sizes` and `storage_offset` must lie inside the tensor \(24 bytes\), "
+                                         r"but got bytes \[8, 28\)$"):
+        checks.view_bytes(2, 5, 4, 24)

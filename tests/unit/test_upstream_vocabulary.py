@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from hyper_parallel.core.multicore import shmem
 from hyper_parallel.core.multicore.shmem._checks import keyword_alias
+from hyper_parallel.core.multicore import snapshot
 from hyper_parallel.core.multicore.errors import attach_fields
 
 _NOTE = "[HYPER_PARALLEL_SHMEM_ERROR] error_code={} operation={} phase={} cann_error_code={} message={}"
@@ -209,7 +210,7 @@ def test_release_and_host_barrier_without_a_runtime() -> None:
 
 def test_acquire_refusals_without_distributed(monkeypatch) -> None:
     with pytest.raises(shmem.ShmemStateError, match="torch.distributed is not initialised") as info:
-        shmem.acquire_shmem()  # seed 001's call needs torch.distributed to start a lifecycle
+        shmem.acquire_shmem()  # the runtime face's own call needs torch.distributed to start a lifecycle
     assert info.value.operation == "initialize" and info.value.error_code == "INVALID_STATE"
     assert shmem.acquire_shmem.__doc__.startswith("Returns a reference to the process's SHMEM runtime")
     monkeypatch.delenv("WORLD_SIZE", raising=False)
@@ -243,3 +244,20 @@ def test_is_shmem_available_follows_the_configured_device(monkeypatch) -> None:
     monkeypatch.setenv("HYPER_PARALLEL_SHMEM_DEVICE", "tpu")
     assert symm.is_shmem_available() is False  # a malformed variable: False, and acquire names it
     assert shmem.debug_state()["state"] == "Uninitialized"
+
+
+def test_data_engine_names_what_moves_the_bytes_of_each_device() -> None:
+    """Upstream's config key: CANN SHMEM's MTE on an NPU (the only engine upstream accepts), the CPU on the host."""
+    assert snapshot.data_engine("host") == "cpu" and snapshot.data_engine("ascend") == "mte"
+    raw = {"state": "initialized", "lifecycle": 3, "rank": 1, "world_size": 2, "device": "ascend",
+           "config": {"heap_size": 1 << 20, "timeout_sec": 5.0, "log_level": 1, "device": "ascend"},
+           "heap_size": 1 << 20, "allocated": 128, "max_allocated": 128, "remaining": (1 << 20) - 128,
+           "heap_base": 0x7000, "active_allocations": [{"allocation_id": 4, "base": 0x7000, "offset": 0, "bytes": 100,
+                                                        "reserved": 128, "lifecycle": 3, "call_site": ""}],
+           "leaked_allocations": [], "latest_failure": "", "calls_in_flight": 0, "live_teams": 1,
+           "reaches_peer_memory": False, "nodes": [0, 0]}
+    state = snapshot.project(raw, [0, 1], 1)
+    assert state["config"]["data_engine"] == "mte" and state["config"]["heap_size_bytes"] == 1 << 20
+    assert (state["root_rank"], state["root_size"], state["allocated_bytes"], state["remaining_bytes"]) == (
+        1, 2, 100, (1 << 20) - 100)
+    assert state["active_allocations"][0]["allocation_base"] == 0x7000 and state["reference_count"] == 1

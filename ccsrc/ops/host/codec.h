@@ -5,7 +5,7 @@
 // bytes plus one float32 scale per kScaleBlock values (the last block may be short): value i is
 // fp8[i] * scales[i / kScaleBlock]. A block's scale is the power of two 2**e closest above
 // absmax / fp8_max, so that scaling is exact and no value overflows. The kernels reproduce, bit for bit, what
-// torch's casts produce for the same definition (hyper_parallel/core/symmetric_memory/_low_precision.py), so that
+// torch's casts produce for the same definition (hyper_parallel/platform/torch/low_precision.py), so that
 // every rank decodes the same bytes to the same values.
 //
 // The kernels are compiled once portably and, on x86-64, once more for AVX2 + F16C (which converts e5m2 through

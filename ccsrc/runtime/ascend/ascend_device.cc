@@ -1,3 +1,5 @@
+// The ascend device's data plane: init and finalize of CANN SHMEM, the topology, symmetric memory, put/get, signals,
+// waits, the node barrier and streams. The aclnn compute (reductions, casts) is ascend_compute.cc.
 #include "runtime/ascend/ascend_device.h"
 
 #include <unistd.h>
@@ -8,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <set>
 #include <type_traits>
 
 #include "runtime/agreement.h"
@@ -25,8 +28,15 @@ static_assert(ACLSHMEM_EXTRA_SIZE == std::size_t{6} << 20, "CANN SHMEM v1.5.1 ma
 
 namespace {
 
-// aclshmem_malloc hands out 16-byte granules; larger alignments go through aclshmem_align.
+// aclshmem_malloc hands out 16-byte granules (allocated_size_align_up, shmem_mgr.cpp:241-246); larger alignments go
+// through aclshmem_align.
 constexpr std::size_t kCannGranule = 16;
+// What init allocates from the heap before any user allocation, contiguously from offset 0: the 512-byte signal word
+// (shmem_init.cpp:251-252), the sync pool and the sync counters (shmem_team.cpp:84, 101).
+constexpr std::size_t kCannInitBytes = 512 + SYNC_POOL_SIZE + SYNC_COUNTERS_SIZE;
+// On a 910B, hybm maps a peer's heap only within a group of this many logical NPUs (ASC910B_CONN_RANKS,
+// hybm_device_mem_segment.h:28; IsSdmaAccessible, hybm_mem_segment.cpp:168-173).
+constexpr int kHccsGroupSize = 8;
 
 std::size_t RoundUp(std::size_t value, std::size_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
@@ -46,12 +56,75 @@ int ToCannCompare(CompareOp cmp) {
   return ACLSHMEM_CMP_EQ;
 }
 
-// What every rank publishes at Init: rank 0's outcome of aclshmemx_get_uniqueid and the id, and every rank's host.
+// What every rank publishes at Init: rank 0's outcome of aclshmemx_get_uniqueid and the id, and every rank's host and
+// HCCS group.
 struct UniqueIdWire {
   std::int32_t cann_code;
   aclshmemx_uniqueid_t uid;
-  char node[64];
+  char host[64];
+  std::int32_t hccs_group;
 };
+
+bool ValidSignalOp(SignalOp op) { return op == SignalOp::kSet || op == SignalOp::kAdd; }
+
+bool ValidCompareOp(CompareOp cmp) {
+  switch (cmp) {
+    case CompareOp::kEq: case CompareOp::kNe: case CompareOp::kGt: case CompareOp::kGe: case CompareOp::kLt:
+    case CompareOp::kLe:
+      return true;
+  }
+  return false;
+}
+
+// The logical id of user device `device` as ACL documents it (aclrtGetLogicDevIdByUserDevId): the device-th entry of
+// ASCEND_RT_VISIBLE_DEVICES when it is set, else `device`. hybm decides which heaps it maps by the logical id
+// (hybm_mem_segment.cpp:86).
+Result<int> LogicalDevice(int device) {
+  const char* visible = std::getenv("ASCEND_RT_VISIBLE_DEVICES");
+  if (visible == nullptr || *visible == '\0') return device;
+  const std::string list(visible);
+  std::size_t start = 0;
+  for (int index = 0; start <= list.size(); ++index) {
+    const std::size_t comma = std::min(list.find(',', start), list.size());
+    if (index == device) {
+      const std::string entry = list.substr(start, comma - start);
+      char* end = nullptr;
+      const long id = std::strtol(entry.c_str(), &end, 10);
+      if (!entry.empty() && *end == '\0' && id >= 0 && id <= std::numeric_limits<int>::max()) {
+        return static_cast<int>(id);
+      }
+      break;
+    }
+    start = comma + 1;
+  }
+  return InvalidArgument("`ASCEND_RT_VISIBLE_DEVICES` must list the logical NPU of device " + std::to_string(device) +
+                         " as a number, but got \"" + list + "\"");
+}
+
+const char* InitStatusName(int status) {
+  switch (status) {
+    case ACLSHMEM_STATUS_NOT_INITIALIZED: return "NOT_INITIALIZED";
+    case ACLSHMEM_STATUS_SHM_CREATED: return "SHM_CREATED";
+    case ACLSHMEM_STATUS_IS_INITIALIZED: return "IS_INITIALIZED";
+    default: return "INVALID";
+  }
+}
+
+// Members of `node` (PEs with that node number) as CANN's strided team (start, stride, size), or false when they are
+// not evenly spaced.
+bool StridedMembers(const std::vector<int>& nodes, int node, int* start, int* stride, int* size) {
+  std::vector<int> members;
+  for (std::size_t pe = 0; pe < nodes.size(); ++pe) {
+    if (nodes[pe] == node) members.push_back(static_cast<int>(pe));
+  }
+  *start = members.front();
+  *size = static_cast<int>(members.size());
+  *stride = members.size() > 1 ? members[1] - members[0] : 1;
+  for (std::size_t i = 1; i < members.size(); ++i) {
+    if (members[i] - members[i - 1] != *stride) return false;
+  }
+  return true;
+}
 
 std::string EnvFact(const char* name) {
   const char* value = std::getenv(name);
@@ -71,24 +144,6 @@ bool Satisfying(CompareOp cmp, std::int32_t value, std::int32_t* out) {
   return false;
 }
 
-bool ToAclDataType(DataType dtype, aclDataType* out) {
-  switch (dtype) {
-    case DataType::kFloat32: *out = ACL_FLOAT; return true;
-    case DataType::kFloat64: *out = ACL_DOUBLE; return true;
-    case DataType::kFloat16: *out = ACL_FLOAT16; return true;
-    case DataType::kBFloat16: *out = ACL_BF16; return true;
-    case DataType::kInt8: *out = ACL_INT8; return true;
-    case DataType::kUInt8: *out = ACL_UINT8; return true;
-    case DataType::kInt32: *out = ACL_INT32; return true;
-    case DataType::kInt64: *out = ACL_INT64; return true;
-  }
-  return false;
-}
-
-Status FromAclnnStatus(aclnnStatus code, const char* call, const std::string& context) {
-  if (code == 0) return Status::Ok();
-  return DeviceError(std::string(call) + " failed: aclnn_status=" + std::to_string(code) + " " + context);
-}
 
 }  // namespace
 
@@ -144,7 +199,6 @@ Status AscendDevice::Init(const DeviceInitArgs& args, Bootstrap& bootstrap) {
   if (state_ == State::kFailed) return StateError("ascend device failed to finalize and cannot be used again: op=Init");
   rank_ = args.rank;
   world_size_ = args.world_size;
-  nodes_.assign(static_cast<std::size_t>(world_size_), 0);   // CANN SHMEM reaches every PE: one node
   local_mem_size_ = RoundUp(args.heap_size, kHeapPageBytes);
   heap_size_ = local_mem_size_ + ACLSHMEM_EXTRA_SIZE;
   timeout_sec_ = args.timeout_sec;
@@ -153,13 +207,18 @@ Status AscendDevice::Init(const DeviceInitArgs& args, Bootstrap& bootstrap) {
                     ? std::numeric_limits<std::int32_t>::max()
                     : std::max<std::int32_t>(1, static_cast<std::int32_t>(timeout_ms));
 
-  // 1. Local preparation: the NPU the caller selected, CANN SHMEM not in use, the config store's TLS off (before
-  //    anything that talks to the config store, the unique id included).
+  // 1. Local preparation: the NPU the caller selected and its logical id, CANN SHMEM not in use, the config store's
+  //    TLS off (before anything that talks to the config store, the unique id included).
   Status prepared = FromAclError(aclrtGetDevice(&device_id_), "aclrtGetDevice",
                                  "rank=" + std::to_string(rank_) + " (select the NPU before acquire_shmem)");
   if (prepared.ok()) {
     const char* soc = aclrtGetSocName();
     soc_name_ = soc != nullptr ? soc : "unknown";
+    Result<int> logical = LogicalDevice(device_id_);
+    prepared = logical.status();
+    if (logical.ok()) logical_device_ = logical.value();
+  }
+  if (prepared.ok()) {
     const int init_status = aclshmemx_init_status();
     if (init_status != ACLSHMEM_STATUS_NOT_INITIALIZED) {
       prepared = StateError("CANN SHMEM is already initialised in this process: init_status=" +
@@ -182,30 +241,43 @@ Status AscendDevice::Init(const DeviceInitArgs& args, Bootstrap& bootstrap) {
   }
   HP_RETURN_IF_ERROR(AgreeOnStatus(bootstrap, prepared, "preparing CANN SHMEM"));
 
-  // 2. Rank 0 creates the unique id; one exchange carries it and every rank's host (for RoCE). Bounded by the
-  //    bootstrap's timeout, like every exchange before CANN's collective calls.
+  // 2. Rank 0 creates the unique id; one exchange carries it and every rank's host and HCCS group (the topology).
+  //    Bounded by the bootstrap's timeout, like every exchange before CANN's collective calls.
   UniqueIdWire mine{};
-  std::string node = options_.node_name;
-  if (node.empty()) {
-    char host[sizeof(mine.node)] = {};
-    node = gethostname(host, sizeof(host) - 1) == 0 ? host : "unknown";
+  std::string host = options_.node_name;
+  if (host.empty()) {
+    char name[sizeof(mine.host)] = {};
+    host = gethostname(name, sizeof(name) - 1) == 0 ? name : "unknown";
   }
-  std::strncpy(mine.node, node.c_str(), sizeof(mine.node) - 1);
+  std::strncpy(mine.host, host.c_str(), sizeof(mine.host) - 1);
+  // hybm applies the group rule on a 910B only (dl_api.cpp:67-78: "Ascend910B" in the SoC name).
+  mine.hccs_group = soc_name_.find("Ascend910B") != std::string::npos ? logical_device_ / kHccsGroupSize : 0;
   if (rank_ == 0) mine.cann_code = aclshmemx_get_uniqueid(&mine.uid);
   std::vector<UniqueIdWire> all(static_cast<std::size_t>(world_size_));
   HP_RETURN_IF_ERROR(bootstrap.AllGather(&mine, sizeof(mine), all.data()));
-  HP_RETURN_IF_ERROR(FromShmemCode(all[0].cann_code, "aclshmemx_get_uniqueid",
-                                   "rank=0 " + EnvFact("SHMEM_UID_SESSION_ID") + " " +
-                                       EnvFact("SHMEM_UID_SOCK_IFNAME") +
-                                       " (without either, CANN binds the id to rank 0's first non-loopback "
-                                       "interface)"));
+  const std::string uid_env = EnvFact("SHMEM_UID_SESSION_ID") + " " + EnvFact("SHMEM_UID_SOCK_IFNAME");
+  if (all[0].cann_code == ACLSHMEM_INVALID_PARAM) {
+    // What CANN answers when it finds no address to bind the id to (shmemi_bootstrap_config_store.cpp:54-64).
+    return InvalidArgument(
+        "`SHMEM_UID_SESSION_ID` or `SHMEM_UID_SOCK_IFNAME` must let CANN find an address of rank 0's host (ip:port, or "
+        "an interface-name prefix with its family after a colon, e.g. eth0:inet4; with neither, CANN takes the first "
+        "up, running, non-loopback, non-virtual interface), but got " + uid_env +
+        " (aclshmemx_get_uniqueid failed on rank 0: cann_error_code=-1 (ACLSHMEM_INVALID_PARAM))");
+  }
+  HP_RETURN_IF_ERROR(FromShmemCode(all[0].cann_code, "aclshmemx_get_uniqueid", "rank=0 " + uid_env));
   auto* uid = reinterpret_cast<aclshmemx_uniqueid_t*>(unique_id_.data());
   std::memcpy(uid, &all[0].uid, sizeof(*uid));
-  std::set<std::string> nodes;
-  for (const UniqueIdWire& wire : all) nodes.insert(std::string(wire.node, strnlen(wire.node, sizeof(wire.node))));
-  uses_roce_ = nodes.size() > 1;
+  std::vector<std::string> hosts;
+  std::vector<int> groups;
+  for (const UniqueIdWire& wire : all) {
+    hosts.emplace_back(wire.host, strnlen(wire.host, sizeof(wire.host)));
+    groups.push_back(wire.hccs_group);
+  }
+  const std::set<std::string> distinct_hosts(hosts.begin(), hosts.end());
+  uses_roce_ = distinct_hosts.size() > 1;
+  HP_RETURN_IF_ERROR(DeriveNodes(hosts, groups));
 
-  // 3. Every rank initialises with the id; CANN ends init with a barrier over all PEs, bounded by its own
+  // 3. Every rank initialises with the id; CANN's init has several control barriers over all PEs, bounded by its own
   //    DEFAULT_TIMEOUT (120 s) in unique-id mode whatever option_attr says (set anyway, for other modes).
   aclshmemx_init_attr_t attributes{};
   Status configured = FromShmemCode(
@@ -220,17 +292,19 @@ Status AscendDevice::Init(const DeviceInitArgs& args, Bootstrap& bootstrap) {
   attributes.option_attr.shm_create_timeout = timeout_s;
   attributes.option_attr.control_operation_timeout = timeout_s;
   if (uses_roce_) {
-    // MTE inside an HCCS domain, RoCE between hosts: without RoCE only one domain is reachable.
+    // MTE inside a node, RoCE to every other PE (mem_entity_default.cpp:846-848): without it, other nodes are out of
+    // reach.
     attributes.option_attr.data_op_engine_type =
         static_cast<data_op_engine_type_t>(ACLSHMEM_DATA_OP_MTE | ACLSHMEM_DATA_OP_ROCE);
   }
-  Status initialised = FromShmemCode(aclshmemx_init_attr(ACLSHMEMX_INIT_WITH_UNIQUEID, &attributes),
-                                     "aclshmemx_init_attr",
+  const int init_code = aclshmemx_init_attr(ACLSHMEMX_INIT_WITH_UNIQUEID, &attributes);
+  Status initialised = FromShmemCode(init_code, "aclshmemx_init_attr",
                                      "my_pe=" + std::to_string(rank_) + " n_pes=" + std::to_string(world_size_) +
                                          " local_mem_size=" + std::to_string(local_mem_size_) +
-                                         " device=" + Npu(device_id_) + " hosts=" + std::to_string(nodes.size()));
+                                         " device=" + Npu(device_id_) + " hosts=" +
+                                         std::to_string(distinct_hosts.size()));
   const bool cann_initialised = initialised.ok();
-  if (!initialised.ok()) initialised = ReleaseHalfInit(std::move(initialised));
+  if (!initialised.ok()) initialised = ReleaseHalfInit(std::move(initialised), init_code);
   if (initialised.ok()) {
     initialised = FromAclError(aclrtCreateStream(&default_stream_), "aclrtCreateStream", "stream=default");
   }
@@ -238,36 +312,119 @@ Status AscendDevice::Init(const DeviceInitArgs& args, Bootstrap& bootstrap) {
     heap_base_ = reinterpret_cast<std::uintptr_t>(aclshmemx_get_heap_base(DEVICE_SIDE));
     if (heap_base_ == 0) initialised = DeviceError("CANN SHMEM has no heap after init: device=" + Npu(device_id_));
   }
+  if (initialised.ok()) initialised = CreateNodeTeam();
   Status agreed = AgreeOnStatus(bootstrap, initialised, "initialising CANN SHMEM");
   if (!agreed.ok()) {
     if (state_ != State::kFailed) AbandonInit(cann_initialised);
     return agreed;
   }
   state_ = State::kInitialized;
+  const int nodes = static_cast<int>(std::set<int>(nodes_.begin(), nodes_.end()).size());
   HP_LOG(kInfo, "ascend device initialised: world_size=" + std::to_string(world_size_) + " device=" +
-                    Npu(device_id_) + " soc=" + soc_name_ + " local_mem_size=" + std::to_string(local_mem_size_) +
-                    " heap_size=" + std::to_string(heap_size_) + " heap_base=" + Hex(heap_base_) +
-                    " hosts=" + std::to_string(nodes.size()) + (uses_roce_ ? " engines=mte+roce" : " engines=mte"));
+                    Npu(device_id_) + " logical_device=" + std::to_string(logical_device_) + " soc=" + soc_name_ +
+                    " local_mem_size=" + std::to_string(local_mem_size_) + " heap_size=" + std::to_string(heap_size_) +
+                    " heap_base=" + Hex(heap_base_) + " hosts=" + std::to_string(distinct_hosts.size()) +
+                    " nodes=" + std::to_string(nodes) + (uses_roce_ ? " engines=mte+roce" : " engines=mte"));
   return Status::Ok();
 }
 
-Status AscendDevice::ReleaseHalfInit(Status failure) {
-  // v1.5.1 does not roll a failed aclshmemx_init_attr back once the heap exists (init_status stays
-  // ACLSHMEM_STATUS_SHM_CREATED and a retry answers ACLSHMEM_INNER_ERROR): finalize what is left.
+Status AscendDevice::DeriveNodes(const std::vector<std::string>& hosts, const std::vector<int>& groups) {
+  // A node is a (host, HCCS group), numbered by its lowest PE: the same list on every rank.
+  hosts_ = hosts;
+  hccs_groups_ = groups;
+  nodes_.assign(static_cast<std::size_t>(world_size_), 0);
+  for (int pe = 0; pe < world_size_; ++pe) {
+    for (int lowest = 0; lowest <= pe; ++lowest) {
+      if (hosts[static_cast<std::size_t>(lowest)] == hosts[static_cast<std::size_t>(pe)] &&
+          groups[static_cast<std::size_t>(lowest)] == groups[static_cast<std::size_t>(pe)]) {
+        nodes_[static_cast<std::size_t>(pe)] = lowest;
+        break;
+      }
+    }
+  }
+  // Barrier runs over a CANN team of the node, and CANN's teams are strided.
+  int start = 0, stride = 1, size = 0;
+  for (int pe = 0; pe < world_size_; ++pe) {
+    if (nodes_[static_cast<std::size_t>(pe)] != pe) continue;
+    if (!StridedMembers(nodes_, pe, &start, &stride, &size)) {
+      return InvalidArgument("the ranks of each node must be evenly spaced (CANN's teams are strided, and the node "
+                             "barrier is one), but got a node that is not: " + NodeFact("node", pe) +
+                             " (order the ranks by host and NPU)");
+    }
+  }
+  return Status::Ok();
+}
+
+Status AscendDevice::CreateNodeTeam() {
+  int start = 0, stride = 1, size = 0;
+  (void)StridedMembers(nodes_, nodes_[static_cast<std::size_t>(rank_)], &start, &stride, &size);
+  if (size == world_size_) {
+    node_team_ = ACLSHMEM_TEAM_WORLD;
+    return Status::Ok();
+  }
+  aclshmem_team_t team = ACLSHMEM_TEAM_INVALID;
+  HP_RETURN_IF_ERROR(FromShmemCode(aclshmem_team_split_strided(ACLSHMEM_TEAM_WORLD, start, stride, size, &team),
+                                   "aclshmem_team_split_strided",
+                                   "pe_start=" + std::to_string(start) + " pe_stride=" + std::to_string(stride) +
+                                       " pe_size=" + std::to_string(size) + " (the node barrier's team)"));
+  if (team == ACLSHMEM_TEAM_INVALID) {
+    return Internal("this rank is not a member of its own node's team: rank=" + std::to_string(rank_) + " " +
+                    NodeFact("node", rank_));
+  }
+  node_team_ = team;
+  return Status::Ok();
+}
+
+std::string AscendDevice::NodeFact(const char* key, int pe) const {
+  const auto at = static_cast<std::size_t>(pe);
+  return std::string(key) + "=" + std::to_string(nodes_[at]) + " (host=" + hosts_[at] +
+         " hccs_group=" + std::to_string(hccs_groups_[at]) + ")";
+}
+
+Status AscendDevice::CheckOnNode(int pe, const char* op, const std::string& reason) const {
+  if (nodes_[static_cast<std::size_t>(pe)] == nodes_[static_cast<std::size_t>(rank_)]) return Status::Ok();
+  return StateError("pe lies outside this rank's node (" + reason + "): op=" + op + " pe=" + std::to_string(pe) +
+                    " " + NodeFact("pe_node", pe) + " rank=" + std::to_string(rank_) + " " + NodeFact("node", rank_));
+}
+
+Status AscendDevice::CheckReach(int pe, const char* op, bool remote_ok) const {
+  if (remote_ok && reaches_remotely(pe)) return Status::Ok();
+  if (!remote_ok) {
+    return CheckOnNode(pe, op, "signal add is an MTE atomic at aclshmem_ptr's address, which reaches this node only, "
+                               "RoCE or not");
+  }
+  return CheckOnNode(pe, op, "this NPU reaches other nodes over RoCE only, which is on only when the ranks span "
+                             "several hosts; without it put, get and signal do nothing on the NPU");
+}
+
+bool AscendDevice::reaches_remotely(int pe) const {
+  return uses_roce_ && pe >= 0 && pe < world_size_ &&
+         nodes_[static_cast<std::size_t>(pe)] != nodes_[static_cast<std::size_t>(rank_)];
+}
+
+Status AscendDevice::ReleaseHalfInit(Status failure, int cann_code) {
+  // v1.5.1 rolls a failed aclshmemx_init_attr back at no step: it leaves NOT_INITIALIZED (failed before the heap, e.g.
+  // a peer missing at init_device_state's barrier, shmem_init_backend.cpp:121-125), SHM_CREATED (after it,
+  // :593) or IS_INITIALIZED (its last barrier, shmem_init.cpp:517-520), and in every case its bootstrap, its stream
+  // (shmem_init.cpp:142-144) and hybm stay until aclshmem_finalize, which skips what was never built.
   const int left = aclshmemx_init_status();
-  if (left == ACLSHMEM_STATUS_NOT_INITIALIZED) return failure;
+  std::string hint;
+  if (cann_code == ACLSHMEM_SMEM_ERROR) {
+    hint = "; ACLSHMEM_SMEM_ERROR is how v1.5.1 reports a control barrier that failed (a peer missing, or later than "
+           "CANN's 120 s) or its memory layer failing";
+  }
   Status finalized = FromShmemCode(aclshmem_finalize(), "aclshmem_finalize", "after a failed init");
   const int after = aclshmemx_init_status();
   if (finalized.ok() && after == ACLSHMEM_STATUS_NOT_INITIALIZED) {
-    return Status(failure.code(), failure.message() + " (CANN kept a half-initialised heap: init_status=" +
-                                      std::to_string(left) + ", released by aclshmem_finalize)");
+    return Status(failure.code(), failure.message() + " (CANN left init_status=" + InitStatusName(left) +
+                                      " behind, released by aclshmem_finalize" + hint + ")");
   }
   state_ = State::kFailed;
   return Status(failure.code(),
-                failure.message() + " (CANN kept a half-initialised heap that aclshmem_finalize did not release: "
-                                    "init_status=" + std::to_string(after) +
-                                    "; CANN SHMEM cannot be initialised again in this process" +
-                                    (finalized.ok() ? "" : ": " + finalized.message()) + ")");
+                failure.message() + " (CANN left init_status=" + InitStatusName(left) +
+                    " behind, which aclshmem_finalize did not release: init_status=" + InitStatusName(after) +
+                    "; CANN SHMEM cannot be initialised again in this process" +
+                    (finalized.ok() ? "" : ": " + finalized.message()) + hint + ")");
 }
 
 void AscendDevice::AbandonInit(bool cann_initialised) {
@@ -279,6 +436,7 @@ void AscendDevice::AbandonInit(bool cann_initialised) {
     Status finalized = FromShmemCode(aclshmem_finalize(), "aclshmem_finalize", "after a failed init");
     if (!finalized.ok()) HP_LOG(kWarning, finalized.ToString());
   }
+  node_team_ = ACLSHMEM_TEAM_INVALID;
   heap_base_ = 0;
   heap_size_ = 0;
   state_ = State::kUninitialized;
@@ -327,6 +485,7 @@ Status AscendDevice::Finalize() {
   Status finalized = FromShmemCode(aclshmem_finalize(), "aclshmem_finalize", "device=" + Npu(device_id_));
   if (moved) (void)aclrtSetDevice(current);
   heap_base_ = 0;
+  node_team_ = ACLSHMEM_TEAM_INVALID;
   if (!finalized.ok()) {
     state_ = State::kFailed;
     return finalized;
@@ -344,18 +503,46 @@ Result<void*> AscendDevice::Allocate(std::size_t bytes, std::size_t alignment) {
   HP_RETURN_IF_ERROR(RequireReady("Allocate"));
   const std::size_t size = std::max<std::size_t>(bytes, 1);   // CANN refuses zero bytes
   const bool aligned = alignment > kCannGranule;
+  const char* call = aligned ? "aclshmem_align" : "aclshmem_malloc";
   void* ptr = aligned ? aclshmem_align(alignment, size) : aclshmem_malloc(size);
+  const std::string facts = "requested=" + std::to_string(bytes) + " alignment=" + std::to_string(alignment) +
+                            " local_mem_size=" + std::to_string(local_mem_size_) +
+                            " heap_size=" + std::to_string(heap_size_);
+  if (ptr == nullptr && HeapHasRoom(size, std::max(alignment, kCannGranule))) {
+    // CANN answers NULL for a full heap and for a failed closing barrier alike, and only logs which
+    // (shmem_mm.cpp:46-53, :104-111); a barrier fails with ACLSHMEM_SMEM_ERROR (shmemi_bootstrap_config_store.cpp:
+    // 206-209). The runtime agreed on the request, and the heap has room for it: the barrier failed.
+    return Timeout(std::string(call) + " failed: cann_error_code=" + std::to_string(ACLSHMEM_SMEM_ERROR) +
+                   " (ACLSHMEM_SMEM_ERROR) " + facts + " (the heap has room for it, so CANN's closing control "
+                   "barrier failed: a peer missing or later than CANN's 120 s control timeout, or its config store "
+                   "failing; CANN only logs it)");
+  }
   if (ptr == nullptr) {
-    // CANN only logs why; its code for the failure is ACLSHMEM_MALLOC_FAILED.
-    return FromShmemCode(ACLSHMEM_MALLOC_FAILED, aligned ? "aclshmem_align" : "aclshmem_malloc",
-                         "requested=" + std::to_string(bytes) + " alignment=" + std::to_string(alignment) +
-                             " local_mem_size=" + std::to_string(local_mem_size_) + " heap_size=" +
-                             std::to_string(heap_size_) + " (the symmetric heap is exhausted; CANN's own "
-                             "structures take about 5.13 MiB of it)");
+    return FromShmemCode(ACLSHMEM_MALLOC_FAILED, call,
+                         facts + " (the symmetric heap has no gap that large; CANN's own structures take about "
+                                 "5.13 MiB of it)");
   }
   std::lock_guard<std::mutex> lock(mu_);
   reserved_[reinterpret_cast<std::uintptr_t>(ptr)] = RoundUp(size, kCannGranule);
   return ptr;
+}
+
+bool AscendDevice::HeapHasRoom(std::size_t bytes, std::size_t alignment) const {
+  // CANN's allocator finds a block whenever some free range holds the request at an aligned offset
+  // (memory_manager::allocate / aligned_allocate, shmem_mgr.cpp:36-124): walk the gaps between what is taken.
+  const std::size_t need = RoundUp(bytes, kCannGranule);
+  std::lock_guard<std::mutex> lock(mu_);
+  std::size_t free_from = kCannInitBytes;
+  auto fits = [&](std::size_t begin, std::size_t end) {
+    const std::size_t start = RoundUp(begin, alignment);
+    return start <= end && end - start >= need;
+  };
+  for (const auto& [address, reserved] : reserved_) {
+    const std::size_t offset = address - heap_base_;
+    if (offset > free_from && fits(free_from, offset)) return true;
+    free_from = std::max(free_from, offset + reserved);
+  }
+  return free_from < heap_size_ && fits(free_from, heap_size_);
 }
 
 Status AscendDevice::Free(void* ptr) {
@@ -380,6 +567,15 @@ std::size_t AscendDevice::ReservedBytes(const void* ptr) const {
 Result<void*> AscendDevice::PeerAddress(const void* symmetric, int pe) const {
   HP_RETURN_IF_ERROR(RequireReady("PeerAddress"));
   HP_RETURN_IF_ERROR(CheckPe(pe));
+  return PeerInPlace(symmetric, pe, "PeerAddress");
+}
+
+Result<void*> AscendDevice::PeerInPlace(const void* symmetric, int pe, const char* op) const {
+  // aclshmem_ptr answers p2p_device_heap_base[pe] + offset for every valid PE (shmem_host_rma.cpp:36-57,
+  // shmem_init_backend.cpp:370), but hybm maps only the heaps of MTE-reachable peers
+  // (hybm_acl_device_mem_segment.cpp:315-318): an address on another node faults the kernel that touches it.
+  HP_RETURN_IF_ERROR(CheckOnNode(pe, op, "this NPU maps the heaps of its own node only (MTE: the same host and HCCS "
+                                         "group), and a kernel touching another node's address faults"));
   void* peer = aclshmem_ptr(const_cast<void*>(symmetric), pe);
   if (peer == nullptr) {
     return InvalidArgument("`symmetric` must be an address inside the symmetric heap, but got " +
@@ -474,12 +670,38 @@ Status AscendDevice::CopyLocal(const char* op, void* dst, const void* src, std::
   const void* symmetric = to_heap ? dst : src;
   HP_RETURN_IF_ERROR(CheckInOwnHeap(*this, symmetric, bytes, to_heap ? "symmetric_dst" : "symmetric_src"));
   if (bytes == 0) return Status::Ok();
+  HP_RETURN_IF_ERROR(RefuseIfAnyCaptured(op, "run a blocking aclrtMemcpy"));
   return FromAclError(
       aclrtMemcpy(dst, bytes, src, bytes, to_heap ? ACL_MEMCPY_HOST_TO_DEVICE : ACL_MEMCPY_DEVICE_TO_HOST),
       "aclrtMemcpy",
       std::string("op=") + op + " kind=" + (to_heap ? "host_to_device" : "device_to_host") +
           " bytes=" + std::to_string(bytes) +
           " heap_offset=" + Hex(reinterpret_cast<std::uintptr_t>(symmetric) - heap_base_));
+}
+
+Status AscendDevice::RefuseIfCaptured(void* acl_stream, const char* op, const char* would) const {
+  aclmdlRICaptureStatus status = ACL_MODEL_RI_CAPTURE_STATUS_NONE;
+  aclmdlRI model = nullptr;
+  // A runtime that cannot tell (an error) has no capture going on this stream for us to protect.
+  if (aclmdlRICaptureGetInfo(acl_stream, &status, &model) != ACL_SUCCESS ||
+      status == ACL_MODEL_RI_CAPTURE_STATUS_NONE) {
+    return Status::Ok();
+  }
+  return StateError(std::string(op) + " cannot run while stream " + Hex(reinterpret_cast<std::uintptr_t>(acl_stream)) +
+                    " is being captured (aclmdlRICaptureBegin): it would " + would + ", which a graph capture does "
+                    "not allow (the capture would fail): capture_status=" +
+                    (status == ACL_MODEL_RI_CAPTURE_STATUS_ACTIVE ? "active" : "invalidated"));
+}
+
+Status AscendDevice::RefuseIfAnyCaptured(const char* op, const char* would) const {
+  std::vector<void*> streams;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    streams.assign(own_streams_.begin(), own_streams_.end());
+    streams.insert(streams.end(), foreign_streams_.begin(), foreign_streams_.end());
+  }
+  for (void* stream : streams) HP_RETURN_IF_ERROR(RefuseIfCaptured(stream, op, would));
+  return Status::Ok();
 }
 
 Status AscendDevice::CopyToHeap(void* symmetric_dst, const void* host_src, std::size_t bytes) {
@@ -493,6 +715,7 @@ Status AscendDevice::CopyFromHeap(void* host_dst, const void* symmetric_src, std
 Status AscendDevice::CheckCopy(const char* op, int pe, std::size_t bytes) const {
   HP_RETURN_IF_ERROR(RequireReady(op));
   HP_RETURN_IF_ERROR(CheckPe(pe));
+  HP_RETURN_IF_ERROR(CheckReach(pe, op, /*remote_ok=*/true));
   if (bytes > options_.max_transfer_bytes) {
     return InvalidArgument("`bytes` of one device call must be at most " + std::to_string(options_.max_transfer_bytes) +
                            ", but got " + std::to_string(bytes));
@@ -556,6 +779,11 @@ Status AscendDevice::Signal(void* symmetric_signal, SignalWidth width, std::int6
   HP_RETURN_IF_ERROR(RequireReady("Signal"));
   HP_RETURN_IF_ERROR(CheckPe(pe));
   HP_RETURN_IF_ERROR(CheckSignal(width, value, "value"));
+  // The kernel ignores an op it does not know (shmem_device_so.hpp:333-343, no default case): refused here instead.
+  if (!ValidSignalOp(op)) {
+    return InvalidArgument("`op` must be set or add, but got " + std::to_string(static_cast<int>(op)));
+  }
+  HP_RETURN_IF_ERROR(CheckReach(pe, op == SignalOp::kSet ? "Signal(set)" : "Signal(add)", op == SignalOp::kSet));
   void* acl_stream = Resolve(stream);
   // The quiet completes every earlier put of this PE, so that a peer that sees the signal sees the data too.
   aclshmemx_quiet_on_stream(acl_stream);
@@ -570,6 +798,10 @@ Status AscendDevice::WaitSignal(void* symmetric_signal, SignalWidth width, Compa
                                 StreamHandle stream) {
   HP_RETURN_IF_ERROR(RequireReady("WaitSignal"));
   HP_RETURN_IF_ERROR(CheckSignal(width, value, "value"));
+  // The kernel returns at once for an op it does not know (shmem_device_p2p_sync.hpp:74-90, no default case).
+  if (!ValidCompareOp(cmp)) {
+    return InvalidArgument("`cmp` must be eq, ne, gt, ge, lt or le, but got " + std::to_string(static_cast<int>(cmp)));
+  }
   void* acl_stream = Resolve(stream);
   aclshmemx_signal_wait_until_on_stream(static_cast<std::int32_t*>(symmetric_signal), ToCannCompare(cmp),
                                         static_cast<std::int32_t>(value), acl_stream);
@@ -583,326 +815,14 @@ Status AscendDevice::WaitSignal(void* symmetric_signal, SignalWidth width, Compa
                        " cmp=" + CompareOpName(cmp) + " expected=" + std::to_string(value));
 }
 
-struct AscendDevice::AclnnCall {
-  const char* prepare_name;
-  const char* launch_name;
-  std::function<aclnnStatus(std::uint64_t*, aclOpExecutor**)> prepare;
-  std::function<aclnnStatus(void*, std::uint64_t, aclOpExecutor*, aclrtStream)> launch;
-  std::vector<KeepAlive> descriptors;   // tensors and scalars the executor refers to
-};
-
-namespace {
-
-// An aclTensor over `count` contiguous elements at `data`, destroyed when the last holder lets go.
-std::shared_ptr<aclTensor> Tensor(void* data, std::size_t count, aclDataType dtype) {
-  const std::int64_t dims[1] = {static_cast<std::int64_t>(count)};
-  const std::int64_t strides[1] = {1};
-  aclTensor* tensor = aclCreateTensor(dims, 1, dtype, strides, 0, ACL_FORMAT_ND, dims, 1, data);
-  if (tensor == nullptr) return nullptr;
-  return std::shared_ptr<aclTensor>(tensor, [](aclTensor* t) { (void)aclDestroyTensor(t); });
-}
-
-std::shared_ptr<aclScalar> Scalar(float value) {
-  aclScalar* scalar = aclCreateScalar(&value, ACL_FLOAT);
-  if (scalar == nullptr) return nullptr;
-  return std::shared_ptr<aclScalar>(scalar, [](aclScalar* s) { (void)aclDestroyScalar(s); });
-}
-
-std::shared_ptr<aclScalar> IntScalar(std::int64_t value) {
-  aclScalar* scalar = aclCreateScalar(&value, ACL_INT64);
-  if (scalar == nullptr) return nullptr;
-  return std::shared_ptr<aclScalar>(scalar, [](aclScalar* s) { (void)aclDestroyScalar(s); });
-}
-
-}  // namespace
-
-Status AscendDevice::RunAclnn(AclnnCall& call, void* acl_stream, const std::string& what) {
-  std::uint64_t workspace_bytes = 0;
-  aclOpExecutor* executor = nullptr;
-  HP_RETURN_IF_ERROR(FromAclnnStatus(call.prepare(&workspace_bytes, &executor), call.prepare_name, what));
-  KeepAlive workspace;
-  void* workspace_data = nullptr;
-  if (workspace_bytes > 0) {
-    HP_RETURN_IF_ERROR(FromAclError(aclrtMalloc(&workspace_data, workspace_bytes, ACL_MEM_MALLOC_HUGE_FIRST),
-                                    "aclrtMalloc", "workspace_bytes=" + std::to_string(workspace_bytes) + " " + what));
-    workspace = std::shared_ptr<void>(workspace_data, [](void* p) { (void)aclrtFree(p); });
-  }
-  HP_RETURN_IF_ERROR(
-      FromAclnnStatus(call.launch(workspace_data, workspace_bytes, executor, acl_stream), call.launch_name, what));
-  // The operator runs later on the stream: its workspace and descriptors live until the stream is synchronized.
-  std::lock_guard<std::mutex> lock(mu_);
-  auto& kept = kept_[acl_stream];
-  if (workspace) kept.push_back(std::move(workspace));
-  for (KeepAlive& descriptor : call.descriptors) kept.push_back(std::move(descriptor));
-  return Status::Ok();
-}
-
-Status AscendDevice::Reduce(void* dst, const void* symmetric_src, std::size_t count, DataType dtype, ReduceOp op,
-                            const std::vector<int>& pes, StreamHandle stream, KeepAlive keep) {
-  HP_RETURN_IF_ERROR(RequireReady("Reduce"));
-  if (pes.empty()) return InvalidArgument("`pes` must name at least one pe, but got none");
-  for (int pe : pes) HP_RETURN_IF_ERROR(CheckPe(pe));
-  aclDataType acl_dtype = ACL_DT_UNDEFINED;
-  if (!ToAclDataType(dtype, &acl_dtype)) {
-    return InvalidArgument(std::string("`dtype` must be one aclnn reduces, but got ") + DataTypeName(dtype));
-  }
-  if (op == ReduceOp::kAvg && !IsFloatingPoint(dtype)) {
-    return InvalidArgument(std::string("`op` must be sum, max or min for ") + DataTypeName(dtype) + ", but got avg");
-  }
-  if (count == 0) return Status::Ok();
-  const std::size_t bytes = count * DataTypeSize(dtype);
-  const std::string what = std::string("op=Reduce reduce_op=") + ReduceOpName(op) + " dtype=" + DataTypeName(dtype) +
-                           " count=" + std::to_string(count) + " pes=" + std::to_string(pes.size());
-  // Every source is read in place on its NPU: the addresses come from aclshmem_ptr (the same HCCS domain).
-  std::vector<void*> sources;
-  for (int pe : pes) {
-    void* source = pe == rank_ ? const_cast<void*>(symmetric_src) : aclshmem_ptr(const_cast<void*>(symmetric_src), pe);
-    if (source == nullptr) {
-      return DeviceError("a source of the reduction is not reachable by this NPU (aclshmem_ptr found none; the "
-                         "aclnn reduction reads peers in place, within one HCCS domain): pe=" + std::to_string(pe) +
-                         " " + what);
-    }
-    sources.push_back(source);
-  }
-  void* acl_stream = Resolve(stream);
-  // dst starts as one source: itself when reducing in place over a set that holds this rank, else the first one.
-  std::size_t first = 0;
-  const auto own = std::find(pes.begin(), pes.end(), rank_);
-  if (dst == symmetric_src && own != pes.end()) {
-    first = static_cast<std::size_t>(own - pes.begin());
-  } else {
-    for (std::size_t offset = 0; offset < bytes; offset += options_.max_transfer_bytes) {
-      const std::size_t n = std::min(options_.max_transfer_bytes, bytes - offset);
-      aclshmemx_getmem_on_stream(static_cast<char*>(dst) + offset,
-                                 const_cast<char*>(static_cast<const char*>(symmetric_src)) + offset, n, pes[0],
-                                 acl_stream);
-    }
-  }
-  std::shared_ptr<aclTensor> out = Tensor(dst, count, acl_dtype);
-  if (!out) return DeviceError("aclCreateTensor failed: " + what);
-  for (std::size_t k = 0; k < sources.size(); ++k) {
-    if (k == first) continue;
-    const std::string step = what + " source_pe=" + std::to_string(pes[k]);
-    if (op == ReduceOp::kSum || op == ReduceOp::kAvg) {
-      HP_RETURN_IF_ERROR(EnqueueAdd(dst, sources[k], count, dtype, acl_stream, step));
-      continue;
-    }
-    std::shared_ptr<aclTensor> other = Tensor(sources[k], count, acl_dtype);
-    if (!other) return DeviceError("aclCreateTensor failed: " + what);
-    AclnnCall call;
-    call.descriptors = {out, other};
-    if (op == ReduceOp::kMax) {
-      call.prepare_name = "aclnnMaximumGetWorkspaceSize";
-      call.launch_name = "aclnnMaximum";
-      call.prepare = [out, other](std::uint64_t* size, aclOpExecutor** executor) {
-        return aclnnMaximumGetWorkspaceSize(out.get(), other.get(), out.get(), size, executor);
-      };
-      call.launch = aclnnMaximum;
-    } else {
-      call.prepare_name = "aclnnMinimumGetWorkspaceSize";
-      call.launch_name = "aclnnMinimum";
-      call.prepare = [out, other](std::uint64_t* size, aclOpExecutor** executor) {
-        return aclnnMinimumGetWorkspaceSize(out.get(), other.get(), out.get(), size, executor);
-      };
-      call.launch = aclnnMinimum;
-    }
-    HP_RETURN_IF_ERROR(RunAclnn(call, acl_stream, step));
-  }
-  if (op == ReduceOp::kAvg) {
-    HP_RETURN_IF_ERROR(EnqueueDivide(dst, count, dtype, static_cast<float>(pes.size()), acl_stream, what + " step=avg"));
-  }
-  return Completed(stream, acl_stream, std::move(keep), what);
-}
-
-// ---- low-precision wire formats: aclnnCast into and out of float16/bfloat16 -----------------------------------------
-
-Status AscendDevice::CheckWireFormat(ops::LowFormat format) const {
-  switch (format) {
-    case ops::LowFormat::kFloat16:
-    case ops::LowFormat::kBFloat16:
-      return Status::Ok();
-    case ops::LowFormat::kFloat8E4M3Fn:
-    case ops::LowFormat::kFloat8E5M2:
-      return DeviceError(std::string("low-precision communication in ") + ops::LowFormatName(format) +
-                         " needs a block-scaled fp8 cast kernel (a scale per block, then a cast to fp8) on the NPU, "
-                         "which CANN's operator library does not have (aclnnCast has no scale, and the Atlas A2/910B "
-                         "has no fp8 type): device=ascend format=" + ops::LowFormatName(format) +
-                         " (use float16 or bfloat16)");
-  }
-  return InvalidArgument("`format` must be a wire format, but got " + std::to_string(static_cast<int>(format)));
-}
-
-namespace {
-DataType WireDataType(ops::LowFormat format) {
-  return format == ops::LowFormat::kBFloat16 ? DataType::kBFloat16 : DataType::kFloat16;   // CheckWireFormat's
-}
-}  // namespace
-
-// The checks every wire operation shares: ready, a format this device carries, a dtype wider than it.
-Status AscendDevice::CheckWireCall(const char* op, ops::LowFormat format, DataType dtype) const {
-  HP_RETURN_IF_ERROR(RequireReady(op));
-  HP_RETURN_IF_ERROR(CheckWireFormat(format));
-  if (*ops::LowFormatRefusal(format, dtype, ReduceOp::kSum) != '\0') {
-    return InvalidArgument(std::string("`dtype` must be a floating-point dtype wider than ") +
-                           ops::LowFormatName(format) + ", but got " + DataTypeName(dtype));
-  }
-  return Status::Ok();
-}
-
-Status AscendDevice::EnqueueCast(void* dst, DataType to_dtype, const void* src, DataType from_dtype,
-                                 std::size_t count, void* acl_stream, const std::string& what) {
-  aclDataType from = ACL_DT_UNDEFINED, to = ACL_DT_UNDEFINED;
-  (void)ToAclDataType(from_dtype, &from);
-  (void)ToAclDataType(to_dtype, &to);
-  std::shared_ptr<aclTensor> in = Tensor(const_cast<void*>(src), count, from);
-  std::shared_ptr<aclTensor> out = Tensor(dst, count, to);
-  if (!in || !out) return DeviceError("aclCreateTensor failed: " + what);
-  AclnnCall call;
-  call.descriptors = {in, out};
-  call.prepare_name = "aclnnCastGetWorkspaceSize";
-  call.launch_name = "aclnnCast";
-  call.prepare = [in, out, to](std::uint64_t* size, aclOpExecutor** executor) {
-    return aclnnCastGetWorkspaceSize(in.get(), to, out.get(), size, executor);
-  };
-  call.launch = aclnnCast;
-  return RunAclnn(call, acl_stream, what);
-}
-
-Status AscendDevice::EnqueueAdd(void* out, const void* other, std::size_t count, DataType dtype, void* acl_stream,
-                                const std::string& what) {
-  aclDataType acl_dtype = ACL_DT_UNDEFINED;
-  (void)ToAclDataType(dtype, &acl_dtype);
-  std::shared_ptr<aclTensor> self = Tensor(out, count, acl_dtype);
-  std::shared_ptr<aclTensor> term = Tensor(const_cast<void*>(other), count, acl_dtype);
-  std::shared_ptr<aclScalar> alpha = IsFloatingPoint(dtype) ? Scalar(1.0f) : IntScalar(1);
-  if (!self || !term) return DeviceError("aclCreateTensor failed: " + what);
-  if (!alpha) return DeviceError("aclCreateScalar failed: " + what);
-  AclnnCall call;
-  call.descriptors = {self, term, alpha};
-  call.prepare_name = "aclnnInplaceAddGetWorkspaceSize";
-  call.launch_name = "aclnnInplaceAdd";
-  call.prepare = [self, term, alpha](std::uint64_t* size, aclOpExecutor** executor) {
-    return aclnnInplaceAddGetWorkspaceSize(self.get(), term.get(), alpha.get(), size, executor);
-  };
-  call.launch = aclnnInplaceAdd;
-  return RunAclnn(call, acl_stream, what);
-}
-
-Status AscendDevice::EnqueueDivide(void* out, std::size_t count, DataType dtype, float divisor, void* acl_stream,
-                                   const std::string& what) {
-  aclDataType acl_dtype = ACL_DT_UNDEFINED;
-  (void)ToAclDataType(dtype, &acl_dtype);
-  std::shared_ptr<aclTensor> self = Tensor(out, count, acl_dtype);
-  std::shared_ptr<aclScalar> by = Scalar(divisor);
-  if (!self) return DeviceError("aclCreateTensor failed: " + what);
-  if (!by) return DeviceError("aclCreateScalar failed: " + what);
-  AclnnCall call;
-  call.descriptors = {self, by};
-  call.prepare_name = "aclnnInplaceDivsGetWorkspaceSize";
-  call.launch_name = "aclnnInplaceDivs";
-  call.prepare = [self, by](std::uint64_t* size, aclOpExecutor** executor) {
-    return aclnnInplaceDivsGetWorkspaceSize(self.get(), by.get(), size, executor);
-  };
-  call.launch = aclnnInplaceDivs;
-  return RunAclnn(call, acl_stream, what);
-}
-
-Result<void*> AscendDevice::PeerRun(const void* symmetric, int pe, const std::string& what) {
-  if (pe == rank_) return const_cast<void*>(symmetric);
-  void* address = aclshmem_ptr(const_cast<void*>(symmetric), pe);
-  if (address == nullptr) {
-    return DeviceError("a peer's encoded run is not reachable by this NPU (aclshmem_ptr found none; aclnnCast reads "
-                       "peers in place, within one HCCS domain): pe=" + std::to_string(pe) + " " + what);
-  }
-  return address;
-}
-
-Status AscendDevice::Encode(ops::LowFormat format, DataType dtype, const void* src, std::size_t count, WireRun dst,
-                            StreamHandle stream, KeepAlive keep) {
-  HP_RETURN_IF_ERROR(CheckWireCall("Encode", format, dtype));
-  if (count == 0) return Status::Ok();
-  const std::string what = std::string("op=Encode format=") + ops::LowFormatName(format) + " dtype=" +
-                           DataTypeName(dtype) + " count=" + std::to_string(count);
-  void* acl_stream = Resolve(stream);
-  HP_RETURN_IF_ERROR(EnqueueCast(dst.codes, WireDataType(format), src, dtype, count, acl_stream, what));
-  return Completed(stream, acl_stream, std::move(keep), what);
-}
-
-Status AscendDevice::Decode(ops::LowFormat format, WireRun symmetric_src, int pe, std::size_t count, DataType dtype,
-                            void* out, StreamHandle stream, KeepAlive keep) {
-  HP_RETURN_IF_ERROR(CheckWireCall("Decode", format, dtype));
-  HP_RETURN_IF_ERROR(CheckPe(pe));
-  if (count == 0) return Status::Ok();
-  const std::string what = std::string("op=Decode format=") + ops::LowFormatName(format) + " dtype=" +
-                           DataTypeName(dtype) + " count=" + std::to_string(count) + " pe=" + std::to_string(pe);
-  HP_ASSIGN_OR_RETURN(void* codes, PeerRun(symmetric_src.codes, pe, what));
-  void* acl_stream = Resolve(stream);
-  HP_RETURN_IF_ERROR(EnqueueCast(out, dtype, codes, WireDataType(format), count, acl_stream, what));
-  return Completed(stream, acl_stream, std::move(keep), what);
-}
-
-Status AscendDevice::ReduceEncoded(ops::LowFormat format, DataType dtype, ReduceOp op, const void* own,
-                                   WireRun symmetric_src, const std::vector<int>& pes, std::size_t count, void* out,
-                                   WireRun reencode, StreamHandle stream, KeepAlive keep) {
-  HP_RETURN_IF_ERROR(CheckWireCall("ReduceEncoded", format, dtype));
-  const DataType acc = dtype;   // float32 or float64 here: the 16-bit dtypes are no wider than the formats
-  if (op != ReduceOp::kSum && op != ReduceOp::kAvg) {
-    return InvalidArgument(std::string("`op` must be sum or avg, but got ") + ReduceOpName(op));
-  }
-  if (pes.empty()) return InvalidArgument("`pes` must name at least one pe, but got none");
-  for (int pe : pes) HP_RETURN_IF_ERROR(CheckPe(pe));
-  if (count == 0) return Status::Ok();
-  const std::string what = std::string("op=ReduceEncoded format=") + ops::LowFormatName(format) + " dtype=" +
-                           DataTypeName(dtype) + " reduce_op=" + ReduceOpName(op) + " count=" + std::to_string(count) +
-                           " pes=" + std::to_string(pes.size());
-  std::vector<void*> sources;
-  for (int pe : pes) {
-    HP_ASSIGN_OR_RETURN(void* codes, PeerRun(symmetric_src.codes, pe, what));
-    sources.push_back(codes);
-  }
-  void* acl_stream = Resolve(stream);
-  const DataType wire = WireDataType(format);
-  // 1. `out` starts as the first term: the first source decoded (own, when separate, is added to it: two terms add
-  //    the same either way round), or `own` itself when it is `out`.
-  std::size_t next = 0;
-  if (own != out) {
-    HP_RETURN_IF_ERROR(EnqueueCast(out, acc, sources[0], wire, count, acl_stream, what + " step=decode source=0"));
-    next = 1;
-    if (own != nullptr) HP_RETURN_IF_ERROR(EnqueueAdd(out, own, count, acc, acl_stream, what + " step=add own"));
-  }
-  // 2. Every other source is decoded into scratch NPU memory and added (aclnnInplaceAdd takes one dtype).
-  if (next < sources.size()) {
-    const std::size_t bytes = count * DataTypeSize(dtype);
-    void* scratch = nullptr;
-    HP_RETURN_IF_ERROR(FromAclError(aclrtMalloc(&scratch, bytes, ACL_MEM_MALLOC_HUGE_FIRST), "aclrtMalloc",
-                                    "scratch_bytes=" + std::to_string(bytes) + " " + what));
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      kept_[acl_stream].push_back(std::shared_ptr<void>(scratch, [](void* p) { (void)aclrtFree(p); }));
-    }
-    for (std::size_t k = next; k < sources.size(); ++k) {
-      const std::string step = what + " source=" + std::to_string(k);
-      HP_RETURN_IF_ERROR(EnqueueCast(scratch, acc, sources[k], wire, count, acl_stream, step));
-      HP_RETURN_IF_ERROR(EnqueueAdd(out, scratch, count, acc, acl_stream, step));
-    }
-  }
-  const std::size_t terms = sources.size() + (own != nullptr ? 1 : 0);
-  if (op == ReduceOp::kAvg) {
-    HP_RETURN_IF_ERROR(EnqueueDivide(out, count, acc, static_cast<float>(terms), acl_stream, what + " step=avg"));
-  }
-  // 3. Re-encoded: the codes every peer decodes, and their decoding here, so that every rank ends alike.
-  if (reencode.codes != nullptr) {
-    HP_RETURN_IF_ERROR(EnqueueCast(reencode.codes, wire, out, acc, count, acl_stream, what + " step=reencode"));
-    HP_RETURN_IF_ERROR(EnqueueCast(out, acc, reencode.codes, wire, count, acl_stream, what + " step=decode reencoded"));
-  }
-  return Completed(stream, acl_stream, std::move(keep), what);
-}
-
 Status AscendDevice::Barrier(StreamHandle stream) {
   HP_RETURN_IF_ERROR(RequireReady("Barrier"));
   void* acl_stream = Resolve(stream);
-  aclshmemx_barrier_all_on_stream(acl_stream);
-  return Completed(stream, acl_stream, nullptr, "op=Barrier world_size=" + std::to_string(world_size_));
+  // One kernel over the node's team; CANN's barrier reads every member's word in place (shmemi_device_cc.h:314-324),
+  // so it cannot span nodes, RoCE or not.
+  aclshmemx_barrier_on_stream(node_team_, acl_stream);
+  return Completed(stream, acl_stream, nullptr,
+                   "op=Barrier team=" + std::to_string(node_team_) + " " + NodeFact("node", rank_));
 }
 
 Result<StreamHandle> AscendDevice::CreateStream() {
@@ -943,6 +863,7 @@ Status AscendDevice::DestroyStream(StreamHandle stream) {
 Status AscendDevice::SynchronizeStream(StreamHandle stream) {
   HP_RETURN_IF_ERROR(RequireReady("SynchronizeStream"));
   void* acl_stream = Resolve(stream);
+  HP_RETURN_IF_ERROR(RefuseIfCaptured(acl_stream, "SynchronizeStream", "synchronize the stream"));
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = pending_.find(acl_stream);
@@ -996,6 +917,7 @@ Status AscendDevice::Quiesce() {
     streams.insert(streams.end(), own_streams_.begin(), own_streams_.end());
     streams.insert(streams.end(), foreign_streams_.begin(), foreign_streams_.end());
   }
+  for (void* stream : streams) HP_RETURN_IF_ERROR(RefuseIfCaptured(stream, "Quiesce", "synchronize the stream"));
   Status first = Status::Ok();
   for (void* stream : streams) {
     Status synced = Synchronize(stream, "op=Quiesce stream=" + Hex(reinterpret_cast<std::uintptr_t>(stream)));

@@ -1,25 +1,43 @@
 // The ascend device: symmetric memory on Ascend NPUs through CANN SHMEM v1.5.1 (pinned in
-// third_party/shmem_patches/). This header is free of CANN headers, so that callers (the binding's device factory,
-// tests) need no CANN include path; only ascend_device.cc and cann_*.cc include CANN.
+// third_party/shmem_patches/, whose README gives the source line of every behaviour relied on here). This header is
+// free of CANN headers, so that callers (the binding's device factory, tests) need no CANN include path; only
+// ascend_device.cc (init, memory, the data plane, streams), ascend_compute.cc (aclnn) and cann_status.cc include CANN.
 //
-// Initialisation needs no fixed port: rank 0 asks CANN for a unique id (bound to SHMEM_UID_SESSION_ID, else
-// SHMEM_UID_SOCK_IFNAME, else the first non-loopback interface: CANN reads them itself), the bootstrap broadcasts
-// it, and every rank initialises CANN SHMEM with it (ACLSHMEMX_INIT_WITH_UNIQUEID). v1.5.1 runs the config store
-// of that mode without TLS whatever aclshmemx_set_conf_store_tls says (init_config_store() turns it off), so the
-// device turns it off itself and refuses HYPER_PARALLEL_SHMEM_TLS_INFO. When the ranks span several hosts, the
-// device adds RoCE to the data engines (put/get/signal across hosts need ACLSHMEM_DATA_OP_ROCE).
+// Initialisation needs no fixed port: rank 0 asks CANN for a unique id, the bootstrap broadcasts it, and every rank
+// initialises CANN SHMEM with it (ACLSHMEMX_INIT_WITH_UNIQUEID). CANN itself picks the address the id binds to:
+// SHMEM_UID_SESSION_ID (ip:port) if set; else SHMEM_UID_SOCK_IFNAME as "prefix:family" (the part before ':' is an
+// interface-name prefix, family "inet6" means IPv6 and anything else IPv4; without the ':' no interface is found and
+// aclshmemx_get_uniqueid fails with ACLSHMEM_INVALID_PARAM); else the first interface, in the system's order, that is
+// up, running, not loopback, not named lo*, docker*, veth*, br-*, virbr*, tun* or tap*, with a routable address.
+// v1.5.1 runs the config store of that mode without TLS whatever aclshmemx_set_conf_store_tls says
+// (init_config_store() turns it off), so the device turns it off itself and refuses HYPER_PARALLEL_SHMEM_TLS_INFO.
+//
+// Topology. A node is the PEs whose heaps this NPU maps, i.e. reaches over MTE: the same host and, on a 910B, the
+// same group of 8 logical NPUs (HCCS; the logical id is ASCEND_RT_VISIBLE_DEVICES[device] when set, else the device
+// id), as CANN's memory layer decides it. Every rank publishes its host and logical NPU at Init. PEs outside this
+// rank's node get no in-place access (PeerAddress, the reductions and casts read peers in place) and no signal ADD
+// (an MTE atomic); put, get and signal SET reach them only when RoCE is on, which the device turns on when the ranks
+// span several hosts (ACLSHMEM_DATA_OP_MTE | ACLSHMEM_DATA_OP_ROCE): one host with two HCCS groups (16 NPUs of a 910B
+// server) gets two nodes and no RoCE, so nothing one-sided crosses between the groups. aclshmem_ptr answers an address
+// for every PE, mapped or not, so the device never takes a non-null answer for reachability.
+//
+// Init states. A failed aclshmemx_init_attr rolls nothing back, and leaves NOT_INITIALIZED (it failed before the heap
+// was set up, e.g. a peer missing at its first barrier), SHM_CREATED (after) or IS_INITIALIZED (its last barrier):
+// the device calls aclshmem_finalize after any failed init, whatever the state, and reports the state it found.
 //
 // The heap CANN maps is local_mem_size (HYPER_PARALLEL_SHMEM_HEAP_SIZE, rounded up to 2 MiB) plus
 // ACLSHMEM_EXTRA_SIZE (6 MiB), of which init takes about 5.13 MiB (its signal word, every team's sync pool and
 // counters) through its own allocator: heap_size() is the whole mapped range, so that in-heap checks use the real
 // bounds. Allocation is collective inside CANN (aclshmem_malloc/align end with a control-plane barrier):
-// collective_allocation() says so, and the runtime agrees on every request before the device calls CANN.
+// collective_allocation() says so, and the runtime agrees on every request before the device calls CANN. CANN answers
+// NULL for a full heap and for a failed barrier alike; the device tells them apart by the room it knows is left.
 //
 // Timeouts: CANN bounds its own bootstrap and control-plane waits (init, malloc) with DEFAULT_TIMEOUT (120 s) in
-// unique-id mode; every other wait (stream synchronizations, the bootstrap exchanges before CANN's collective
-// calls) is bounded by the configured timeout. A wait that timed out keeps its kernel spinning on the stream, and
-// destroying that stream or finalizing would then hang: the device releases such a waiter by writing the awaited
-// value into the local signal, then drains the stream (bounded); a stream it cannot drain is never destroyed.
+// unique-id mode, and reports a barrier that timed out as ACLSHMEM_SMEM_ERROR; every other wait (stream
+// synchronizations, the bootstrap exchanges before CANN's collective calls) is bounded by the configured timeout. A
+// wait that timed out keeps its kernel spinning on the stream, and destroying that stream or finalizing would then
+// hang: the device releases such a waiter by writing the awaited value into the local signal, then drains the stream
+// (bounded); a stream it cannot drain is never destroyed.
 //
 // Reductions run on the stream through CANN's operator library (aclnn, two-phase): peers' copies are read in place
 // through aclshmem_ptr and combined with aclnnInplaceAdd / aclnnMaximum / aclnnMinimum; avg is the sum divided by
@@ -34,7 +52,9 @@
 // kDefaultStream is a stream this device creates at Init; a call on it completes before it returns (the device
 // synchronizes it, bounded by the timeout), as the runtime's own uses of the default stream (the init barrier, the
 // collective checks) expect. Buffers kept alive for an enqueued call are released at that stream's next successful
-// synchronization.
+// synchronization. Under graph capture (aclmdlRICaptureBegin) a stream may not be synchronized and no blocking copy
+// may run: SynchronizeStream and Quiesce of a captured stream, and CopyToHeap/CopyFromHeap while any stream the device
+// has seen is being captured, are refused before they would invalidate the capture.
 #pragma once
 
 #include <chrono>
@@ -83,8 +103,10 @@ class AscendDevice final : public Device {
   std::size_t ReservedBytes(const void* ptr) const override;
   std::uintptr_t heap_base() const override { return heap_base_; }
   std::size_t heap_size() const override { return heap_size_; }
-  // One node: CANN SHMEM reaches every PE of the world itself, other machines over RoCE (ACLSHMEM_DATA_OP_ROCE).
+  // The MTE-reachable sets (the same host and HCCS group), agreed at Init.
   const std::vector<int>& nodes() const override { return nodes_; }
+  // RoCE is on and `pe` lies outside this rank's node: put, get and signal SET reach it, nothing else does.
+  bool reaches_remotely(int pe) const override;
   // aclrtMemcpy (host to device, device to host): the heap is NPU memory that the host cannot dereference.
   Status CopyToHeap(void* symmetric_dst, const void* host_src, std::size_t bytes) override;
   Status CopyFromHeap(void* host_dst, const void* symmetric_src, std::size_t bytes) override;
@@ -99,10 +121,12 @@ class AscendDevice final : public Device {
                 StreamHandle stream) override;
   Status WaitSignal(void* symmetric_signal, SignalWidth width, CompareOp cmp, std::int64_t value,
                     StreamHandle stream) override;
-  // aclnn operators on the stream, reading the peers' copies in place (aclshmem_ptr); every pe's copy must be
-  // reachable by this NPU (the same HCCS domain). dst must be NPU memory of this device.
+  // aclnn operators on the stream, reading the peers' copies in place (aclshmem_ptr); every pe must lie in this
+  // rank's node (MTE). dst must be NPU memory of this device.
   Status Reduce(void* dst, const void* symmetric_src, std::size_t count, DataType dtype, ReduceOp op,
                 const std::vector<int>& pes, StreamHandle stream, KeepAlive keep) override;
+  // aclshmemx_barrier_on_stream over a CANN team of this rank's node (one kernel; CANN's barrier reads every member's
+  // word in place, so it cannot span nodes).
   Status Barrier(StreamHandle stream) override;
   // aclrtMemcpyAsync (device to device) on the stream: both sides NPU memory of this device.
   Status Copy(void* dst, const void* src, std::size_t bytes, StreamHandle stream, KeepAlive keep) override;
@@ -121,7 +145,8 @@ class AscendDevice final : public Device {
   Status ReducePeerMemory(void* dst, const std::vector<std::uint64_t>& addresses, const std::vector<int>& pes,
                           std::size_t count, DataType dtype, ReduceOp op, StreamHandle stream, KeepAlive keep) override;
 
-  // aclshmem_ptr: the address of `symmetric`'s heap offset on `pe`, which the NPU reaches directly.
+  // aclshmem_ptr: the address of `symmetric`'s heap offset on `pe`, which the NPU reaches directly; refused for a pe
+  // outside this rank's node, whose address would fault the kernel that touches it.
   Result<void*> PeerAddress(const void* symmetric, int pe) const override;
 
   // Low-precision communication in float16 and bfloat16: aclnnCast on the stream, peers' runs read in place
@@ -139,6 +164,7 @@ class AscendDevice final : public Device {
   int device_id() const { return device_id_; }            // frozen at Init (-1 before)
   std::size_t local_mem_size() const { return local_mem_size_; }   // what CANN was asked for (heap_size() - extra)
   bool uses_roce() const { return uses_roce_; }
+  int logical_device_id() const { return logical_device_; }   // the NPU's logical id (-1 before Init)
   const std::string& soc_name() const { return soc_name_; }
   StreamHandle default_stream() const { return reinterpret_cast<StreamHandle>(default_stream_); }
 
@@ -179,10 +205,31 @@ class AscendDevice final : public Device {
   Status EnqueueDivide(void* out, std::size_t count, DataType dtype, float divisor, void* acl_stream,
                        const std::string& what);
   Status CheckWireCall(const char* op, ops::LowFormat format, DataType dtype) const;
-  // Where `symmetric` lies on `pe` for the NPU (aclshmem_ptr), or why it cannot be reached.
-  Result<void*> PeerRun(const void* symmetric, int pe, const std::string& what);
-  // Releases a failed or half-initialised CANN SHMEM after a failed init; reports what is left.
-  Status ReleaseHalfInit(Status failure);
+  // Where `symmetric` lies on `pe` for this NPU's kernels (aclshmem_ptr), for in-place access: `pe` must lie in this
+  // rank's node. `op` names the caller in the refusal.
+  Result<void*> PeerInPlace(const void* symmetric, int pe, const char* op) const;
+  // PeerInPlace for a peer, `symmetric` itself for this rank.
+  Result<void*> PeerRun(const void* symmetric, int pe, const char* op) const;
+  // OK when `pe` lies in this rank's node; otherwise a refusal of `op` naming both nodes and `reason`.
+  Status CheckOnNode(int pe, const char* op, const std::string& reason) const;
+  // "node=0 (host=h0 hccs_group=0)" for `pe`'s node.
+  std::string NodeFact(const char* key, int pe) const;
+  // Put, Get and Signal's reach: `pe` in this node, or beyond it over RoCE when `remote_ok` (not for ADD).
+  Status CheckReach(int pe, const char* op, bool remote_ok) const;
+  // Learns every rank's host and logical NPU (one exchange with the unique id) and derives nodes_.
+  Status DeriveNodes(const std::vector<std::string>& hosts, const std::vector<int>& groups);
+  // The CANN team of this rank's node, for Barrier (ACLSHMEM_TEAM_WORLD when the world is one node).
+  Status CreateNodeTeam();
+  // Releases a failed or half-initialised CANN SHMEM after any failed aclshmemx_init_attr (its answer: `cann_code`);
+  // reports what was left.
+  Status ReleaseHalfInit(Status failure, int cann_code);
+  // Whether `bytes` at `alignment` fit in a gap of the heap, from CANN's own reservation and this device's
+  // allocations: a NULL from aclshmem_malloc then means its barrier failed, not the heap.
+  bool HeapHasRoom(std::size_t bytes, std::size_t alignment) const;
+  // Refusals under graph capture: `op` would synchronize `acl_stream`, or would do a blocking copy while a stream the
+  // device has seen is being captured.
+  Status RefuseIfCaptured(void* acl_stream, const char* op, const char* would) const;
+  Status RefuseIfAnyCaptured(const char* op, const char* would) const;
 
   AscendDeviceOptions options_;
   State state_ = State::kUninitialized;
@@ -194,6 +241,10 @@ class AscendDevice final : public Device {
   std::size_t heap_size_ = 0;
   std::size_t local_mem_size_ = 0;
   bool uses_roce_ = false;
+  int logical_device_ = -1;
+  std::vector<std::string> hosts_;   // by PE, published at Init
+  std::vector<int> hccs_groups_;     // by PE: logical device id / 8 on a 910B, 0 elsewhere
+  int node_team_ = -1;               // aclshmem_team_t of this rank's node (ACLSHMEM_TEAM_INVALID: none)
   std::uintptr_t heap_base_ = 0;
   double timeout_sec_ = 0;
   std::int32_t timeout_ms_ = -1;

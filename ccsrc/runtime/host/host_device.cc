@@ -588,6 +588,96 @@ Status HostDevice::DoBarrier() {
   return WaitUntil(&root->barrier_arrivals, &root->barrier_sleepers, done, spin_, Deadline(), describe);
 }
 
+namespace {
+
+Status GivenUpBy(std::int64_t word, const std::vector<int>& members) {
+  const int member = ArrivalCounter::Member(word);
+  const std::string who = member >= 0 && member < static_cast<int>(members.size())
+                              ? std::to_string(members[static_cast<std::size_t>(member)])
+                              : "?";
+  return StateError("sync was given up by rank " + who + " (it " + GiveUpReasonName(ArrivalCounter::Reason(word)) +
+                    "): arrived=" + std::to_string(ArrivalCounter::Count(word)) + " of " +
+                    std::to_string(members.size()));
+}
+
+}  // namespace
+
+Result<std::int64_t*> HostDevice::Counter(const void* symmetric_counter, const std::vector<int>& members,
+                                          const char* op) const {
+  if (!heap_) return StateError(std::string("host device is not initialised: op=") + op);
+  if (members.empty()) return InvalidArgument("`members` must name at least one pe, but got none");
+  HP_RETURN_IF_ERROR(CheckInOwnHeap(*this, symmetric_counter, sizeof(std::int64_t), "symmetric_counter"));
+  HP_RETURN_IF_ERROR(CheckOnNode(members.front(), op));
+  return reinterpret_cast<std::int64_t*>(Remote(symmetric_counter, members.front()));
+}
+
+Status HostDevice::Arrive(void* symmetric_counter, const std::vector<int>& members, int member) {
+  HP_ASSIGN_OR_RETURN(std::int64_t* word, Counter(symmetric_counter, members, "Arrive"));
+  const auto n = static_cast<std::int64_t>(members.size());
+  std::uint32_t* sleepers = &control(members.front())->sleepers;
+  // 1. Count this arrival, after every earlier write is visible (memcpy may use non-temporal stores).
+  FullFence();
+  const std::int64_t before = FetchAddSeqCst(word, std::int64_t{1});
+  if (ArrivalCounter::GivenUp(before)) return GivenUpBy(before, members);
+  if (ArrivalCounter::Count(before) + 1 == n) {
+    WakeIfSleeping(word, sleepers);
+    return Status::Ok();
+  }
+  // 2. Wait for the others: a mark makes the word larger than any count, so it ends the wait too.
+  auto done = [&] { return LoadAcquire(word) >= n; };
+  auto describe = [&] {
+    return "sync timed out: arrived=" + std::to_string(ArrivalCounter::Count(LoadAcquire(word))) + " of " +
+           std::to_string(n) + " timeout_sec=" + Decimal(std::chrono::duration<double>(timeout_).count());
+  };
+  const Status waited = WaitUntil(word, sleepers, done, spin_, Deadline(), describe);
+  std::int64_t now = LoadAcquire(word);
+  if (waited.ok()) return ArrivalCounter::GivenUp(now) ? GivenUpBy(now, members) : Status::Ok();
+  // 3. This rank gives up: in one atomic step, unless every member arrived meanwhile (then the sync happened) or
+  //    another gave up first.
+  const GiveUpReason reason =
+      waited.code() == StatusCode::kInterrupted ? GiveUpReason::kInterrupted : GiveUpReason::kTimeout;
+  while (true) {
+    if (ArrivalCounter::GivenUp(now)) return GivenUpBy(now, members);
+    if (ArrivalCounter::Count(now) >= n) return Status::Ok();
+    if (__atomic_compare_exchange_n(word, &now, now | ArrivalCounter::Mark(member, reason), false, __ATOMIC_SEQ_CST,
+                                    __ATOMIC_SEQ_CST)) {
+      WakeIfSleeping(word, sleepers);
+      return Status(waited.code(), waited.message() + " (given up for every member)");
+    }
+  }
+}
+
+Status HostDevice::GiveUp(void* symmetric_counter, const std::vector<int>& members, int member, GiveUpReason reason) {
+  HP_ASSIGN_OR_RETURN(std::int64_t* word, Counter(symmetric_counter, members, "GiveUp"));
+  const auto n = static_cast<std::int64_t>(members.size());
+  std::int64_t now = LoadAcquire(word);
+  // Not yet counted here, so the count is below n: the mark always applies unless another member's came first.
+  while (!ArrivalCounter::GivenUp(now) && ArrivalCounter::Count(now) < n &&
+         !__atomic_compare_exchange_n(word, &now, now | ArrivalCounter::Mark(member, reason), false, __ATOMIC_SEQ_CST,
+                                      __ATOMIC_SEQ_CST)) {
+  }
+  FetchAddSeqCst(word, std::int64_t{1});
+  WakeIfSleeping(word, &control(members.front())->sleepers);
+  return Status::Ok();
+}
+
+Status HostDevice::AwaitArrivals(const void* symmetric_counter, const std::vector<int>& members) {
+  HP_ASSIGN_OR_RETURN(std::int64_t* word, Counter(symmetric_counter, members, "AwaitArrivals"));
+  const auto n = static_cast<std::int64_t>(members.size());
+  auto done = [&] { return ArrivalCounter::Count(LoadAcquire(word)) >= n; };
+  auto describe = [&] {
+    return "waiting for every member to reach a given-up sync timed out: arrived=" +
+           std::to_string(ArrivalCounter::Count(LoadAcquire(word))) + " of " + std::to_string(n) +
+           " timeout_sec=" + Decimal(std::chrono::duration<double>(timeout_).count());
+  };
+  return WaitUntil(word, &control(members.front())->sleepers, done, spin_, Deadline(), describe);
+}
+
+Result<std::int64_t> HostDevice::ReadCounter(const void* symmetric_counter, int pe) {
+  HP_ASSIGN_OR_RETURN(std::int64_t* word, Counter(symmetric_counter, std::vector<int>{pe}, "ReadCounter"));
+  return LoadAcquire(word);
+}
+
 Result<void*> HostDevice::PeerAddress(const void* symmetric, int pe) const {
   if (!heap_) return StateError("host device is not initialised: op=PeerAddress");
   HP_RETURN_IF_ERROR(CheckInOwnHeap(*this, symmetric, 0, "symmetric"));

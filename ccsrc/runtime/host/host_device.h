@@ -80,6 +80,12 @@ class HostDevice final : public Device {
                        StreamHandle stream, KeepAlive keep) override;
   Result<void*> PeerAddress(const void* symmetric, int pe) const override;
   Status Barrier(StreamHandle stream) override;
+  // Atomics on the counter in the first member's mapping; waits as every wait (spin, then futex on the counter).
+  bool arbitrates() const override { return true; }
+  Status Arrive(void* symmetric_counter, const std::vector<int>& members, int member) override;
+  Status GiveUp(void* symmetric_counter, const std::vector<int>& members, int member, GiveUpReason reason) override;
+  Status AwaitArrivals(const void* symmetric_counter, const std::vector<int>& members) override;
+  Result<std::int64_t> ReadCounter(const void* symmetric_counter, int pe) override;
   // memcpy on the stream: every buffer of this process is host memory.
   Status Copy(void* dst, const void* src, std::size_t bytes, StreamHandle stream, KeepAlive keep) override;
   // One copy out of the peer's process (process_vm_readv); this rank's own memory is read directly.
@@ -124,6 +130,8 @@ class HostDevice final : public Device {
   Status DoSignal(void* symmetric_signal, SignalWidth width, std::int64_t value, SignalOp op, int pe);
   Status DoWaitSignal(void* symmetric_signal, SignalWidth width, CompareOp cmp, std::int64_t value);
   Status DoBarrier();
+  // The counter of `members[0]` at `symmetric_counter`'s offset, checked to lie in this rank's heap and on its node.
+  Result<std::int64_t*> Counter(const void* symmetric_counter, const std::vector<int>& members, const char* op) const;
   std::chrono::steady_clock::time_point Deadline() const;
 
   // Which ranks share this rank's shared memory (step 1 of Init): sets nodes_ and node_pes_.

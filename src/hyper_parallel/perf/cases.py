@@ -330,7 +330,7 @@ class LowPrecisionCase(InPlaceCase):
     def wrong_elements_low_precision(self) -> int:
         """Elements of the low-precision result beyond the documented bound (after ``fill``, ``prepare_in_place``
         and one ``run_ours_low_precision``)."""
-        from hyper_parallel.core.symmetric_memory._low_precision import error_bound
+        from hyper_parallel.platform.torch.low_precision import error_bound
 
         ours, exact, magnitudes = self.low_precision_result()
         if self.info.redop == "avg":

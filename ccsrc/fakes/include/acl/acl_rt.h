@@ -45,10 +45,14 @@ aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event);
 // Memory of the current device.
 aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy policy);
 aclError aclrtFree(void *devPtr);
+// Page-locked host memory: an aclrtMemcpyAsync with a side in it only enqueues, like a device-to-device one.
+aclError aclrtMallocHost(void **hostPtr, size_t size);
+aclError aclrtFreeHost(void *hostPtr);
 // Synchronous copy of `count` bytes into a destination of `destMax` bytes; `kind` says which sides are device memory.
 aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count, aclrtMemcpyKind kind);
-// The same on `stream`. Host memory here is pageable: a copy with a host side returns once it ran (in the stream's
-// order); a device-to-device copy only enqueues. ACL_MEMCPY_HOST_TO_HOST is refused (ACL_ERROR_RT_FEATURE_NOT_SUPPORT).
+// The same on `stream`. A copy with a side in pageable host memory returns once it ran (in the stream's order); a
+// device-to-device copy, or one with its host side in aclrtMallocHost memory, only enqueues. ACL_MEMCPY_HOST_TO_HOST is
+// refused (ACL_ERROR_RT_FEATURE_NOT_SUPPORT).
 aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, size_t count, aclrtMemcpyKind kind,
                           aclrtStream stream);
 

@@ -22,7 +22,7 @@ from typing import Optional
 from hyper_parallel.core.multicore import errors
 
 LIBRARY_NAME = "libhp_shmem_c.so"
-ABI_VERSION = 1   # HP_SHMEM_ABI_VERSION of the header this module was written against
+ABI_VERSION = 2   # HP_SHMEM_ABI_VERSION of the header this module was written against
 
 # hp_shmem_dtype, ReduceOp, SignalOp, CompareOp and LowFormat: the runtime's values (the header asserts them).
 DTYPE_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int8": 4, "uint8": 5, "int32": 6, "int64": 7}
@@ -30,6 +30,10 @@ REDUCE_OP_CODES = {"sum": 0, "avg": 1, "max": 2, "min": 3}
 SIGNAL_OP_CODES = {"set": 0, "add": 1}
 COMPARE_OP_CODES = {"eq": 0, "ne": 1, "gt": 2, "ge": 3, "lt": 4, "le": 5}
 WIRE_CODES = {"float8_e4m3fn": 0, "float8_e5m2": 1, "float16": 2, "bfloat16": 3}
+# hp_shmem_role and Collective (runtime/team.h): what a call is for, and which call a refusal stands for.
+ROLE_CODES = {"forward": 0, "backward": 1, "fused_gather": 2, "fused_scatter": 3}
+COLLECTIVE_CODES = {"barrier": 1, "all_gather": 2, "all_reduce": 3, "reduce_scatter": 4, "all_to_all": 5,
+                    "fused_all_gather_matmul": 6, "fused_matmul_reduce_scatter": 7}
 _ERROR_BYTES = 1024
 
 
@@ -94,16 +98,20 @@ _SIGNATURES = {
     "hp_shmem_team_create": [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.POINTER(_Bootstrap),
                              ctypes.POINTER(ctypes.c_uint64)],
     "hp_shmem_team_release": [ctypes.c_uint64],
-    "hp_shmem_team_barrier": [ctypes.c_uint64],
-    "hp_shmem_all_gather": [ctypes.c_uint64, _P, ctypes.c_size_t, _P, ctypes.c_size_t, ctypes.POINTER(_ElementType)],
-    "hp_shmem_all_reduce": [ctypes.c_uint64, _P, _P, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int],
+    "hp_shmem_team_barrier": [ctypes.c_uint64, ctypes.c_int],
+    "hp_shmem_all_gather": [ctypes.c_uint64, _P, ctypes.c_size_t, _P, ctypes.c_size_t, ctypes.POINTER(_ElementType),
+                            ctypes.c_int],
+    "hp_shmem_all_reduce": [ctypes.c_uint64, _P, _P, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                            ctypes.c_int],
     "hp_shmem_reduce_scatter": [ctypes.c_uint64, _P, ctypes.c_size_t, _P, ctypes.c_size_t, ctypes.c_int,
-                                ctypes.c_int, ctypes.c_int],
+                                ctypes.c_int, ctypes.c_int, ctypes.c_int],
     "hp_shmem_all_to_all": [ctypes.c_uint64, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t),
                             ctypes.c_int, _P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64), ctypes.c_int,
-                            ctypes.POINTER(_ElementType)],
-    "hp_shmem_send": [ctypes.c_uint64, _P, ctypes.c_size_t, ctypes.c_int],
-    "hp_shmem_recv": [ctypes.c_uint64, _P, ctypes.c_size_t, ctypes.c_int],
+                            ctypes.POINTER(_ElementType), ctypes.c_int],
+    "hp_shmem_send": [ctypes.c_uint64, _P, ctypes.c_size_t, ctypes.POINTER(_ElementType), ctypes.c_int],
+    "hp_shmem_recv": [ctypes.c_uint64, _P, ctypes.c_size_t, ctypes.POINTER(_ElementType), ctypes.c_int],
+    "hp_shmem_refuse": [ctypes.c_uint64, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int],
+    "hp_shmem_give_up": [ctypes.c_uint64, ctypes.c_char_p],
     "hp_shmem_debug_state_json": [ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],
 }
 _RESTYPES = {"hp_shmem_last_error": ctypes.c_char_p, "hp_shmem_status_name": ctypes.c_char_p}
@@ -282,9 +290,9 @@ def team_release(team: int) -> None:
     _call("team_release", "hp_shmem_team_release", team)
 
 
-def team_barrier(team: int) -> None:
+def team_barrier(team: int, role: str = "forward") -> None:
     """Every member reaches it (collective over the team)."""
-    _call("barrier", "hp_shmem_team_barrier", team)
+    _call("barrier", "hp_shmem_team_barrier", team, ROLE_CODES[role])
 
 
 def _element(element: ElementType) -> _ElementType:
@@ -296,45 +304,71 @@ def _wire(wire: Optional[str]) -> int:
     return -1 if wire is None else WIRE_CODES[wire]
 
 
-def all_gather(team: int, output: int, output_bytes: int, data: int, data_bytes: int, element: ElementType) -> None:
+def all_gather(team: int, output: int, output_bytes: int, data: int, data_bytes: int, element: ElementType,
+               role: str = "forward") -> None:
     """``output`` receives every member's ``data`` in group-rank order."""
     _call("all_gather", "hp_shmem_all_gather", team, output, output_bytes, data, data_bytes,
-          ctypes.byref(_element(element)))
+          ctypes.byref(_element(element)), ROLE_CODES[role])
 
 
 def all_reduce(team: int, tensor: int, data: Optional[int], nbytes: int, dtype: str, op: str,
-               wire: Optional[str] = None) -> None:
+               wire: Optional[str] = None, role: str = "forward") -> None:
     """Reduces ``tensor`` in place (``data`` None) or ``data`` into ``tensor`` across the team."""
     _call("all_reduce", "hp_shmem_all_reduce", team, tensor, data, nbytes, DTYPE_CODES[dtype], REDUCE_OP_CODES[op],
-          _wire(wire))
+          _wire(wire), ROLE_CODES[role])
 
 
 def reduce_scatter(team: int, output: int, output_bytes: int, data: int, data_bytes: int, dtype: str, op: str,
-                   wire: Optional[str] = None) -> None:
+                   wire: Optional[str] = None, role: str = "forward") -> None:
     """``output`` receives part ``me`` of ``data`` reduced across the team."""
     _call("reduce_scatter", "hp_shmem_reduce_scatter", team, output, output_bytes, data, data_bytes,
-          DTYPE_CODES[dtype], REDUCE_OP_CODES[op], _wire(wire))
+          DTYPE_CODES[dtype], REDUCE_OP_CODES[op], _wire(wire), ROLE_CODES[role])
 
 
 def all_to_all(team: int, sends: Sequence[tuple[int, int]], receive: int, receive_bytes: int,
-               receive_counts: Sequence[int], element: ElementType) -> None:
+               receive_counts: Sequence[int], element: ElementType, role: str = "forward") -> None:
     """``sends[j]`` (address, bytes) goes to group rank j; ``receive`` gets rank i's part after counts[<i]."""
     n = len(sends)
     addresses = (ctypes.c_void_p * n)(*(a for a, _ in sends))
     sizes = (ctypes.c_size_t * n)(*(b for _, b in sends))
     counts = (ctypes.c_uint64 * len(receive_counts))(*receive_counts)
     _call("all_to_all", "hp_shmem_all_to_all", team, addresses, sizes, n, receive, receive_bytes, counts,
-          len(receive_counts), ctypes.byref(_element(element)))
+          len(receive_counts), ctypes.byref(_element(element)), ROLE_CODES[role])
 
 
-def send(team: int, data: int, nbytes: int, peer: int) -> None:
-    """Sends ``nbytes`` at ``data`` to group rank ``peer`` (its :func:`recv` takes them)."""
-    _call("send", "hp_shmem_send", team, data, nbytes, peer)
+def send(team: int, data: int, nbytes: int, element: ElementType, peer: int) -> None:
+    """Sends ``nbytes`` at ``data`` (of ``element``s) to group rank ``peer`` (its :func:`recv` takes them)."""
+    _call("send", "hp_shmem_send", team, data, nbytes, ctypes.byref(_element(element)), peer)
 
 
-def recv(team: int, data: int, nbytes: int, peer: int) -> None:
-    """Receives the next message of group rank ``peer`` into ``data``."""
-    _call("recv", "hp_shmem_recv", team, data, nbytes, peer)
+def recv(team: int, data: int, nbytes: int, element: ElementType, peer: int) -> None:
+    """Receives the next message of group rank ``peer`` into ``data``; one of another dtype or size is refused on
+    both sides."""
+    _call("recv", "hp_shmem_recv", team, data, nbytes, ctypes.byref(_element(element)), peer)
+
+
+def refuse(team: int, collective: str, error: BaseException, role: str = "forward") -> None:
+    """Refuses the call ``collective`` on every member for ``error``, a check of this rank's that failed.
+
+    Raises:
+        The runtime's exception for ``error``'s status (ValueError and TypeError subclasses for broken contracts,
+        ShmemStateError otherwise), with the message every member reports: ``error``'s, naming this rank.
+    """
+    _call(collective, "hp_shmem_refuse", team, COLLECTIVE_CODES[collective], _status_codes()[errors.project_code(error)],
+          str(error).encode(), ROLE_CODES[role])
+
+
+@functools.lru_cache(maxsize=None)
+def _status_codes() -> dict:
+    """The runtime's status code of each name, as the library spells them (hp_shmem_status_name)."""
+    lib = library()
+    names = {code: lib.hp_shmem_status_name(code).decode() for code in range(1, 64)}
+    return {name: code for code, name in names.items() if name != "UNKNOWN"}
+
+
+def give_up(team: int, message: str) -> None:
+    """Gives up the team's next sync for a failure of this rank's own: members waiting there fail with ``message``."""
+    _call("give_up", "hp_shmem_give_up", team, message.encode())
 
 
 def debug_state() -> dict:

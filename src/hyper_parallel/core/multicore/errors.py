@@ -47,6 +47,11 @@ _ACQUIRE_HINT = "Call shmem.acquire() before using SHMEM capabilities."
 _PREFIX = "[HYPER_PARALLEL_SHMEM_ERROR]"
 
 
+def type_name(value: object) -> str:
+    """The short type name an error message gives a value of the wrong type."""
+    return type(value).__name__
+
+
 class ShmemError(RuntimeError):
     """A failure of the SHMEM runtime; ``code`` is the runtime's status code name.
 
@@ -113,6 +118,19 @@ class ShmemDeviceError(ShmemError):
     """The device or the operating system failed a call."""
 
     code = "DEVICE_ERROR"
+
+
+def project_code(error: BaseException) -> str:
+    """The runtime's status code name an error stands for (a ShmemError's own; ValueError INVALID_ARGUMENT, TypeError
+    TYPE_ERROR).
+
+    Args:
+        error: the exception.
+
+    Returns:
+        The name, as the runtime spells it (runtime/status.h).
+    """
+    return _project_code(error)
 
 
 def _project_code(error: BaseException) -> str:

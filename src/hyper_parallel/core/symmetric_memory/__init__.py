@@ -1,4 +1,4 @@
-"""HyperParallel Symmetric Memory: one-sided communication for training code (seeds 000 and 004).
+"""HyperParallel Symmetric Memory: one-sided communication for training code.
 
 ::
 
@@ -21,32 +21,26 @@ ordinary tensors (staged through the library's symmetric workspace) and take a c
 peers must address is symmetric. Every call takes ``group=``: any ProcessGroup of ranks inside the root, with
 ranks counted inside that group. Runs on the runtime :mod:`hyper_parallel.core.multicore.shmem`.
 
-The collectives, the primitives and the fused ops run as torch operators of the namespace
-``hyper_parallel_shmem`` (:mod:`~hyper_parallel.core.symmetric_memory._ops`): ``torch.compile(fullgraph=True)``
-traces code that calls them.
-
-Every function is defined once (:class:`~hyper_parallel.core.symmetric_memory._api.Api`) and bound at import to the
-framework this process uses (``HYPER_PARALLEL_PLATFORM``, else the one imported): torch's calls, or MindSpore's over
-the runtime's C ABI (``docs/mindspore.md``).
+Every function is defined once (:class:`~hyper_parallel.core.symmetric_memory._api.Api`, over the checks of
+:mod:`~hyper_parallel.core.symmetric_memory.checks`) and bound at import to the handler of the framework this
+process uses (``HYPER_PARALLEL_PLATFORM``, else the one imported; :mod:`~hyper_parallel.core.symmetric_memory.protocol`
+says what a handler provides): torch's (:mod:`hyper_parallel.platform.torch`, whose calls also run as torch operators
+of the namespace ``hyper_parallel_shmem``, so that ``torch.compile(fullgraph=True)`` traces code that calls them) or
+MindSpore's over the runtime's C ABI (:mod:`hyper_parallel.platform.mindspore`, ``docs/mindspore.md``). This package
+imports no framework itself; ``docs/architecture.md`` shows the layers.
 
 Upstream hyper-parallel's setup calls exist too: ``is_shmem_available()``, ``rendezvous(tensor, group)`` (a
 handle over every rank's copy), and ``set_signal_pad_size``/``get_signal_pad_size`` (NotImplementedError, as
 upstream: signals are symmetric tensors here).
 """
 
-from hyper_parallel.core.symmetric_memory._framework import FRAMEWORK
+from hyper_parallel.core.symmetric_memory import _framework
+from hyper_parallel.core.symmetric_memory._api import Api, SymmetricMemory
 
-if FRAMEWORK == "torch":
-    from hyper_parallel.core.symmetric_memory import _ops  # noqa: F401  (registers the torch operators)
-    from hyper_parallel.core.symmetric_memory._on_torch import API
-else:
-    from hyper_parallel.core.symmetric_memory._on_mindspore import API, CALLS
+FRAMEWORK = _framework.FRAMEWORK
+API = Api(_framework.handler())
 
-    debug_state = CALLS.debug_state
-
-from hyper_parallel.core.symmetric_memory._api import SymmetricMemory  # noqa: E402  (the framework chose API)
-
-# One definition of every function for both frameworks (_api.Api), bound to this process's framework.
+# One definition of every function for every framework (_api.Api), bound to this process's framework's handler.
 empty = API.empty
 free = API.free
 shutdown = API.shutdown
@@ -65,13 +59,15 @@ shmem_recv = API.shmem_recv
 fused_all_gather_matmul = API.fused_all_gather_matmul
 fused_matmul_reduce_scatter = API.fused_matmul_reduce_scatter
 rendezvous = API.rendezvous
+debug_state = API.debug_state
 is_shmem_available = API.is_shmem_available
 set_signal_pad_size = API.set_signal_pad_size
 get_signal_pad_size = API.get_signal_pad_size
 
-_PUBLIC = [
+__all__ = [
     "SymmetricMemory",
     "barrier",
+    "debug_state",
     "empty",
     "free",
     "fused_all_gather_matmul",
@@ -93,4 +89,3 @@ _PUBLIC = [
     "shmem_wait_for_signal",
     "shutdown",
 ]
-__all__ = [name for name in _PUBLIC if name in globals()]

@@ -1,29 +1,21 @@
-"""The user API of seeds 000 and 004, written once for every framework (seed 000 §7's shared code path).
+"""The user API (``symm.*``), written once for every framework.
 
-An :class:`Api` is the API over one framework: its *tensor facts* (what the shared checks of :mod:`._checks` ask
-about tensors) and its *calls* into the runtime. Every public function here checks its arguments with the shared
-checks, turns ``group=`` into the framework's group key, and hands the checked call to the framework's calls:
+An :class:`Api` is the API over one framework's handler (:class:`~.protocol.Handler`): every public function checks
+its arguments with the shared checks (:mod:`.checks`, over the handler's tensor facts), turns ``group=`` into the
+handler's group key, and hands the checked call to the handler's calls, which go down to the runtime and do not come
+back up:
 
-* torch's (:mod:`._on_torch`): the operators of :mod:`._ops` over the C++ binding, which carry torch.compile,
-  autograd, streams and storage invalidation; they may also take an eager call *before* the checks, where they can
-  prove them (a group whose team exists, plain tensors; the small-message path);
-* MindSpore's (:mod:`._over_c_abi`): the runtime's C ABI over MindSpore's handler (tensors over heap memory,
+* torch's (:mod:`hyper_parallel.platform.torch`): straight into the runtime face's teams when a call is eager and
+  nothing tracks grad, else through the ``torch.library`` operators (torch.compile, autograd, streams). Its ``fast``
+  calls take an eager collective *before* the checks where the engine can check it itself (a group whose team
+  exists, plain tensors: the small-message path);
+* MindSpore's (:mod:`hyper_parallel.platform.mindspore`): the runtime's C ABI (tensors over heap memory,
   synchronisation, groups, bprop).
 
-The framework's calls answer (arguments checked, groups as ``group_key`` made them):
-
-* ``fast``: an object that takes eager calls before the checks (each of its methods returns True when it ran the
-  call), or None;
-* ``group_key(group)``, ``group_size(key)``: ``group=`` as the calls take it (checked), and the group's size;
-* ``empty(dims, dtype)``, ``free(tensor)``, ``shutdown()``: the lifecycle;
-* ``put``/``get(target, target_at, src, src_at, n, rank, key)``, ``signal(signal, offset, value, op, rank, key)``,
-  ``wait_signal(depend_tensor, signal, offset, value, cmp)``, ``put_with_signal(...)``, ``barrier(key)``: the
-  primitives on checked windows (offsets in elements; ``rank`` a group rank the calls check against the group);
-* ``wire(low_precision_dtype, dtype, op)``: the call's wire format (an explicit value that cannot apply raises);
-* ``all_gather``, ``all_reduce``, ``reduce_scatter``, ``all_to_all``, ``send``, ``recv``: the collectives, with
-  the framework's autograd;
-* ``all_gather_matmul``, ``matmul_reduce_scatter``: the fused ops on checked shapes;
-* ``rendezvous(tensor, group, checks)`` (a :class:`SymmetricMemory`), ``available()``: the setup calls.
+A broken contract raises ``ShmemValueError``/``ShmemTypeError`` (``ValueError``/``TypeError`` as well), and every
+error a public function raises carries upstream hyper-parallel's fields (``error_code``, ``operation``, ``phase``,
+``cann_error_code``, and the ``[HYPER_PARALLEL_SHMEM_ERROR] error_code=... operation=...`` note diagnostics parse):
+the operation is the public function's name unless the runtime below named its own call first.
 """
 
 from __future__ import annotations
@@ -31,8 +23,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
-from hyper_parallel.core.symmetric_memory import _rules
-from hyper_parallel.core.symmetric_memory._checks import Checks
+from hyper_parallel.core.multicore.errors import attach_fields
+from hyper_parallel.core.symmetric_memory.checks import COMPARE_OPS, SIGNAL_OPS, Checks, choice, view_bytes
+from hyper_parallel.core.symmetric_memory.checks import shape as checked_shape
 
 _SIGNAL_PADS = ("signal pads are not part of this library: a signal is a symmetric tensor like any other "
                 "(symm.empty(n, dtype=int32), raised with shmem_signal_op and waited for with shmem_wait_for_signal)")
@@ -83,12 +76,12 @@ class SymmetricMemory:
         rank = self._checks.rank_in_group(rank, "rank", self.world_size)
         itemsize = self._checks.facts.itemsize(dtype)
         offset = self._checks.count(storage_offset, "storage_offset")
-        shape = _rules.shape(sizes)
+        dims = checked_shape(sizes)
         numel = 1
-        for d in shape:
+        for d in dims:
             numel *= d
-        begin, end = _rules.view_bytes(offset, numel, itemsize, self.buffer_size)
-        return self._view(rank, begin, end, shape, dtype)
+        begin, end = view_bytes(offset, numel, itemsize, self.buffer_size)
+        return self._view(rank, begin, end, dims, dtype)
 
     def barrier(self) -> None:
         """A barrier of the group (``symm.barrier(group)``): writes before it are visible to every rank after it.
@@ -103,12 +96,16 @@ class SymmetricMemory:
 
 
 class Api:
-    """Seeds 000/004's functions over one framework (its tensor facts and its calls into the runtime)."""
+    """The user API's functions over one framework's handler."""
 
-    def __init__(self, facts: Any, calls: Any) -> None:
-        self.checks = Checks(facts)
-        self.calls = calls
-        self.fast = calls.fast
+    def __init__(self, handler: Any) -> None:
+        """Binds the API to ``handler`` (a :class:`~.protocol.Handler`) and registers what its framework must know
+        before the first call."""
+        handler.register_operators()
+        self.handler = handler
+        self.checks = Checks(handler.facts)
+        self.calls = handler.calls
+        self.fast = handler.fast
 
     # ------------------------------------------------------------------ lifecycle
     def empty(self, shape: Any, dtype: Any = None) -> Any:
@@ -131,7 +128,11 @@ class Api:
             ShmemOutOfMemoryError: the heap is full.
             ShmemStateError: the framework's distributed layer is not initialised.
         """
-        return self.calls.empty(_rules.shape(shape), dtype)
+        try:
+            return self.calls.empty(checked_shape(shape), dtype)
+        except Exception as error:
+            attach_fields(error, "empty")
+            raise
 
     def free(self, tensor: Any) -> None:
         """Frees a tensor from :meth:`empty` (collective over the world).
@@ -145,7 +146,11 @@ class Api:
             ValueError: the tensor is not a symmetric allocation.
             ShmemMismatchError: ranks free different allocations.
         """
-        self.calls.free(tensor)
+        try:
+            self.calls.free(tensor)
+        except Exception as error:
+            attach_fields(error, "free")
+            raise
 
     def shutdown(self) -> None:
         """Frees the API's workspace and releases its runtime reference (collective over the world).
@@ -155,7 +160,11 @@ class Api:
         Raises:
             ShmemStateError: symmetric tensors are still allocated on some rank (nothing is released).
         """
-        self.calls.shutdown()
+        try:
+            self.calls.shutdown()
+        except Exception as error:
+            attach_fields(error, "shutdown")
+            raise
 
     # ------------------------------------------------------------------ primitives
     def shmem_put(self, target: Any, target_offset: Any, src: Any, src_offset: Any, size: Any, target_rank: Any,
@@ -177,9 +186,13 @@ class Api:
             TypeError: wrong types or differing dtypes.
             ValueError: ranges past a tensor's end, a rank outside the group, ``target`` not symmetric.
         """
-        target, target_at, src, src_at, n = self.checks.windows(target, target_offset, src, src_offset, size)
-        rank = self.checks.integer(target_rank, "target_rank")
-        self.calls.put(target, target_at, src, src_at, n, rank, self.calls.group_key(group))
+        try:
+            target, target_at, src, src_at, n = self.checks.windows(target, target_offset, src, src_offset, size)
+            rank = self.checks.integer(target_rank, "target_rank")
+            self.calls.put(target, target_at, src, src_at, n, rank, self.calls.group_key(group))
+        except Exception as error:
+            attach_fields(error, "shmem_put")
+            raise
 
     def shmem_get(self, target: Any, target_offset: Any, src: Any, src_offset: Any, size: Any, target_rank: Any,
                   group: Optional[Any] = None) -> None:
@@ -200,9 +213,13 @@ class Api:
         Raises:
             TypeError, ValueError: as :meth:`shmem_put`, with ``src`` the symmetric side.
         """
-        target, target_at, src, src_at, n = self.checks.windows(target, target_offset, src, src_offset, size)
-        rank = self.checks.integer(target_rank, "target_rank")
-        self.calls.get(target, target_at, src, src_at, n, rank, self.calls.group_key(group))
+        try:
+            target, target_at, src, src_at, n = self.checks.windows(target, target_offset, src, src_offset, size)
+            rank = self.checks.integer(target_rank, "target_rank")
+            self.calls.get(target, target_at, src, src_at, n, rank, self.calls.group_key(group))
+        except Exception as error:
+            attach_fields(error, "shmem_get")
+            raise
 
     def shmem_signal_op(self, signal: Any, signal_offset: Any, signal_value: Any, signal_op: int, target_rank: Any,
                         group: Optional[Any] = None) -> None:
@@ -221,11 +238,15 @@ class Api:
         Raises:
             TypeError, ValueError: a bad argument; nothing is written.
         """
-        signal, offset = self.checks.signal(signal, signal_offset)
-        op = _rules.choice(signal_op, "signal_op", _rules.SIGNAL_OPS)
-        value = self.checks.integer(signal_value, "signal_value")
-        rank = self.checks.integer(target_rank, "target_rank")
-        self.calls.signal(signal, offset, value, op, rank, self.calls.group_key(group))
+        try:
+            signal, offset = self.checks.signal(signal, signal_offset)
+            op = choice(signal_op, "signal_op", SIGNAL_OPS)
+            value = self.checks.integer(signal_value, "signal_value")
+            rank = self.checks.integer(target_rank, "target_rank")
+            self.calls.signal(signal, offset, value, op, rank, self.calls.group_key(group))
+        except Exception as error:
+            attach_fields(error, "shmem_signal_op")
+            raise
 
     def shmem_wait_for_signal(self, depend_tensor: Optional[Any], signal: Any, signal_offset: Any,
                               compare_value: Any, compare_op: int) -> None:
@@ -244,11 +265,15 @@ class Api:
             TypeError, ValueError: a bad argument.
             ShmemTimeoutError: the condition did not hold in time (the message has the observed value).
         """
-        self.checks.optional_tensor(depend_tensor, "depend_tensor")
-        signal, offset = self.checks.signal(signal, signal_offset)
-        cmp = _rules.choice(compare_op, "compare_op", _rules.COMPARE_OPS)
-        value = self.checks.integer(compare_value, "compare_value")
-        self.calls.wait_signal(depend_tensor, signal, offset, value, cmp)
+        try:
+            self.checks.optional_tensor(depend_tensor, "depend_tensor")
+            signal, offset = self.checks.signal(signal, signal_offset)
+            cmp = choice(compare_op, "compare_op", COMPARE_OPS)
+            value = self.checks.integer(compare_value, "compare_value")
+            self.calls.wait_signal(depend_tensor, signal, offset, value, cmp)
+        except Exception as error:
+            attach_fields(error, "shmem_wait_for_signal")
+            raise
 
     def shmem_put_with_signal(self, target: Any, target_offset: Any, src: Any, src_offset: Any, size: Any,
                               signal: Any, signal_offset: Any, signal_value: Any, signal_op: int, target_rank: Any,
@@ -264,13 +289,17 @@ class Api:
         Raises:
             TypeError, ValueError: a bad argument; every argument is checked before anything is written.
         """
-        target, target_at, src, src_at, n = self.checks.windows(target, target_offset, src, src_offset, size)
-        signal, offset = self.checks.signal(signal, signal_offset)
-        op = _rules.choice(signal_op, "signal_op", _rules.SIGNAL_OPS)
-        value = self.checks.integer(signal_value, "signal_value")
-        rank = self.checks.integer(target_rank, "target_rank")
-        self.calls.put_with_signal(target, target_at, src, src_at, n, signal, offset, value, op, rank,
-                                   self.calls.group_key(group))
+        try:
+            target, target_at, src, src_at, n = self.checks.windows(target, target_offset, src, src_offset, size)
+            signal, offset = self.checks.signal(signal, signal_offset)
+            op = choice(signal_op, "signal_op", SIGNAL_OPS)
+            value = self.checks.integer(signal_value, "signal_value")
+            rank = self.checks.integer(target_rank, "target_rank")
+            self.calls.put_with_signal(target, target_at, src, src_at, n, signal, offset, value, op, rank,
+                                       self.calls.group_key(group))
+        except Exception as error:
+            attach_fields(error, "shmem_put_with_signal")
+            raise
 
     def barrier(self, group: Optional[Any] = None) -> None:
         """Waits until every rank of ``group`` arrives; writes before it are then visible to all of them.
@@ -282,7 +311,11 @@ class Api:
         Raises:
             ShmemTimeoutError: a rank did not arrive within ``HYPER_PARALLEL_SHMEM_TIMEOUT_SEC``.
         """
-        self.calls.barrier(self.calls.group_key(group))
+        try:
+            self.calls.barrier(self.calls.group_key(group))
+        except Exception as error:
+            attach_fields(error, "barrier")
+            raise
 
     # ------------------------------------------------------------------ collectives
     def shmem_allgather(self, output_tensor: Any, input_tensor: Any, group: Optional[Any] = None) -> Any:
@@ -308,14 +341,18 @@ class Api:
             ValueError: sizes that do not match, or an input overlapping the output elsewhere than its own part.
             ShmemTimeoutError: a rank did not take part in time.
         """
-        if self.fast is not None and self.fast.all_gather(output_tensor, input_tensor, group):
-            return output_tensor
-        output = self.checks.tensor(output_tensor, "output_tensor")
-        data = self.checks.tensor(input_tensor, "input_tensor")
-        self.checks.same_dtype(data, "input_tensor", output, "output_tensor")
-        key = self.calls.group_key(group)
-        self.checks.group_multiple(output, "output_tensor", data, "input_tensor", self.calls.group_size(key))
-        return self.calls.all_gather(output, data, key)
+        try:
+            if self.fast is not None and self.fast.all_gather(output_tensor, input_tensor, group):
+                return output_tensor
+            output = self.checks.tensor(output_tensor, "output_tensor")
+            data = self.checks.tensor(input_tensor, "input_tensor")
+            self.checks.same_dtype(data, "input_tensor", output, "output_tensor")
+            key = self.calls.group_key(group)
+            self.checks.group_multiple(output, "output_tensor", data, "input_tensor", self.calls.group_size(key))
+            return self.calls.all_gather(output, data, key)
+        except Exception as error:
+            attach_fields(error, "shmem_allgather")
+            raise
 
     def shmem_allreduce(self, tensor: Any, op: str = "sum", group: Optional[Any] = None,
                         low_precision_dtype: Optional[Any] = None, backward: str = "identity") -> Any:
@@ -336,7 +373,7 @@ class Api:
                 (float32 at least). None: the default set by ``SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE``, which
                 applies only where it can, else full precision; 'none': full precision whatever the environment
                 says. It applies to 'sum' and 'avg' on floating-point tensors wider than it (an explicit dtype
-                elsewhere is a ValueError); see :mod:`~hyper_parallel.core.symmetric_memory._low_precision` for the
+                elsewhere is a ValueError); see :mod:`hyper_parallel.platform.torch.low_precision` for the
                 algorithm and the error bounds.
             backward: the gradient when ``tensor`` requires grad. 'identity' (default): ``grad_in = grad_out``
                 (scaled by 1/n for 'avg'), right when the computation after the all-reduce is replicated on every
@@ -352,13 +389,17 @@ class Api:
                 'max'/'min' on a tensor that requires grad.
             ShmemTimeoutError: a rank did not take part in time.
         """
-        if self.fast is not None and self.fast.all_reduce(tensor, op, group, low_precision_dtype, backward):
-            return tensor
-        t = self.checks.tensor(tensor, "tensor")
-        op = self.checks.reduce_op(op, t.dtype)
-        wire = self.calls.wire(low_precision_dtype, t.dtype, op)
-        mode = self.checks.backward_mode(backward)
-        return self.calls.all_reduce(t, op, self.calls.group_key(group), wire, mode)
+        try:
+            if self.fast is not None and self.fast.all_reduce(tensor, op, group, low_precision_dtype, backward):
+                return tensor
+            t = self.checks.tensor(tensor, "tensor")
+            op = self.checks.reduce_op(op, t.dtype)
+            wire = self.calls.wire(low_precision_dtype, t.dtype, op)
+            mode = self.checks.backward_mode(backward)
+            return self.calls.all_reduce(t, op, self.calls.group_key(group), wire, mode)
+        except Exception as error:
+            attach_fields(error, "shmem_allreduce")
+            raise
 
     def shmem_reduce_scatter(self, output_tensor: Any, input_tensor: Any, op: str = "sum",
                              group: Optional[Any] = None, low_precision_dtype: Optional[Any] = None) -> Any:
@@ -382,17 +423,21 @@ class Api:
                 rank's part, a low-precision dtype that does not apply, 'max'/'min' on an input that requires grad.
             ShmemTimeoutError: a rank did not take part in time.
         """
-        if self.fast is not None and self.fast.reduce_scatter(output_tensor, input_tensor, op, group,
-                                                              low_precision_dtype):
-            return output_tensor
-        output = self.checks.tensor(output_tensor, "output_tensor")
-        data = self.checks.tensor(input_tensor, "input_tensor")
-        self.checks.same_dtype(output, "output_tensor", data, "input_tensor")
-        op = self.checks.reduce_op(op, data.dtype)
-        wire = self.calls.wire(low_precision_dtype, data.dtype, op)
-        key = self.calls.group_key(group)
-        self.checks.group_multiple(data, "input_tensor", output, "output_tensor", self.calls.group_size(key))
-        return self.calls.reduce_scatter(output, data, op, key, wire)
+        try:
+            if self.fast is not None and self.fast.reduce_scatter(output_tensor, input_tensor, op, group,
+                                                                  low_precision_dtype):
+                return output_tensor
+            output = self.checks.tensor(output_tensor, "output_tensor")
+            data = self.checks.tensor(input_tensor, "input_tensor")
+            self.checks.same_dtype(output, "output_tensor", data, "input_tensor")
+            op = self.checks.reduce_op(op, data.dtype)
+            wire = self.calls.wire(low_precision_dtype, data.dtype, op)
+            key = self.calls.group_key(group)
+            self.checks.group_multiple(data, "input_tensor", output, "output_tensor", self.calls.group_size(key))
+            return self.calls.reduce_scatter(output, data, op, key, wire)
+        except Exception as error:
+            attach_fields(error, "shmem_reduce_scatter")
+            raise
 
     def shmem_alltoall(self, send_tensor_list: Sequence[Any], receive_tensor: Any, receive_list: Sequence[int],
                        group: Optional[Any] = None) -> Any:
@@ -426,12 +471,16 @@ class Api:
                 with what the senders send.
             ShmemTimeoutError: a rank did not take part in time.
         """
-        if self.fast is not None and self.fast.all_to_all(send_tensor_list, receive_tensor, receive_list, group):
-            return receive_tensor
-        key = self.calls.group_key(group)
-        sends, receive, counts = self.checks.all_to_all(send_tensor_list, receive_tensor, receive_list,
-                                                        self.calls.group_size(key))
-        return self.calls.all_to_all(sends, receive, counts, key)
+        try:
+            if self.fast is not None and self.fast.all_to_all(send_tensor_list, receive_tensor, receive_list, group):
+                return receive_tensor
+            key = self.calls.group_key(group)
+            sends, receive, counts = self.checks.all_to_all(send_tensor_list, receive_tensor, receive_list,
+                                                            self.calls.group_size(key))
+            return self.calls.all_to_all(sends, receive, counts, key)
+        except Exception as error:
+            attach_fields(error, "shmem_alltoall")
+            raise
 
     def shmem_send(self, tensor: Any, dst_rank: Any, group: Optional[Any] = None) -> Optional[Any]:
         """Sends ``tensor`` to ``dst_rank``, which receives it with :meth:`shmem_recv` (point to point).
@@ -456,11 +505,15 @@ class Api:
                 is being recorded).
             ShmemTimeoutError: the receiver did not drain a piece in time.
         """
-        if self.fast is not None and self.fast.send(tensor, dst_rank, group):
-            return None
-        t = self.checks.tensor(tensor, "tensor")
-        dst = self.checks.integer(dst_rank, "dst_rank")
-        return self.calls.send(t, dst, self.calls.group_key(group))
+        try:
+            if self.fast is not None and self.fast.send(tensor, dst_rank, group):
+                return None
+            t = self.checks.tensor(tensor, "tensor")
+            dst = self.checks.integer(dst_rank, "dst_rank")
+            return self.calls.send(t, dst, self.calls.group_key(group))
+        except Exception as error:
+            attach_fields(error, "shmem_send")
+            raise
 
     def shmem_recv(self, tensor: Any, src_rank: Any, group: Optional[Any] = None) -> Any:
         """Receives the next message ``src_rank`` sent with :meth:`shmem_send` into ``tensor``.
@@ -482,11 +535,15 @@ class Api:
             ShmemStateError: ``group`` never ran a collective (or, on MindSpore, a gradient is being recorded).
             ShmemTimeoutError: nothing arrived in time.
         """
-        if self.fast is not None and self.fast.recv(tensor, src_rank, group):
-            return tensor
-        t = self.checks.tensor(tensor, "tensor")
-        src = self.checks.integer(src_rank, "src_rank")
-        return self.calls.recv(t, src, self.calls.group_key(group))
+        try:
+            if self.fast is not None and self.fast.recv(tensor, src_rank, group):
+                return tensor
+            t = self.checks.tensor(tensor, "tensor")
+            src = self.checks.integer(src_rank, "src_rank")
+            return self.calls.recv(t, src, self.calls.group_key(group))
+        except Exception as error:
+            attach_fields(error, "shmem_recv")
+            raise
 
     # ------------------------------------------------------------------ fused ops
     def fused_all_gather_matmul(self, a: Any, b: Any, c: Any, gather_out: Any, signal: Any,
@@ -495,7 +552,7 @@ class Api:
 
         ``gather_out = all_gather(a)`` in group-rank order and ``c = gather_out @ b``. On torch the two overlap:
         each rank's rows travel in blocks of ``block_size`` rows, each block followed by a signal, while the
-        calling thread multiplies the rows that have arrived (:mod:`~hyper_parallel.core.symmetric_memory._fused`).
+        calling thread multiplies the rows that have arrived (:mod:`hyper_parallel.platform.torch.fused`).
         On MindSpore one all_gather is followed by one matmul.
 
         Args:
@@ -524,10 +581,16 @@ class Api:
                 pass different allocations or shapes.
             ShmemTimeoutError: a rank did not take part in time.
         """
-        key = self.calls.group_key(group)
-        n = self.calls.group_size(key)
-        m, k, columns = self.checks.all_gather_matmul(a, b, c, gather_out, n)
-        return self.calls.all_gather_matmul(a, b, c, gather_out, signal, block_size, key, (m, k, columns))
+        try:
+            key = self.calls.group_key(group)
+            n = self.calls.group_size(key)
+            m, k, columns = self.checks.all_gather_matmul(a, b, c, gather_out, n)
+            if signal is not None:
+                self.checks.fused_signal(signal, n)
+            return self.calls.all_gather_matmul(a, b, c, gather_out, signal, block_size, key, (m, k, columns))
+        except Exception as error:
+            attach_fields(error, "fused_all_gather_matmul")
+            raise
 
     def fused_matmul_reduce_scatter(self, x1: Any, x2: Any, symm_tensor: Any, signal: Any, reduce_op: str = "sum",
                                     group: Optional[Any] = None) -> Any:
@@ -562,10 +625,16 @@ class Api:
                 different allocations or shapes.
             ShmemTimeoutError: a rank did not take part in time.
         """
-        key = self.calls.group_key(group)
-        n = self.calls.group_size(key)
-        dims = self.checks.matmul_reduce_scatter(x1, x2, symm_tensor, reduce_op, n)
-        return self.calls.matmul_reduce_scatter(x1, x2, symm_tensor, signal, reduce_op, key, dims)
+        try:
+            key = self.calls.group_key(group)
+            n = self.calls.group_size(key)
+            dims = self.checks.matmul_reduce_scatter(x1, x2, symm_tensor, reduce_op, n)
+            if signal is not None:
+                self.checks.fused_signal(signal, n)
+            return self.calls.matmul_reduce_scatter(x1, x2, symm_tensor, signal, reduce_op, key, dims)
+        except Exception as error:
+            attach_fields(error, "fused_matmul_reduce_scatter")
+            raise
 
     # ------------------------------------------------------------------ setup
     def rendezvous(self, tensor: Any, group: Optional[Any] = None) -> Any:
@@ -588,8 +657,13 @@ class Api:
             ShmemStateError: symmetric memory is not initialised (no ``symm.empty`` yet).
             ShmemTimeoutError: a rank did not take part in time.
         """
-        t = self.checks.tensor(tensor, "tensor")
-        return self.calls.rendezvous(t, group, self.checks)
+        try:
+            t = self.checks.tensor(tensor, "tensor")
+            rank, buffer_ptrs, buffer_size, view, barrier = self.calls.rendezvous(t, self.calls.group_key(group))
+            return SymmetricMemory(self.checks, rank, buffer_ptrs, buffer_size, view, barrier)
+        except Exception as error:
+            attach_fields(error, "rendezvous")
+            raise
 
     def is_shmem_available(self) -> bool:
         """Whether symmetric memory can run here: the runtime's library loads and the configured device is built
@@ -602,6 +676,15 @@ class Api:
             True when the first ``symm.empty`` can start the runtime, as far as this process can tell alone.
         """
         return self.calls.available()
+
+    def debug_state(self) -> dict:
+        """This process's snapshot of the runtime (local, read-only; works in any state): the runtime face's
+        ``debug_state()`` on torch, the same keys through the C ABI on MindSpore, upstream's keys included.
+
+        Returns:
+            A read-only dict (:class:`hyper_parallel.core.multicore.snapshot.DebugState`).
+        """
+        return self.calls.debug_state()
 
     @staticmethod
     def set_signal_pad_size(size: int) -> None:

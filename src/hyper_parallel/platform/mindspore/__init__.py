@@ -1,5 +1,7 @@
-"""The MindSpore handler: tensors over symmetric-heap memory, MindSpore's groups and synchronisation, and bprop.
-
-It imports MindSpore and numpy, never torch, and nothing of the runtime but its exceptions: the user API
-(:mod:`hyper_parallel.core.symmetric_memory`) asks it for tensors, groups and gradients and calls the runtime itself.
+"""The MindSpore handler: the user API's calls on MindSpore, over the runtime's C ABI (``docs/mindspore.md``).
+:mod:`.handler` holds the handler object; ``docs/architecture.md`` shows the modules.
 """
+
+# The user API binds this package's handler when it is imported (hyper_parallel.core.symmetric_memory._framework):
+# importing it first lets any module of this package be imported first without an import cycle.
+import hyper_parallel.core.symmetric_memory  # noqa: F401

@@ -19,7 +19,7 @@ import mindspore as ms
 from mindspore import communication, context
 from mindspore.mint import distributed
 
-from hyper_parallel.core.multicore.errors import ShmemStateError, ShmemTimeoutError
+from hyper_parallel.core.multicore.errors import ShmemStateError, ShmemTimeoutError, ShmemTypeError
 
 _TIMEOUT_VARIABLE = "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC"
 _DEFAULT_TIMEOUT_SEC = 120.0   # the runtime's default (runtime/config.h)
@@ -90,7 +90,7 @@ def name(group: Optional[str]) -> str:
     if group is None:
         return WORLD
     if not isinstance(group, str):
-        raise TypeError(f"`group` must be a MindSpore group name (str) or None, but got {type(group).__name__}")
+        raise ShmemTypeError(f"`group` must be a MindSpore group name (str) or None, but got {type(group).__name__}")
     return group
 
 

@@ -1,4 +1,7 @@
-"""MindSpore tensors over memory the runtime owns, and the synchronisation the runtime needs around them.
+"""MindSpore tensors over memory the runtime owns, the synchronisation the runtime needs around them, and MindSpore's
+tensor facts: what the user API's shared checks ask about tensors and dtypes, and the tensor arithmetic of the
+gradient table (:class:`hyper_parallel.core.symmetric_memory.protocol.TensorFacts` names them; torch's handler answers
+the same questions in :mod:`hyper_parallel.platform.torch.tensors`).
 
 MindSpore runs CPU operators asynchronously: memory an operator writes may not hold its result until the executor
 is synchronised, and a buffer the runtime writes must not be overwritten by an operator still queued. Every call
@@ -11,14 +14,19 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import mindspore as ms
 import numpy as np
+from mindspore import ops
 # The executor's synchronisation. mindspore.runtime.synchronize() returns without synchronising on CPU (2.10: it
 # checks for an Ascend or GPU device first); this is the function it would call.
 from mindspore._c_expression import synchronize as _synchronize_executor
 
+from hyper_parallel.core.multicore.errors import ShmemTypeError
+
+tensor_type_name = "mindspore.Tensor"
+signal_dtype_names = "mindspore.int32 or mindspore.int64"
 
 
 @dataclass(frozen=True)
@@ -70,7 +78,7 @@ def dtype_info(dtype: object) -> DtypeInfo:
     info = DTYPES.get(dtype)
     if info is None:
         names = ", ".join(str(d) for d in DTYPES)
-        raise TypeError(f"`dtype` must be one of {names}, but got {dtype}")
+        raise ShmemTypeError(f"`dtype` must be one of {names}, but got {dtype}")
     return info
 
 
@@ -105,3 +113,143 @@ def wrap(base: int, shape: Sequence[int], dtype: object) -> ms.Tensor:
         array = np.frombuffer(raw, dtype=info.numpy).reshape(tuple(shape))
     tensor = ms.from_numpy(array)
     return tensor.view(ms.bfloat16) if dtype == ms.bfloat16 else tensor
+
+
+# The dtypes the fused ops' matmuls take (as on torch).
+_MATMUL_DTYPES = (ms.float32, ms.float16, ms.bfloat16, ms.float64)
+
+
+def default_dtype() -> Any:
+    """The dtype of ``symm.empty`` without one."""
+    return ms.float32
+
+
+def dtype_name(dtype: Any) -> Any:
+    """A MindSpore dtype's engine name (for ``low_precision_dtype=mindspore.float16``); other values as given."""
+    info = DTYPES.get(dtype)
+    return info.name if info is not None else dtype
+
+
+# --------------------------------------------------------------------------
+# The tensor facts the shared checks ask for.
+# --------------------------------------------------------------------------
+
+
+def numel(tensor: ms.Tensor) -> int:
+    """The tensor's element count."""
+    return int(tensor.size)
+
+
+def ndim(tensor: ms.Tensor) -> int:
+    """The tensor's number of dimensions."""
+    return int(tensor.ndim)
+
+
+def tolist(tensor: ms.Tensor) -> list:
+    """The tensor's elements as Python values."""
+    return tensor.asnumpy().tolist()
+
+
+def check_tensor(tensor: ms.Tensor, name: str) -> None:
+    """A tensor the runtime reads must have a dtype it carries.
+
+    Raises:
+        ShmemTypeError: a dtype outside :data:`DTYPES`.
+    """
+    del name   # the dtype is the argument named in the message
+    dtype_info(tensor.dtype)
+
+
+def is_integer_dtype(dtype: Any) -> bool:
+    """Whether ``dtype`` holds integers."""
+    return dtype in (ms.int8, ms.uint8, ms.int16, ms.int32, ms.int64)
+
+
+def is_floating_dtype(dtype: Any) -> bool:
+    """Whether ``dtype`` is floating point."""
+    info = DTYPES.get(dtype)
+    return info is not None and info.floating
+
+
+def is_reducible_dtype(dtype: Any) -> bool:
+    """Whether the reduction kernels take ``dtype``."""
+    info = DTYPES.get(dtype)
+    return info is not None and info.reduce is not None
+
+
+def reducible_dtype_names() -> list:
+    """The dtypes reductions take, as messages name them."""
+    return [str(d) for d, info in DTYPES.items() if info.reduce is not None]
+
+
+def is_signal_dtype(dtype: Any) -> bool:
+    """Whether a signal may have ``dtype``."""
+    return dtype in (ms.int32, ms.int64)
+
+
+def itemsize(dtype: Any) -> int:
+    """Bytes per element of ``dtype``."""
+    return dtype_info(dtype).itemsize
+
+
+def is_matmul_dtype(dtype: Any) -> bool:
+    """Whether the fused ops' matmuls take ``dtype``."""
+    return dtype in _MATMUL_DTYPES
+
+
+def matmul_dtype_names() -> list:
+    """The dtypes the fused ops' matmuls take, as messages name them."""
+    return [str(d) for d in _MATMUL_DTYPES]
+
+
+# --------------------------------------------------------------------------
+# Tensor arithmetic: the gradient table's and the unpipelined fused ops'.
+# --------------------------------------------------------------------------
+
+
+def new_flat(count: int, dtype: Any) -> ms.Tensor:
+    """A new 1-D tensor of ``count`` elements (zeros)."""
+    return ops.zeros((count,), dtype)
+
+
+def new_empty(shape: Sequence[int], like: ms.Tensor) -> ms.Tensor:
+    """A new contiguous tensor of ``shape`` with ``like``'s dtype."""
+    count = 1
+    for d in shape:
+        count *= int(d)
+    return new_flat(count, like.dtype).reshape(tuple(shape))
+
+
+def zeros_like(tensor: ms.Tensor) -> ms.Tensor:
+    """Zeros of ``tensor``'s shape and dtype."""
+    return ops.zeros_like(tensor)
+
+
+def contiguous(tensor: ms.Tensor) -> ms.Tensor:
+    """``tensor`` itself when contiguous, else a contiguous copy."""
+    return tensor if tensor.is_contiguous() else tensor.contiguous()
+
+
+def copy(tensor: ms.Tensor) -> ms.Tensor:
+    """A new tensor with ``tensor``'s values."""
+    return tensor.copy()
+
+
+def reshape(tensor: ms.Tensor, shape: Sequence[int]) -> ms.Tensor:
+    """``tensor`` with another shape."""
+    return tensor.reshape(tuple(shape))
+
+
+def copy_into(dst: ms.Tensor, src: ms.Tensor) -> None:
+    """Writes ``src``'s values into ``dst`` in place."""
+    dst.copy_(src.reshape(dst.shape))
+
+
+def divide(tensor: ms.Tensor, n: int) -> ms.Tensor:
+    """``tensor / n`` in a new tensor."""
+    return tensor / n
+
+
+def matmul(a: ms.Tensor, b: ms.Tensor) -> ms.Tensor:
+    """``a @ b``."""
+    return ops.matmul(a, b)

@@ -1,10 +1,15 @@
-"""torch's tensor facts, as the user API's shared checks ask for them
-(:mod:`hyper_parallel.core.symmetric_memory._checks` lists them; MindSpore's handler answers the same questions).
+"""torch's tensor facts: what the user API's shared checks ask about tensors and dtypes, and the tensor arithmetic
+of the gradient table (:class:`hyper_parallel.core.symmetric_memory.protocol.TensorFacts` names them; MindSpore's
+handler answers the same questions in :mod:`hyper_parallel.platform.mindspore.tensors`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
+
+from hyper_parallel.core.multicore.errors import ShmemTypeError, ShmemValueError
 
 tensor_type_name = "torch.Tensor"
 signal_dtype_names = "torch.int32 or torch.int64"
@@ -47,7 +52,7 @@ def check_tensor(tensor: torch.Tensor, name: str) -> None:
         ValueError: on another device.
     """
     if tensor.device != DEVICE:
-        raise ValueError(f"`{name}` must be a tensor on {DEVICE} (the SHMEM device), but got {tensor.device}")
+        raise ShmemValueError(f"`{name}` must be a tensor on {DEVICE} (the SHMEM device), but got {tensor.device}")
 
 
 def is_integer_dtype(dtype: torch.dtype) -> bool:
@@ -82,7 +87,7 @@ def itemsize(dtype: torch.dtype) -> int:
         TypeError: not a torch.dtype.
     """
     if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"`dtype` must be a torch.dtype, but got {type(dtype).__name__}")
+        raise ShmemTypeError(f"`dtype` must be a torch.dtype, but got {type(dtype).__name__}")
     return dtype.itemsize
 
 
@@ -94,3 +99,36 @@ def is_matmul_dtype(dtype: torch.dtype) -> bool:
 def matmul_dtype_names() -> list:
     """The dtypes the fused ops' matmuls take, as messages name them."""
     return [str(d).removeprefix("torch.") for d in MATMUL_DTYPES]
+
+
+def tracks(*tensors: object) -> bool:
+    """Whether autograd records a call on these inputs (grad mode on and one of them requires grad)."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+# The arithmetic of the gradient table (hyper_parallel.core.symmetric_memory.gradients).
+
+
+def new_empty(shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+    """A new contiguous tensor of ``shape`` with ``like``'s dtype and device."""
+    return like.new_empty(shape)
+
+
+def contiguous(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` itself when contiguous, else a contiguous copy."""
+    return tensor.contiguous()
+
+
+def copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A new tensor with ``tensor``'s values."""
+    return tensor.clone()
+
+
+def reshape(tensor: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """A contiguous ``tensor`` with another shape (a view of it)."""
+    return tensor.view(shape)
+
+
+def divide(tensor: torch.Tensor, n: int) -> torch.Tensor:
+    """``tensor / n`` in a new tensor."""
+    return tensor / n

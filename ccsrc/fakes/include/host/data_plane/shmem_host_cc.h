@@ -9,6 +9,8 @@
 extern "C" {
 #endif
 
+// One kernel each: every member reads every other member's sync word in place, so every member must be mapped (MTE).
+ACLSHMEM_HOST_API void aclshmemx_barrier_on_stream(aclshmem_team_t team, aclrtStream stream);
 ACLSHMEM_HOST_API void aclshmemx_barrier_all_on_stream(aclrtStream stream);
 
 #ifdef __cplusplus

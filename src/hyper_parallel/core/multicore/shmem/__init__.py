@@ -1,4 +1,4 @@
-"""The HyperParallel SHMEM runtime (seed 001): symmetric memory and one-sided communication.
+"""The HyperParallel SHMEM runtime face: symmetric memory and one-sided communication over the C++ runtime.
 
 Typical use, on every rank of an initialised ``torch.distributed`` WORLD::
 

@@ -8,11 +8,6 @@ from __future__ import annotations
 from hyper_parallel.core.multicore.errors import ShmemTypeError, ShmemValueError
 
 
-def type_name(value: object) -> str:
-    """The short type name used in error messages."""
-    return type(value).__name__
-
-
 def check_choice(name: str, value: object, choices: dict) -> int:
     """Maps ``value`` through ``choices``.
 

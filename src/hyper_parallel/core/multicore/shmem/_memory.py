@@ -9,9 +9,8 @@ import torch
 from hyper_parallel.core.multicore import call_site
 from hyper_parallel.core.multicore.shmem import _across_nodes
 from hyper_parallel.core.multicore.shmem._binding import C
-from hyper_parallel.core.multicore.shmem._checks import type_name
 from hyper_parallel.core.multicore.shmem._lifecycle import root_info
-from hyper_parallel.core.multicore.errors import ShmemTypeError, ShmemValueError, attach_fields
+from hyper_parallel.core.multicore.errors import ShmemTypeError, ShmemValueError, attach_fields, type_name
 
 _LOG_DEBUG = 0
 

@@ -195,7 +195,7 @@ def reduce(dst: torch.Tensor, src: torch.Tensor, pes: Sequence[int], *, op: str 
 def barrier(*, blocking: bool = False) -> None:
     """Waits until every rank of the root reaches the barrier; earlier writes are then visible everywhere.
 
-    Like every data-plane call the barrier is enqueued on the current stream (seed 001). On the default stream of
+    Like every data-plane call the barrier is enqueued on the current stream. On the default stream of
     the host device that is the calling thread, so it is complete when it returns; on a :class:`Stream` (and on
     the ascend device's NPU stream) it is complete once the stream reaches it. When the root spans nodes, the
     barrier waits for the current stream first and runs on the calling thread (its step across nodes runs over the
@@ -203,8 +203,8 @@ def barrier(*, blocking: bool = False) -> None:
 
     Args:
         blocking: also wait, before returning, until the current stream has run the barrier and everything
-            enqueued on it before (upstream hyper-parallel's default is True; the project's, as seed 001's, is
-            False: enqueue only). On the default stream of the host device both are the same.
+            enqueued on it before (upstream hyper-parallel's default is True; this runtime face's is False:
+            enqueue only, as for every other data-plane call). On the default stream of the host device both are the same.
 
     Raises:
         TypeError: ``blocking`` is not a bool.
@@ -240,8 +240,8 @@ def all_gather(output: torch.Tensor, input: torch.Tensor) -> None:
 
     One call of the runtime's collective engine on the root team (:func:`root_team`): the call is checked against
     every rank's (a rank calling another collective, or another size or dtype, makes every rank raise
-    :class:`ShmemMismatchError`). A zero-byte call (an input and an output without elements) is a validated no-op
-    (seed 001): it checks the types and that a runtime is active, moves nothing and waits for no rank.
+    :class:`ShmemMismatchError`). A zero-byte call (an input and an output without elements) is a validated no-op:
+    it checks the types and that a runtime is active, moves nothing and waits for no rank.
 
     Args:
         output: world_size times the input's bytes: a symmetric tensor (peers write into it directly) or any

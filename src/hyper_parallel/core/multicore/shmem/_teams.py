@@ -83,7 +83,6 @@ class Team:
         self.pes = pes
         self.rank = me
         self.size = len(pes)
-        self.staging_bytes = C.team_describe(self._id)[3]
         self._released = False
 
     @property
@@ -154,7 +153,7 @@ class Team:
             attach_fields(error, "all_gather")
             raise
 
-    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", wire: Optional[torch.dtype] = None, *,
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", wire: Optional[torch.dtype | str] = None, *,
                    input: Optional[torch.Tensor] = None) -> None:
         """Reduces ``tensor`` in place ('sum', 'avg', 'max', 'min'), or ``input`` into ``tensor``; every member ends
         with bit-identical values.
@@ -165,8 +164,9 @@ class Team:
         Args:
             tensor: the tensor to reduce in place, or the output.
             op: the reduction.
-            wire: a low-precision dtype of :data:`WIRE_FORMATS` that the values travel in ('sum' and 'avg' of a
-                floating-point tensor wider than it; summed in the tensor's precision), or None for its own dtype.
+            wire: a low-precision dtype of :data:`WIRE_FORMATS` (or its name) that the values travel in ('sum' and
+                'avg' of a floating-point tensor wider than it; summed in the tensor's precision), or None for its own
+                dtype.
             input: None (in place), or a tensor of ``tensor``'s dtype and size, not overlapping it, whose values are
                 reduced into ``tensor``.
 
@@ -180,8 +180,8 @@ class Team:
         """
         number = REDUCE_OPS.get(op) if type(op) is str else None
         if self._hierarchy is not None:
-            return self._spanning("all_reduce", self._hierarchy.all_reduce, tensor, _reduce_op(op), _wire(wire), wire,
-                                  input)
+            return self._spanning("all_reduce", self._hierarchy.all_reduce, tensor, _reduce_op(op), _wire(wire),
+                                  _wire_dtype(wire), input)
         try:
             C.all_reduce(self._id, tensor, input, _reduce_op(op) if number is None else number, current_handle(),
                          0 if wire is None else _wire(wire))
@@ -190,13 +190,13 @@ class Team:
             raise
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum",
-                       wire: Optional[torch.dtype] = None) -> None:
+                       wire: Optional[torch.dtype | str] = None) -> None:
         """``output`` receives part ``rank`` of ``input`` reduced across the members (``wire`` as in
         :meth:`all_reduce`)."""
         number = REDUCE_OPS.get(op) if type(op) is str else None
         if self._hierarchy is not None:
             return self._spanning("reduce_scatter", self._hierarchy.reduce_scatter, output, input, _reduce_op(op),
-                                  _wire(wire), wire)
+                                  _wire(wire), _wire_dtype(wire))
         try:
             C.reduce_scatter(self._id, output, input, _reduce_op(op) if number is None else number, current_handle(),
                              0 if wire is None else _wire(wire))
@@ -281,15 +281,21 @@ def _reduce_op(op: object) -> int:
     return number
 
 
-def _wire(wire: Optional[torch.dtype]) -> int:
-    """A wire dtype as the runtime numbers it (0: the tensor's own dtype)."""
+def _wire(wire: Optional[object]) -> int:
+    """A wire format as the runtime numbers it (0: the tensor's own dtype), from a low-precision dtype or its name."""
     if wire is None:
         return 0
-    number = WIRE_FORMATS.get(str(wire).replace("torch.", "")) if isinstance(wire, torch.dtype) else None
+    name = wire if type(wire) is str else str(wire).replace("torch.", "") if isinstance(wire, torch.dtype) else None
+    number = WIRE_FORMATS.get(name) if name else None
     if not number:
         names = ", ".join(name for name in WIRE_FORMATS if name != "full")
         raise ValueError(f"`wire` must be one of {names} or None, but got {wire!r}")
     return number
+
+
+def _wire_dtype(wire: Optional[object]) -> Optional[torch.dtype]:
+    """A wire format as a torch dtype (the cross-node phase casts with torch), from a dtype or its name."""
+    return getattr(torch, wire) if type(wire) is str else wire
 
 
 #: Whether a call on these tensors may skip torch's dispatcher: plain tensors (no subclass), nothing autograd

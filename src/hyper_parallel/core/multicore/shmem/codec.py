@@ -19,7 +19,8 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 from hyper_parallel.core.multicore.shmem._binding import C
-from hyper_parallel.core.multicore.shmem._checks import check_choice, type_name
+from hyper_parallel.core.multicore.errors import type_name
+from hyper_parallel.core.multicore.shmem._checks import check_choice
 
 #: Values per scale.
 BLOCK: int = C.scale_block

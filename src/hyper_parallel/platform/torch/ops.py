@@ -1,32 +1,32 @@
-"""The user API bound as torch operators: namespace ``hyper_parallel_shmem`` (``torch.ops.hyper_parallel_shmem``).
+"""The torch handler's calls as torch operators: namespace ``hyper_parallel_shmem``
+(``torch.ops.hyper_parallel_shmem``), registered by :func:`register` when the user API binds the handler.
 
-The public functions check their arguments, then call these operators; so does autograd. Torch sees each call
-as one operator with a schema, the way it sees its own ``symm_mem`` and ``_c10d_functional`` ops:
+An eager call that nothing tracks goes from the handler's calls straight to the runtime face; a call that autograd,
+torch.compile or a dispatch mode must see goes through these operators. Torch sees each such call as one operator
+with a schema, the way it sees its own ``symm_mem`` and ``_c10d_functional`` ops:
 
 * **schemas** say which tensors an op writes (``Tensor(a!)``): torch.compile keeps the writes, in order, and
   never reads a written tensor before the op. Groups travel as ``str group_name`` ("" is WORLD), resolved inside
-  the op (:mod:`~hyper_parallel.core.symmetric_memory._groups`). Low-precision dtypes travel by name ("": the
-  environment's default, resolved inside the op; "none": full precision).
-* **implementations** (``CompositeExplicitAutograd``; the ``_*_op`` functions beside the algorithms, in
-  ``_collectives``, ``_primitives`` and ``_fused``) resolve the group's channel (registering the group on its
-  first collective), run the checks that need the runtime or the tensors' addresses (symmetric or not,
-  overlaps), then call the algorithms: ``_collectives._all_reduce`` and its siblings, ``_fused._all_gather_matmul``
-  and ``_fused._matmul_reduce_scatter``, the runtime's put/get/signal/wait. An eager call with nothing to dispatch
-  (no grad, no tracing, no dispatch mode) goes straight to the implementation (``_autograd.call``).
+  the op (:mod:`.groups`). Low-precision formats travel by name ("": the environment's default, resolved inside the
+  op; "none": full precision).
+* **implementations** (``CompositeExplicitAutograd``; the ``_*_op`` functions beside the calls, in
+  :mod:`.collectives`, :mod:`.primitives` and :mod:`.fused`) find the group's team by name (making it on the group's
+  first collective) and run the same code as the eager calls: the checks that need the runtime or the tensors'
+  addresses (symmetric or not; the collectives' overlaps are the engine's), then the runtime face.
 * **written arguments are the caller's.** Ops that write a symmetric tensor (the fused ops, ``put_``,
   ``signal_``, ``put_with_signal_``) check it when they run: where AOTAutograd's functionalization hands them a
   copy (``aot_eager``; inductor writes in place where it can) they raise ``ValueError`` instead of computing on
   the copy. The collectives are correct on copies (the staged path).
 * **fake kernels** give torch.compile the outputs' shapes without running anything.
 * **autograd kernels** (dispatch key ``Autograd``) run the differentiable ops through the functions of
-  :mod:`~hyper_parallel.core.symmetric_memory._autograd`, whose backward passes call these operators again, so
+  :mod:`.autograd`, whose backward passes call these operators again, so
   that a compiled backward traces them too. ``torch.library.register_autograd`` takes only functional schemas
   (no written inputs), and these ops write into the caller's tensors (symmetric ones, where peers write too).
 
 Operators with no tensor result and nothing written locally (send, recv of a new tensor, barrier, the signal
 wait) are registered as side effects, so that no graph pass drops them.
 
-Operators (schemas in :data:`SCHEMAS`; ``*``: an autograd kernel, :data:`_autograd.KERNELS`):
+Operators (schemas in :data:`SCHEMAS`; ``*``: an autograd kernel, :data:`autograd.KERNELS`):
 
 * collectives: ``all_reduce_`` *, ``all_gather_`` *, ``reduce_scatter_`` *, ``all_to_all_`` *, ``barrier``;
 * point to point: ``send`` * (returns the gradient's token, a zero scalar), ``recv_`` (into the caller's
@@ -41,14 +41,16 @@ a signal. ``wait_for_signal`` marks ``depend_tensor`` written: the data a signal
 
 from __future__ import annotations
 
+import threading
+from typing import Optional
+
 import torch
+import torch.distributed as dist
 import torch.fx
 
-from hyper_parallel.core.symmetric_memory import _autograd, _collectives, _fused, _groups, _primitives
+from hyper_parallel.platform.torch import autograd, collectives, fused, groups, primitives
 
 NAMESPACE = "hyper_parallel_shmem"
-
-_lib = torch.library.Library(NAMESPACE, "DEF")
 
 SCHEMAS = {
     "all_reduce_": "(Tensor(a!) tensor, str op, str group_name, str low_precision_dtype, str backward) -> ()",
@@ -70,32 +72,25 @@ SCHEMAS = {
     "fused_matmul_reduce_scatter": "(Tensor x1, Tensor x2, Tensor(a!) symm_tensor, Tensor(b!) signal, str reduce_op, "
                                    "str group_name) -> Tensor",
 }
-for _name, _schema in SCHEMAS.items():
-    _lib.define(_name + _schema)
 
-ops = getattr(torch.ops, NAMESPACE)
-
-# The implementations live beside the algorithms they call; the public functions call them straight where no
-# dispatch is needed (``_autograd.call``).
+# The implementations live beside the calls that go straight to them when no dispatch is needed.
 IMPLEMENTATIONS = {
-    "all_reduce_": _collectives._all_reduce_op,
-    "all_gather_": _collectives._all_gather_op,
-    "reduce_scatter_": _collectives._reduce_scatter_op,
-    "all_to_all_": _collectives._all_to_all_op,
-    "send": _collectives._send_op,
-    "recv_": _collectives._recv_op,
-    "recv": _collectives._recv_new_op,
-    "barrier": _primitives._barrier_op,
-    "put_": _primitives._put_op,
-    "get_": _primitives._get_op,
-    "signal_": _primitives._signal_op,
-    "put_with_signal_": _primitives._put_with_signal_op,
-    "wait_for_signal": _primitives._wait_for_signal_op,
-    "fused_all_gather_matmul_": _fused._all_gather_matmul_op,
-    "fused_matmul_reduce_scatter": _fused._matmul_reduce_scatter_op,
+    "all_reduce_": collectives._all_reduce_op,
+    "all_gather_": collectives._all_gather_op,
+    "reduce_scatter_": collectives._reduce_scatter_op,
+    "all_to_all_": collectives._all_to_all_op,
+    "send": collectives._send_op,
+    "recv_": collectives._recv_op,
+    "recv": collectives._recv_new_op,
+    "barrier": primitives._barrier_op,
+    "put_": primitives._put_op,
+    "get_": primitives._get_op,
+    "signal_": primitives._signal_op,
+    "put_with_signal_": primitives._put_with_signal_op,
+    "wait_for_signal": primitives._wait_for_signal_op,
+    "fused_all_gather_matmul_": fused._all_gather_matmul_op,
+    "fused_matmul_reduce_scatter": fused._matmul_reduce_scatter_op,
 }
-for _name, _implementation in IMPLEMENTATIONS.items():
-    _lib.impl(_name, _implementation, "CompositeExplicitAutograd")
 
 
 # --------------------------------------------------------------------------
@@ -117,23 +112,37 @@ def _recv_fake(like: torch.Tensor, src: int, group_name: str) -> torch.Tensor:
 
 def _matmul_reduce_scatter_fake(x1: torch.Tensor, x2: torch.Tensor, symm_tensor: torch.Tensor, signal: torch.Tensor,
                                 reduce_op: str, group_name: str) -> torch.Tensor:
-    n = _groups.size(_groups.resolve(group_name))
+    n = dist.get_world_size(groups.resolve(group_name))
     return x1.new_empty((x1.shape[0] // n, x2.shape[1]))
 
 
 _FAKES = {"send": _send_fake, "recv": _recv_fake, "fused_matmul_reduce_scatter": _matmul_reduce_scatter_fake}
-for _name in SCHEMAS:
-    torch.library.register_fake(f"{NAMESPACE}::{_name}", _FAKES.get(_name, _nothing), lib=_lib)
-
-
-# --------------------------------------------------------------------------
-# Autograd and side effects.
-# --------------------------------------------------------------------------
-
-for _name, _kernel in _autograd.KERNELS.items():
-    _lib.impl(_name, _kernel, "Autograd")
 
 # Ops with no tensor result that carry data elsewhere (or wait for it): no graph pass may drop them. The ops that
 # write a tensor of the schema are kept by their mutation annotations.
-for _name in ("send", "recv", "barrier", "wait_for_signal"):
-    torch.fx.node.has_side_effect(getattr(ops, _name).default)
+_SIDE_EFFECTS = ("send", "recv", "barrier", "wait_for_signal")
+
+_library: Optional[torch.library.Library] = None
+_lock = threading.Lock()
+
+
+def register() -> None:
+    """Registers the operators with ``torch.library`` (once per process; later calls do nothing): the schemas,
+    the implementations, the fake kernels, the autograd kernels of :mod:`.autograd`, and the side effects."""
+    global _library
+    with _lock:
+        if _library is not None:
+            return
+        library = torch.library.Library(NAMESPACE, "DEF")
+        for name, schema in SCHEMAS.items():
+            library.define(name + schema)
+        for name, implementation in IMPLEMENTATIONS.items():
+            library.impl(name, implementation, "CompositeExplicitAutograd")
+        for name in SCHEMAS:
+            torch.library.register_fake(f"{NAMESPACE}::{name}", _FAKES.get(name, _nothing), lib=library)
+        for name, kernel in autograd.KERNELS.items():
+            library.impl(name, kernel, "Autograd")
+        ops = getattr(torch.ops, NAMESPACE)
+        for name in _SIDE_EFFECTS:
+            torch.fx.node.has_side_effect(getattr(ops, name).default)
+        _library = library

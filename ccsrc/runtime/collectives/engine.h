@@ -11,13 +11,26 @@
 //                tensors, one copy of each byte;
 //   staged       otherwise, in pieces of the staging size.
 //
-// A rank reads or writes a peer's memory only between two syncs of the team. The first sync of every call carries
-// the call's fingerprint (Team.h): ranks that disagree all fail with kMismatch naming both calls before any data
-// moves, and stay in step for the next call. A timeout in that first sync leaves the team where it was, so that a
-// retry pairs with the peers' call; a failure later in a call (a peer died mid-way) breaks the team.
+// The protocol (sync.cc, docs/engine.md "A call is one decision of every member"):
+//   - A rank reads or writes a peer's memory only between two syncs of the team.
+//   - The first sync of every call carries the call's fingerprint (team.h): what it computes, what it is for (its
+//     role) and, when this rank refuses the call (an argument check that failed here), the refusal. Every member sees
+//     every row: a refusal makes every member fail with it, ranks that disagree all fail with kMismatch naming both
+//     calls, both before any data moves; the team stays in step for the next call.
+//   - On a device that arbitrates (Device::arbitrates: the host device), every sync is an arrival counter: a member
+//     that gives a sync up (its wait timed out, it was interrupted, a step of its call failed) makes that sync, and so
+//     the call, fail on every member, a member arriving late included, which never reads what the member that gave up
+//     has taken back. The next call of each member first waits for every member to have reached the given-up sync;
+//     then the team runs on, its calls numbered alike. Syncs run on the calling thread, after the stream's earlier work.
+//   - On other devices, syncs are dissemination barriers on the stream (parity words compared for equality), and a
+//     failure breaks the team on the member that sees it.
 //
 // Every device call is enqueued on `stream`; the engine synchronizes it before the host reads what peers published
 // (fingerprints, counts, message headers). Calls on one team are serialized (Team::mu).
+//
+// One file per family, each naming its paths: sync.cc (the protocol), transfers.cc (the data plane by group rank),
+// all_gather.cc, all_reduce.cc, reduce_scatter.cc, all_to_all.cc, send_recv.cc, low_precision.cc; paths.h holds
+// what they share.
 #pragma once
 
 #include <cstddef>
@@ -51,8 +64,9 @@ struct Buffer {
 
 class CollectiveEngine {
  public:
-  CollectiveEngine(Device& device, Team& team, StreamHandle stream, KeepAlive keep)
-      : device_(device), team_(team), stream_(stream), keep_(std::move(keep)) {}
+  CollectiveEngine(Device& device, Team& team, StreamHandle stream, KeepAlive keep,
+                   CallRole role = CallRole::kForward)
+      : device_(device), team_(team), stream_(stream), keep_(std::move(keep)), role_(role) {}
 
   // Every member reaches the barrier; everything enqueued before it on `stream` is visible to every member.
   Status Barrier();
@@ -79,32 +93,59 @@ class CollectiveEngine {
   // checked across ranks before anything is written.
   Status AllToAll(const std::vector<Buffer>& sends, const Buffer& receive, const std::vector<std::uint64_t>& receive_counts,
                   const ElementType& type);
-  // Point to point through the receiver's mailbox; messages between two ranks arrive in order.
-  Status Send(const Buffer& data, int peer);
-  // Receives the next message of `peer` into `data`; a message of another size is drained and refused.
-  Status Recv(const Buffer& data, int peer);
+  // Point to point through the receiver's mailbox; messages between two ranks arrive in order. The header says what
+  // the message is (`type`, bytes).
+  Status Send(const Buffer& data, int peer, const ElementType& type);
+  // Receives the next message of `peer` into `data`; a message of another dtype or size is drained and refused, and
+  // the sender learns of the refusal at its next send or recv with this rank.
+  Status Recv(const Buffer& data, int peer, const ElementType& type);
+  // The call `collective` that this rank refuses for `refusal` (an argument check that failed here): it still enters
+  // the call's first sync, so that every member fails with the same refusal, naming this rank, instead of waiting
+  // for a call that will not come. Returns the refusal as every member reports it.
+  Status Refuse(Collective collective, const Status& refusal);
+  // This rank gives up the team's next sync for `why` (a failure of its own outside the engine, e.g. across nodes):
+  // the members waiting there, or arriving later, fail at once with `why`'s message. Returns `why`.
+  Status GiveUp(const Status& why);
   // A sync carrying `fingerprint` (collective, dtype, count, op, wire, peer as the caller fills them; sequence and
   // epoch are the engine's), after which every member's published `values` (at most 2n + 1) are returned in
   // group-rank order: for the algorithms the runtime's callers write over the primitives (fused ops, low precision).
   Result<std::vector<std::vector<std::int64_t>>> Agree(Fingerprint fingerprint, const std::vector<std::int64_t>& values);
 
  private:
-  // Starts a call: numbers it and fills the fingerprint's identity.
-  Fingerprint Begin(Collective collective, const ElementType* type, std::uint64_t count, std::uint32_t reduce_op,
-                    std::int32_t peer);
-  // The first sync of a call: publishes `fingerprint` (and, when `counts` is set, this rank's count row), checks every
-  // member's, and returns them. Rolls the team back on a timeout.
-  Result<std::vector<Fingerprint>> Open(Fingerprint fingerprint, const std::vector<std::int64_t>* counts = nullptr);
-  // A failure before the call's first sync (staging its data): no peer saw the call, so its number is given back and
-  // a retry pairs with the peers' call.
+  // Starts a call: refuses it when the team is broken, waits for every member to have reached the sync the last
+  // call gave up (if it did), numbers the call and fills the fingerprint's identity.
+  Result<Fingerprint> Begin(Collective collective, const ElementType* type, std::uint64_t count,
+                            std::uint32_t reduce_op, std::int32_t peer);
+  // The first sync of a call: publishes `fingerprint` (with `counts`, this rank's count row; with `statement`, the
+  // text of this rank's refusal), then checks every member's row: a refusal first, then a mismatch. Returns the rows.
+  Result<std::vector<Fingerprint>> Open(Fingerprint fingerprint, const std::vector<std::int64_t>* counts = nullptr,
+                                        const std::string* statement = nullptr);
+  // A failure before the call's first sync (staging its data): the first sync is given up for every member.
   Status BeforeOpen(Status status);
   // Every sync after the first.
   Status Sync();
-  // The dissemination barrier at the current epoch.
+  // One sync at the current epoch: an arrival (arbitrating devices) or the dissemination barrier.
+  Status Arrive();
   Status Disseminate();
-  // Marks the team broken when a call fails after its first sync.
-  Status Broken(Status status, const char* step);
-  std::string MissingRanks(int parity, std::uint64_t epoch_value);
+  // What a failed sync means for the team (given up for every member, or broken here), as the call reports it.
+  Status SyncFailed(const Status& status, bool first);
+  // What follows a step of a call, for Broken: another sync of the call, the end of the call (the one-step paths
+  // after their only sync), or not known yet (before the path is chosen).
+  enum class Next { kSync, kCallEnd, kUnknown };
+  // A step of the call failed after its first sync: the next sync is given up for every member. When the call ends
+  // without another sync, that is the next call's first sync, whose number this rank takes too, so that the calls
+  // stay numbered alike; when it is not known, the team is broken.
+  Status Broken(Status status, const char* step, Next next = Next::kSync);
+  // Gives up the sync after the current one for `reason`, with `why` as this rank's statement.
+  Status GiveUpNext(GiveUpReason reason, const std::string& why);
+  // The members whose row does not carry this sync's value yet.
+  std::string MissingRanks(int parity, std::int64_t epoch_value);
+  // The text member `rank` published as its statement at the current sync.
+  std::string StatementOf(int rank);
+  // A signal word of this rank's copy of the slot, in the device's width (0 when it cannot be read).
+  std::int64_t ReadSignal(const void* symmetric_signal);
+  // A message of this rank that `peer` refused (send/recv) since this rank last looked: its error, once.
+  Status ReportRefusal(int peer);
 
   Status Put(void* symmetric_dst, const void* src, std::size_t bytes, int group_rank);
   Status Get(void* dst, const void* symmetric_src, std::size_t bytes, int group_rank);
@@ -121,7 +162,6 @@ class CollectiveEngine {
   // The largest message this call takes in one step (`reduces`: all_reduce, reduce_scatter): the team's one-step size,
   // lower where the device reaches peers' memory. The same on every rank.
   std::size_t OneStepBytes(bool reduces) const;
-  std::int64_t EpochValue() const { return team_.signal_base + static_cast<std::int64_t>(team_.epoch); }
   int Parity() const { return static_cast<int>(team_.sequence & 1); }
   const char* op_name() const { return op_name_; }
 
@@ -129,8 +169,8 @@ class CollectiveEngine {
   Team& team_;
   StreamHandle stream_;
   KeepAlive keep_;
+  CallRole role_;
   const char* op_name_ = "barrier";
-  Fingerprint current_{};
 };
 
 }  // namespace hp::shmem

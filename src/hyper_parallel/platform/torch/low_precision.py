@@ -1,4 +1,5 @@
-"""Low-precision communication with high-precision accumulation (seed 004 §1.5.2).
+"""Low-precision communication with high-precision accumulation: torch's choice of a call's wire format, and the
+algorithm and error bound of the runtime's engine that runs it.
 
 ``shmem_allreduce`` and ``shmem_reduce_scatter`` take ``low_precision_dtype``: float16, bfloat16,
 float8_e4m3fn or float8_e5m2 (a ``torch.dtype`` or its name). Every value a rank sends is cast down to it
@@ -17,7 +18,7 @@ Everything else (max/min, integers, a float16 tensor with a bfloat16 default) ru
 string); the environment variable's value is checked the same way, when a call first needs it. All of it is
 checked before anything is written.
 
-**Algorithm** (the runtime's collective engine, ``ccsrc/runtime/collectives_low_precision.cc``, over the
+**Algorithm** (the runtime's collective engine, ``ccsrc/runtime/collectives/low_precision.cc``, over the
 device's ``Encode``/``Decode``/``ReduceEncoded``: the vectorised host codec on the host device, ``aclnnCast`` on
 ascend, which carries float16 and bfloat16 only). Both collectives run through the group's staging area: a call
 uses the staging half of its parity, cut into one *slot* per group rank.
@@ -87,12 +88,14 @@ from typing import Optional
 
 import torch
 
-from hyper_parallel.core.multicore.shmem import codec as wire
-from hyper_parallel.core.symmetric_memory import _args, _context, _rules
+from hyper_parallel.core.multicore.errors import ShmemTypeError, ShmemValueError, type_name
+from hyper_parallel.core.multicore.shmem import codec
+from hyper_parallel.core.symmetric_memory import checks
+from hyper_parallel.platform.torch import context, tensors
 
 ENV_VAR = "SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE"
 
-# Keyed by the wire formats' names (_rules.LOW_PRECISION_NAMES).
+# Keyed by the wire formats' names (checks.LOW_PRECISION_NAMES), which the calls pass down to the runtime face.
 LOW_PRECISION_DTYPES = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
@@ -100,85 +103,99 @@ LOW_PRECISION_DTYPES = {
     "float8_e5m2": torch.float8_e5m2,
 }
 # Elements per fp8 scale (the host codec's block).
-BLOCK = wire.BLOCK
+BLOCK = codec.BLOCK
 _SUM_OPS = ("sum", "avg")
+# A call's wire when it names none: the environment's default, resolved where the call runs.
+DEFAULT = ""
+# A call's wire that turns low precision off.
+FULL = "none"
 
 
 def _names() -> str:
     return ", ".join(LOW_PRECISION_DTYPES)
 
 
-def _parse(value: object, what: str) -> Optional[torch.dtype]:
-    """A low-precision dtype from a dtype or its name; None for an off name ("none", "").
+def _parse(value: object, what: str) -> Optional[str]:
+    """A low-precision wire format's name from a dtype or its name; None for an off name ("none", "").
 
     Raises:
-        TypeError: neither a dtype nor a string.
-        ValueError: a dtype or name outside :data:`LOW_PRECISION_DTYPES`.
+        ShmemTypeError: neither a dtype nor a string.
+        ShmemValueError: a dtype or name outside :data:`LOW_PRECISION_DTYPES`.
     """
     if isinstance(value, torch.dtype):
-        if value in LOW_PRECISION_DTYPES.values():
-            return value
-        raise ValueError(f"`{what}` must be one of {_names()}, but got {value}")
+        name = str(value).removeprefix("torch.")
+        if name in LOW_PRECISION_DTYPES:
+            return name
+        raise ShmemValueError(f"`{what}` must be one of {_names()}, but got {value}")
     if isinstance(value, str):
-        name = _rules.low_precision_name(value, what)   # the names both frameworks take
-        return None if name is None else LOW_PRECISION_DTYPES[name]
-    raise TypeError(f"`{what}` must be a torch.dtype, its name or None, but got {type(value).__name__}")
+        return checks.low_precision_name(value, what)   # the names both frameworks take
+    raise ShmemTypeError(f"`{what}` must be a torch.dtype, its name or None, but got {type_name(value)}")
 
 
-def _applies(low: torch.dtype, dtype: torch.dtype, op: str) -> Optional[str]:
-    """Why ``low`` cannot carry a reduction of ``dtype`` with ``op`` (a rule for the message), or None."""
-    return _args.CHECKS.low_precision_rule(low.itemsize, dtype, op)
+def _rule(name: str, dtype: torch.dtype, op: str) -> Optional[str]:
+    """Why the wire format ``name`` cannot carry a reduction of ``dtype`` with ``op`` (a rule for the message), or
+    None."""
+    return checks.low_precision_rule(tensors, LOW_PRECISION_DTYPES[name].itemsize, dtype, op)
 
 
-# The environment's default, parsed, and the runtime lifecycle it was read in (a weak reference to the API's
-# state): reading os.environ costs about a microsecond, a third of a small all-reduce.
+# The environment's default, parsed, and the runtime lifecycle it was read in (a weak reference to the handler's
+# state): reading os.environ on every call would cost a sizeable part of a small all-reduce (docs/perf.md).
 _default_cache: list = [None, None]
 
 
-def _default() -> Optional[torch.dtype]:
-    """:data:`ENV_VAR`'s dtype (None: off), read once per runtime lifecycle (again before one is acquired).
+def _default_name() -> Optional[str]:
+    """:data:`ENV_VAR`'s wire format (None: off), read once per runtime lifecycle (again before one is acquired).
 
     Raises:
-        ValueError: an unknown name (not cached: every call that needs the default raises).
+        ShmemValueError: an unknown name (not cached: every call that needs the default raises).
     """
-    state = _context.active()
+    state = context.active()
     if state is not None and _default_cache[0] is not None and _default_cache[0]() is state:
         return _default_cache[1]
     text = os.environ.get(ENV_VAR)
-    low = _parse(text, ENV_VAR) if text else None
+    name = _parse(text, ENV_VAR) if text else None
     if state is not None:
-        _default_cache[:] = [weakref.ref(state), low]
-    return low
+        _default_cache[:] = [weakref.ref(state), name]
+    return name
 
 
-def resolve(value: Optional[object], dtype: torch.dtype, op: str) -> Optional[torch.dtype]:
-    """The dtype a reduction of ``dtype`` with ``op`` travels in, or None for full precision.
-
-    Args:
-        value: the call's ``low_precision_dtype``: a dtype of :data:`LOW_PRECISION_DTYPES`, its name, ``"none"``
-            (full precision whatever the environment says), or None (the default of :data:`ENV_VAR`).
-        dtype: the tensor's dtype.
-        op: the checked reduction ('sum', 'avg', 'max' or 'min').
-
-    Returns:
-        The low-precision dtype, or None. The environment's default is None where it cannot apply.
+def default(dtype: torch.dtype, op: str) -> Optional[str]:
+    """The environment's default wire format for a reduction of ``dtype`` with ``op``, where it applies, else None
+    (full precision).
 
     Raises:
-        TypeError: ``value`` is neither a dtype nor a string.
-        ValueError: an unknown dtype or name (the call's or the environment's), or an explicit ``value`` that
-            cannot apply to ``dtype`` and ``op``.
+        ShmemValueError: the environment names an unknown dtype.
+    """
+    name = _default_name()
+    return name if name is not None and _rule(name, dtype, op) is None else None
+
+
+def wire(value: Optional[object], dtype: torch.dtype, op: str) -> str:
+    """A call's ``low_precision_dtype`` as the calls pass it down, checked: :data:`DEFAULT` for None (the
+    environment's default, resolved where the call runs: environment reads stay out of traced code), :data:`FULL`
+    for an off name, else the wire format's name.
+
+    Raises:
+        ShmemTypeError: ``value`` is neither a dtype nor a string.
+        ShmemValueError: an unknown dtype or name, or one that cannot apply to ``dtype`` and ``op``.
     """
     if value is None:
-        low = _default()
-        return low if low is not None and _applies(low, dtype, op) is None else None
-    low = _parse(value, "low_precision_dtype")
-    if low is None:
-        return None
-    rule = _applies(low, dtype, op)
+        return DEFAULT
+    name = _parse(value, "low_precision_dtype")
+    if name is None:
+        return FULL
+    rule = _rule(name, dtype, op)
     if rule is not None:
-        # the wire format's name, as the engine and every framework name it
-        raise ValueError(f"`low_precision_dtype` must be {rule}, but got {str(low).removeprefix('torch.')}")
-    return low
+        raise ShmemValueError(f"`low_precision_dtype` must be {rule}, but got {name}")
+    return name
+
+
+def chosen(wire_value: str, dtype: torch.dtype, op: str) -> Optional[str]:
+    """The wire format a call passed as :func:`wire` made it travels in: the environment's default for
+    :data:`DEFAULT`, None (full precision) for :data:`FULL`, else the name itself."""
+    if not wire_value:
+        return default(dtype, op)
+    return None if wire_value == FULL else wire_value
 
 
 # The bound's constants (module docstring): unit roundoff and the underflow term per cast, of each low dtype and
@@ -211,9 +228,9 @@ def error_bound(low: torch.dtype, dtype: torch.dtype, op: str, n: int, abs_sum: 
         ValueError: ``low`` or ``op`` outside what low precision supports.
     """
     if low not in _UNIT_ROUNDOFF:
-        raise ValueError(f"`low` must be one of {_names()}, but got {low}")
+        raise ShmemValueError(f"`low` must be one of {_names()}, but got {low}")
     if op not in _SUM_OPS:
-        raise ValueError(f"`op` must be 'sum' or 'avg', but got {op!r}")
+        raise ShmemValueError(f"`op` must be 'sum' or 'avg', but got {op!r}")
     a = abs_sum.reshape(-1) / n if op == "avg" else abs_sum.reshape(-1)
     count = a.numel()
     padded = a.new_zeros(_round_up(count, BLOCK))

@@ -1,5 +1,5 @@
-"""torch's fused compute-communication ops (seed 000 §10; :class:`._api.Api` checks the shapes first): all-gather +
-matmul and matmul + reduce-scatter, pipelined.
+"""torch's fused compute-communication ops, pipelined (the user API checked the shapes and the signal first):
+all-gather + matmul and matmul + reduce-scatter.
 
 **all_gather_matmul** (``gather_out = all_gather(a)``, ``c = gather_out @ b``). Each rank's rows of ``a`` travel
 in blocks of ``block_size`` rows on a communication stream: for every block, a put into each peer's
@@ -37,40 +37,52 @@ from typing import Optional
 
 import torch
 
+import torch.distributed as dist
+
 from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.symmetric_memory import _args, _autograd, _context, _groups, _rules
-from hyper_parallel.core.symmetric_memory._context import GroupChannel, heap_offset, is_symmetric
+from hyper_parallel.core.multicore.errors import ShmemTypeError, ShmemValueError, type_name
+from hyper_parallel.core.symmetric_memory import checks
+from hyper_parallel.platform.torch import context, groups
+from hyper_parallel.platform.torch.context import heap_offset, is_symmetric
 
 
 # The automatic block: about this many blocks per rank (enough to overlap the first block's transfer with the
 # local matmul and the later ones with the peers' matmuls, few enough that each put and signal is worth it)...
 _AUTO_BLOCKS_PER_RANK = 4
 # ...but no block under this many bytes of `a`: below it the per-block costs (a put and a signal per peer, a
-# wait and a matmul call, tens of µs) outweigh what the overlap gains (2 ranks, m = 256, k = 2048, n = 64: 64-row
-# blocks took 0.1-0.4 ms more than 128- or 256-row ones, out of 2.3 ms). Nor fewer rows than `b` has columns:
-# every block's matmul streams all of `b` again, which costs (relative to the block's matmul) about 1/rows,
-# while the communication it could hide costs about 1/columns (2 ranks, 2048 x 2048 fp32: 4 blocks of 512 rows
-# were 5-10 % slower than one matmul, for 1 % of communication to hide).
+# wait and a matmul call) outweigh what the overlap gains. Nor fewer rows than `b` has columns: every block's matmul
+# streams all of `b` again, which costs (relative to the block's matmul) about 1/rows, while the communication it
+# could hide costs about 1/columns. docs/perf.md ("The fused ops' blocks") has the measurements behind both.
 _MIN_AUTO_BLOCK_BYTES = 1 << 20
 
-# One communication stream per group channel, created on first use and kept (a stream is a worker thread:
-# creating one per call would cost more than a small op). Keyed weakly: a channel dropped by shutdown() takes
-# its stream with it.
-_comm_streams: "weakref.WeakKeyDictionary[GroupChannel, shmem.Stream]" = weakref.WeakKeyDictionary()
+# One communication stream per group's team, created on first use and kept (a stream is a worker thread:
+# creating one per call would cost more than a small op). Keyed weakly: a team dropped by shutdown() takes its
+# stream with it.
+_comm_streams: "weakref.WeakKeyDictionary[shmem.Team, shmem.Stream]" = weakref.WeakKeyDictionary()
+_is_compiling = torch.compiler.is_compiling
+_plain_eager = shmem.plain_eager
 
 
 # Whether all_gather_matmul pushes on its communication stream: None decides by the cores (below); tests set it.
 _push_on_stream: Optional[bool] = None
 
 
-def _comm_stream(ch: GroupChannel) -> Optional[shmem.Stream]:
-    """The channel's communication stream, or None when the calling thread should issue the pushes itself.
+def _ops():
+    return torch.ops.hyper_parallel_shmem
+
+
+def _peers(team: shmem.Team) -> tuple:
+    """The team's other ranks in rotated order (me+1, me+2, ...): no two ranks start by writing to the same peer."""
+    return tuple((team.rank + r) % team.size for r in range(1, team.size))
+
+
+def _comm_stream(team: shmem.Team) -> Optional[shmem.Stream]:
+    """The team's communication stream, or None when the calling thread should issue the pushes itself.
 
     A stream runs its pushes beside the matmuls only if a core is free for it. Where the machine's local ranks
     and their torch threads already fill the cores, its worker would take turns with the matmul on the same
     core, evicting the matmul's cache, and a peer would wait for a push until the worker got its turn: there the
-    calling thread pushes each block itself right before multiplying it (measured on 2 ranks on 2 cores: 5-10 %
-    faster than with the stream, see docs/perf.md).
+    calling thread pushes each block itself right before multiplying it (docs/perf.md, "The fused ops' blocks").
     """
     on_stream = _push_on_stream
     if on_stream is None:
@@ -78,10 +90,10 @@ def _comm_stream(ch: GroupChannel) -> Optional[shmem.Stream]:
         on_stream = _cores() > local_ranks * torch.get_num_threads()
     if not on_stream:
         return None
-    stream = _comm_streams.get(ch)
+    stream = _comm_streams.get(team)
     if stream is None:
         stream = shmem.Stream()
-        _comm_streams[ch] = stream
+        _comm_streams[team] = stream
     return stream
 
 
@@ -101,21 +113,36 @@ def _cores() -> int:
 def _symmetric(t: torch.Tensor, name: str) -> None:
     """Raises ValueError unless ``t`` lies in the symmetric heap (an empty tensor needs not: nobody addresses it)."""
     if t.numel():
-        _rules.require_symmetric(is_symmetric(t), name, t.data_ptr())
+        checks.require_symmetric(is_symmetric(t), name, t.data_ptr())
 
 
-def _signal(value: object, n: int) -> torch.Tensor:
-    """A symmetric int32/int64 tensor with an entry per group rank: its first ``n`` entries."""
-    signal = _args.CHECKS.fused_signal(value, n)
+def _signal(signal: torch.Tensor, n: int) -> torch.Tensor:
+    """The first ``n`` entries of a checked signal (an int32/int64 tensor of at least ``n``), which must be
+    symmetric."""
     _symmetric(signal, "signal")
     return signal.view(-1)[:n]
 
 
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory of two contiguous tensors overlaps."""
+    a_lo, b_lo = a.data_ptr(), b.data_ptr()
+    a_hi = a_lo + a.numel() * a.element_size()
+    b_hi = b_lo + b.numel() * b.element_size()
+    return a_lo < b_hi and b_lo < a_hi and a.numel() > 0 and b.numel() > 0
+
+
+def _required(value: Optional[torch.Tensor], name: str) -> None:
+    """The pipelines write ``c`` and ``signal``: on torch they are tensors (MindSpore's unpipelined path takes
+    None)."""
+    if value is None:
+        raise ShmemTypeError(f"`{name}` must be a torch.Tensor, but got NoneType")
+
+
 def _disjoint(t: torch.Tensor, name: str, others: dict) -> None:
     for other_name, other in others.items():
-        if _args.overlaps(t, other):
-            raise ValueError(f"`{name}` must not overlap `{other_name}`, but got an overlap at byte "
-                             f"{t.data_ptr() - other.data_ptr()} of `{other_name}`")
+        if _overlaps(t, other):
+            raise ShmemValueError(f"`{name}` must not overlap `{other_name}`, but got an overlap at byte "
+                                  f"{t.data_ptr() - other.data_ptr()} of `{other_name}`")
 
 
 def _block_rows(block_size: object, m: int, row_bytes: int, columns: int) -> int:
@@ -130,9 +157,9 @@ def _block_rows(block_size: object, m: int, row_bytes: int, columns: int) -> int
         at_least = max(-(-_MIN_AUTO_BLOCK_BYTES // max(row_bytes, 1)), columns)
         return max(1, -(-m // _AUTO_BLOCKS_PER_RANK), at_least)
     if isinstance(block_size, bool) or not isinstance(block_size, int):
-        raise TypeError(f"`block_size` must be a positive int or None, but got {_rules.type_name(block_size)}")
+        raise ShmemTypeError(f"`block_size` must be a positive int or None, but got {type_name(block_size)}")
     if block_size <= 0:
-        raise ValueError(f"`block_size` must be a positive int or None, but got {block_size}")
+        raise ShmemValueError(f"`block_size` must be a positive int or None, but got {block_size}")
     return block_size
 
 
@@ -148,19 +175,21 @@ def _agree(rows: list, names: list) -> None:
             continue
         if column < 2:
             offsets = ", ".join("ordinary" if v < 0 else hex(v) for v in values)
-            raise ValueError(f"`{name}` must be the same symmetric tensor on every rank of the group, but got heap "
-                             f"offsets [{offsets}] by group rank")
-        raise ValueError(f"`{name}` must be the same on every rank of the group, but got {values} by group rank")
+            raise ShmemValueError(f"`{name}` must be the same symmetric tensor on every rank of the group, but got "
+                                  f"heap offsets [{offsets}] by group rank")
+        raise ShmemValueError(f"`{name}` must be the same on every rank of the group, but got {values} by group rank")
 
 
-def _entry(ch: GroupChannel, signal: torch.Tensor, values: list, names: list) -> None:
-    """Zeroes this rank's signal entries, then publishes ``values`` (an entry sync) and checks they agree.
+def _entry(team: shmem.Team, collective: str, signal: torch.Tensor, values: list, names: list) -> None:
+    """Zeroes this rank's signal entries, then publishes ``values`` (the team's fingerprinted sync of
+    ``collective``) and checks they agree.
 
     The zeroing comes first: after the sync peers may raise this rank's signals.
     """
-    for i in range(ch.size):
-        shmem.signal(signal[i:i + 1], 0, ch.my_pe)
-    _agree(ch.publish(ch.flip(), values), names)
+    me = team.pes[team.rank]
+    for i in range(team.size):
+        shmem.signal(signal[i:i + 1], 0, me)
+    _agree(team.agree(collective, values), names)
 
 
 # --------------------------------------------------------------------------
@@ -168,27 +197,35 @@ def _entry(ch: GroupChannel, signal: torch.Tensor, values: list, names: list) ->
 # --------------------------------------------------------------------------
 
 
-def all_gather_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, gather_out: torch.Tensor,
-                      signal: torch.Tensor, block_size: Optional[int], group_name: str, dims: tuple) -> tuple:
-    """``fused_all_gather_matmul`` on checked shapes (``dims``: m, k and b's columns): ``c`` is required here (the
-    pipeline writes the product into it), then the signal, the block, and the operator."""
-    _args.CHECKS.tensor(c, "c")
+def all_gather_matmul(a: torch.Tensor, b: torch.Tensor, c: Optional[torch.Tensor], gather_out: torch.Tensor,
+                      signal: Optional[torch.Tensor], block_size: Optional[int], group: Optional[dist.ProcessGroup],
+                      dims: tuple) -> tuple:
+    """``fused_all_gather_matmul`` on checked shapes and signal (``dims``: m, k and b's columns): ``c`` and
+    ``signal`` are required here (the pipeline writes into them), then the block, and the pipeline (through its
+    operator where autograd or torch.compile needs it)."""
+    _required(c, "c")
+    _required(signal, "signal")
     m, k, columns = dims
-    _args.CHECKS.fused_signal(signal, _groups.size(_groups.resolve(group_name)))
     block = _block_rows(block_size, m, k * a.element_size(), columns)
-    _autograd.call("fused_all_gather_matmul_", _all_gather_matmul_op, (a, b), a, b, c, gather_out, signal, block,
-                   group_name)
+    if _is_compiling() or not _plain_eager(a, b):
+        _ops().fused_all_gather_matmul_(a, b, c, gather_out, signal, block, groups.name(group))
+    else:
+        _placed_all_gather_matmul(a, b, c, gather_out, signal, block, context.team(group))
     return gather_out, c
 
 
 def _all_gather_matmul_op(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, gather_out: torch.Tensor,
                           signal: torch.Tensor, block_size: int, group_name: str) -> None:
-    """The operator ``fused_all_gather_matmul_``: the channel, the placement checks, then
-    :func:`_all_gather_matmul`."""
-    ch = _context.channel(_groups.resolve(group_name), "fused_all_gather_matmul")
-    sig = _signal(signal, ch.size)
-    _check_all_gather_matmul_placement(a, b, c, gather_out, sig, ch.me)
-    _all_gather_matmul(a, b, c, gather_out, sig, block_size, ch)
+    """The operator ``fused_all_gather_matmul_``."""
+    _placed_all_gather_matmul(a, b, c, gather_out, signal, block_size, context.team(groups.resolve(group_name)))
+
+
+def _placed_all_gather_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, gather_out: torch.Tensor,
+                              signal: torch.Tensor, block: int, team: shmem.Team) -> None:
+    """The placement checks, then :func:`_all_gather_matmul`."""
+    sig = _signal(signal, team.size)
+    _check_all_gather_matmul_placement(a, b, c, gather_out, sig, team.rank)
+    _all_gather_matmul(a, b, c, gather_out, sig, block, team)
 
 
 def _check_all_gather_matmul_placement(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, gather_out: torch.Tensor,
@@ -198,44 +235,45 @@ def _check_all_gather_matmul_placement(a: torch.Tensor, b: torch.Tensor, c: torc
     _symmetric(gather_out, "gather_out")
     m = a.shape[0]
     own_rows = gather_out[me * m:(me + 1) * m]
-    if _args.overlaps(a, gather_out) and a.data_ptr() != own_rows.data_ptr():
-        raise ValueError("`a` must be this rank's rows of `gather_out` or not overlap it, but got an overlap at "
-                         f"byte {a.data_ptr() - gather_out.data_ptr()} of `gather_out`")
+    if _overlaps(a, gather_out) and a.data_ptr() != own_rows.data_ptr():
+        raise ShmemValueError("`a` must be this rank's rows of `gather_out` or not overlap it, but got an overlap at "
+                              f"byte {a.data_ptr() - gather_out.data_ptr()} of `gather_out`")
     _disjoint(c, "c", {"a": a, "b": b, "gather_out": gather_out, "signal": signal})
     _disjoint(gather_out, "gather_out", {"b": b, "signal": signal})
     _disjoint(signal, "signal", {"a": a, "b": b})
 
 
 def _all_gather_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, gather_out: torch.Tensor,
-                       signal: torch.Tensor, block: int, ch: GroupChannel) -> None:
+                       signal: torch.Tensor, block: int, team: shmem.Team) -> None:
     """all_gather_matmul on checked arguments (``block``: rows per block)."""
-    n, me = ch.size, ch.me
+    n, me = team.size, team.rank
     m, k = a.shape
     signal = signal.view(-1)
     own = slice(me * m, (me + 1) * m)
-    _context.flush_for_host_read()  # the matmuls are torch ops on this thread: earlier SHMEM work must be done
-    if ch.team.spans_nodes:
+    context.flush_for_host_read()  # the matmuls are torch ops on this thread: earlier SHMEM work must be done
+    if team.spans_nodes:
         # Peers on other nodes are out of one-sided reach: the team's hierarchical all_gather, then one matmul.
-        ch.team.all_gather(gather_out, a.contiguous())
+        team.all_gather(gather_out, a.contiguous())
         torch.mm(gather_out.view(n * m, k), b, out=c)
         return
     with shmem.stream(None):
         if n > 1:
-            _entry(ch, signal, [heap_offset(gather_out), heap_offset(signal), m, k, b.shape[1]],
+            _entry(team, "fused_all_gather_matmul", signal,
+                   [heap_offset(gather_out), heap_offset(signal), m, k, b.shape[1]],
                    ["gather_out", "signal", "a.shape[0]", "a.shape[1]", "b.shape[1]"])
         blocks = [(lo, min(lo + block, m)) for lo in range(0, m, block)]
         copy_own = m > 0 and gather_out[own].data_ptr() != a.data_ptr()  # (not when `a` is its own rows already)
-        comm = _comm_stream(ch) if n > 1 else None
+        comm = _comm_stream(team) if n > 1 else None
         if comm is not None:
             with comm:
                 for index, (lo, hi) in enumerate(blocks):
-                    _push_block(a, gather_out, signal, index, lo, hi, ch)
+                    _push_block(a, gather_out, signal, index, lo, hi, team)
                 if copy_own:
-                    shmem.put(gather_out[own], a, ch.my_pe)
+                    shmem.put(gather_out[own], a, team.pes[me])
         try:
             for index, (lo, hi) in enumerate(blocks):  # own rows straight from `a`, while peers' rows travel
                 if comm is None:
-                    _push_block(a, gather_out, signal, index, lo, hi, ch)
+                    _push_block(a, gather_out, signal, index, lo, hi, team)
                     if copy_own:
                         gather_out[me * m + lo:me * m + hi].copy_(a[lo:hi])
                 torch.mm(a[lo:hi], b, out=c[me * m + lo:me * m + hi])  # `a[lo:hi]` is still in cache from the push
@@ -251,13 +289,14 @@ def _all_gather_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, gather
 
 
 def _push_block(a: torch.Tensor, gather_out: torch.Tensor, signal: torch.Tensor, index: int, lo: int, hi: int,
-                ch: GroupChannel) -> None:
+                team: shmem.Team) -> None:
     """Puts rows ``lo:hi`` of ``a`` into every peer's ``gather_out``, each followed by the signal that block
     ``index`` has landed (put and signal are ordered on one stream: the data is visible first)."""
-    rows = gather_out[ch.me * a.shape[0] + lo:ch.me * a.shape[0] + hi]
-    for p in ch.peers:
-        shmem.put(rows, a[lo:hi], ch.pes[p])
-        shmem.signal(signal[ch.me:ch.me + 1], index + 1, ch.pes[p])
+    me = team.rank
+    rows = gather_out[me * a.shape[0] + lo:me * a.shape[0] + hi]
+    for p in _peers(team):
+        shmem.put(rows, a[lo:hi], team.pes[p])
+        shmem.signal(signal[me:me + 1], index + 1, team.pes[p])
 
 
 # --------------------------------------------------------------------------
@@ -265,23 +304,31 @@ def _push_block(a: torch.Tensor, gather_out: torch.Tensor, signal: torch.Tensor,
 # --------------------------------------------------------------------------
 
 
-def matmul_reduce_scatter(x1: torch.Tensor, x2: torch.Tensor, symm_tensor: torch.Tensor, signal: torch.Tensor,
-                          reduce_op: str, group_name: str, dims: tuple) -> torch.Tensor:
-    """``fused_matmul_reduce_scatter`` on checked shapes: the signal, then the operator."""
-    del dims   # the operator reads the shapes again (its fake kernel too)
-    _args.CHECKS.fused_signal(signal, _groups.size(_groups.resolve(group_name)))
-    return _autograd.call("fused_matmul_reduce_scatter", _matmul_reduce_scatter_op, (x1, x2), x1, x2, symm_tensor,
-                          signal, reduce_op, group_name)
+def matmul_reduce_scatter(x1: torch.Tensor, x2: torch.Tensor, symm_tensor: torch.Tensor,
+                          signal: Optional[torch.Tensor], reduce_op: str, group: Optional[dist.ProcessGroup],
+                          dims: tuple) -> torch.Tensor:
+    """``fused_matmul_reduce_scatter`` on checked shapes and signal (``signal`` is required here), through its
+    operator where autograd or torch.compile needs it."""
+    del dims   # the pipeline reads the shapes again (the operator's fake kernel too)
+    _required(signal, "signal")
+    if _is_compiling() or not _plain_eager(x1, x2):
+        return _ops().fused_matmul_reduce_scatter(x1, x2, symm_tensor, signal, reduce_op, groups.name(group))
+    return _placed_matmul_reduce_scatter(x1, x2, symm_tensor, signal, reduce_op, context.team(group))
 
 
 def _matmul_reduce_scatter_op(x1: torch.Tensor, x2: torch.Tensor, symm_tensor: torch.Tensor, signal: torch.Tensor,
                               reduce_op: str, group_name: str) -> torch.Tensor:
-    """The operator ``fused_matmul_reduce_scatter``: the channel, the placement checks, then
-    :func:`_matmul_reduce_scatter`."""
-    ch = _context.channel(_groups.resolve(group_name), "fused_matmul_reduce_scatter")
-    sig = _signal(signal, ch.size)
+    """The operator ``fused_matmul_reduce_scatter``."""
+    return _placed_matmul_reduce_scatter(x1, x2, symm_tensor, signal, reduce_op,
+                                         context.team(groups.resolve(group_name)))
+
+
+def _placed_matmul_reduce_scatter(x1: torch.Tensor, x2: torch.Tensor, symm_tensor: torch.Tensor,
+                                  signal: torch.Tensor, reduce_op: str, team: shmem.Team) -> torch.Tensor:
+    """The placement checks, then :func:`_matmul_reduce_scatter`."""
+    sig = _signal(signal, team.size)
     _check_matmul_reduce_scatter_placement(x1, x2, symm_tensor, sig)
-    return _matmul_reduce_scatter(x1, x2, symm_tensor, sig, reduce_op, ch)
+    return _matmul_reduce_scatter(x1, x2, symm_tensor, sig, reduce_op, team)
 
 
 def _check_matmul_reduce_scatter_placement(x1: torch.Tensor, x2: torch.Tensor, symm_tensor: torch.Tensor,
@@ -294,33 +341,34 @@ def _check_matmul_reduce_scatter_placement(x1: torch.Tensor, x2: torch.Tensor, s
 
 
 def _matmul_reduce_scatter(x1: torch.Tensor, x2: torch.Tensor, symm_tensor: torch.Tensor, signal: torch.Tensor,
-                           reduce_op: str, ch: GroupChannel) -> torch.Tensor:
+                           reduce_op: str, team: shmem.Team) -> torch.Tensor:
     """matmul_reduce_scatter on checked arguments; returns the new (M / size, N) result."""
-    n, me = ch.size, ch.me
+    n, me = team.size, team.rank
     rows, k = x1.shape
     columns = x2.shape[1]
     signal = signal.view(-1)
     m = rows // n
     result = torch.empty((m, columns), dtype=x1.dtype, device=x1.device)
-    _context.flush_for_host_read()  # the matmuls are torch ops on this thread: earlier SHMEM work must be done
-    if ch.team.spans_nodes:
+    context.flush_for_host_read()  # the matmuls are torch ops on this thread: earlier SHMEM work must be done
+    if team.spans_nodes:
         # Peers on other nodes are out of one-sided reach: one matmul, then the team's hierarchical reduce_scatter.
         product = symm_tensor.view(rows, columns)
         torch.mm(x1, x2, out=product)
-        ch.team.reduce_scatter(result, product, reduce_op)
+        team.reduce_scatter(result, product, reduce_op)
         return result
     with shmem.stream(None):
         if n == 1:
             torch.mm(x1, x2, out=result)  # the sum or average of one product is the product
             return result
-        _entry(ch, signal, [heap_offset(symm_tensor), heap_offset(signal), rows, k, columns],
+        _entry(team, "fused_matmul_reduce_scatter", signal,
+               [heap_offset(symm_tensor), heap_offset(signal), rows, k, columns],
                ["symm_tensor", "signal", "x1.shape[0]", "x1.shape[1]", "x2.shape[1]"])
         partial = symm_tensor.view(rows, columns)
         for r in range(1, n):  # rotated: no two ranks finish a block for the same target at the same step
             target = (me + r) % n
             block = slice(target * m, (target + 1) * m)
             torch.mm(x1[block], x2, out=partial[block])
-            shmem.signal(signal[me:me + 1], 1, ch.pes[target])  # "your rows are ready in my memory"
+            shmem.signal(signal[me:me + 1], 1, team.pes[target])  # "your rows are ready in my memory"
         mine = slice(me * m, (me + 1) * m)
         if n == 2:
             # The peer's partial product of these rows is the matmul's addend, read in place from its memory: this
@@ -329,13 +377,13 @@ def _matmul_reduce_scatter(x1: torch.Tensor, x2: torch.Tensor, symm_tensor: torc
             shmem.wait_signal(signal[peer:peer + 1], 1, cmp="ge")
             if result.numel():
                 scale = 0.5 if reduce_op == "avg" else 1.0
-                torch.addmm(shmem.peer_tensor(partial[mine], ch.pes[peer]), x1[mine], x2, beta=scale, alpha=scale,
+                torch.addmm(shmem.peer_tensor(partial[mine], team.pes[peer]), x1[mine], x2, beta=scale, alpha=scale,
                             out=result)
         else:
             torch.mm(x1[mine], x2, out=partial[mine])
-            for s in ch.peers:
+            for s in _peers(team):
                 shmem.wait_signal(signal[s:s + 1], 1, cmp="ge")
             if result.numel():
-                shmem.reduce(result.view(-1), partial[mine].reshape(-1), ch.pes, op=reduce_op)
-        ch.sync()  # peers are done reading this rank's partial products before it returns
+                shmem.reduce(result.view(-1), partial[mine].reshape(-1), team.pes, op=reduce_op)
+        team.barrier()  # peers are done reading this rank's partial products before it returns
     return result

@@ -1,11 +1,14 @@
-"""The runtime's calls over its C ABI for a framework handler: the path of frameworks other than torch.
+"""MindSpore's calls into the runtime, over its C ABI (:class:`hyper_parallel.core.symmetric_memory.protocol.Calls`):
+what the user API hands a checked call to on MindSpore.
 
-:class:`CAbiCalls` is what :class:`._api.Api` hands a checked call to on MindSpore (its module docstring lists the
-calls). What the framework does differently lives in its handler (:mod:`hyper_parallel.platform.mindspore`): what a
-tensor is, its dtype and address, tensors over heap memory, synchronisation, groups and their bootstrap, and
-autograd. What is here needs no framework: the runtime's lifecycle and teams, group-local ranks, and the calls of
-:mod:`hyper_parallel.core.multicore.c_runtime`. Every call drains the framework's queue first
-(``handler.synchronize``); the runtime's calls complete before they return.
+They sit in MindSpore's handler, as torch's calls sit in torch's (:mod:`hyper_parallel.platform.torch.calls`): the
+two handlers reach the runtime differently (torch through its C++ binding and the runtime face, MindSpore through
+the C ABI with ctypes, since MindSpore's C++ extensions use another C++ library ABI), so each has its own calls.
+What they do needs little of MindSpore itself: the runtime's lifecycle and teams, group-local ranks and the calls of
+:mod:`hyper_parallel.core.multicore.c_runtime`, over this handler's tensors (:mod:`.tensors`: addresses, tensors
+over heap memory, synchronisation), groups (:mod:`.groups`) and autograd (:mod:`.autograd`). A second framework on
+the C ABI would move them to a neutral module. Every call drains MindSpore's queue first (``tensors.synchronize``);
+the runtime's calls complete before they return.
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from hyper_parallel.core.multicore import c_runtime
-from hyper_parallel.core.multicore.errors import ShmemStateError
-from hyper_parallel.core.symmetric_memory import _gradients, _rules
-from hyper_parallel.core.symmetric_memory._api import SymmetricMemory
-from hyper_parallel.core.symmetric_memory._checks import Checks
+from hyper_parallel.core.multicore import c_runtime, snapshot
+from hyper_parallel.core.multicore.errors import ShmemStateError, ShmemValueError
+from hyper_parallel.core.symmetric_memory import checks
+from hyper_parallel.core.symmetric_memory.checks import Checks
+from hyper_parallel.platform.mindspore import autograd, groups, tensors
+
+# The checks this handler runs itself (free's tensor, before the runtime is asked).
+_CHECKS = Checks(tensors)
 
 _ALIGNMENT = 64   # bytes, the runtime face's default: a cache line
 _HEAP_ALIAS = "SYMMETRIC_MEMORY_HEAP_SIZE"
@@ -32,6 +38,9 @@ _WIRE_WIDTH = {"float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1
 
 @dataclass
 class _Team:
+    """A runtime team over the C ABI: its id, its members' world ranks (PEs, in group-rank order), this rank's
+    group rank."""
+
     id: int
     pes: list
     me: int
@@ -40,11 +49,7 @@ class _Team:
 class CAbiCalls:
     """The runtime's calls over its C ABI for one framework handler; one instance per process and framework."""
 
-    fast = None   # every call takes the checks: the C ABI's calls cost more than they do
-
-    def __init__(self, handler: Any) -> None:
-        self.h = handler
-        self.checks = Checks(handler)
+    def __init__(self) -> None:
         self._lock = threading.RLock()
         self._allocations: dict = {}   # address -> c_runtime.Allocation, for free
         self._teams: dict = {}         # group name -> _Team
@@ -52,29 +57,29 @@ class CAbiCalls:
     # ------------------------------------------------------------------ groups and lifecycle
     def group_key(self, group: Optional[object]) -> str:
         """The group's name (None: the world group)."""
-        return self.h.group_name(group)
+        return groups.name(group)
 
     def group_size(self, name: str) -> int:
         """The number of ranks of the group ``name``."""
-        self.h.require_initialized("symmetric_memory")
-        return len(self.h.group_ranks(name))
+        groups.require_initialized("symmetric_memory")
+        return len(groups.ranks(name))
 
     def _ensure_runtime(self, op: str) -> None:
-        self.h.require_initialized(op)
+        groups.require_initialized(op)
         if c_runtime.state() == "initialized":
             return
         if _HEAP_ALIAS in os.environ and _HEAP_VARIABLE not in os.environ:
             os.environ[_HEAP_VARIABLE] = os.environ[_HEAP_ALIAS]
-        c_runtime.init(self._bootstrap(self.h.world_group()))
+        c_runtime.init(self._bootstrap(groups.WORLD))
 
     def _bootstrap(self, group: str) -> c_runtime.Bootstrap:
         """The runtime's bootstrap over the handler's exchange of ``group``."""
-        exchange = self.h.bootstrap(group)
+        exchange = groups.bootstrap(group)
         return c_runtime.Bootstrap(exchange.rank, exchange.size, exchange.all_gather, exchange.barrier)
 
     def _element(self, tensor: Any) -> c_runtime.ElementType:
         """``tensor``'s element type as the engine names it."""
-        return c_runtime.ElementType(*self.h.element_type(tensor))
+        return c_runtime.ElementType(*tensors.element_type(tensor))
 
     def _team(self, name: str, op: str) -> _Team:
         """The team of group ``name`` (created on its first collective: collective over the group)."""
@@ -82,8 +87,8 @@ class CAbiCalls:
             self._ensure_runtime(op)
             team = self._teams.get(name)
             if team is None:
-                pes = self.h.group_ranks(name)
-                me = pes.index(self.h.world_rank())
+                pes = groups.ranks(name)
+                me = pes.index(groups.world_rank())
                 team = _Team(c_runtime.team_create(pes, self._bootstrap(name)), pes, me)
                 self._teams[name] = team
             return team
@@ -91,33 +96,33 @@ class CAbiCalls:
     def _pe(self, rank: int, name: str, op: str) -> int:
         """The world rank of group rank ``rank`` (checked against the group)."""
         self._ensure_runtime(op)
-        pes = self.h.group_ranks(name)
-        return pes[self.checks.rank_in_group(rank, "target_rank", len(pes))]
+        pes = groups.ranks(name)
+        return pes[checks.rank_in_group(rank, "target_rank", len(pes))]
 
     def empty(self, dims: tuple, dtype: object = None) -> Any:
         """A tensor of checked ``dims`` over a new allocation of the symmetric heap (collective over the world)."""
-        dtype = self.h.default_dtype() if dtype is None else dtype
-        info = self.h.dtype_info(dtype)
+        dtype = tensors.default_dtype() if dtype is None else dtype
+        info = tensors.dtype_info(dtype)
         numel = 1
         for d in dims:
             numel *= d
         with self._lock:
             self._ensure_runtime("empty")
-            allocation = c_runtime.allocate(numel * info.itemsize, _ALIGNMENT, _rules.call_site())
+            allocation = c_runtime.allocate(numel * info.itemsize, _ALIGNMENT, checks.call_site())
             self._allocations[allocation.address] = allocation
-        return self.h.wrap(allocation.address, dims, dtype)
+        return tensors.wrap(allocation.address, dims, dtype)
 
     def free(self, tensor: Any) -> None:
         """Frees the allocation a tensor from :meth:`empty` starts (collective over the world)."""
-        self.checks.tensor(tensor, "tensor")
-        address = self.h.address(tensor)
+        _CHECKS.tensor(tensor, "tensor")
+        address = tensors.address(tensor)
         with self._lock:
             allocation = self._allocations.get(address)
             if allocation is None:
-                raise ValueError(f"`tensor` must be a tensor from symm.empty (not freed yet), but got one at "
-                                 f"{address:#x}")
-            self.h.synchronize()
-            c_runtime.free(allocation.id, _rules.call_site())
+                raise ShmemValueError(f"`tensor` must be a tensor from symm.empty (not freed yet), but got one at "
+                                      f"{address:#x}")
+            tensors.synchronize()
+            c_runtime.free(allocation.id, checks.call_site())
             del self._allocations[address]
 
     def shutdown(self) -> None:
@@ -125,34 +130,38 @@ class CAbiCalls:
         with self._lock:
             if c_runtime.state() != "initialized":
                 return
-            self.h.synchronize()
-            c_runtime.shutdown(self._bootstrap(self.h.world_group()))
+            tensors.synchronize()
+            c_runtime.shutdown(self._bootstrap(groups.WORLD))
             self._teams.clear()
 
-    def rendezvous(self, t: Any, group: Optional[object], checks: Checks) -> SymmetricMemory:
+    def rendezvous(self, t: Any, name: str) -> tuple:
         """Every group rank's copy of one symmetric tensor, checked to be the same range on every rank (collective
-        over the group); the handle views each copy as a tensor over that rank's memory."""
+        over the group ``name``).
+
+        Returns:
+            ``(rank, buffer_ptrs, buffer_size, view, barrier)`` of the user API's ``SymmetricMemory``: ``view``
+            views a rank's copy as a tensor over that rank's memory.
+        """
         if c_runtime.state() != "initialized":
             raise ShmemStateError("symmetric memory is not initialised: op=rendezvous (call symm.empty() on every "
                                   "rank first)")
-        address, nbytes = self.h.address(t), self.h.nbytes(t)
+        address, nbytes = tensors.address(t), tensors.nbytes(t)
         offset = -1
         for allocation in self._allocations.values():
             if allocation.address <= address and address + nbytes <= allocation.address + allocation.bytes:
                 offset = allocation.heap_offset + (address - allocation.address)
-        name = self.h.group_name(group)
         team = self._team(name, "rendezvous")
         rows = self._exchange(team, [offset, nbytes])
-        mismatch = _rules.rendezvous_mismatch(rows)
+        mismatch = checks.rendezvous_mismatch(rows)
         if mismatch is not None:
-            raise ValueError(mismatch)
+            raise ShmemValueError(mismatch)
         pointers = [c_runtime.peer_address(address, nbytes, pe) for pe in team.pes]
 
         def view(rank: int, begin: int, end: int, shape: tuple, dtype: Any) -> Any:
             del end   # the shape says how far the view reaches
-            return self.h.wrap(pointers[rank] + begin, shape, dtype)
+            return tensors.wrap(pointers[rank] + begin, shape, dtype)
 
-        return SymmetricMemory(checks, team.me, pointers, nbytes, view, lambda: self.barrier(name))
+        return team.me, pointers, nbytes, view, lambda: self.barrier(name)
 
     def _exchange(self, team: _Team, values: list) -> list:
         """Every member's ``values`` (int64s, as many on every rank), in group-rank order, through the engine."""
@@ -164,8 +173,11 @@ class CAbiCalls:
         return [list(every[i * n:(i + 1) * n]) for i in range(len(team.pes))]
 
     def debug_state(self) -> dict:
-        """The runtime's snapshot (keys as the torch runtime face's ``debug_state``)."""
-        return c_runtime.debug_state()
+        """The runtime's snapshot with the runtime face's keys, upstream's included (:func:`snapshot.project`): the
+        runtime's root is the world group, and the API holds the one reference of a live lifecycle."""
+        raw = c_runtime.debug_state()
+        live = raw["state"] != "uninitialized"
+        return snapshot.project(raw, list(range(raw["world_size"])) if live else [], 1 if live else 0)
 
     def available(self) -> bool:
         """Whether the runtime's C ABI library loads in this installation."""
@@ -178,20 +190,20 @@ class CAbiCalls:
     # ------------------------------------------------------------------ primitives
     def _require_symmetric(self, t: Any, name: str) -> None:
         """Raises ValueError unless ``t`` lies inside a symmetric allocation of this process."""
-        address, end = self.h.address(t), self.h.address(t) + self.h.nbytes(t)
+        address, end = tensors.address(t), tensors.address(t) + tensors.nbytes(t)
         inside = any(a.address <= address and end <= a.address + a.bytes for a in self._allocations.values())
-        _rules.require_symmetric(inside, name, address)
+        checks.require_symmetric(inside, name, address)
 
     def _address(self, t: Any, at: int) -> int:
         """The address of element ``at`` of a checked tensor."""
-        return self.h.address(t) + at * int(t.itemsize)
+        return tensors.address(t) + at * int(t.itemsize)
 
     def put(self, target: Any, target_at: int, src: Any, src_at: int, n: int, rank: int, name: str) -> None:
         """``shmem_put`` on checked windows."""
         self._require_symmetric(target, "target")
         pe = self._pe(rank, name, "shmem_put")
         nbytes = n * int(target.itemsize)
-        self.h.synchronize()
+        tensors.synchronize()
         c_runtime.put(self._address(target, target_at), self._address(src, src_at), nbytes, nbytes, pe)
 
     def get(self, target: Any, target_at: int, src: Any, src_at: int, n: int, rank: int, name: str) -> None:
@@ -199,14 +211,14 @@ class CAbiCalls:
         self._require_symmetric(src, "src")
         pe = self._pe(rank, name, "shmem_get")
         nbytes = n * int(target.itemsize)
-        self.h.synchronize()
+        tensors.synchronize()
         c_runtime.get(self._address(target, target_at), self._address(src, src_at), nbytes, nbytes, pe)
 
     def signal(self, signal: Any, offset: int, value: int, op: str, rank: int, name: str) -> None:
         """``shmem_signal_op`` on a checked element."""
         self._require_symmetric(signal, "signal")
         pe = self._pe(rank, name, "shmem_signal_op")
-        self.h.synchronize()
+        tensors.synchronize()
         c_runtime.signal(self._address(signal, offset), int(signal.itemsize), value, op, pe)
 
     def wait_signal(self, depend_tensor: Optional[Any], signal: Any, offset: int, value: int, cmp: str) -> None:
@@ -214,7 +226,7 @@ class CAbiCalls:
         del depend_tensor
         self._ensure_runtime("shmem_wait_for_signal")
         self._require_symmetric(signal, "signal")
-        self.h.synchronize()
+        tensors.synchronize()
         c_runtime.wait_signal(self._address(signal, offset), int(signal.itemsize), cmp, value)
 
     def put_with_signal(self, target: Any, target_at: int, src: Any, src_at: int, n: int, signal: Any, offset: int,
@@ -224,14 +236,14 @@ class CAbiCalls:
         self._require_symmetric(signal, "signal")
         pe = self._pe(rank, name, "shmem_put_with_signal")
         nbytes = n * int(target.itemsize)
-        self.h.synchronize()
+        tensors.synchronize()
         c_runtime.put(self._address(target, target_at), self._address(src, src_at), nbytes, nbytes, pe)
         c_runtime.signal(self._address(signal, offset), int(signal.itemsize), value, op, pe)
 
     def barrier(self, name: str) -> None:
         """A barrier of group ``name`` (creating its team on its first collective)."""
         team = self._team(name, "barrier")
-        self.h.synchronize()
+        tensors.synchronize()
         c_runtime.team_barrier(team.id)
 
     # ------------------------------------------------------------------ collectives
@@ -240,65 +252,66 @@ class CAbiCalls:
         apply raises; the environment's default applies where it can."""
         explicit = value is not None
         name = value if explicit else os.environ.get(_LOW_PRECISION_VARIABLE, "")
-        wire = _rules.low_precision_name(self.h.dtype_name(name) if not isinstance(name, str) else name,
+        wire = checks.low_precision_name(tensors.dtype_name(name) if not isinstance(name, str) else name,
                                          "low_precision_dtype" if explicit else _LOW_PRECISION_VARIABLE)
         if wire is None:
             return None
-        rule = self.checks.low_precision_rule(_WIRE_WIDTH[wire], dtype, op)
+        rule = checks.low_precision_rule(tensors, _WIRE_WIDTH[wire], dtype, op)
         if rule is None:
             return wire
         if explicit:
-            raise ValueError(f"`low_precision_dtype` must be {rule}, but got {wire}")
+            raise ShmemValueError(f"`low_precision_dtype` must be {rule}, but got {wire}")
         return None
 
     def all_gather(self, output: Any, data: Any, name: str) -> Any:
         """``shmem_allgather`` on checked arguments, through the handler's autograd."""
-        return self.h.differentiable("all_gather", self, (output, data), {"group": name})
+        return autograd.differentiable("all_gather", self, (output, data), {"group": name})
 
     def all_reduce(self, t: Any, op: str, name: str, wire: Optional[str], backward: str) -> Any:
         """``shmem_allreduce`` on checked arguments, through the handler's autograd."""
-        return self.h.differentiable("all_reduce", self, (t,), {"op": op, "group": name, "wire": wire,
+        return autograd.differentiable("all_reduce", self, (t,), {"op": op, "group": name, "wire": wire,
                                                                  "backward": backward})
 
     def reduce_scatter(self, output: Any, data: Any, op: str, name: str, wire: Optional[str]) -> Any:
         """``shmem_reduce_scatter`` on checked arguments, through the handler's autograd."""
-        return self.h.differentiable("reduce_scatter", self, (output, data), {"op": op, "group": name, "wire": wire})
+        return autograd.differentiable("reduce_scatter", self, (output, data), {"op": op, "group": name, "wire": wire})
 
     def all_to_all(self, sends: list, receive: Any, counts: list, name: str) -> Any:
         """``shmem_alltoall`` on checked arguments, through the handler's autograd."""
-        return self.h.differentiable("all_to_all", self, (receive, *sends),
+        return autograd.differentiable("all_to_all", self, (receive, *sends),
                                      {"group": name, "receive_counts": tuple(counts)})
 
     def all_gather_into(self, output: Any, data: Any, name: str) -> Any:
         """all_gather on checked arguments (no autograd): ``output`` receives every member's ``data``."""
         team = self._team(name, "shmem_allgather")
-        self.h.synchronize()
-        c_runtime.all_gather(team.id, self.h.address(output), self.h.nbytes(output), self.h.address(data),
-                             self.h.nbytes(data), self._element(data))
+        tensors.synchronize()
+        c_runtime.all_gather(team.id, tensors.address(output), tensors.nbytes(output), tensors.address(data),
+                             tensors.nbytes(data), self._element(data))
         return output
 
     def all_reduce_into(self, tensor: Any, op: str, name: str, wire: Optional[str] = None) -> Any:
         """all_reduce in place on checked arguments (no autograd)."""
         team = self._team(name, "shmem_allreduce")
-        self.h.synchronize()
-        c_runtime.all_reduce(team.id, self.h.address(tensor), None, self.h.nbytes(tensor),
-                             self.h.dtype_info(tensor.dtype).reduce, op, wire)
+        tensors.synchronize()
+        c_runtime.all_reduce(team.id, tensors.address(tensor), None, tensors.nbytes(tensor),
+                             tensors.dtype_info(tensor.dtype).reduce, op, wire)
         return tensor
 
     def reduce_scatter_into(self, output: Any, data: Any, op: str, name: str, wire: Optional[str] = None) -> Any:
         """reduce_scatter on checked arguments (no autograd)."""
         team = self._team(name, "shmem_reduce_scatter")
-        self.h.synchronize()
-        c_runtime.reduce_scatter(team.id, self.h.address(output), self.h.nbytes(output), self.h.address(data),
-                                 self.h.nbytes(data), self.h.dtype_info(data.dtype).reduce, op, wire)
+        tensors.synchronize()
+        c_runtime.reduce_scatter(team.id, tensors.address(output), tensors.nbytes(output), tensors.address(data),
+                                 tensors.nbytes(data), tensors.dtype_info(data.dtype).reduce, op, wire)
         return output
 
     def all_to_all_into(self, sends: Sequence[Any], receive: Any, receive_counts: Sequence[int], name: str) -> Any:
         """all_to_all on checked arguments (no autograd)."""
         team = self._team(name, "shmem_alltoall")
-        self.h.synchronize()
-        c_runtime.all_to_all(team.id, [(self.h.address(t), self.h.nbytes(t)) for t in sends], self.h.address(receive),
-                             self.h.nbytes(receive), list(receive_counts), self._element(receive))
+        tensors.synchronize()
+        c_runtime.all_to_all(team.id, [(tensors.address(t), tensors.nbytes(t)) for t in sends],
+                             tensors.address(receive), tensors.nbytes(receive), list(receive_counts),
+                             self._element(receive))
         return receive
 
     def _registered_team(self, name: str, op: str) -> _Team:
@@ -312,8 +325,8 @@ class CAbiCalls:
         return team
 
     def _refuse_recording(self, op: str) -> None:
-        if self.h.recording():
-            raise ShmemStateError(f"{op} cannot be differentiated on {self.h.name} (a Cell's bprop runs only when one "
+        if autograd.recording():
+            raise ShmemStateError(f"{op} cannot be differentiated on mindspore (a Cell's bprop runs only when one "
                                   f"of its inputs is differentiated, and a receive buffer never is, so the gradient "
                                   f"would never travel back; call it outside grad/value_and_grad): op={op}")
 
@@ -321,17 +334,17 @@ class CAbiCalls:
         """``shmem_send`` on checked arguments (not while a gradient graph is recorded)."""
         self._refuse_recording("shmem_send")
         team = self._registered_team(name, "shmem_send")
-        peer = self.checks.peer(dst, "dst_rank", len(team.pes), team.me)
-        self.h.synchronize()
-        c_runtime.send(team.id, self.h.address(t), self.h.nbytes(t), peer)
+        peer = checks.peer(dst, "dst_rank", len(team.pes), team.me)
+        tensors.synchronize()
+        c_runtime.send(team.id, tensors.address(t), tensors.nbytes(t), self._element(t), peer)
 
     def recv(self, t: Any, src: int, name: str) -> Any:
         """``shmem_recv`` on checked arguments (not while a gradient graph is recorded)."""
         self._refuse_recording("shmem_recv")
         team = self._registered_team(name, "shmem_recv")
-        peer = self.checks.peer(src, "src_rank", len(team.pes), team.me)
-        self.h.synchronize()
-        c_runtime.recv(team.id, self.h.address(t), self.h.nbytes(t), peer)
+        peer = checks.peer(src, "src_rank", len(team.pes), team.me)
+        tensors.synchronize()
+        c_runtime.recv(team.id, tensors.address(t), tensors.nbytes(t), self._element(t), peer)
         return t
 
     # ------------------------------------------------------------------ fused ops
@@ -339,13 +352,11 @@ class CAbiCalls:
                           block_size: Optional[int], name: str, dims: tuple) -> tuple:
         """``fused_all_gather_matmul`` on checked shapes: one all_gather, then one matmul (not pipelined; ``c``
         None: the product is a new tensor)."""
-        del block_size, dims   # the pipeline's block; this path runs one gather
-        if signal is not None:
-            self.checks.fused_signal(signal, self.group_size(name))   # torch's pipeline scratch: checked alike
+        del signal, block_size, dims   # the pipeline's scratch and block (checked alike); this path runs one gather
         self.all_gather(gather_out, a, name)
-        product = self.h.matmul(gather_out, b)
+        product = tensors.matmul(gather_out, b)
         if c is not None:
-            self.h.copy_into(c, product)
+            tensors.copy_into(c, product)
             return gather_out, c
         return gather_out, product
 
@@ -353,98 +364,9 @@ class CAbiCalls:
                               name: str, dims: tuple) -> Any:
         """``fused_matmul_reduce_scatter`` on checked shapes: one matmul, then one reduce_scatter (not pipelined;
         ``symm_tensor`` is not used)."""
-        del symm_tensor
+        del symm_tensor, signal   # the pipeline's scratch (checked alike); this path runs one reduce_scatter
         n = self.group_size(name)
-        if signal is not None:
-            self.checks.fused_signal(signal, n)
         rows, _, columns = dims
-        product = self.h.matmul(x1, x2)
-        output = self.h.new_flat(rows // n * columns, product.dtype).reshape((rows // n, columns))
+        product = tensors.matmul(x1, x2)
+        output = tensors.new_flat(rows // n * columns, product.dtype).reshape((rows // n, columns))
         return self.reduce_scatter(output, product, reduce_op, name, None)
-
-
-class _GradientOps:
-    """The gradient ops of :mod:`._gradients` on this path: the handler's tensors and the API's collectives."""
-
-    def __init__(self, api: "CAbiCalls") -> None:
-        self._api = api
-        h = api.h
-        self.contiguous, self.copy, self.divide = h.contiguous, h.copy, h.divide
-
-    def empty(self, shape: Sequence[int], like: Any) -> Any:
-        numel = 1
-        for d in shape:
-            numel *= int(d)
-        return self._api.h.new_flat(numel, like.dtype).reshape(tuple(shape))
-
-    @staticmethod
-    def flat(t: Any) -> Any:
-        return t.reshape(-1)
-
-    @staticmethod
-    def view(t: Any, shape: Sequence[int]) -> Any:
-        return t.reshape(tuple(shape))
-
-    def group_size(self, group: str) -> int:
-        return len(self._api.h.group_ranks(group))
-
-    def all_gather(self, output: Any, data: Any, group: str) -> None:
-        self._api.all_gather_into(output, data, group)
-
-    def reduce_scatter(self, output: Any, data: Any, group: str) -> None:
-        self._api.reduce_scatter_into(output, data, "sum", group)
-
-    def all_reduce(self, tensor: Any, op: str, group: str) -> None:
-        self._api.all_reduce_into(tensor, op, group)
-
-    def all_to_all(self, sends: list, receive: Any, counts: list, group: str) -> None:
-        self._api.all_to_all_into(sends, receive, counts, group)
-
-
-def differentiable_backward(api: "CAbiCalls", op: str, params: dict, inputs: tuple, grad: Any) -> tuple:
-    """The gradients of a collective's inputs from its output's gradient (:mod:`._gradients`' table); the handler
-    runs it as its autograd mechanism's backward.
-
-    Args:
-        api: the calls whose collectives compute the gradients.
-        op: 'all_gather', 'all_reduce', 'reduce_scatter' or 'all_to_all'.
-        params: the call's parameters (group, op, receive_counts, backward).
-        inputs: the forward's tensor inputs.
-        grad: the gradient of the output.
-
-    Returns:
-        One gradient per input (zeros for the buffers the forward only wrote).
-
-    Raises:
-        ValueError: a reduction without a gradient ('max', 'min'), or an unknown ``op``.
-    """
-    h, ops, group = api.h, _GradientOps(api), params["group"]
-    if op == "all_gather":
-        output, data = inputs
-        return h.zeros_like(output), _gradients.all_gather(ops, group, data.shape, grad)
-    if op == "all_reduce":
-        Checks.differentiable(params["op"], "tensor")
-        return (_gradients.all_reduce(ops, group, params["op"], params["backward"], grad),)
-    if op == "reduce_scatter":
-        output, data = inputs
-        Checks.differentiable(params["op"], "input_tensor")
-        return h.zeros_like(output), _gradients.reduce_scatter(ops, group, params["op"], data.shape, grad)
-    if op == "all_to_all":
-        receive, *sends = inputs
-        grads = _gradients.all_to_all(ops, group, params["receive_counts"], [s.shape for s in sends], grad)
-        return (h.zeros_like(receive), *grads)
-    raise ValueError(f"`op` must be a differentiable collective, but got {op!r}")
-
-
-def run_forward(api: "CAbiCalls", op: str, params: dict, inputs: tuple) -> Any:
-    """The forward of a collective on checked arguments (the handler's autograd runs it)."""
-    group = params["group"]
-    if op == "all_gather":
-        return api.all_gather_into(inputs[0], inputs[1], group)
-    if op == "all_reduce":
-        return api.all_reduce_into(inputs[0], params["op"], group, params["wire"])
-    if op == "reduce_scatter":
-        return api.reduce_scatter_into(inputs[0], inputs[1], params["op"], group, params["wire"])
-    if op == "all_to_all":
-        return api.all_to_all_into(inputs[1:], inputs[0], params["receive_counts"], group)
-    raise ValueError(f"`op` must be a collective, but got {op!r}")

@@ -1,4 +1,4 @@
-// The low-precision collectives of the engine (collectives.h): all_reduce and reduce_scatter whose values travel in
+// The low-precision collectives of the engine (collectives/engine.h): all_reduce and reduce_scatter whose values travel in
 // a wire format (ops/wire_format.h) through the team's staging area, encoded and decoded by the device.
 //
 // Slots. A call uses the staging half of its parity only, cut into one slot per group rank (the one-step all_reduce:
@@ -9,13 +9,15 @@
 #include <algorithm>
 #include <vector>
 
-#include "runtime/collectives.h"
+#include "runtime/collectives/engine.h"
+#include "runtime/collectives/paths.h"
 
 namespace hp::shmem {
 
+using namespace collectives;   // paths.h: what every family shares
+
 namespace {
 
-std::size_t RoundDownTo(std::size_t value, std::size_t unit) { return value / unit * unit; }
 std::size_t CeilDiv(std::size_t value, std::size_t unit) { return (value + unit - 1) / unit; }
 
 // The PEs of every member but this rank, in group-rank order (the order their terms are summed in).
@@ -36,7 +38,7 @@ struct WireSlots {
 
   WireSlots(char* half, std::size_t half_bytes, int slots, ops::LowFormat format)
       : base(half),
-        slot_bytes(RoundDownTo(half_bytes / static_cast<std::size_t>(slots), ops::WireSlotLayout::kSlotAlignment)),
+        slot_bytes(RoundDown(half_bytes / static_cast<std::size_t>(slots), ops::WireSlotLayout::kSlotAlignment)),
         layout(ops::WireSlotLayout::For(format, slot_bytes)),
         scaled(ops::LowFormatScaled(format)) {}
 
@@ -69,7 +71,7 @@ Status CollectiveEngine::AllReduceLowPrecision(const Buffer& tensor, const Buffe
   // the fingerprint checks).
   const WireSlots parts(nullptr, half_bytes, n, format);
   if (parts.layout.capacity == 0) return TooSmall(team_, format);
-  Fingerprint f = Begin(Collective::kAllReduce, &type, count, static_cast<std::uint32_t>(op) + 1, -1);
+  HP_ASSIGN_OR_RETURN(Fingerprint f, Begin(Collective::kAllReduce, &type, count, static_cast<std::uint32_t>(op) + 1, -1));
   f.wire = static_cast<std::uint32_t>(format) + 1;
   f.where[0] = tensor.heap_offset;
   char* t = static_cast<char*>(tensor.address);
@@ -81,7 +83,7 @@ Status CollectiveEngine::AllReduceLowPrecision(const Buffer& tensor, const Buffe
     HP_RETURN_IF_ERROR(Open(f).status());
     return Broken(device_.ReduceEncoded(format, type.reduce_type, op, nullptr, whole.Run(0), team_.pes, count, t,
                                         WireRun{}, stream_, keep_),
-                  "reduce");
+                  "reduce", Next::kCallEnd);
   }
   HP_RETURN_IF_ERROR(Open(f).status());
   // 2. Two-shot, in pieces of n slots: parts start on scale-block boundaries, so that a part's blocks are the
@@ -114,13 +116,14 @@ Status CollectiveEngine::AllReduceLowPrecision(const Buffer& tensor, const Buffe
                                 "reduce"));
     }
     HP_RETURN_IF_ERROR(Sync());
-    // 2c. Every peer's reduced part, decoded from its slot.
+    // 2c. Every peer's reduced part, decoded from its slot. After the last piece's, the call ends.
+    const Next after_decode = off + static_cast<std::size_t>(n) * capacity >= count ? Next::kCallEnd : Next::kSync;
     for (int p = 0; p < n; ++p) {
       const auto [plo, phi] = bounds(p);
       if (p == me || phi == plo) continue;
       HP_RETURN_IF_ERROR(Broken(device_.Decode(format, slots.Run(p), team_.pes[static_cast<std::size_t>(p)], phi - plo,
                                                type.reduce_type, t + (off + plo) * es, stream_, keep_),
-                                "decode"));
+                                "decode", after_decode));
     }
   }
   return Status::Ok();
@@ -138,7 +141,7 @@ Status CollectiveEngine::ReduceScatterLowPrecision(const Buffer& output, const B
   const WireSlots layout(nullptr, half_bytes, n, format);
   const std::size_t capacity = layout.layout.capacity;
   if (capacity == 0) return TooSmall(team_, format);
-  Fingerprint f = Begin(Collective::kReduceScatter, &type, c, static_cast<std::uint32_t>(op) + 1, -1);
+  HP_ASSIGN_OR_RETURN(Fingerprint f, Begin(Collective::kReduceScatter, &type, c, static_cast<std::uint32_t>(op) + 1, -1));
   f.wire = static_cast<std::uint32_t>(format) + 1;
   f.where[0] = input.heap_offset;
   char* out = static_cast<char*>(output.address);
@@ -163,7 +166,7 @@ Status CollectiveEngine::ReduceScatterLowPrecision(const Buffer& output, const B
     HP_RETURN_IF_ERROR(Broken(device_.ReduceEncoded(format, type.reduce_type, op,
                                                     in + (static_cast<std::size_t>(me) * c + off) * es, slots.Run(me),
                                                     peers, length, out + off * es, WireRun{}, stream_, keep_),
-                              "reduce"));
+                              "reduce", off + capacity >= c && piece == 0 ? Next::kCallEnd : Next::kSync));
   }
   // A later piece may have used the other half, which the team's next call writes before its first sync.
   return piece > 1 ? Sync() : Status::Ok();

@@ -1,10 +1,11 @@
-"""The state behind the user API: the runtime handle and one channel (a runtime team) per group.
+"""The torch handler's state: the runtime handle and one team per group.
 
 The runtime is acquired over the WORLD group by the first ``symm.empty`` (or the first WORLD collective); its root
-team is WORLD's channel. A group gets a channel (``shmem.Team``, collective over the group) the first time it runs a
-collective: the team owns the group's slot of the runtime's team pool (signals, fingerprints, counts, staging,
-mailbox, laid out once in C++) and runs every collective in one call. Channels of groups that were destroyed
-(``dist.destroy_process_group``) are released when the next channel is made, so that their slots are reused.
+team is the WORLD's team, found under None and under the WORLD group object alike. A group gets a team
+(``shmem.Team``, collective over the group) the first time it runs a collective: the team owns the group's slot of
+the runtime's team pool (signals, fingerprints, counts, staging, mailbox, laid out once in C++) and runs every
+collective in one call. Teams of groups that were destroyed (``dist.destroy_process_group``) are released when the
+next team is made, so that their slots are reused.
 """
 
 from __future__ import annotations
@@ -18,15 +19,12 @@ import torch
 import torch.distributed as dist
 
 from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.multicore.errors import ShmemStateError
+from hyper_parallel.core.multicore.errors import ShmemStateError, ShmemValueError
+from hyper_parallel.platform.torch import groups
 
 _HEAP_VAR = "HYPER_PARALLEL_SHMEM_HEAP_SIZE"
 _HEAP_ALIAS = "SYMMETRIC_MEMORY_HEAP_SIZE"
 _lock = threading.RLock()
-
-
-def _round_down(value: int, unit: int) -> int:
-    return value // unit * unit
 
 
 def flush_for_host_read() -> None:
@@ -36,60 +34,14 @@ def flush_for_host_read() -> None:
         current.synchronize()
 
 
-class GroupChannel:
-    """One group's runtime team, and what the algorithms above the engine (low precision, fused ops) need of it.
-
-    ``sync`` and ``publish`` are the team's fingerprinted syncs, which order the fused ops' accesses to peers'
-    memory.
-    """
-
-    def __init__(self, team: "shmem.Team", whole_root: bool) -> None:
-        self.team = team
-        self.pes = team.pes  # root rank (PE) of each group rank
-        self.whole_root = whole_root
-        self.size = team.size
-        self.me = team.rank
-        self.my_pe = self.pes[self.me]
-        # Peers in rotated order (me+1, me+2, ...): no two ranks start by writing to the same peer.
-        self.peers = tuple((self.me + r) % self.size for r in range(1, self.size))
-        self.op = "barrier"  # the operation under way (set by channel())
-        self.parity = 0
-
-    def sync(self) -> None:
-        """A fingerprinted barrier of the group: everything enqueued before it is visible to every member."""
-        self.team.barrier()
-
-    def publish(self, parity: int, values: list, **fingerprint) -> list:
-        """Every member's ``values`` (ints, at most 2 x the largest node's size + 1) after a fingerprinted sync: row i
-        is group rank i's. ``fingerprint`` (dtype, count, op, wire) describes the call; the collective is the channel's
-        op."""
-        del parity  # the team double-buffers its tables itself
-        collective = _COLLECTIVE_OF_OP.get(self.op, "barrier")
-        return self.team.agree(collective, values, **fingerprint)
-
-    def flip(self) -> int:
-        """The staging half for the next piece of an algorithm over the primitives, switching it for the next."""
-        parity = self.parity
-        self.parity ^= 1
-        return parity
-
-
-# The fingerprint's collective for the user API's operations that agree through ``publish``.
-_COLLECTIVE_OF_OP = {
-    "shmem_allreduce": "all_reduce",
-    "shmem_reduce_scatter": "reduce_scatter",
-    "fused_all_gather_matmul": "fused_all_gather_matmul",
-    "fused_matmul_reduce_scatter": "fused_matmul_reduce_scatter",
-}
-
-
 @dataclass
 class _State:
     handle: shmem.Handle
     heap_base: int
     heap_end: int
-    channels: dict = field(default_factory=dict)  # group (or None: WORLD) -> GroupChannel
-    rank_maps: dict = field(default_factory=dict)  # group -> tuple of root ranks
+    root: shmem.Team
+    teams: dict = field(default_factory=dict)  # None, the WORLD object, or a group -> its shmem.Team
+    rank_maps: dict = field(default_factory=dict)  # group (None: WORLD) -> tuple of root ranks
 
 
 _state: Optional[_State] = None
@@ -109,7 +61,7 @@ def _heap_size_env() -> dict:
 
 
 def state() -> _State:
-    """The user API's state, acquiring the runtime over WORLD on first use (collective over WORLD).
+    """The handler's state, acquiring the runtime over WORLD on first use (collective over WORLD).
 
     Raises:
         ShmemStateError: torch.distributed is not initialised.
@@ -120,10 +72,7 @@ def state() -> _State:
     with _lock:
         if _state is not None:
             return _state
-        if not dist.is_initialized():
-            raise ShmemStateError(
-                "torch.distributed is not initialised: op=symmetric_memory (call init_process_group() first)"
-            )
+        groups.require_initialized()
         overrides = _heap_size_env()
         saved = {k: os.environ.get(k) for k in overrides}
         os.environ.update(overrides)
@@ -137,12 +86,13 @@ def state() -> _State:
                     os.environ[key] = value
         try:
             debug = shmem.debug_state()
-            root = shmem.root_team()  # WORLD's channel exists from the start: send/recv on WORLD need no collective
+            root = shmem.root_team()  # WORLD's team exists from the start: send/recv on WORLD need no collective
         except BaseException:
             handle.close()
             raise
-        _state = _State(handle=handle, heap_base=debug["heap_base"], heap_end=debug["heap_base"] + debug["heap_size"])
-        _state.channels[None] = GroupChannel(root, whole_root=True)
+        _state = _State(handle=handle, heap_base=debug["heap_base"], heap_end=debug["heap_base"] + debug["heap_size"],
+                        root=root)
+        _state.teams[None] = _state.teams[dist.group.WORLD] = root
         return _state
 
 
@@ -171,8 +121,7 @@ def shutdown() -> None:
         debug = shmem.debug_state()
         # Only the release of the last reference shuts the runtime down, and is refused while tensors live.
         live = debug["active_allocations"] if debug["reference_count"] == 1 else []
-        world = current.channels[None]
-        counts = world.team.agree("release", [len(live)])
+        counts = current.root.agree("release", [len(live)])
         holders = " ".join(f"rank{r}={row[0]}" for r, row in enumerate(counts) if row[0])
         if holders:
             local = ", ".join(f"allocation_id={a['allocation_id']} bytes={a['bytes']}" for a in live)
@@ -180,15 +129,15 @@ def shutdown() -> None:
                 "symmetric memory shutdown refused: live symmetric tensors remain (free them, then call shutdown() "
                 f"again): {holders} local=[{local}]"
             )
-        for ch in current.channels.values():
-            if not ch.whole_root:
-                ch.team.release()
+        for made in current.teams.values():
+            if made is not current.root:
+                made.release()
         _state = None
         current.handle.close()
 
 
 def _key(group: Optional[dist.ProcessGroup]) -> Optional[dist.ProcessGroup]:
-    """How a group is cached: the WORLD object and None are the same group."""
+    """How a group's rank map is cached: the WORLD object and None are the same group."""
     return None if group is dist.group.WORLD else group
 
 
@@ -196,106 +145,95 @@ def group_pes(group: Optional[dist.ProcessGroup]) -> tuple:
     """The root ranks (PEs) of a group's ranks, in group-rank order; cached per group.
 
     Raises:
-        TypeError: ``group`` is not a ProcessGroup.
-        ValueError: the group does not contain this rank, or has a rank outside the root.
-        ShmemStateError: the API holds no runtime yet (one-sided calls never acquire it: only a collective
+        ShmemValueError: the group does not contain this rank, or has a rank outside the root.
+        ShmemStateError: the handler holds no runtime yet (one-sided calls never acquire it: only a collective
             call may, since every rank of the root must take part).
     """
     st = _state
     if st is not None:
-        pes = st.rank_maps.get(_key(group))
+        pes = st.rank_maps.get(group)
         if pes is not None:
             return pes
     root_ranks = shmem.debug_state()["root_ranks"] if st is not None else []
     if st is None or not root_ranks:
         raise ShmemStateError("symmetric memory is not initialised: op=group_ranks (call symm.empty() on every rank "
                               "first)")
-    group = _key(group)
+    given, group = group, _key(group)
     if group is None:
         pes = tuple(range(len(root_ranks)))
     else:
-        if group is dist.GroupMember.NON_GROUP_MEMBER:  # what new_group returns on ranks outside the group
-            raise ValueError(
-                f"`group` must contain this rank ({dist.get_rank()}), but got a group it is not a member of"
-            )
-        if not isinstance(group, dist.ProcessGroup):
-            raise TypeError(f"`group` must be a torch.distributed.ProcessGroup or None, but got {type(group).__name__}")
         ranks = dist.get_process_group_ranks(group)
         if dist.get_rank() not in ranks:
-            raise ValueError(f"`group` must contain this rank ({dist.get_rank()}), but got ranks {list(ranks)}")
+            raise ShmemValueError(f"`group` must contain this rank ({dist.get_rank()}), but got ranks {list(ranks)}")
         outside = [r for r in ranks if r not in root_ranks]
         if outside:
-            raise ValueError(
+            raise ShmemValueError(
                 f"`group` must lie inside the SHMEM root {list(root_ranks)}, but got ranks {list(ranks)}"
             )
         pes = tuple(root_ranks.index(r) for r in ranks)
-    st.rank_maps[group] = pes
+    st.rank_maps[given] = pes
     return pes
 
 
-def channel(group: Optional[dist.ProcessGroup], op: str = "barrier") -> GroupChannel:
-    """The group's channel for the collective ``op``, making its team on first use (collective over the group).
+def team(group: Optional[dist.ProcessGroup]) -> shmem.Team:
+    """The group's team, made on first use (collective over the group).
 
     Making one releases the teams of groups destroyed since (their slots are reused); a group that spans nodes gets
-    a hierarchical team. ``op`` names the user API's operation in the fingerprints of ``publish``.
+    a hierarchical team.
 
     Raises:
-        ValueError: the group spans nodes with different numbers of its ranks on them, or does not contain this
+        ShmemValueError: the group spans nodes with different numbers of its ranks on them, or does not contain this
             rank.
         ShmemStateError: every team slot is taken (64 live groups besides WORLD).
         ShmemTimeoutError: a member did not arrive in time (the message names it).
     """
-    st = state()
-    group = _key(group)
-    ch = st.channels.get(group)
-    if ch is not None:
-        ch.op = op
-        return ch
+    st = _state or state()
+    found = st.teams.get(group)
+    if found is not None:
+        return found
     with _lock:
+        found = st.teams.get(group)
+        if found is not None:
+            return found
         group_pes(group)  # argument errors first
         _release_destroyed_groups(st)
-        ch = GroupChannel(shmem.Team(group), whole_root=False)  # bounded; hierarchical when the group spans nodes
-        ch.op = op
-        st.channels[group] = ch
-        return ch
+        made = shmem.Team(group)  # bounded; hierarchical when the group spans nodes
+        st.teams[group] = made
+        return made
 
 
 def _release_destroyed_groups(st: _State) -> None:
     """Releases the teams of groups that torch.distributed no longer knows (destroy_process_group)."""
-    for group in [g for g in st.channels if g is not None]:
+    for group in [g for g, t in st.teams.items() if t is not st.root]:
         try:
             dist.get_process_group_ranks(group)
         except (ValueError, RuntimeError, KeyError):
-            st.channels.pop(group).team.release()
+            st.teams.pop(group).release()
             st.rank_maps.pop(group, None)
 
 
-def cached_team(group: Optional[dist.ProcessGroup]) -> Optional["shmem.Team"]:
-    """The team of a group that already has one, else None. Never raises, never makes a team (the fast path of
-    the collectives: an eager call hands its tensors straight to the engine, which checks them itself)."""
+def cached_team(group: Optional[dist.ProcessGroup]) -> Optional[shmem.Team]:
+    """The team of a group that already has one, else None: one look-up, never raises, never makes a team (the
+    fast path of the collectives: an eager call hands its tensors straight to the engine, which checks them)."""
     st = _state
-    if st is None:
-        return None
-    ch = st.channels.get(group) if group is not None else st.channels[None]
-    return ch.team if ch is not None else None
+    return None if st is None else st.teams.get(group)
 
 
-def registered_channel(group: Optional[dist.ProcessGroup], op: str) -> GroupChannel:
-    """The channel of a group that already ran a collective (point-to-point calls cannot register one).
+def registered_team(group: Optional[dist.ProcessGroup], op: str) -> shmem.Team:
+    """The team of a group that already ran a collective (point-to-point calls cannot make one).
 
     Raises:
-        ShmemStateError: the API holds no runtime yet, or the group has no channel yet.
+        ShmemStateError: the handler holds no runtime yet, or the group has no team yet.
     """
     group_pes(group)  # no runtime, and argument errors, first
-    ch = _state.channels.get(_key(group))
-    if ch is None:
+    found = _state.teams.get(group)
+    if found is None:
         raise ShmemStateError(
             f"group has no symmetric-memory channel yet: op={op} "
             f"group_ranks={list(dist.get_process_group_ranks(group))} "
             "(run symm.barrier(group) on all its ranks once before point-to-point calls)"
         )
-    ch.op = op
-    return ch
+    return found
 
 
 def heap_offset(t: torch.Tensor) -> int:

@@ -1,10 +1,11 @@
-"""Autograd for the collectives and fused ops (seed 004 §1.5.3), registered on their torch operators.
+"""torch's autograd for the collectives and fused ops, registered on their operators.
 
-Each differentiable operator of :mod:`~hyper_parallel.core.symmetric_memory._ops` has a kernel here for the
-``Autograd`` dispatch key (:data:`KERNELS`). When nothing requires grad it runs the operator below autograd; else
-it runs an ``autograd.Function`` whose forward is the operator below autograd and whose backward is its dual
-collective, on the same group, again through the operators (so that a compiled backward traces them). The
-collectives' gradients are :mod:`._gradients`', which MindSpore's handler runs too:
+Each differentiable operator of :mod:`.ops` has a kernel here for the ``Autograd`` dispatch key (:data:`KERNELS`).
+When nothing requires grad it runs the operator below autograd; else it runs an ``autograd.Function`` whose forward
+is the operator below autograd and whose backward is its dual collective, on the same group, again through the
+operators (so that a compiled backward traces them). The collectives' gradients are the shared table's
+(:mod:`hyper_parallel.core.symmetric_memory.gradients`, over torch's tensor facts and the collectives below autograd
+of :mod:`.collectives`), which MindSpore's handler runs too:
 
 =====================================  ==============================================================
 forward                                backward
@@ -29,106 +30,25 @@ through the staged paths (gradients are ordinary tensors).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 from torch.autograd import Function
 
-from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.symmetric_memory import _args, _gradients, _groups
+from hyper_parallel.core.symmetric_memory import gradients
+from hyper_parallel.core.symmetric_memory.checks import Checks
+from hyper_parallel.platform.torch import collectives, groups, tensors
 
-_FULL_PRECISION = "none"
+differentiable = Checks.differentiable
 
 
 def _ops():
     return torch.ops.hyper_parallel_shmem
 
 
-def tracks(*tensors: object) -> bool:
-    """Whether autograd records a call on these inputs (grad mode on and one of them requires grad)."""
-    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
-
-
-def direct(*tensors: object) -> bool:
-    """Whether a call may run its operator's implementation without the dispatcher: eager (not traced by
-    torch.compile, no dispatch mode such as a fake-tensor mode, no torch.func transform), plain tensors, nothing
-    that tracks grad.
-
-    This is what the dispatcher would run for such a call, minus the cost of entering two Python kernels.
-    """
-    # The rest in one call of the runtime face (a fake-tensor mode, a torch.func transform, subclasses, grad).
-    return not torch.compiler.is_compiling() and shmem.plain_eager(*tensors)
-
-
-def call(op_name: str, implementation: Callable, grad_inputs: Sequence, *args: object) -> Any:
-    """Runs ``torch.ops.hyper_parallel_shmem.<op_name>(*args)``, straight through ``implementation`` (its
-    ``CompositeExplicitAutograd`` kernel) where :func:`direct` allows it.
-
-    Args:
-        op_name: the operator's name.
-        implementation: its implementation.
-        grad_inputs: the differentiable tensor arguments (also checked to be plain tensors).
-        args: the operator's arguments.
-    """
-    if direct(*grad_inputs):
-        return implementation(*args)
-    return getattr(_ops(), op_name)(*args)
-
-
-backward_mode = _args.CHECKS.backward_mode
-differentiable = _args.CHECKS.differentiable
-
-
-def _size(group_name: str) -> int:
-    return _groups.size(_groups.resolve(group_name))
-
-
-class _GradientOps:
-    """torch's gradient ops (:mod:`._gradients` lists them): the collectives through the operators, so that a
-    compiled backward traces them."""
-
-    @staticmethod
-    def empty(shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
-        return like.new_empty(shape)
-
-    @staticmethod
-    def contiguous(t: torch.Tensor) -> torch.Tensor:
-        return t.contiguous()
-
-    @staticmethod
-    def copy(t: torch.Tensor) -> torch.Tensor:
-        return t.clone()
-
-    @staticmethod
-    def flat(t: torch.Tensor) -> torch.Tensor:
-        return t.view(-1)
-
-    @staticmethod
-    def view(t: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
-        return t.view(shape)
-
-    @staticmethod
-    def divide(t: torch.Tensor, n: int) -> torch.Tensor:
-        return t / n
-
-    group_size = staticmethod(_size)
-
-    @staticmethod
-    def all_gather(output: torch.Tensor, data: torch.Tensor, group_name: str) -> None:
-        _ops().all_gather_(output, data, group_name)
-
-    @staticmethod
-    def reduce_scatter(output: torch.Tensor, data: torch.Tensor, group_name: str) -> None:
-        _ops().reduce_scatter_(output, data, "sum", group_name, _FULL_PRECISION)
-
-    @staticmethod
-    def all_reduce(tensor: torch.Tensor, op: str, group_name: str) -> None:
-        _ops().all_reduce_(tensor, op, group_name, _FULL_PRECISION, "allreduce")
-
-    @staticmethod
-    def all_to_all(sends: list, receive: torch.Tensor, counts: list, group_name: str) -> None:
-        _ops().all_to_all_(receive, sends, counts, group_name)
+def _group(group_name: str) -> Optional[torch.distributed.ProcessGroup]:
+    """The calls' key of the group an operator names (the gradient table's collectives take it)."""
+    return groups.resolve(group_name)
 
 
 class _Below:
@@ -155,7 +75,7 @@ class AllGather(Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return None, _gradients.all_gather(_GradientOps, ctx.group_name, ctx.shape, grad), None
+        return None, gradients.all_gather(tensors, collectives, _group(ctx.group_name), ctx.shape, grad), None
 
 
 class ReduceScatter(Function):
@@ -171,7 +91,8 @@ class ReduceScatter(Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return None, _gradients.reduce_scatter(_GradientOps, ctx.group_name, ctx.op, ctx.shape, grad), None, None, None
+        grad_input = gradients.reduce_scatter(tensors, collectives, _group(ctx.group_name), ctx.op, ctx.shape, grad)
+        return None, grad_input, None, None, None
 
 
 class AllReduce(Function):
@@ -187,7 +108,8 @@ class AllReduce(Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return _gradients.all_reduce(_GradientOps, ctx.group_name, ctx.op, ctx.mode, grad), None, None, None, None
+        grad_input = gradients.all_reduce(tensors, collectives, _group(ctx.group_name), ctx.op, ctx.mode, grad)
+        return grad_input, None, None, None, None
 
 
 class AllToAll(Function):
@@ -204,7 +126,7 @@ class AllToAll(Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        grads = _gradients.all_to_all(_GradientOps, ctx.group_name, ctx.receives, ctx.send_shapes, grad)
+        grads = gradients.all_to_all(tensors, collectives, _group(ctx.group_name), ctx.receives, ctx.send_shapes, grad)
         return (None, None, None, *grads)
 
 
@@ -261,7 +183,7 @@ class FusedAllGatherMatmul(Function):
             grad_rows = grad_gather_out if grad_rows is None else grad_rows + grad_gather_out
         grad_a = None
         if ctx.needs_input_grad[0] and grad_rows is not None:
-            grad_a = _gradients.all_gather(_GradientOps, ctx.group_name, ctx.a_shape, grad_rows)
+            grad_a = gradients.all_gather(tensors, collectives, _group(ctx.group_name), ctx.a_shape, grad_rows)
         grad_b = None
         if ctx.needs_input_grad[1] and grad_c is not None:
             grad_b = gather_out.t() @ grad_c
@@ -283,8 +205,9 @@ class FusedMatmulReduceScatter(Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         x1, x2 = ctx.saved_tensors
-        full = _gradients.reduce_scatter(_GradientOps, ctx.group_name, ctx.op,
-                                         (_size(ctx.group_name) * grad.shape[0], *grad.shape[1:]), grad)
+        group = _group(ctx.group_name)
+        full = gradients.reduce_scatter(tensors, collectives, group, ctx.op,
+                                        (collectives.group_size(group) * grad.shape[0], *grad.shape[1:]), grad)
         grad_x1 = full @ x2.t() if ctx.needs_input_grad[0] else None
         grad_x2 = x1.t() @ full if ctx.needs_input_grad[1] else None
         return grad_x1, grad_x2, None, None, None, None
@@ -296,7 +219,7 @@ class FusedMatmulReduceScatter(Function):
 
 
 def _all_reduce_kernel(tensor, op, group_name, low_precision_dtype, backward) -> None:
-    if tracks(tensor):
+    if tensors.tracks(tensor):
         differentiable(op, "tensor")
         AllReduce.apply(tensor, op, group_name, low_precision_dtype, backward)
         return
@@ -305,7 +228,7 @@ def _all_reduce_kernel(tensor, op, group_name, low_precision_dtype, backward) ->
 
 
 def _all_gather_kernel(output, input, group_name) -> None:
-    if tracks(input):
+    if tensors.tracks(input):
         AllGather.apply(output, input, group_name)
         return
     with _Below():
@@ -313,7 +236,7 @@ def _all_gather_kernel(output, input, group_name) -> None:
 
 
 def _reduce_scatter_kernel(output, input, op, group_name, low_precision_dtype) -> None:
-    if tracks(input):
+    if tensors.tracks(input):
         differentiable(op, "input_tensor")
         ReduceScatter.apply(output, input, op, group_name, low_precision_dtype)
         return
@@ -322,7 +245,7 @@ def _reduce_scatter_kernel(output, input, op, group_name, low_precision_dtype) -
 
 
 def _all_to_all_kernel(receive, sends, receive_counts, group_name) -> None:
-    if tracks(*sends):
+    if tensors.tracks(*sends):
         AllToAll.apply(receive, list(receive_counts), group_name, *sends)
         return
     with _Below():
@@ -330,21 +253,21 @@ def _all_to_all_kernel(receive, sends, receive_counts, group_name) -> None:
 
 
 def _send_kernel(tensor, dst, group_name) -> torch.Tensor:
-    if tracks(tensor):
+    if tensors.tracks(tensor):
         return Send.apply(tensor, dst, group_name)
     with _Below():
         return _ops().send(tensor, dst, group_name)
 
 
 def _recv_kernel(tensor, src, group_name) -> torch.Tensor:
-    if tracks(tensor):
+    if tensors.tracks(tensor):
         return Recv.apply(tensor, src, group_name)
     with _Below():
         return _ops().recv(tensor, src, group_name)
 
 
 def _all_gather_matmul_kernel(a, b, c, gather_out, signal, block_size, group_name) -> None:
-    if tracks(a, b):
+    if tensors.tracks(a, b):
         FusedAllGatherMatmul.apply(a, b, c, gather_out, signal, block_size, group_name)
         return
     with _Below():
@@ -352,7 +275,7 @@ def _all_gather_matmul_kernel(a, b, c, gather_out, signal, block_size, group_nam
 
 
 def _matmul_reduce_scatter_kernel(x1, x2, symm_tensor, signal, reduce_op, group_name) -> torch.Tensor:
-    if tracks(x1, x2):
+    if tensors.tracks(x1, x2):
         return FusedMatmulReduceScatter.apply(x1, x2, symm_tensor, signal, reduce_op, group_name)
     with _Below():
         return _ops().fused_matmul_reduce_scatter(x1, x2, symm_tensor, signal, reduce_op, group_name)

@@ -1,0 +1,84 @@
+// all_reduce in full precision: one step, copy-free two-shot, peer-memory two-shot, staged (collectives/engine.h).
+
+#include <algorithm>
+
+#include "runtime/collectives/engine.h"
+#include "runtime/collectives/paths.h"
+
+namespace hp::shmem {
+
+using namespace collectives;   // paths.h: what every family shares
+
+Status CollectiveEngine::AllReduce(const Buffer& output, const Buffer& input, const ElementType& type, ReduceOp op) {
+  const std::size_t count = output.bytes / type.bytes;
+  HP_ASSIGN_OR_RETURN(Fingerprint f, Begin(Collective::kAllReduce, &type, count, static_cast<std::uint32_t>(op) + 1, -1));
+  f.where[0] = output.heap_offset;
+  f.where[1] = input.heap_offset;
+  f.address[0] = Published(output.address);
+  f.address[1] = Published(input.address);
+  const int n = team_.size();
+  const int me = team_.me;
+  const std::size_t es = type.bytes;
+  char* out = static_cast<char*>(output.address);
+  const char* in = static_cast<const char*>(input.address);
+  if (count > 0 && output.bytes <= OneStepBytes(true)) {   // one sync: every rank reduces every staged copy
+    char* stage = team_.StagingHalf(Parity());
+    HP_RETURN_IF_ERROR(BeforeOpen(Put(stage, in, output.bytes, me)));
+    HP_RETURN_IF_ERROR(Open(f).status());
+    return Broken(Reduce(out, stage, count, type, op), "reduce", Next::kCallEnd);
+  }
+  HP_ASSIGN_OR_RETURN(std::vector<Fingerprint> rows, Open(f));
+  if (count == 0) return Status::Ok();
+  if (SameSymmetric(rows, 0)) {   // two-shot in place: reduce this rank's part from every peer, push it to them
+    if (in != out) {   // the peers reduce out of this rank's output: it holds the input first
+      HP_RETURN_IF_ERROR(Broken(device_.Copy(out, in, output.bytes, stream_, keep_), "copy"));
+      HP_RETURN_IF_ERROR(Sync());
+    }
+    const auto [lo, hi] = Part(count, n, me);
+    if (hi > lo) {
+      char* part = out + lo * es;
+      HP_RETURN_IF_ERROR(Broken(Reduce(part, part, hi - lo, type, op), "reduce"));
+      for (int r = 1; r < n; ++r) HP_RETURN_IF_ERROR(Broken(Put(part, part, (hi - lo) * es, (me + r) % n), "push"));
+    }
+    return Sync();
+  }
+  if (EveryAddress(rows, 0) && EveryAddress(rows, 1)) {
+    // Two-shot between the tensors: this rank's part of the output reduced out of every rank's input, then the
+    // others' parts pulled out of their outputs. An input is read only before the middle sync, and in place only its
+    // owner's part of it is written before then.
+    const auto [lo, hi] = Part(count, n, me);
+    HP_RETURN_IF_ERROR(Broken(ReducePeerMemory(out + lo * es, rows, 1, lo * es, hi - lo, type, op), "reduce"));
+    HP_RETURN_IF_ERROR(Sync());
+    for (int r = 1; r < n; ++r) {
+      const int p = (me + r) % n;
+      const auto [plo, phi] = Part(count, n, p);
+      if (phi > plo) {
+        HP_RETURN_IF_ERROR(Broken(GetPeerMemory(out + plo * es, rows[static_cast<std::size_t>(p)].address[0] + plo * es,
+                                                (phi - plo) * es, p),
+                                  "pull"));
+      }
+    }
+    return Sync();
+  }
+  // Staged: each piece of the input is reduced part by part in the ranks' staging areas, then every rank pulls the
+  // reduced parts straight into its output.
+  const std::size_t piece = team_.staging_bytes() / es;
+  char* stage = team_.Staging();
+  for (std::size_t off = 0; off < count; off += piece) {
+    const std::size_t length = std::min(piece, count - off);
+    HP_RETURN_IF_ERROR(Broken(Put(stage, in + off * es, length * es, me), "stage"));
+    HP_RETURN_IF_ERROR(Sync());
+    const auto [lo, hi] = Part(length, n, me);
+    HP_RETURN_IF_ERROR(Broken(Reduce(stage + lo * es, stage + lo * es, hi - lo, type, op), "reduce"));
+    HP_RETURN_IF_ERROR(Sync());
+    for (int r = 1; r <= n; ++r) {
+      const int p = (me + r) % n;
+      const auto [plo, phi] = Part(length, n, p);
+      if (phi > plo) HP_RETURN_IF_ERROR(Broken(Get(out + (off + plo) * es, stage + plo * es, (phi - plo) * es, p), "pull"));
+    }
+    HP_RETURN_IF_ERROR(Sync());
+  }
+  return Status::Ok();
+}
+
+}  // namespace hp::shmem
