@@ -25,6 +25,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "bindings/torch/reduce_dtypes.h"
 #include "bindings/torch/symm_mem_backend.h"
 #include "bindings/torch/symm_mem_moe.h"
 #include "runtime/runtime.h"
@@ -37,19 +38,10 @@ Runtime& R() { return Runtime::Instance(); }
 std::size_t Bytes(const at::Tensor& t) { return static_cast<std::size_t>(t.numel()) * t.element_size(); }
 
 DataType ReduceTypeOf(const at::Tensor& t, const char* op) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return DataType::kFloat32;
-    case at::kDouble: return DataType::kFloat64;
-    case at::kHalf: return DataType::kFloat16;
-    case at::kBFloat16: return DataType::kBFloat16;
-    case at::kChar: return DataType::kInt8;
-    case at::kByte: return DataType::kUInt8;
-    case at::kInt: return DataType::kInt32;
-    case at::kLong: return DataType::kInt64;
-    default:
-      TORCH_CHECK(false, op, ": the tensors must have one of dtypes float32, float64, float16, bfloat16, int8, uint8, "
-                  "int32, int64, but got ", t.scalar_type());
-  }
+  const std::optional<DataType> dtype = ReduceDataTypeOf(t.scalar_type());
+  TORCH_CHECK(dtype.has_value(), op, ": the tensors must have one of dtypes ", kReducibleDtypes, ", but got ",
+              t.scalar_type());
+  return *dtype;
 }
 
 ElementType ElementTypeOf(const at::Tensor& t) {
