@@ -183,6 +183,62 @@ def test_fused_ops_report_against_the_unfused_sequence(tmp_path) -> None:
         assert entry["speedup"] == pytest.approx(entry["baseline_time_us"] / entry["time_us"])
 
 
+TORCH_SYMM_MEM_OPS = ["moe_dispatch", "moe_combine", "symm_mem_one_shot_all_reduce", "symm_mem_two_shot_all_reduce"]
+# Tokens of 16 floats routed to 2 of 2 x 3 experts, skewed, expert regions aligned to 4 rows.
+MOE_FLAGS = ["--moe-hidden", "16", "--moe-topk", "2", "--moe-experts", "3", "--moe-routing", "skewed",
+             "--moe-align", "4"]
+
+
+@needs_symmetric_memory
+def test_torch_symmetric_memory_ops_report_with_no_wrong_elements(tmp_path) -> None:
+    """MoE dispatch and combine through torch's symmetric memory beside gloo (torchtitan's path), and torch's
+    all-reduce beside shmem_allreduce: every row checked, sized in whole tokens."""
+    json_path = tmp_path / "torch_symm_mem.json"
+    result = perf("--op", ",".join(TORCH_SYMM_MEM_OPS), "--nproc", "2", "-b", "1K", "-e", "64K", "-f", "8", "-n", "2",
+                  "-w", "1", "-r", "1", "--progress", "off", *MOE_FLAGS, "--json", str(json_path))
+    expect_success(result)
+    blocks = tables(result.stdout)
+    assert list(blocks) == TORCH_SYMM_MEM_OPS
+    for op, (titles, rows) in blocks.items():
+        columns = layout(OPS[op])
+        assert titles == titles_of(columns), op
+        assert [int(row[0]) for row in rows] == [1024, 8192, 65536], op
+        for row in rows:
+            cells = dict(zip(columns, row))
+            assert cells["#wrong"] == "0", f"wrong elements in {op}: {row}"
+            assert cells["redop"] == ("sum" if OPS[op].reduces else "none")
+            assert float(cells["time"]) > 0 and float(cells["gloo.time"]) > 0 and cells["speedup"].endswith("x")
+    # torch's all-reduce is timed beside this library's own, the MoE ops beside gloo
+    assert result.stdout.count("# shmem_allreduce: symm.shmem_allreduce in place") == 2
+    assert result.stdout.count("# gloo: ") == 2
+    document = json.loads(json_path.read_text())
+    settings = document["settings"]
+    assert [settings[key] for key in ("moe_hidden", "moe_topk", "moe_experts", "moe_routing", "moe_align")] == [
+        16, 2, 3, "skewed", 4]
+    for entry in document["rows"]:
+        assert entry["wrong"] == 0
+        if OPS[entry["op"]].routed:
+            assert entry["count"] % (16 * 2) == 0  # whole tokens, each with its two rows
+
+
+@needs_mpi
+@needs_symmetric_memory
+def test_moe_ops_time_mpi_alltoallv_under_mpiexec(tmp_path) -> None:
+    """``--baseline gloo,mpi``: MoE dispatch and combine get MPI's columns (Alltoall of the splits, Alltoallv of
+    the tokens), checked against gloo's output."""
+    result = perf("--op", "moe_dispatch,moe_combine", "--baseline", "gloo,mpi", "-b", "1K", "-e", "8K", "-f", "8",
+                  "-n", "2", "-w", "1", "-r", "1", "--progress", "off", *MOE_FLAGS, launcher=(MPIEXEC, "-n", "2"))
+    expect_success(result)
+    blocks = tables(result.stdout)
+    assert list(blocks) == ["moe_dispatch", "moe_combine"]
+    for op, (titles, rows) in blocks.items():
+        columns = layout(OPS[op], mpi=True)
+        assert titles == titles_of(columns), op
+        for row in rows:
+            cells = dict(zip(columns, row))
+            assert cells["#wrong"] == "0" and cells["mpi.#wrong"] == "0", f"wrong elements in {op}: {row}"
+
+
 @needs_symmetric_memory
 def test_low_precision_group_beside_full_precision_within_the_bound(tmp_path) -> None:
     """``--low-precision``: all_reduce and reduce_scatter get a group of columns for ours in place in that dtype,

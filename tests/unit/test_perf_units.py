@@ -84,6 +84,11 @@ def test_bus_factors_are_nccl_tests_definitions(nranks: int) -> None:
         # the fused ops are sized like the collective they contain
         "fused_all_gather_matmul": (nranks - 1) / nranks,
         "fused_matmul_reduce_scatter": (nranks - 1) / nranks,
+        # dispatch and combine are all-to-alls of one rank's routed tokens; torch's all-reduce is an all-reduce
+        "moe_dispatch": (nranks - 1) / nranks,
+        "moe_combine": (nranks - 1) / nranks,
+        "symm_mem_one_shot_all_reduce": 2 * (nranks - 1) / nranks,
+        "symm_mem_two_shot_all_reduce": 2 * (nranks - 1) / nranks,
     }
     assert set(expected) == set(OPS)
     for name, factor in expected.items():
@@ -126,6 +131,60 @@ def test_fused_ops_count_whole_matrix_rows_on_every_rank() -> None:
     assert (parse_config([]).mm_k, parse_config([]).mm_n) == (2048, 2048)
 
 
+def test_moe_ops_count_whole_tokens_with_all_their_rows() -> None:
+    # hidden 16 fp32 and top-2: a token is 2 rows of 64 B; 1000 B hold 7 tokens, 100 B none.
+    config = parse_config(["--op", "moe_dispatch,moe_combine,all_to_all", "--moe-hidden", "16", "--moe-topk", "2"])
+    assert [config.row_elements(op) for op in config.ops] == [32, 32, 1]
+    for spec in config.ops[:2]:
+        assert spec.routed and not spec.in_all and not spec.takes_ordinary_tensors and spec.mpi is not None
+        assert spec.element_count(1000, 4, 2, row_elements=32) == 7 * 32
+        assert spec.element_count(100, 4, 2, row_elements=32) == 0
+    defaults = parse_config([])
+    assert (defaults.moe_hidden, defaults.moe_topk, defaults.moe_experts, defaults.moe_routing,
+            defaults.moe_align) == (1024, 2, 4, "uniform", 1)
+
+
+def test_torch_all_reduce_ops_sum_beside_shmem_allreduce() -> None:
+    for name in ("symm_mem_one_shot_all_reduce", "symm_mem_two_shot_all_reduce"):
+        spec = OPS[name]
+        assert spec.sum_only and spec.reduces and spec.baseline_label == "shmem_allreduce" and not spec.in_all
+        assert spec.mpi is None and spec.needs_symmetric_memory
+
+
+def test_moe_routing_gives_every_token_distinct_experts() -> None:
+    from hyper_parallel.perf.cases import RankInfo, moe_routing
+
+    info = RankInfo(rank=1, nranks=4, dtype=torch.float32, redop="sum", moe_topk=2, moe_experts=3)
+    uniform = moe_routing(info, 600)
+    assert len(uniform) == 12 and sum(uniform) == 1200
+    assert max(uniform) < 2 * min(uniform)  # about 100 each
+    assert moe_routing(info, 600) == uniform  # seeded by the rank: the same plan every run
+    skewed = moe_routing(info._replace(moe_routing="skewed"), 600)
+    assert sum(skewed) == 1200 and skewed[0] > 2 * skewed[-1]  # Zipf: the first experts get the most
+    # top-k distinct: no expert can take more than one copy of a token
+    assert max(moe_routing(info._replace(moe_topk=12), 5)) == 5
+    assert moe_routing(info, 0) == [0] * 12
+
+
+def test_dispatch_layout_aligns_every_experts_region() -> None:
+    from hyper_parallel.perf.cases import MoeDispatchCase, RankInfo
+
+    case = MoeDispatchCase.__new__(MoeDispatchCase)  # the layout only: no buffers, no ranks
+    case.info = RankInfo(rank=0, nranks=2, dtype=torch.float32, redop="sum", moe_experts=3, moe_align=4)
+    # [source][expert] rows received: expert 0 gets 3 + 2, expert 1 none, expert 2 gets 1 + 4
+    starts = case.dispatch_layout([[3, 0, 1], [2, 0, 4]])
+    # regions at 0, 8 (5 rows round up to 8) and 12 (expert 1's region is empty and still takes 4 rows)
+    assert starts == [[0, 8, 12], [3, 8, 13]]
+
+
+def test_moe_heap_holds_every_ranks_tokens() -> None:
+    from hyper_parallel.perf.runner import heap_bytes
+
+    config = parse_config(["--op", "moe_dispatch", "-b", "1M", "-e", "1M"])
+    assert heap_bytes(config, 8) == (11 << 20) + (64 << 20)  # n + 3 rows
+    assert heap_bytes(parse_config(["--op", "all_reduce", "-b", "1M", "-e", "1M"]), 8) == (4 << 20) + (64 << 20)
+
+
 def test_fused_ops_have_an_unfused_baseline_and_run_only_when_named() -> None:
     fused = [spec for spec in OPS.values() if spec.fused]
     assert [spec.name for spec in fused] == ["fused_all_gather_matmul", "fused_matmul_reduce_scatter"]
@@ -144,7 +203,8 @@ def test_the_collectives_have_nccl_tests_in_place_group() -> None:
         "all_to_all": InPlace.SUPPORTED,
         "put": InPlace.ABSENT, "get": InPlace.ABSENT, "signal_pingpong": InPlace.ABSENT, "barrier": InPlace.ABSENT,
         "send_recv": InPlace.ABSENT, "fused_all_gather_matmul": InPlace.ABSENT,
-        "fused_matmul_reduce_scatter": InPlace.ABSENT,
+        "fused_matmul_reduce_scatter": InPlace.ABSENT, "moe_dispatch": InPlace.ABSENT, "moe_combine": InPlace.ABSENT,
+        "symm_mem_one_shot_all_reduce": InPlace.ABSENT, "symm_mem_two_shot_all_reduce": InPlace.ABSENT,
     }
     for name, spec in OPS.items():
         assert bool(spec.in_place_summary) == (spec.in_place is not InPlace.ABSENT), name
@@ -187,10 +247,12 @@ def test_op_lists_keep_their_order_and_all_means_the_whole_table() -> None:
     "argv, message",
     [(["--op", "scatter"], "`--op` must be all or a comma-separated list of put, get, signal_pingpong, barrier, "
                            "all_gather, all_reduce, reduce_scatter, all_to_all, send_recv, fused_all_gather_matmul, "
-                           "fused_matmul_reduce_scatter, but got 'scatter'"),
+                           "fused_matmul_reduce_scatter, moe_dispatch, moe_combine, symm_mem_one_shot_all_reduce, "
+                           "symm_mem_two_shot_all_reduce, but got 'scatter'"),
      (["--op", "put,all"], "`--op` must be all or a comma-separated list of put, get, signal_pingpong, barrier, "
                            "all_gather, all_reduce, reduce_scatter, all_to_all, send_recv, fused_all_gather_matmul, "
-                           "fused_matmul_reduce_scatter, but got 'all'"),
+                           "fused_matmul_reduce_scatter, moe_dispatch, moe_combine, symm_mem_one_shot_all_reduce, "
+                           "symm_mem_two_shot_all_reduce, but got 'all'"),
      (["-b", "0"], "`-b` must be at least 1 byte, but got 0"),
      (["-b", "1M", "-e", "1K"], "`-e` must be at least `-b` (1048576), but got 1024"),
      (["-f", "1"], "`-f` must be at least 2, but got 1"),
@@ -208,7 +270,7 @@ def test_op_lists_keep_their_order_and_all_means_the_whole_table() -> None:
      (["--baseline", "mpi"], "`--baseline mpi` must come with gloo (`--baseline gloo,mpi`), but got 'mpi'"),
      (["--op", "put,fused_all_gather_matmul", "--baseline", "gloo,mpi"],
       "`--baseline mpi` must come with `--op` barrier, all_gather, all_reduce, reduce_scatter, all_to_all, "
-      "send_recv, but got put,fused_all_gather_matmul"),
+      "send_recv, moe_dispatch, moe_combine, but got put,fused_all_gather_matmul"),
      (["--baseline", "gloo,mpi", "-d", "bfloat16"], "`--baseline mpi` must have a `-d` that numpy has, "
                                                     "but got bfloat16"),
      (["--progress", "yes"], "`--progress` must be one of auto, on, off, but got 'yes'"),
@@ -218,7 +280,14 @@ def test_op_lists_keep_their_order_and_all_means_the_whole_table() -> None:
      (["--op", "fused_all_gather_matmul", "-d", "int32"],
       "`-d` must be a floating-point type for fused_all_gather_matmul, but got int32"),
      (["--op", "fused_matmul_reduce_scatter", "-o", "max"],
-      "`-o` must be sum or avg for fused_matmul_reduce_scatter, but got 'max'")],
+      "`-o` must be sum or avg for fused_matmul_reduce_scatter, but got 'max'"),
+     (["--op", "symm_mem_two_shot_all_reduce", "-o", "avg"],
+      "`-o` must be sum for symm_mem_two_shot_all_reduce (torch's all-reduce sums only), but got 'avg'"),
+     (["--moe-topk", "0"], "`--moe-topk` must be at least 1, but got 0"),
+     (["--moe-hidden", "0"], "`--moe-hidden` must be at least 1, but got 0"),
+     (["--moe-experts", "0"], "`--moe-experts` must be at least 1, but got 0"),
+     (["--moe-align", "0"], "`--moe-align` must be at least 1, but got 0"),
+     (["--moe-routing", "zipf"], "`--moe-routing` must be one of uniform, skewed, but got 'zipf'")],
 )
 def test_bad_flags_exit_like_argparse_with_the_rule_and_the_value(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
@@ -294,7 +363,8 @@ def test_mpi_is_timed_in_addition_to_gloo_and_is_a_setting() -> None:
     assert (parse_config(["--baseline", "none"]).baseline, parse_config(["--baseline", "none"]).mpi) == (None, False)
     assert parse_config(["--baseline", "gloo,gloo"]).baseline == "gloo"
     assert [name for name, op in OPS.items() if op.mpi is not None] == [
-        "barrier", "all_gather", "all_reduce", "reduce_scatter", "all_to_all", "send_recv"]
+        "barrier", "all_gather", "all_reduce", "reduce_scatter", "all_to_all", "send_recv", "moe_dispatch",
+        "moe_combine"]
 
 
 def test_mpi_without_mpi4py_is_refused(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

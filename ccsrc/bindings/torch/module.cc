@@ -26,7 +26,9 @@
 #include "bindings/torch/allocations.h"
 #include "bindings/torch/arguments.h"
 #include "bindings/torch/py_bootstrap.h"
+#include "bindings/torch/reduce_dtypes.h"
 #include "bindings/torch/status_error.h"
+#include "bindings/torch/symm_mem_register.h"
 #include "bindings/torch/tensor_device.h"
 #include "ops/host/codec.h"
 #include "runtime/config.h"
@@ -210,19 +212,9 @@ DataType ReduceDtypeArg(const at::Tensor& dst, const at::Tensor& src) {
     throw StatusError(TypeError("`dst` must have the dtype of `src` (" + DtypeName(src.scalar_type()) + "), but got " +
                                 DtypeName(dst.scalar_type())));
   }
-  switch (src.scalar_type()) {
-    case at::kFloat: return DataType::kFloat32;
-    case at::kDouble: return DataType::kFloat64;
-    case at::kHalf: return DataType::kFloat16;
-    case at::kBFloat16: return DataType::kBFloat16;
-    case at::kChar: return DataType::kInt8;
-    case at::kByte: return DataType::kUInt8;
-    case at::kInt: return DataType::kInt32;
-    case at::kLong: return DataType::kInt64;
-    default:
-      throw StatusError(TypeError("`src` must have one of dtypes float32, float64, float16, bfloat16, int8, uint8, "
-                                  "int32, int64, but got " + DtypeName(src.scalar_type())));
-  }
+  if (const std::optional<DataType> dtype = ReduceDataTypeOf(src.scalar_type())) return *dtype;
+  throw StatusError(TypeError(std::string("`src` must have one of dtypes ") + kReducibleDtypes + ", but got " +
+                              DtypeName(src.scalar_type())));
 }
 
 // A list or tuple of ints; their range is the runtime's check.
@@ -1056,6 +1048,7 @@ PYBIND11_MODULE(_shmem_torch, m) {
 #endif
   m.def("read_config", &ReadConfig);
   m.def("log_level", [] { return static_cast<int>(Logger::Level()); });
+  RegisterSymmMemBackend(m);   // the host device as torch's symmetric-memory backend for CPU (symm_mem_backend.h)
   m.def("status_codes", [] {
     py::dict codes;
     for (int c = static_cast<int>(StatusCode::kOk); c <= static_cast<int>(StatusCode::kInterrupted); ++c) {

@@ -51,6 +51,7 @@ class RankInfo(NamedTuple):
         low_precision: the dtype of ``--low-precision``, or None.
         ordinary_tensors: ``--ordinary-tensors``: every form of ours of the collectives runs on ordinary torch
             tensors.
+        moe_hidden, moe_topk, moe_experts, moe_routing, moe_align: the MoE ops' ``--moe-*`` settings.
     """
 
     rank: int
@@ -61,6 +62,11 @@ class RankInfo(NamedTuple):
     mm_n: int = 2048
     low_precision: Optional[torch.dtype] = None
     ordinary_tensors: bool = False
+    moe_hidden: int = 1024
+    moe_topk: int = 2
+    moe_experts: int = 4
+    moe_routing: str = "uniform"
+    moe_align: int = 1
 
 
 def symmetric_memory_api(op_name: str) -> ModuleType:
@@ -729,6 +735,255 @@ class FusedMatmulReduceScatterCase(_FusedCase):
         self.symm.shmem_reduce_scatter(self.base_result, self.base_partial, op=self.info.redop)
 
 
+class _TorchSymmMemCase(Case):
+    """An op of torch's own symmetric-memory API (``torch.ops.symm_mem``) on this library's backend for it: its
+    symmetric tensors come from ``torch.distributed._symmetric_memory.empty`` (collective over the root, like every
+    allocation of the runtime) and are freed once the case lets go of them, at the next allocation."""
+
+    def torch_empty(self, *shape: int, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """A zeroed symmetric tensor of torch's API (its pages mapped before any timing)."""
+        import torch.distributed._symmetric_memory as symm_mem
+
+        tensor = symm_mem.empty(*shape, dtype=dtype or self.info.dtype, device="cpu")
+        tensor.zero_()
+        return tensor
+
+    @property
+    def group_name(self) -> str:
+        return dist.group.WORLD.group_name
+
+
+class _TorchAllReduceCase(_TorchSymmMemCase):
+    """torch's all-reduce on its symmetric tensor beside ``symm.shmem_allreduce`` in place on one of this library's
+    (the baseline side); both sum the same inputs."""
+
+    def setup(self) -> None:
+        self.buffer = self.torch_empty(self.count)
+        self.base_buffer = self.buffers.empty(self.count, self.info.dtype)
+        self.inputs.append((self.buffer, self.base_buffer))
+
+    def run_baseline(self) -> None:
+        self.symm.shmem_allreduce(self.base_buffer, op="sum")
+
+
+class TorchOneShotAllReduceCase(_TorchAllReduceCase):
+    """``symm_mem_one_shot_all_reduce``: ``torch.ops.symm_mem.one_shot_all_reduce_out`` into an ordinary output."""
+
+    spec = OPS["symm_mem_one_shot_all_reduce"]
+
+    def setup(self) -> None:
+        super().setup()
+        self.output = torch.zeros(self.count, dtype=self.info.dtype)
+        self.outputs.append((self.output, self.base_buffer))
+
+    def run_ours(self) -> None:
+        torch.ops.symm_mem.one_shot_all_reduce_out(self.buffer, "sum", self.group_name, self.output)
+
+
+class TorchTwoShotAllReduceCase(_TorchAllReduceCase):
+    """``symm_mem_two_shot_all_reduce``: ``torch.ops.symm_mem.two_shot_all_reduce_`` in place."""
+
+    spec = OPS["symm_mem_two_shot_all_reduce"]
+
+    def setup(self) -> None:
+        super().setup()
+        self.outputs.append((self.buffer, self.base_buffer))
+
+    def run_ours(self) -> None:
+        torch.ops.symm_mem.two_shot_all_reduce_(self.buffer, "sum", self.group_name)
+
+
+def moe_routing(info: RankInfo, tokens: int) -> list[int]:
+    """How many of this rank's tokens go to each of the n x E experts (rank-major: expert e of rank r is r·E + e).
+
+    Each token picks ``moe_topk`` distinct experts, uniformly or with Zipf weights (1 / (g + 1): the first experts of
+    the first ranks get most tokens), from a generator seeded by the rank: the same plan on every run.
+
+    Raises:
+        PerfSetupError: more experts per token than there are.
+    """
+    experts = info.nranks * info.moe_experts
+    if info.moe_topk > experts:
+        raise PerfSetupError(f"`--moe-topk` must be at most the {experts} experts of {info.nranks} ranks "
+                             f"(--moe-experts {info.moe_experts}), but got {info.moe_topk}")
+    if tokens == 0:
+        return [0] * experts
+    weights = (torch.ones(experts) if info.moe_routing == "uniform"
+               else 1.0 / torch.arange(1, experts + 1, dtype=torch.float64))
+    generator = torch.Generator().manual_seed(1000 + info.rank)
+    choices = torch.multinomial(weights.expand(tokens, experts), info.moe_topk, replacement=False,
+                                generator=generator)
+    return torch.bincount(choices.flatten(), minlength=experts).tolist()
+
+
+class _MoeCase(_TorchSymmMemCase):
+    """MoE dispatch or combine on torch's symmetric memory, beside what a CPU user does without it.
+
+    A row is t tokens per rank of ``moe_hidden`` elements, each sent to ``moe_topk`` experts: the t x top-k rows
+    (``count`` elements) already ordered by expert, rank-major (the order a router's sort leaves them in).
+    """
+
+    @property
+    def hidden(self) -> int:
+        return self.info.moe_hidden
+
+    def plan(self) -> None:
+        """This rank's routing, and the rows it sends to and receives from every rank (for the baselines)."""
+        n, experts = self.info.nranks, self.info.moe_experts
+        self.rows = self.count // self.hidden
+        self.splits = moe_routing(self.info, self.rows // self.info.moe_topk)
+        self.in_splits = torch.tensor(self.splits, dtype=torch.int64)
+        # Every rank's plan is known from its seed: the receive side of the baselines' checks needs no exchange.
+        every = [moe_routing(self.info._replace(rank=r), self.rows // self.info.moe_topk) for r in range(n)]
+        me = self.info.rank
+        self.received = [[every[s][me * experts + e] for e in range(experts)] for s in range(n)]  # [source][e]
+        # The worst case every rank must hold: all tokens of every rank, plus each expert's alignment padding.
+        self.capacity = n * self.rows + experts * self.info.moe_align
+
+    def dispatch_layout(self, received: list[list[int]]) -> list[list[int]]:
+        """Where chunk (source, e) starts in dispatch's expert-major output (all_to_all_vdev_2d's layout)."""
+        n, experts, align = self.info.nranks, self.info.moe_experts, self.info.moe_align
+        starts = [[0] * experts for _ in range(n)]
+        at = 0
+        for e in range(experts):
+            region = at
+            for s in range(n):
+                starts[s][e] = at
+                at += received[s][e]
+            total = at - region
+            at = region + max(-(-total // align) * align, align)
+        return starts
+
+
+class MoeDispatchCase(_MoeCase):
+    """``moe_dispatch``: ``all_to_all_vdev_2d`` of the routed tokens; the baselines exchange the splits, read them on
+    the host, exchange the tokens rank to rank and copy every chunk into the expert-major layout."""
+
+    spec = OPS["moe_dispatch"]
+
+    def setup(self) -> None:
+        self.plan()
+        self.tokens = self.torch_empty(self.rows, self.hidden)
+        self.base_tokens = torch.zeros(self.rows, self.hidden, dtype=self.info.dtype)
+        self.inputs.append((self.tokens.view(-1), self.base_tokens.view(-1)))
+        self.experts_out = self.torch_empty(self.capacity, self.hidden)
+        self.base_out = torch.zeros(self.capacity, self.hidden, dtype=self.info.dtype)
+        self.outputs.append((self.experts_out.view(-1), self.base_out.view(-1)))
+        self.splits_offsets = torch.zeros(2, len(self.splits), dtype=torch.int64)
+        self.base_counts = torch.zeros(len(self.splits), dtype=torch.int64)
+        self.base_staging = torch.zeros(self.info.nranks * self.rows, self.hidden, dtype=self.info.dtype)
+
+    def run_ours(self) -> None:
+        torch.ops.symm_mem.all_to_all_vdev_2d(self.tokens, self.experts_out, self.in_splits, self.splits_offsets,
+                                              self.group_name, major_align=self.info.moe_align)
+
+    def _exchange_and_lay_out(self, counts: torch.Tensor, out: torch.Tensor,
+                              exchange: Callable[[list[int], list[int]], None]) -> None:
+        """From the received splits (``counts``, read on the host: the sync a CPU user pays), the token exchange
+        ``exchange(receive_rows, send_rows)`` into the staging buffer, then a copy per chunk into ``out``."""
+        n, experts = self.info.nranks, self.info.moe_experts
+        received = counts.view(n, experts).tolist()
+        receive_rows = [sum(row) for row in received]
+        send_rows = [sum(self.splits[r * experts:(r + 1) * experts]) for r in range(n)]
+        exchange(receive_rows, send_rows)
+        starts = self.dispatch_layout(received)
+        at = 0
+        for s in range(n):
+            for e in range(experts):
+                rows = received[s][e]
+                out[starts[s][e]:starts[s][e] + rows].copy_(self.base_staging[at:at + rows])
+                at += rows
+
+    def run_baseline(self) -> None:
+        dist.all_to_all_single(self.base_counts, self.in_splits)
+
+        def exchange(receive_rows: list[int], send_rows: list[int]) -> None:
+            dist.all_to_all_single(self.base_staging[:sum(receive_rows)], self.base_tokens, receive_rows, send_rows)
+
+        self._exchange_and_lay_out(self.base_counts, self.base_out, exchange)
+
+    def setup_mpi(self) -> None:
+        self.mpi_out = self.mpi_output(self.base_out)
+        self.mpi_counts = torch.zeros_like(self.base_counts)
+
+    def run_mpi(self) -> None:
+        comm, hidden = self.mpi.comm, self.hidden
+        comm.Alltoall(self.in_splits.numpy(), self.mpi_counts.numpy())
+
+        def exchange(receive_rows: list[int], send_rows: list[int]) -> None:
+            receive = [rows * hidden for rows in receive_rows]
+            send = [rows * hidden for rows in send_rows]
+            comm.Alltoallv([self.base_tokens.numpy(), (send, _displacements(send))],
+                           [self.base_staging.numpy(), (receive, _displacements(receive))])
+
+        self._exchange_and_lay_out(self.mpi_counts, self.mpi_out, exchange)
+
+
+class MoeCombineCase(_MoeCase):
+    """``moe_combine``: ``all_to_all_vdev_2d_offset`` of the experts' tokens back to their ranks (dispatch's layout,
+    made once before the timing); the baselines copy every chunk into rank-major order and exchange it on the sizes
+    dispatch left on the host."""
+
+    spec = OPS["moe_combine"]
+
+    def setup(self) -> None:
+        self.plan()
+        n, experts = self.info.nranks, self.info.moe_experts
+        tokens = self.torch_empty(self.rows, self.hidden)
+        self.experts_in = self.torch_empty(self.capacity, self.hidden)
+        self.dispatched = torch.zeros(2, len(self.splits), dtype=torch.int64)
+        torch.ops.symm_mem.all_to_all_vdev_2d(tokens, self.experts_in, self.in_splits, self.dispatched,
+                                              self.group_name, major_align=self.info.moe_align)
+        del tokens
+        self.base_experts_in = torch.zeros(self.capacity, self.hidden, dtype=self.info.dtype)
+        self.inputs.append((self.experts_in.view(-1), self.base_experts_in.view(-1)))
+        self.back = self.torch_empty(self.rows, self.hidden)
+        self.base_back = torch.zeros(self.rows, self.hidden, dtype=self.info.dtype)
+        self.outputs.append((self.back.view(-1), self.base_back.view(-1)))
+        self.splits_offsets = torch.zeros(2, len(self.splits), dtype=torch.int64)
+        # What dispatch left on the host: the chunks this rank holds, per (expert, source), and the rows back.
+        self.starts = self.dispatch_layout(self.received)
+        self.send_rows = [sum(self.received[s]) for s in range(n)]
+        self.receive_rows = [sum(self.splits[r * experts:(r + 1) * experts]) for r in range(n)]
+        self.base_staging = torch.zeros(sum(self.send_rows), self.hidden, dtype=self.info.dtype)
+
+    def run_ours(self) -> None:
+        torch.ops.symm_mem.all_to_all_vdev_2d_offset(self.experts_in, self.back, self.dispatched, self.splits_offsets,
+                                                     self.group_name)
+
+    def _pack(self) -> None:
+        """Rank-major order for the exchange: for every destination, its chunks expert after expert."""
+        at = 0
+        for s in range(self.info.nranks):
+            for e in range(self.info.moe_experts):
+                rows = self.received[s][e]
+                self.base_staging[at:at + rows].copy_(self.base_experts_in[self.starts[s][e]:self.starts[s][e] + rows])
+                at += rows
+
+    def run_baseline(self) -> None:
+        self._pack()
+        dist.all_to_all_single(self.base_back, self.base_staging, self.receive_rows, self.send_rows)
+
+    def setup_mpi(self) -> None:
+        self.mpi_back = self.mpi_output(self.base_back)
+        self.mpi_send = [rows * self.hidden for rows in self.send_rows]
+        self.mpi_receive = [rows * self.hidden for rows in self.receive_rows]
+
+    def run_mpi(self) -> None:
+        self._pack()
+        self.mpi.comm.Alltoallv([self.base_staging.numpy(), (self.mpi_send, _displacements(self.mpi_send))],
+                                [self.mpi_back.numpy(), (self.mpi_receive, _displacements(self.mpi_receive))])
+
+
+def _displacements(counts: list[int]) -> list[int]:
+    """Exclusive prefix sums: where each rank's part starts (MPI_Alltoallv's displacements)."""
+    starts, at = [], 0
+    for count in counts:
+        starts.append(at)
+        at += count
+    return starts
+
+
 CASES: dict[str, type[Case]] = {
     case.spec.name: case
     for case in (
@@ -743,6 +998,10 @@ CASES: dict[str, type[Case]] = {
         SendRecvCase,
         FusedAllGatherMatmulCase,
         FusedMatmulReduceScatterCase,
+        MoeDispatchCase,
+        MoeCombineCase,
+        TorchOneShotAllReduceCase,
+        TorchTwoShotAllReduceCase,
     )
 }
 assert CASES.keys() == OPS.keys(), "every op of the table needs a case"

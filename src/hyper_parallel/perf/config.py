@@ -21,6 +21,7 @@ from hyper_parallel.perf.units import (
 PROG = "hp-shmem-perf"
 BASELINES = ("gloo", "mpi")  # --baseline: a comma-separated list of these, or none
 PROGRESS_MODES = ("auto", "on", "off")
+MOE_ROUTINGS = ("uniform", "skewed")  # --moe-routing
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,10 @@ class Config:
         ordinary_tensors: ``--ordinary-tensors``: the collectives run every form of ours (out of place, in place,
             low precision) on ordinary torch tensors instead of symmetric ones: the engine reads them straight out of
             the peers' processes where the host device reaches them, and stages them otherwise.
+        moe_hidden, moe_topk, moe_experts, moe_routing, moe_align: the MoE ops' tokens (``--moe-hidden`` elements
+            each), the experts each token goes to (``--moe-topk``), the experts per rank (``--moe-experts``), how
+            tokens choose them (``--moe-routing``: uniform, or skewed towards the first experts) and the alignment of
+            each expert's region in dispatch's output (``--moe-align`` rows).
     """
 
     ops: tuple[OpSpec, ...]
@@ -70,6 +75,11 @@ class Config:
     low_precision: Optional[str] = None
     ordinary_tensors: bool = False
     mpi: bool = False
+    moe_hidden: int = 1024
+    moe_topk: int = 2
+    moe_experts: int = 4
+    moe_routing: str = "uniform"
+    moe_align: int = 1
 
     @property
     def element_bytes(self) -> int:
@@ -90,7 +100,10 @@ class Config:
         return self.redop if op.reduces else "none"
 
     def row_elements(self, op: OpSpec) -> int:
-        """Elements of one matrix row of a fused op's size (``--mm-k`` or ``--mm-n``); 1 for the other ops."""
+        """Elements of one matrix row of a fused op's size (``--mm-k`` or ``--mm-n``), of one token's top-k rows for
+        an MoE op; 1 for the other ops."""
+        if op.routed:
+            return self.moe_hidden * self.moe_topk
         return {"k": self.mm_k, "n": self.mm_n}.get(op.matmul_dim, 1)
 
     def sizes(self, op: OpSpec) -> list[int]:
@@ -120,6 +133,11 @@ class Config:
             "low_precision": self.low_precision,
             "ordinary_tensors": self.ordinary_tensors,
             "mpi": self.mpi,
+            "moe_hidden": self.moe_hidden,
+            "moe_topk": self.moe_topk,
+            "moe_experts": self.moe_experts,
+            "moe_routing": self.moe_routing,
+            "moe_align": self.moe_align,
         }
 
 
@@ -175,6 +193,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mm-n", dest="mm_n", type=int, default=2048, metavar="N",
                         help="fused ops: the columns of the product; a row of fused_matmul_reduce_scatter's size "
                              "(the partial products) has N elements (default 2048)")
+    parser.add_argument("--moe-hidden", dest="moe_hidden", type=int, default=1024, metavar="H",
+                        help="MoE ops: elements of one token (default 1024)")
+    parser.add_argument("--moe-topk", dest="moe_topk", type=int, default=2, metavar="K",
+                        help="MoE ops: the experts each token goes to (default 2)")
+    parser.add_argument("--moe-experts", dest="moe_experts", type=int, default=4, metavar="E",
+                        help="MoE ops: experts per rank (default 4)")
+    parser.add_argument("--moe-routing", dest="moe_routing", default="uniform", metavar="MODE",
+                        help="MoE ops: how tokens choose experts: uniform, or skewed (the first experts more often, "
+                             "as a Zipf law; default uniform)")
+    parser.add_argument("--moe-align", dest="moe_align", type=int, default=1, metavar="A",
+                        help="moe_dispatch: each expert's region of the output starts at a multiple of A rows "
+                             "(all_to_all_vdev_2d's major_align; default 1)")
     parser.add_argument("--low-precision", dest="low_precision", default=None, metavar="DTYPE",
                         help="all_reduce and reduce_scatter: also time ours in place travelling in DTYPE "
                              f"({', '.join(LOW_PRECISION_BYTES)}), beside full precision (default: off)")
@@ -286,7 +316,14 @@ def config_from_args(args: argparse.Namespace) -> Config:
         raise ValueError(f"`-o avg` must have a floating-point `-d`, but got {args.datatype}")
     _at_least("--mm-k", args.mm_k, 1)
     _at_least("--mm-n", args.mm_n, 1)
+    _at_least("--moe-hidden", args.moe_hidden, 1)
+    _at_least("--moe-topk", args.moe_topk, 1)
+    _at_least("--moe-experts", args.moe_experts, 1)
+    _at_least("--moe-align", args.moe_align, 1)
+    moe_routing = _choice("--moe-routing", args.moe_routing, MOE_ROUTINGS)
     for op in ops:
+        if op.sum_only and redop != "sum":
+            raise ValueError(f"`-o` must be sum for {op.name} (torch's all-reduce sums only), but got {redop!r}")
         if op.fused and not dtype.startswith(("float", "bfloat")):
             raise ValueError(f"`-d` must be a floating-point type for {op.name}, but got {args.datatype}")
         if op.fused and op.reduces and redop not in ("sum", "avg"):
@@ -321,6 +358,11 @@ def config_from_args(args: argparse.Namespace) -> Config:
         low_precision=args.low_precision,
         ordinary_tensors=args.ordinary_tensors,
         mpi=mpi,
+        moe_hidden=args.moe_hidden,
+        moe_topk=args.moe_topk,
+        moe_experts=args.moe_experts,
+        moe_routing=moe_routing,
+        moe_align=args.moe_align,
     )
 
 

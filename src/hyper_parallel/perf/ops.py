@@ -18,6 +18,9 @@ signal_pingpong              the 8-byte signal                           1
 barrier                      0                                           1
 fused_all_gather_matmul      the gathered matrix: (n x m) x k elements   (n - 1) / n
 fused_matmul_reduce_scatter  the partial products: (n x m) x N elements  (n - 1) / n
+moe_dispatch, moe_combine    the routed tokens of one rank (t x top-k    (n - 1) / n
+                             rows of --moe-hidden elements)
+symm_mem_*_all_reduce        the buffer                                  2 (n - 1) / n
 ===========================  ==========================================  =================
 
 The fused ops are sized like the collective they contain (all_gather's whole output, reduce_scatter's whole
@@ -27,6 +30,17 @@ matmul dimension is the other flag. Their time includes the matmuls, so their ba
 the whole time: compare their times (the speedup column), not their bandwidths with the collectives'. Their
 baseline is the unfused sequence on this library, not gloo, and ``--op all`` leaves them out (their rows are
 matmuls: seconds each at the sizes the collectives sweep to).
+
+The MoE ops are torch's own (``torch.ops.symm_mem.all_to_all_vdev_2d`` and ``all_to_all_vdev_2d_offset`` on the host
+device's backend for torch's symmetric memory): a row of ``size`` bytes is t tokens of each rank, each routed to
+``--moe-topk`` of the n x ``--moe-experts`` experts (``--moe-routing`` uniform, or skewed towards the first experts),
+so t x top-k rows of ``--moe-hidden`` elements leave every rank; the splits stay in a tensor. Their baseline is what a
+CPU user does without symmetric memory (torchtitan's path): the splits exchanged with ``dist.all_to_all_single`` and
+read on the host, the tokens exchanged with ``dist.all_to_all_single`` on those sizes, then laid out expert-major (a
+copy per chunk); with ``--baseline gloo,mpi`` MPI's ``Alltoall`` of the splits and ``Alltoallv`` of the tokens, laid
+out the same way. Combine sends the tokens back with the splits dispatch left (no host read). torch's one-shot and
+two-shot all-reduce through that backend (``symm_mem_one_shot_all_reduce``, ``symm_mem_two_shot_all_reduce``) have this
+library's ``symm.shmem_allreduce`` (in place) as their baseline: torch's API against the user API, on one engine.
 
 The collectives also have nccl-tests' in-place group of columns (:class:`InPlace`): all_gather, all_reduce and
 reduce_scatter and all_to_all run in place as well. With ``--baseline gloo,mpi`` the collectives, barrier and
@@ -93,6 +107,8 @@ class OpSpec:
         low_precision: whether ``--low-precision`` adds a group of columns: the op run in place in that dtype.
         mpi: what the MPI columns run (``--baseline gloo,mpi``, through mpi4py on gloo's ordinary tensors), or None
             for the ops that have no MPI columns (the one-sided ops and the fused ones).
+        routed: an MoE op: its size is tokens routed to experts (``--moe-*``), whole tokens with all their top-k rows.
+        sum_only: it reduces with 'sum' only (torch's all-reduce of its symmetric-memory API).
     """
 
     name: str
@@ -114,6 +130,8 @@ class OpSpec:
     in_all: bool = True
     low_precision: bool = False
     mpi: str | None = None
+    routed: bool = False
+    sum_only: bool = False
 
     @property
     def fused(self) -> bool:
@@ -129,7 +147,7 @@ class OpSpec:
     def takes_ordinary_tensors(self) -> bool:
         """Whether ``--ordinary-tensors`` applies: the sized collectives (they take any tensor), not the one-sided
         or fused ops, whose buffers peers address."""
-        return self.mpi is not None and self.sized
+        return self.mpi is not None and self.sized and not self.routed
 
     def element_count(self, nbytes: int, element_bytes: int, nranks: int, row_elements: int = 1) -> int:
         """The elements a row of about ``nbytes`` moves, rounded down as nccl-tests rounds it.
@@ -139,7 +157,8 @@ class OpSpec:
             element_bytes: bytes per element of the data type.
             nranks: the number of ranks.
             row_elements: for the fused ops, the elements of one matrix row (``--mm-k`` or ``--mm-n``): the count
-                is rounded down to whole rows on every rank.
+                is rounded down to whole rows on every rank; for the MoE ops, the elements of one token's top-k
+                rows: the count is rounded down to whole tokens.
 
         Returns:
             The total element count of the row's ``size`` (0 when the size is too small to split).
@@ -149,6 +168,8 @@ class OpSpec:
         count = nbytes // element_bytes
         if self.split_by_ranks:
             count -= count % (nranks * row_elements)
+        else:
+            count -= count % row_elements
         return count
 
     def bandwidths(self, nbytes: int, seconds: float, nranks: int) -> tuple[float, float]:
@@ -284,6 +305,52 @@ OPS: dict[str, OpSpec] = {
             reduces=True,
             matmul_dim="n",
             baseline_label="unfused",
+            in_all=False,
+        ),
+        OpSpec(
+            name="moe_dispatch",
+            summary="torch.ops.symm_mem.all_to_all_vdev_2d: each rank's routed tokens (rank-major by expert) to the "
+                    "experts' ranks, expert-major there (regions aligned to --moe-align), the splits in a tensor",
+            baseline="dist.all_to_all_single of the splits, read on the host, dist.all_to_all_single of the tokens, "
+                     "then a copy per chunk into the expert-major layout",
+            mpi="MPI_Alltoall of the splits, MPI_Alltoallv of the tokens, then the same layout",
+            bus_factor=_ring_factor,
+            routed=True,
+            in_all=False,
+        ),
+        OpSpec(
+            name="moe_combine",
+            summary="torch.ops.symm_mem.all_to_all_vdev_2d_offset: the experts' tokens (dispatch's layout) back to "
+                    "the ranks they came from, rank-major there",
+            baseline="a copy per chunk into rank-major order, then dist.all_to_all_single on the sizes dispatch "
+                     "left on the host",
+            mpi="the same copies, then MPI_Alltoallv",
+            bus_factor=_ring_factor,
+            routed=True,
+            in_all=False,
+        ),
+        OpSpec(
+            name="symm_mem_one_shot_all_reduce",
+            summary="torch.ops.symm_mem.one_shot_all_reduce_out on the host device's backend for torch's symmetric "
+                    "memory: a symmetric input summed into an ordinary output",
+            baseline="symm.shmem_allreduce in place on a symmetric buffer",
+            bus_factor=_ring_reduce_factor,
+            needs_symmetric_memory=True,
+            reduces=True,
+            sum_only=True,
+            baseline_label="shmem_allreduce",
+            in_all=False,
+        ),
+        OpSpec(
+            name="symm_mem_two_shot_all_reduce",
+            summary="torch.ops.symm_mem.two_shot_all_reduce_ on the host device's backend for torch's symmetric "
+                    "memory: a symmetric buffer summed in place",
+            baseline="symm.shmem_allreduce in place on a symmetric buffer",
+            bus_factor=_ring_reduce_factor,
+            needs_symmetric_memory=True,
+            reduces=True,
+            sum_only=True,
+            baseline_label="shmem_allreduce",
             in_all=False,
         ),
     )

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from hyper_parallel.core.multicore import shmem
+from hyper_parallel.platform.torch import symm_mem_backend
 from hyper_parallel.perf.cases import (
     CASES,
     SYMMETRIC_MEMORY_MODULE,
@@ -61,14 +62,17 @@ def timeout_seconds() -> float:
     return value
 
 
-def heap_bytes(config: Config) -> int:
+def heap_bytes(config: Config, nranks: int = 1) -> int:
     """The symmetric heap each rank needs: four times the largest row plus 64 MiB, in whole MiB.
 
     Our side of a row holds at most two buffers of the row's size (all_reduce's and all_to_all's input and output;
     the in-place forms reuse them); the rest is room for the collectives' own scratch and the allocator's alignment.
+    An MoE op's receive buffer holds every rank's tokens (n rows' worth, for the worst routing), beside its input and
+    the previous row's buffers, which torch's API frees at the next allocation: n + 3 rows.
     """
     largest = max(max(config.sizes(op)) for op in config.ops)
-    return -(-(4 * largest + 64 * _MIB) // _MIB) * _MIB
+    rows = max(4, nranks + 3) if any(op.routed for op in config.ops) else 4
+    return -(-(rows * largest + 64 * _MIB) // _MIB) * _MIB
 
 
 def init_process_group() -> None:
@@ -157,8 +161,10 @@ def measure_row(config: Config, spec: OpSpec, info: RankInfo, nbytes: int, progr
         if low_precision:
             sides.append(Side(LOW_PRECISION, case.run_ours_low_precision, shmem.barrier))
         if config.baseline is not None:
-            # The fused ops' baseline is the unfused sequence on this library: lined up by its own barrier too.
-            sides.append(Side(config.baseline, case.run_baseline, shmem.barrier if spec.fused else dist.barrier))
+            # An op whose baseline is a sequence on this library (the fused ops' unfused one, shmem_allreduce for
+            # torch's all-reduce) lines it up by its own barrier too.
+            own = spec.baseline_label is not None
+            sides.append(Side(config.baseline, case.run_baseline, shmem.barrier if own else dist.barrier))
         if case.mpi is not None:
             sides.append(Side(MPI, case.run_mpi, case.mpi.comm.Barrier))
         if spec.memcpy_reference:
@@ -227,11 +233,13 @@ def run_rank(config: Config) -> list[Row]:
         if spec.needs_symmetric_memory:
             symmetric_memory_api(spec.name)  # fail before any allocation, on every rank alike
     torch.set_num_threads(1)  # one core per rank: the memcpy reference is single-core, and gloo gets no extra
-    os.environ.setdefault(HEAP_SIZE_ENV, str(heap_bytes(config)))
+    os.environ.setdefault(HEAP_SIZE_ENV, str(heap_bytes(config, nranks)))
     info = RankInfo(rank=rank, nranks=nranks, dtype=getattr(torch, config.dtype), redop=config.redop,
                     mm_k=config.mm_k, mm_n=config.mm_n,
                     low_precision=None if config.low_precision is None else getattr(torch, config.low_precision),
-                    ordinary_tensors=config.ordinary_tensors)
+                    ordinary_tensors=config.ordinary_tensors, moe_hidden=config.moe_hidden,
+                    moe_topk=config.moe_topk, moe_experts=config.moe_experts, moe_routing=config.moe_routing,
+                    moe_align=config.moe_align)
 
     steps = sum(len(config.sizes(spec)) for spec in config.ops) * config.repeat
     progress_on = rank == 0 and (config.progress == "on" or (config.progress == "auto" and sys.stderr.isatty()))
@@ -263,6 +271,7 @@ def run_rank(config: Config) -> list[Row]:
     symmetric_memory = sys.modules.get(SYMMETRIC_MEMORY_MODULE)
     if symmetric_memory is not None:
         symmetric_memory.shutdown()  # its workspace and runtime reference (a no-op when it was never used)
+    symm_mem_backend.shutdown()  # the reference of torch's symmetric memory, once it freed what it let go of
     handle.close()
     if reporter is not None:
         reporter.finish()

@@ -110,6 +110,12 @@ class Team:
         self._released = False
 
     @property
+    def id(self) -> int:
+        """The runtime's number of the team (of this node's part, for a team that spans nodes), which native
+        handlers pass to the runtime's team calls (torch's symm_mem backend)."""
+        return self._id
+
+    @property
     def spans_nodes(self) -> bool:
         """Whether the members live on more than one node (the collectives then run hierarchically)."""
         return self._hierarchy is not None
