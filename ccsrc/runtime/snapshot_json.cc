@@ -12,10 +12,9 @@ void WriteAllocations(JsonWriter& json, const char* key, const std::vector<Alloc
   json.BeginArray();
   for (const AllocationInfo& info : allocations) {
     json.BeginObject();
+    // Where it is first, then what it belongs to: the order debug_state() has always printed.
     json.Key("allocation_id");
     json.Unsigned(info.id);
-    json.Key("lifecycle");
-    json.Unsigned(info.lifecycle);
     json.Key("base");
     json.Unsigned(info.base);
     json.Key("offset");
@@ -24,6 +23,8 @@ void WriteAllocations(JsonWriter& json, const char* key, const std::vector<Alloc
     json.Unsigned(info.bytes);
     json.Key("reserved");
     json.Unsigned(info.reserved);
+    json.Key("lifecycle");
+    json.Unsigned(info.lifecycle);
     json.Key("state");
     json.String(AllocationStateName(info.state));
     json.Key("call_site");

@@ -188,8 +188,9 @@ def _case_bad_arguments() -> None:
             (TypeError, lambda: symm.shmem_alltoall(torch.ones(world), torch.empty(world), [1] * world), f"`send_tensor_list` must be a sequence of {world} tensors, but got Tensor"),
             (TypeError, lambda: symm.shmem_alltoall([torch.ones(1)] * world, torch.empty(world), "1" * world), f"`receive_list` must be a sequence of {world} ints, but got str"),
             (TypeError, lambda: symm.shmem_alltoall([torch.ones(1)] * world, torch.empty(world), torch.ones(world)), "`receive_list` must be a sequence of"),
-            # Overlaps are the engine's check (the runtime's message names its own arguments).
-            (ValueError, lambda: symm.shmem_allgather(big[:3 * world], big[1:4]), f"`input` must not overlap `output` except as this rank's own part (offset {rank * 12}), but got an input at offset 4 of the output"),
+            # Overlaps are the engine's check (the runtime's message names its own arguments). Every rank refuses
+            # here, each with its own offset: every rank raises the lowest refusing rank's message.
+            (ValueError, lambda: symm.shmem_allgather(big[:3 * world], big[1:4]), "`input` must not overlap `output` except as this rank's own part (offset 0), but got an input at offset 4 of the output (refused by rank 0: op=all_gather"),
             (ValueError, lambda: symm.shmem_reduce_scatter(big[1:4], big[:3 * world]), "`output` must be this rank's part of `input` or not overlap it, but got an overlap at byte 4 of the input"),
             (ValueError, lambda: symm.shmem_allreduce(torch.ones(2, device="meta")), "`tensor` must be a tensor on cpu (the SHMEM device), but got meta"),
             (TypeError, lambda: symm.shmem_wait_for_signal([1], sig, 0, 1, 0), "`depend_tensor` must be a torch.Tensor or None, but got list"),
@@ -209,14 +210,19 @@ def _case_bad_arguments() -> None:
                                f"`send_tensor_list[0]` of rank {world - 1} must have the 2 elements rank 0 expects")
         assert out.eq(-3.0).all(), "a rejected all_to_all wrote"
         assert gathered(torch.tensor([len(message)]))  # every rank got here (none hangs)
-        # A message of the wrong size is drained and reported; the next one still arrives.
-        if rank == 0:
+        # A message of the wrong size is drained and refused by the receiver; the sender's next send, once the
+        # refusal is in, raises it (sending nothing); the one after that arrives.
+        small = torch.zeros(3)
+        if rank == 1:
+            expect_error(ValueError, lambda: symm.shmem_recv(small, 0), "`tensor` must be a receive buffer for the float32 message of 20 bytes rank 0 sent, but got float32 of 12 bytes")
+            assert small.eq(0).all()
+        elif rank == 0:
             symm.shmem_send(torch.ones(5), 1)
+        dist.barrier()   # rank 1 has refused the message
+        if rank == 0:
+            expect_error(ValueError, lambda: symm.shmem_send(torch.full((2,), 4.0), 1), "a message this rank sent must match the receive buffer of rank 1 in dtype and size, but that rank refused it (its recv raised, naming both): op=send")
             symm.shmem_send(torch.full((2,), 4.0), 1)
         elif rank == 1:
-            small = torch.zeros(3)
-            expect_error(ValueError, lambda: symm.shmem_recv(small, 0), "`tensor` must have the 20 bytes rank 0 sent, but got 12 bytes")
-            assert small.eq(0).all()
             good = torch.zeros(2)
             symm.shmem_recv(good, 0)
             assert good.eq(4.0).all()
