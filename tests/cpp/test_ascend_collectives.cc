@@ -113,6 +113,41 @@ TEST(AscendDeferredChecksTest, AMismatchIsRaisedByEveryMembersNextCall) {
   fakes::FakeCann::Reset();
 }
 
+// The other two places a deferred verdict reaches a member: a synchronize of the stream through this library raises
+// it, and the check debug_state() makes records it as the latest failure, which the team's next call then raises.
+TEST(AscendDeferredChecksTest, AMismatchIsRaisedBySynchronizeAndRecordedByTheDebugStateCheck) {
+  fakes::FakeCann::Reset();
+  const testutil::CollectiveBackend backend = AscendBackend();
+  testutil::RunOnRootTeam(backend, 2, [&](int rank, Runtime& runtime, std::uint64_t t) {
+    testutil::DeviceFloats tensor(backend, runtime, 8, false);
+    tensor.Set(std::vector<float>(8, 1.0f));
+    auto stream = runtime.CreateStream();
+    ASSERT_TRUE(stream.ok());
+    ASSERT_TRUE(testutil::IsOk(runtime.AllReduce(t, tensor.data(), rank == 1 ? 16 : 32, DataType::kFloat32,
+                                                 ReduceOp::kSum, stream.value(), nullptr)));
+    const Status synced = runtime.SynchronizeStream(stream.value());
+    EXPECT_TRUE(testutil::HasError(synced, StatusCode::kMismatch, "ranks disagree on a collective (count)"))
+        << synced.ToString();
+    EXPECT_TRUE(testutil::Contains(synced.message(), "found after the call ran on the stream")) << synced.message();
+    ASSERT_TRUE(testutil::IsOk(runtime.DestroyStream(stream.value())));
+  });
+  testutil::RunOnRootTeam(backend, 2, [&](int rank, Runtime& runtime, std::uint64_t t) {
+    testutil::DeviceFloats tensor(backend, runtime, 8, false);
+    tensor.Set(std::vector<float>(8, 1.0f));
+    ASSERT_TRUE(testutil::IsOk(runtime.AllReduce(t, tensor.data(), rank == 1 ? 16 : 32, DataType::kFloat32,
+                                                 ReduceOp::kSum, kDefaultStream, nullptr)));
+    const Status checked = runtime.CheckDeferred();   // what debug_state() runs before it takes the snapshot
+    EXPECT_TRUE(testutil::HasError(checked, StatusCode::kMismatch, "ranks disagree on a collective (count)"))
+        << checked.ToString();
+    EXPECT_TRUE(testutil::Contains(runtime.Snapshot().latest_failure, "ranks disagree on a collective (count)"))
+        << runtime.Snapshot().latest_failure;
+    const Status next = runtime.TeamBarrier(t, kDefaultStream);
+    EXPECT_TRUE(testutil::HasError(next, StatusCode::kMismatch, "ranks disagree on a collective (count)"))
+        << next.ToString();
+  });
+  fakes::FakeCann::Reset();
+}
+
 // The chip's signals are int32, compared for equality (SignalValue of counters that only grow): a team whose counters
 // start just below the wrap runs 10,000 syncs and send/recv pieces across it on the fakes, each on the stream.
 TEST(AscendSignalWrapTest, TenThousandSyncsAndSendsAcrossTheSignalWrap) {
