@@ -38,10 +38,13 @@ test-cpp: deps
 	cmake --build $(BUILD_CPP) --parallel 2
 	ctest --test-dir $(BUILD_CPP) --output-on-failure
 
+# The ascend device's 16-rank cases and its 10,000-sync wrap run in the plain build only: under the sanitizers they
+# take over half of the run's time on 2 cores; the same paths run there at 2, 3, 4 and 8 ranks, and the host wrap test.
+SANITIZE_SKIP := AscendCollectivesTest\..*/16$$|AscendSignalWrapTest\.
 test-cpp-sanitize: deps
 	cmake -S . -B $(BUILD_SAN) -DHP_BUILD_TORCH_BINDING=OFF -DHP_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=Debug -DHP_SANITIZE=address,undefined
 	cmake --build $(BUILD_SAN) --parallel 2
-	ctest --test-dir $(BUILD_SAN) --output-on-failure
+	ctest --test-dir $(BUILD_SAN) --output-on-failure -E '$(SANITIZE_SKIP)'
 
 # Run from tests/ against the installed package, never the source tree's src/.
 test-py: install
