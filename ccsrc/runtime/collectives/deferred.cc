@@ -48,8 +48,7 @@ Status CollectiveEngine::OpenDeferred(Fingerprint fingerprint, const std::vector
   //    tables, then put into every peer's: the row last, so that a member that reads it reads the rest.
   Status published;
   if (statement != nullptr) {
-    std::vector<char> text(kStatementBytes, '\0');
-    std::memcpy(text.data(), statement->data(), std::min(statement->size(), kStatementBytes - 1));
+    const std::vector<char> text = StatementBytes(*statement);
     published = device_.StageFromHost(said, text.data(), text.size(), stream_);
   }
   if (published.ok() && counts != nullptr) {

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -19,6 +21,13 @@ inline std::pair<std::size_t, std::size_t> Part(std::size_t count, int parts, in
   const std::size_t step = (count + static_cast<std::size_t>(parts) - 1) / static_cast<std::size_t>(parts);
   const std::size_t lo = std::min(static_cast<std::size_t>(index) * step, count);
   return {lo, std::min(lo + step, count)};
+}
+
+// What a rank tells its peers about its refusal or its failure: at most a statement's bytes, NUL-terminated.
+inline std::vector<char> StatementBytes(const std::string& text) {
+  std::vector<char> bytes(kStatementBytes, '\0');
+  std::memcpy(bytes.data(), text.data(), std::min(text.size(), kStatementBytes - 1));
+  return bytes;
 }
 
 // Every member's `column` holds the same heap offset (not -1): peers may address each other's copies of it.

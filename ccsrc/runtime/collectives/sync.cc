@@ -5,19 +5,11 @@
 #include <cstring>
 
 #include "runtime/collectives/engine.h"
+#include "runtime/collectives/paths.h"
 
 namespace hp::shmem {
 
-namespace {
-
-// What this rank tells its peers about its refusal or its failure: at most a statement's bytes, NUL-terminated.
-std::vector<char> StatementBytes(const std::string& text) {
-  std::vector<char> bytes(kStatementBytes, '\0');
-  std::memcpy(bytes.data(), text.data(), std::min(text.size(), kStatementBytes - 1));
-  return bytes;
-}
-
-}  // namespace
+using collectives::StatementBytes;
 
 // ---- calls --------------------------------------------------------------------------------------------------------
 
