@@ -171,6 +171,21 @@ HP_SHMEM_API int hp_shmem_give_up(uint64_t team, const char* message);
  * NUL and sets `*needed` to the full length + 1; call again with a larger buffer when `*needed` > `capacity`. */
 HP_SHMEM_API int hp_shmem_debug_state_json(char* buffer, size_t capacity, size_t* needed);
 
+/* The runtime's log records, for a handler that hands them to its framework's logging. While forwarding is on,
+ * records are queued (at most 4096: past that the oldest are dropped and a record counts them) instead of written to
+ * stderr; a thread of the handler's own takes them, so that its framework is never entered from a thread that holds
+ * the runtime's locks. Turning forwarding off writes what is still queued to stderr. Neither call ever fails. */
+HP_SHMEM_API void hp_shmem_log_forward(int on);
+/* Waits up to `timeout_ms` for a record to be queued, taking none: 1 when one is, 0 on timeout or with forwarding
+ * off. */
+HP_SHMEM_API int hp_shmem_log_wait(int timeout_ms);
+/* Takes the oldest queued record without waiting: returns 1 and fills `*level` (0 debug .. 3 error), `*rank` and
+ * `message` (NUL-terminated, cut to `message_bytes` - 1 bytes), or 0 when none is queued. */
+HP_SHMEM_API int hp_shmem_log_take(int* level, int* rank, char* message, size_t message_bytes);
+/* The level below which the runtime writes nothing (0 debug .. 3 error): HYPER_PARALLEL_SHMEM_LOG_LEVEL once a
+ * lifecycle started. */
+HP_SHMEM_API int hp_shmem_log_level(void);
+
 #ifdef __cplusplus
 }  /* extern "C" */
 #endif

@@ -814,4 +814,32 @@ TEST(Capi, DebugStateJsonRoundTrips) {
   }));
 }
 
+// Forwarded log records: the runtime's lines reach the taker (a handler's logging thread) instead of stderr.
+TEST(Capi, ForwardedLogRecordsReachTheTaker) {
+  ExpectAllRanksPass(RunRanks(2, [](Rank& me) {
+    setenv("HYPER_PARALLEL_SHMEM_LOG_LEVEL", "INFO", 1);
+    hp_shmem_log_forward(1);
+    InitRoot(me);
+    int level = -1;
+    int rank = -2;
+    char message[256];
+    bool seen = false;
+    while (!seen && hp_shmem_log_wait(5000) == 1 && hp_shmem_log_take(&level, &rank, message, sizeof(message)) == 1) {
+      seen = std::string(message).rfind("shmem runtime initialised: lifecycle=", 0) == 0;
+    }
+    REQUIRE(seen);
+    REQUIRE(level == 1);
+    REQUIRE(rank == me.rank);
+    // A message longer than the buffer is cut, NUL-terminated.
+    ShutdownRoot(me);
+    char small[8];
+    REQUIRE(hp_shmem_log_wait(5000) == 1);
+    REQUIRE(hp_shmem_log_take(&level, &rank, small, sizeof(small)) == 1);
+    REQUIRE(std::string(small) == "shmem r");
+    hp_shmem_log_forward(0);
+    REQUIRE(hp_shmem_log_wait(60000) == 0);   // at once: forwarding is off
+    REQUIRE(hp_shmem_log_take(&level, &rank, message, sizeof(message)) == 0);
+  }));
+}
+
 }  // namespace

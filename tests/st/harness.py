@@ -147,6 +147,11 @@ def _run_case(
     finally:
         stderr = None
         if capture is not None:
+            # The runtime's records reach stderr through Python's logging, from a thread of the package's: hand
+            # over what the case logged before the capture ends.
+            runtime_logs = sys.modules.get("hyper_parallel.core.multicore.runtime_logs")
+            if runtime_logs is not None:
+                runtime_logs.flush()
             sys.stderr.flush()
             os.dup2(saved_fd, 2)
             os.close(saved_fd)

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from harness import CaseOutput, World
-from hyper_parallel.core.multicore import shmem
+from hyper_parallel.core.multicore import runtime_logs, shmem
 from st_cases import allocation_info, assert_clean, expect_error, run_case
 
 ENV = {"HYPER_PARALLEL_SHMEM_HEAP_SIZE": "16M", "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC": "20"}
@@ -424,6 +424,7 @@ def _case_leak_is_logged_at_once() -> dict:
         assert _active_ids() == [aid] and _leaked_ids() == []
         assert "leaked" not in _stderr_so_far()
         del tail  # the last reference dies without free
+        runtime_logs.flush()  # the runtime's queued records, through logging (here: its stderr fallback)
         logged = _stderr_so_far()  # at once: before any other SHMEM call
         lines = [line for line in logged.splitlines() if "symmetric allocation leaked" in line]
         assert len(lines) == 1, logged

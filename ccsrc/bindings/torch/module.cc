@@ -25,6 +25,7 @@
 
 #include "bindings/torch/allocations.h"
 #include "bindings/torch/arguments.h"
+#include "bindings/torch/log_forwarding.h"
 #include "bindings/torch/py_bootstrap.h"
 #include "bindings/torch/reduce_dtypes.h"
 #include "bindings/torch/status_error.h"
@@ -1048,6 +1049,7 @@ PYBIND11_MODULE(_shmem_torch, m) {
 #endif
   m.def("read_config", &ReadConfig);
   m.def("log_level", [] { return static_cast<int>(Logger::Level()); });
+  RegisterLogForwarding(m);   // the runtime's records for Python's logging (log_forwarding.h)
   RegisterSymmMemBackend(m);   // the host device as torch's symmetric-memory backend for CPU (symm_mem_backend.h)
   m.def("status_codes", [] {
     py::dict codes;

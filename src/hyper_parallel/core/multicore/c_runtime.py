@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Optional
 
-from hyper_parallel.core.multicore import errors
+from hyper_parallel.core.multicore import errors, runtime_logs
 
 LIBRARY_NAME = "libhp_shmem_c.so"
 ABI_VERSION = 2   # HP_SHMEM_ABI_VERSION of the header this module was written against
@@ -113,8 +113,15 @@ _SIGNATURES = {
     "hp_shmem_refuse": [ctypes.c_uint64, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int],
     "hp_shmem_give_up": [ctypes.c_uint64, ctypes.c_char_p],
     "hp_shmem_debug_state_json": [ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],
+    "hp_shmem_log_forward": [ctypes.c_int],
+    "hp_shmem_log_wait": [ctypes.c_int],
+    "hp_shmem_log_take": [ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, ctypes.c_size_t],
+    "hp_shmem_log_level": [],
 }
-_RESTYPES = {"hp_shmem_last_error": ctypes.c_char_p, "hp_shmem_status_name": ctypes.c_char_p}
+_RESTYPES = {"hp_shmem_last_error": ctypes.c_char_p, "hp_shmem_status_name": ctypes.c_char_p,
+             "hp_shmem_log_forward": None}
+_LOG_MESSAGE_BYTES = 4096   # a record's message, at most (longer ones are cut)
+_LOG_RECORDS_PER_TAKE = 4096   # the runtime queues as many at most
 
 
 def library_path() -> str:
@@ -144,7 +151,22 @@ def library() -> ctypes.CDLL:
     if version != ABI_VERSION:
         raise errors.ShmemStateError(f"the runtime's C ABI library has another version: path={path} "
                                      f"expected={ABI_VERSION} observed={version}")
+    runtime_logs.forward("C ABI", runtime_logs.RuntimeLogSource(
+        forward=lambda on: lib.hp_shmem_log_forward(1 if on else 0),
+        wait=lambda timeout_ms: lib.hp_shmem_log_wait(timeout_ms) == 1,   # ctypes releases the GIL for the wait
+        take=functools.partial(_take_log_records, lib), level=lib.hp_shmem_log_level))
     return lib
+
+
+def _take_log_records(lib: ctypes.CDLL) -> list[tuple[int, int, str]]:
+    """The C ABI's queued records, oldest first, without waiting."""
+    level, rank = ctypes.c_int(), ctypes.c_int()
+    message = ctypes.create_string_buffer(_LOG_MESSAGE_BYTES)
+    records = []
+    while len(records) < _LOG_RECORDS_PER_TAKE and \
+            lib.hp_shmem_log_take(ctypes.byref(level), ctypes.byref(rank), message, _LOG_MESSAGE_BYTES) == 1:
+        records.append((level.value, rank.value, message.value.decode("utf-8", "replace")))
+    return records
 
 
 def _check(status: int, operation: str) -> None:

@@ -11,7 +11,10 @@ if importlib.util.find_spec("torch_npu") is not None:
 
 from hyper_parallel import _shmem_torch as C
 from hyper_parallel.core.multicore import errors as _errors
+from hyper_parallel.core.multicore import runtime_logs as _runtime_logs
 
 _errors.register_binding(C)
+_runtime_logs.forward("torch binding", _runtime_logs.RuntimeLogSource(
+    forward=C.log_forward, wait=C.log_wait, take=C.log_take, level=C.log_level))
 
 __all__ = ["C"]
