@@ -123,7 +123,7 @@ def test_ring_demo_under_torchrun(tmp_path) -> None:
         "  rank: 0\n",
         f"  world_size: {_NRANKS}\n",
         "  device: 'host'\n",
-        f"  heap_size: {64 << 20}\n",
+        f"  heap_size: {64 << 20}   # bytes of this rank's heap\n",
         "  leaked_allocations: []\n",
         "  latest_failure: ''\n",
     ):

@@ -12,7 +12,7 @@ import pickle
 import pytest
 import torch
 
-from hyper_parallel.core.multicore import shmem
+from hyper_parallel.core.multicore import shmem, snapshot
 from hyper_parallel.core.multicore.shmem import DebugState, ShmemStateError
 from hyper_parallel.core.multicore.errors import type_name
 from hyper_parallel.core.multicore.shmem._checks import check_choice
@@ -226,6 +226,29 @@ def test_debug_state_prints_one_field_per_line_with_hex_addresses() -> None:
     assert str(state) == _SNAPSHOT_REPR
     small = DebugState({"heap_base": 0, "offset": 4096})
     assert repr(small) == "DebugState(\n  heap_base: 0x0\n  offset: 0x1000\n)"
+
+
+def test_a_printed_snapshot_tells_upstreams_names_and_the_byte_counts_apart() -> None:
+    raw = {"state": "initialized", "lifecycle": 1, "rank": 0, "world_size": 2, "device": "host",
+           "config": {"heap_size": 1 << 20, "timeout_sec": 5.0, "log_level": 2, "device": "host"},
+           "heap_size": 1 << 20, "allocated": 16448, "max_allocated": 16448, "remaining": (1 << 20) - 16448,
+           "heap_base": 0x7F0000000000,
+           "active_allocations": [{"allocation_id": 1, "base": 0x7F0000000100, "offset": 0x100, "bytes": 16388,
+                                   "reserved": 16448, "lifecycle": 1, "call_site": ""}],
+           "leaked_allocations": [], "latest_failure": "", "calls_in_flight": 0, "live_teams": 1,
+           "reaches_peer_memory": True, "nodes": [0, 0]}
+    printed = repr(snapshot.project(raw, [0, 1], 1)).splitlines()
+    marker = printed.index("  -- upstream hyper-parallel's names for the facts above --")
+    ours, theirs = printed[:marker], printed[marker + 1:-1]
+    assert [line.split(":")[0].strip() for line in theirs] == list(snapshot.UPSTREAM_KEYS)
+    assert "  allocated: 16448   # bytes reserved by live and leaked allocations, with the runtime's own records" in ours
+    assert "  allocated_bytes: 16388   # bytes requested by live and leaked allocations" in theirs
+    config = next(line for line in ours if line.startswith("  config: "))
+    assert config.endswith("; upstream's names: heap_size_bytes=1048576, timeout_seconds=5.0, data_engine='cpu', "
+                           "bootstrap_endpoint_base=None}"), config
+    allocation = next(line for line in ours if "allocation_id=1" in line)
+    assert "call_site=<not recorded: HYPER_PARALLEL_SHMEM_LOG_LEVEL=0 records it>; upstream's names: " \
+           "allocation_base=0x7f0000000100, allocation_bytes=16388}" in allocation, allocation
 
 
 def test_debug_state_is_a_dict_in_field_order() -> None:

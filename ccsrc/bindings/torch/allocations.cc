@@ -52,7 +52,8 @@ void InvalidatePeers(std::uint64_t id, const std::string& message) {
 
 std::string FreedMessage(std::uint64_t id, std::uint64_t lifecycle) {
   return "symmetric allocation was freed: allocation_id=" + std::to_string(id) + " lifecycle=" +
-         std::to_string(lifecycle) + " (this tensor and every view of it are invalid after shmem.free)";
+         std::to_string(lifecycle) +
+         " (this tensor and every view of it are invalid once freed, by symm.free or shmem.free)";
 }
 
 // Forgets the allocation's entry; returns whether its storage is still alive (it was given other memory).

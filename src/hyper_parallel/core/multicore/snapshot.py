@@ -12,18 +12,47 @@ from typing import Optional
 from hyper_parallel.core.multicore import errors
 
 _HEX_KEYS = frozenset({"heap_base", "base", "offset", "allocation_base"})
+# Upstream hyper-parallel's names, kept so that its users' code runs: the same facts as the project's keys (its byte
+# counts are requested bytes, the project's are reserved bytes). A printed snapshot shows them apart.
+UPSTREAM_KEYS = ("root_rank", "root_size", "device_index", "device_model", "soc_name", "allocated_count",
+                 "allocated_bytes", "remaining_bytes", "max_allocated_bytes")
+UPSTREAM_CONFIG_KEYS = ("heap_size_bytes", "timeout_seconds", "data_engine", "bootstrap_endpoint_base")
+UPSTREAM_ALLOCATION_KEYS = ("allocation_base", "allocation_bytes")
+# What a printed snapshot says beside the fields whose unit or meaning their name leaves open.
+_NOTES = {
+    "heap_size": "bytes of this rank's heap",
+    "allocated": "bytes reserved by live and leaked allocations, with the runtime's own records",
+    "max_allocated": "peak of allocated",
+    "remaining": "bytes of the heap not reserved",
+    "allocated_bytes": "bytes requested by live and leaked allocations",
+    "remaining_bytes": "heap_size - allocated_bytes",
+    "max_allocated_bytes": "= max_allocated",
+}
+_UNRECORDED_CALL_SITE = "<not recorded: HYPER_PARALLEL_SHMEM_LOG_LEVEL=0 records it>"
 
 
-def _format(value: object, indent: str) -> str:
+def _entry(key: str, value: object) -> str:
+    if key in _HEX_KEYS and isinstance(value, int):
+        return f"{key}={hex(value)}"
+    if key == "call_site" and value == "":
+        return f"{key}={_UNRECORDED_CALL_SITE}"
+    return f"{key}={value!r}"
+
+
+def _format(value: object, indent: str, upstream: tuple = ()) -> str:
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}={hex(v) if k in _HEX_KEYS else repr(v)}" for k, v in value.items()) + "}"
+        own = ", ".join(_entry(k, v) for k, v in value.items() if k not in upstream)
+        theirs = ", ".join(_entry(k, v) for k, v in value.items() if k in upstream)
+        return "{" + own + (f"; upstream's names: {theirs}" if theirs else "") + "}"
     if isinstance(value, list) and value and isinstance(value[0], dict):
-        return "[\n" + "".join(f"{indent}    {_format(item, indent)},\n" for item in value) + indent + "]"
+        return "[\n" + "".join(f"{indent}    {_format(item, indent, UPSTREAM_ALLOCATION_KEYS)},\n"
+                               for item in value) + indent + "]"
     return repr(value)
 
 
 class DebugState(dict):
-    """A snapshot of the runtime: a dict that refuses changes and prints one field per line, addresses in hex."""
+    """A snapshot of the runtime: a dict that refuses changes and prints one field per line, addresses in hex, the
+    fields upstream hyper-parallel names otherwise apart from the project's, and what a byte count counts."""
 
     def _read_only(self, *args, **kwargs):
         raise TypeError("`debug_state()` must not be modified, but got a write (it is a read-only snapshot)")
@@ -36,11 +65,20 @@ class DebugState(dict):
         # must survive dist.all_gather_object and copy.deepcopy.
         return (type(self), (dict(self),))
 
+    def _line(self, key: str, value: object) -> str:
+        if key in _HEX_KEYS and isinstance(value, int):
+            shown = hex(value)
+        else:
+            shown = _format(value, "  ", UPSTREAM_CONFIG_KEYS if key == "config" else ())
+        note = _NOTES.get(key)
+        return f"  {key}: {shown}" + (f"   # {note}" if note and value is not None else "")
+
     def __repr__(self) -> str:
-        lines = []
-        for key, value in self.items():
-            shown = hex(value) if key in _HEX_KEYS and isinstance(value, int) else _format(value, "  ")
-            lines.append(f"  {key}: {shown}")
+        lines = [self._line(key, value) for key, value in self.items() if key not in UPSTREAM_KEYS]
+        theirs = [self._line(key, value) for key, value in self.items() if key in UPSTREAM_KEYS]
+        if theirs:
+            lines.append("  -- upstream hyper-parallel's names for the facts above --")
+            lines.extend(theirs)
         return "DebugState(\n" + "\n".join(lines) + "\n)"
 
     __str__ = __repr__
