@@ -95,7 +95,7 @@ class _StderrFallback(logging.Handler):
                 return True
             if not logger.propagate:
                 return False
-            logger = logger.parent   # type: ignore[assignment]
+            logger = logger.parent
         return False
 
     def emit(self, record: logging.LogRecord) -> None:

@@ -34,8 +34,18 @@ handle over every rank's copy), and ``set_signal_pad_size``/``get_signal_pad_siz
 upstream: signals are symmetric tensors here).
 """
 
+from typing import TYPE_CHECKING
+
 from hyper_parallel.core.symmetric_memory import _framework
 from hyper_parallel.core.symmetric_memory._api import Api, SymmetricMemory
+
+if TYPE_CHECKING:
+    # For type checkers only (nothing is imported at run time): the functions below as torch's users call them, the
+    # package's dependency. On MindSpore the same functions take mindspore.Tensor, its dtypes and group names.
+    import torch
+    from torch.distributed import ProcessGroup
+
+    API: Api[torch.Tensor, torch.dtype, ProcessGroup]
 
 FRAMEWORK = _framework.FRAMEWORK
 API = Api(_framework.handler())

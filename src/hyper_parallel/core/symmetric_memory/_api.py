@@ -30,11 +30,20 @@ the operation is the public function's name unless the runtime below named its o
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Optional
+from typing import Any, Generic, Optional, TypeVar, Union
 
 from hyper_parallel.core.multicore.errors import ShmemStateError, attach_fields
 from hyper_parallel.core.symmetric_memory.checks import COMPARE_OPS, SIGNAL_OPS, Checks, choice, view_bytes
 from hyper_parallel.core.symmetric_memory.checks import shape as checked_shape
+
+# The framework's types, as a handler's users see them (torch: torch.Tensor, torch.dtype, ProcessGroup; MindSpore:
+# mindspore.Tensor, its dtype, a group name). The package's own annotations bind them for torch (symm's
+# __init__.py); the checks below accept exactly what the framework's handler accepts.
+TensorT = TypeVar("TensorT")
+DTypeT = TypeVar("DTypeT")
+GroupT = TypeVar("GroupT")
+# An offset, size or rank: an int or a one-element integer tensor.
+Index = Union[int, TensorT]
 
 # What a check that fails after the group is known raises: refused through the group's team (Api._refuse).
 _REFUSED = (ValueError, TypeError, ShmemStateError)
@@ -43,7 +52,7 @@ _SIGNAL_PADS = ("signal pads are not part of this library: a signal is a symmetr
                 "(symm.empty(n, dtype=int32), raised with shmem_signal_op and waited for with shmem_wait_for_signal)")
 
 
-class SymmetricMemory:
+class SymmetricMemory(Generic[TensorT, DTypeT]):
     """What :meth:`Api.rendezvous` returns (torch's ``SymmetricMemory`` in small): the group's view of one symmetric
     tensor.
 
@@ -67,7 +76,8 @@ class SymmetricMemory:
         self.buffer_size = buffer_size
         self.buffer_ptrs = list(buffer_ptrs)
 
-    def get_buffer(self, rank: Any, sizes: Any, dtype: Any, storage_offset: Any = 0) -> Any:
+    def get_buffer(self, rank: int, sizes: Union[int, Sequence[int]], dtype: DTypeT,
+                   storage_offset: int = 0) -> TensorT:
         """Group rank ``rank``'s copy of the tensor as a tensor of ``sizes`` and ``dtype`` (torch's signature).
 
         Reads and writes go to that rank's memory in place; order them with signals or :meth:`barrier`.
@@ -107,8 +117,8 @@ class SymmetricMemory:
         return f"SymmetricMemory(rank={self.rank}, world_size={self.world_size}, buffer_size={self.buffer_size})"
 
 
-class Api:
-    """The user API's functions over one framework's handler."""
+class Api(Generic[TensorT, DTypeT, GroupT]):
+    """The user API's functions over one framework's handler, typed by the framework's tensor, dtype and group."""
 
     def __init__(self, handler: Any) -> None:
         """Binds the API to ``handler`` (a :class:`~.protocol.Handler`) and registers what its framework must know
@@ -152,7 +162,7 @@ class Api:
             raise error from None
 
     # ------------------------------------------------------------------ lifecycle
-    def empty(self, shape: Any, dtype: Any = None) -> Any:
+    def empty(self, shape: Union[int, Sequence[int]], dtype: Optional[DTypeT] = None) -> TensorT:
         """Allocates a tensor in symmetric memory (collective over the world: every rank, same order, same shape).
 
         The first call starts the SHMEM runtime over the world group (the framework's distributed layer must be
@@ -178,7 +188,7 @@ class Api:
             attach_fields(error, "empty")
             raise
 
-    def free(self, tensor: Any) -> None:
+    def free(self, tensor: TensorT) -> None:
         """Frees a tensor from :meth:`empty` (collective over the world).
 
         On torch its views raise on any later use; on MindSpore the runtime refuses it in every call.
@@ -211,8 +221,8 @@ class Api:
             raise
 
     # ------------------------------------------------------------------ primitives
-    def shmem_put(self, target: Any, target_offset: Any, src: Any, src_offset: Any, size: Any, target_rank: Any,
-                  group: Optional[Any] = None) -> None:
+    def shmem_put(self, target: TensorT, target_offset: Index[TensorT], src: TensorT, src_offset: Index[TensorT],
+                  size: Index[TensorT], target_rank: Index[TensorT], group: Optional[GroupT] = None) -> None:
         """Writes ``src[src_offset : +size]`` into ``target[target_offset : +size]`` on ``target_rank`` (push).
 
         Offsets and sizes count elements; each may be an int or a one-element integer tensor.
@@ -238,8 +248,8 @@ class Api:
             attach_fields(error, "shmem_put")
             raise
 
-    def shmem_get(self, target: Any, target_offset: Any, src: Any, src_offset: Any, size: Any, target_rank: Any,
-                  group: Optional[Any] = None) -> None:
+    def shmem_get(self, target: TensorT, target_offset: Index[TensorT], src: TensorT, src_offset: Index[TensorT],
+                  size: Index[TensorT], target_rank: Index[TensorT], group: Optional[GroupT] = None) -> None:
         """Reads ``src[src_offset : +size]`` as it is on ``target_rank`` into the local ``target`` (pull).
 
         The parameters are those of :meth:`shmem_put`; the data flows the other way: from ``target_rank``'s copy
@@ -265,8 +275,8 @@ class Api:
             attach_fields(error, "shmem_get")
             raise
 
-    def shmem_signal_op(self, signal: Any, signal_offset: Any, signal_value: Any, signal_op: int, target_rank: Any,
-                        group: Optional[Any] = None) -> None:
+    def shmem_signal_op(self, signal: TensorT, signal_offset: Index[TensorT], signal_value: Index[TensorT],
+                        signal_op: int, target_rank: Index[TensorT], group: Optional[GroupT] = None) -> None:
         """Atomically SETs or ADDs ``signal_value`` to ``signal[signal_offset]`` on ``target_rank``.
 
         Everything this rank issued before the call is visible on ``target_rank`` before the new signal value.
@@ -292,8 +302,8 @@ class Api:
             attach_fields(error, "shmem_signal_op")
             raise
 
-    def shmem_wait_for_signal(self, depend_tensor: Optional[Any], signal: Any, signal_offset: Any,
-                              compare_value: Any, compare_op: int) -> None:
+    def shmem_wait_for_signal(self, depend_tensor: Optional[TensorT], signal: TensorT, signal_offset: Index[TensorT],
+                              compare_value: Index[TensorT], compare_op: int) -> None:
         """Waits until the local ``signal[signal_offset]`` compares true against ``compare_value``.
 
         Spins briefly, then sleeps in the kernel; gives up after ``HYPER_PARALLEL_SHMEM_TIMEOUT_SEC``.
@@ -319,9 +329,10 @@ class Api:
             attach_fields(error, "shmem_wait_for_signal")
             raise
 
-    def shmem_put_with_signal(self, target: Any, target_offset: Any, src: Any, src_offset: Any, size: Any,
-                              signal: Any, signal_offset: Any, signal_value: Any, signal_op: int, target_rank: Any,
-                              group: Optional[Any] = None) -> None:
+    def shmem_put_with_signal(self, target: TensorT, target_offset: Index[TensorT], src: TensorT,
+                              src_offset: Index[TensorT], size: Index[TensorT], signal: TensorT,
+                              signal_offset: Index[TensorT], signal_value: Index[TensorT], signal_op: int,
+                              target_rank: Index[TensorT], group: Optional[GroupT] = None) -> None:
         """:meth:`shmem_put`, then :meth:`shmem_signal_op` on the same rank: the data is visible before the signal.
 
         Args:
@@ -345,7 +356,7 @@ class Api:
             attach_fields(error, "shmem_put_with_signal")
             raise
 
-    def barrier(self, group: Optional[Any] = None) -> None:
+    def barrier(self, group: Optional[GroupT] = None) -> None:
         """Waits until every rank of ``group`` arrives; writes before it are then visible to all of them.
 
         Args:
@@ -372,7 +383,8 @@ class Api:
         self.calls.barrier(key)
 
     # ------------------------------------------------------------------ collectives
-    def shmem_allgather(self, output_tensor: Any, input_tensor: Any, group: Optional[Any] = None) -> Any:
+    def shmem_allgather(self, output_tensor: TensorT, input_tensor: TensorT,
+                        group: Optional[GroupT] = None) -> TensorT:
         """Gathers every rank's ``input_tensor`` into ``output_tensor``, in group-rank order (collective).
 
         Every collective is one call of the runtime's collective engine, which picks the path (one step for small
@@ -416,8 +428,8 @@ class Api:
             self._refuse(key, "shmem_allgather", error)
         return self.calls.all_gather(output, data, key)
 
-    def shmem_allreduce(self, tensor: Any, op: str = "sum", group: Optional[Any] = None,
-                        low_precision_dtype: Optional[Any] = None, backward: str = "identity") -> Any:
+    def shmem_allreduce(self, tensor: TensorT, op: str = "sum", group: Optional[GroupT] = None,
+                        low_precision_dtype: Union[DTypeT, str, None] = None, backward: str = "identity") -> TensorT:
         """Reduces ``tensor`` across the group, in place: every rank ends with bit-identical values (collective).
 
         Small tensors (up to 256 KiB, or half the staging area if smaller) take one step: each rank reads every
@@ -475,8 +487,9 @@ class Api:
             self._refuse(key, "shmem_allreduce", error)
         return self.calls.all_reduce(t, op, key, wire, mode)
 
-    def shmem_reduce_scatter(self, output_tensor: Any, input_tensor: Any, op: str = "sum",
-                             group: Optional[Any] = None, low_precision_dtype: Optional[Any] = None) -> Any:
+    def shmem_reduce_scatter(self, output_tensor: TensorT, input_tensor: TensorT, op: str = "sum",
+                             group: Optional[GroupT] = None,
+                             low_precision_dtype: Union[DTypeT, str, None] = None) -> TensorT:
         """Reduces ``input_tensor`` across the group; rank r keeps part r of the result (collective).
 
         Args:
@@ -523,8 +536,8 @@ class Api:
             self._refuse(key, "shmem_reduce_scatter", error)
         return self.calls.reduce_scatter(output, data, op, key, wire)
 
-    def shmem_alltoall(self, send_tensor_list: Sequence[Any], receive_tensor: Any, receive_list: Sequence[int],
-                       group: Optional[Any] = None) -> Any:
+    def shmem_alltoall(self, send_tensor_list: Sequence[TensorT], receive_tensor: TensorT,
+                       receive_list: Sequence[int], group: Optional[GroupT] = None) -> TensorT:
         """Sends ``send_tensor_list[j]`` to rank j; ``receive_tensor`` gets every rank's part in rank order
         (collective).
 
@@ -575,7 +588,8 @@ class Api:
             self._refuse(key, "shmem_alltoall", error)
         return self.calls.all_to_all(sends, receive, counts, key)
 
-    def shmem_send(self, tensor: Any, dst_rank: Any, group: Optional[Any] = None) -> Optional[Any]:
+    def shmem_send(self, tensor: TensorT, dst_rank: Index[TensorT],
+                   group: Optional[GroupT] = None) -> Optional[TensorT]:
         """Sends ``tensor`` to ``dst_rank``, which receives it with :meth:`shmem_recv` (point to point).
 
         Messages travel through the receiver's mailbox in pieces, up to four in flight: a small message returns
@@ -608,7 +622,7 @@ class Api:
             attach_fields(error, "shmem_send")
             raise
 
-    def shmem_recv(self, tensor: Any, src_rank: Any, group: Optional[Any] = None) -> Any:
+    def shmem_recv(self, tensor: TensorT, src_rank: Index[TensorT], group: Optional[GroupT] = None) -> TensorT:
         """Receives the next message ``src_rank`` sent with :meth:`shmem_send` into ``tensor``.
 
         Args:
@@ -639,8 +653,9 @@ class Api:
             raise
 
     # ------------------------------------------------------------------ fused ops
-    def fused_all_gather_matmul(self, a: Any, b: Any, c: Any, gather_out: Any, signal: Any,
-                                block_size: Optional[int] = None, group: Optional[Any] = None) -> tuple:
+    def fused_all_gather_matmul(self, a: TensorT, b: TensorT, c: Optional[TensorT], gather_out: TensorT,
+                                signal: Optional[TensorT], block_size: Optional[int] = None,
+                                group: Optional[GroupT] = None) -> tuple[TensorT, TensorT]:
         """Gathers every rank's ``a`` along dim 0 and multiplies the result by ``b`` (collective).
 
         ``gather_out = all_gather(a)`` in group-rank order and ``c = gather_out @ b``. On torch the two overlap:
@@ -695,8 +710,8 @@ class Api:
             self._refuse(key, "fused_all_gather_matmul", error)
         return self.calls.all_gather_matmul(a, b, c, gather_out, signal, block_size, key, (m, k, columns))
 
-    def fused_matmul_reduce_scatter(self, x1: Any, x2: Any, symm_tensor: Any, signal: Any, reduce_op: str = "sum",
-                                    group: Optional[Any] = None) -> Any:
+    def fused_matmul_reduce_scatter(self, x1: TensorT, x2: TensorT, symm_tensor: TensorT, signal: Optional[TensorT],
+                                    reduce_op: str = "sum", group: Optional[GroupT] = None) -> TensorT:
         """Multiplies ``x1`` by ``x2`` and reduce-scatters the product along dim 0 (collective).
 
         Returns ``reduce_scatter(x1 @ x2)``: rank r gets rows ``r * M/size : (r + 1) * M/size`` of the sum (or
@@ -750,7 +765,7 @@ class Api:
         return self.calls.matmul_reduce_scatter(x1, x2, symm_tensor, signal, reduce_op, key, dims)
 
     # ------------------------------------------------------------------ setup
-    def rendezvous(self, tensor: Any, group: Optional[Any] = None) -> Any:
+    def rendezvous(self, tensor: TensorT, group: Optional[GroupT] = None) -> SymmetricMemory[TensorT, DTypeT]:
         """Establishes a symmetric tensor among the ranks of ``group`` (collective over the group).
 
         Every rank passes its copy of the same ``symm.empty`` tensor (or the same view of it): the ranks compare the
@@ -800,7 +815,7 @@ class Api:
         """
         return self.calls.available()
 
-    def debug_state(self) -> dict:
+    def debug_state(self) -> dict[str, Any]:
         """This process's snapshot of the runtime (local, read-only; works in any state): the runtime face's
         ``debug_state()`` on torch, the same keys through the C ABI on MindSpore, upstream's keys included.
 
