@@ -8,7 +8,7 @@ BUILD_SAN := build/cpp-sanitize
 
 # Build and test requirements: torch's CPU build, the Python build tools, and googletest from Debian.
 deps:
-	$(PYTHON) -m pip install --quiet "torch==2.13.0" "scikit-build-core>=0.10" "pybind11>=2.12" ninja "pytest>=8" mypy matplotlib mpi4py mpich
+	$(PYTHON) -m pip install --quiet "torch==2.13.0" "scikit-build-core>=0.10" "pybind11>=2.12" ninja "pytest>=8" hypothesis mypy matplotlib mpi4py mpich
 	@if [ ! -f /usr/include/gtest/gtest.h ]; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgtest-dev cmake; \
 	fi
