@@ -40,7 +40,7 @@ needs_symmetric_memory = pytest.mark.skipif(
 # MPICH's mpiexec from the `mpi` extra (`make deps` installs it) sits beside this interpreter.
 MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
 needs_mpi = pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None or MPIEXEC is None,
-                               reason="mpi4py and mpiexec are not installed (pip install 'hyper-parallel-shmem[mpi]')")
+                               reason="mpi4py and mpiexec are not installed (pip install mpi4py mpich)")
 MPI_COLUMNS = ["mpi.time", "mpi.algbw", "mpi.busbw", "mpi.#wrong", "mpi.speedup"]
 MPI_IN_PLACE_SPEEDUP_COLUMNS = ["mpi.in.speedup"]
 

@@ -64,7 +64,7 @@ def _run_under_mpiexec(config: Config) -> int:
     """Runs as one rank of mpiexec's world: joins it, points the gloo group at rank 0's FileStore, runs, cleans up."""
     if importlib.util.find_spec("mpi4py") is None:
         print(f"{PROG}: error: a run under mpiexec must have mpi4py installed "
-              "(pip install 'hyper-parallel-shmem[mpi]'), but got none", file=sys.stderr)
+              "(pip install mpi4py mpich), but got none", file=sys.stderr)
         return 2
     world = join_mpi_world()
     if config.nproc is not None and config.nproc != world.size:

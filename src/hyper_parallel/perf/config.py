@@ -268,7 +268,7 @@ def _baselines(text: str, ops: tuple[OpSpec, ...], dtype: str) -> tuple[Optional
     if dtype == "bfloat16":  # numpy, through which mpi4py reads torch's tensors, has no bfloat16
         raise ValueError(f"`--baseline mpi` must have a `-d` that numpy has, but got {dtype}")
     if importlib.util.find_spec("mpi4py") is None:
-        raise ValueError("`--baseline mpi` must have mpi4py installed (pip install 'hyper-parallel-shmem[mpi]'), "
+        raise ValueError("`--baseline mpi` must have mpi4py installed (pip install mpi4py mpich), "
                          "but got none")
     return "gloo", True
 
@@ -335,7 +335,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         raise ValueError(f"`--ordinary-tensors` must come with `--op` {', '.join(takers)} or all, "
                          f"but got {','.join(op.name for op in ops)}")
     if args.plot_path is not None and importlib.util.find_spec("matplotlib") is None:
-        raise ValueError("`--plot` must have matplotlib installed (pip install 'hyper-parallel-shmem[plot]'), "
+        raise ValueError("`--plot` must have matplotlib installed (pip install matplotlib), "
                          "but got none")
     return Config(
         ops=ops,

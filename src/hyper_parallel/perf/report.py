@@ -394,7 +394,7 @@ def write_plot(path: str, title: str, rows: list[Row], baseline: Optional[str]) 
         baseline: the baseline's name, or None.
 
     Raises:
-        ImportError: matplotlib is missing (``pip install 'hyper-parallel-shmem[plot]'``).
+        ImportError: matplotlib is missing (``pip install matplotlib``).
         OSError: the file cannot be written.
     """
     import matplotlib
