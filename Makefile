@@ -3,25 +3,56 @@ PYTHON ?= python3
 NPROC_DEMO ?= 4
 BUILD_CPP := build/cpp
 BUILD_SAN := build/cpp-sanitize
+# bash, for pipefail in `install`'s filtered build log.
+SHELL := /bin/bash
 
-.PHONY: deps install demo perf perf-multinode perf-mindspore test test-cpp test-cpp-sanitize test-py test-mindspore mindspore-env clean
+.PHONY: deps test-deps install demo perf perf-multinode perf-mindspore test test-cpp test-cpp-sanitize test-py \
+	test-mindspore mindspore-env torch214-env test-torch214 clean
 
-# Build and test requirements: torch's CPU build, the Python build tools, and googletest from Debian.
+# What building and installing the package needs, and no more (`make demo` installs only these): torch, scikit-build-core
+# and ninja, and cmake with a C++ compiler from Debian where the machine has none. TORCH is the suite's torch, 2.13.0's
+# CPU wheel; any torch >= 2.13 builds the package, CPU or CUDA wheel, without a CUDA toolkit (`make demo TORCH=torch`
+# keeps the one installed).
+TORCH ?= torch==2.13.0
+BUILD_DEPS := "$(TORCH)" "scikit-build-core>=0.10" ninja
 deps:
-	$(PYTHON) -m pip install --quiet "torch==2.13.0" "scikit-build-core>=0.10" "pybind11>=2.12" ninja "pytest>=8" hypothesis mypy matplotlib mpi4py mpich
+	@echo "== Installing the build requirements: $(TORCH), scikit-build-core, ninja"
+	$(PYTHON) -m pip install --quiet $(BUILD_DEPS)
+	@if ! command -v cmake >/dev/null || ! command -v c++ >/dev/null; then \
+	  echo "== Installing cmake and g++ from Debian"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++; \
+	fi
+
+# What the tests add: pytest and hypothesis, mypy (the typing test), numpy (the tests' references), matplotlib (the
+# perf tool's plot), mpi4py and MPICH (its MPI baseline), and googletest from Debian (the C++ units).
+TEST_DEPS := "pytest>=8" hypothesis mypy numpy matplotlib mpi4py mpich
+test-deps: deps
+	$(PYTHON) -m pip install --quiet $(TEST_DEPS)
 	@if [ ! -f /usr/include/gtest/gtest.h ]; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgtest-dev cmake; \
 	fi
 
+# Builds and installs the package into $(1)'s environment, showing the build's own lines as it goes
+# (scikit-build-core's steps, ninja's [n/N] progress); everything else goes to the log $(3), whose end is shown when
+# the build fails. $(2): pip's extra arguments.
+define build_package
+	@mkdir -p build
+	@echo "== Building hyper-parallel-shmem (the C++ runtime and the torch binding against torch" \
+	  "$$($(1) -c 'import torch; print(torch.__version__)'), a few minutes on 2 cores; full log: $(3))"
+	@set -o pipefail; $(1) -m pip install -v --no-build-isolation --no-deps $(2) . 2>&1 | tee $(3) \
+	  | { grep --line-buffered -E '^ *\[[0-9]+/[0-9]+\] |^ *\*\*\* |^Successfully installed' || true; } \
+	  || { echo "== The build failed; the end of $(3):"; tail -n 40 $(3); exit 1; }
+endef
+
 install: deps
-	$(PYTHON) -m pip install --quiet --no-build-isolation --no-deps .
+	$(call build_package,$(PYTHON),,build/install.log)
 
 demo: install
 	cd examples && HYPER_PARALLEL_SHMEM_HEAP_SIZE=64M $(PYTHON) -m torch.distributed.run --standalone --nproc-per-node $(NPROC_DEMO) ring_demo.py
 
 # The README's performance table and plot: every op, 8 B to 64 MiB, ours on ordinary tensors beside gloo and MPICH
 # (docs/perf.md).
-perf: install
+perf: install test-deps
 	mpiexec -n 2 $(PYTHON) -m hyper_parallel.perf --op all --baseline gloo,mpi -b 8 -e 64M -f 2 --ordinary-tensors \
 	  --json perf.json --plot docs/perf.png
 
@@ -31,9 +62,9 @@ perf-multinode: install
 	$(PYTHON) tests/st/simulated_nodes.py --nodes 2 --nproc-per-node 2 --timeout 1500 -- -m hyper_parallel.perf --op all \
 	  --baseline gloo -b 8 -e 16M -f 4 -r 5 --ordinary-tensors --json perf-multinode.json
 
-test: install test-cpp test-cpp-sanitize test-py test-mindspore
+test: install test-cpp test-cpp-sanitize test-py test-mindspore test-torch214
 
-test-cpp: deps
+test-cpp: test-deps
 	cmake -S . -B $(BUILD_CPP) -DHP_BUILD_TORCH_BINDING=OFF -DHP_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
 	cmake --build $(BUILD_CPP) --parallel 2
 	ctest --test-dir $(BUILD_CPP) --output-on-failure
@@ -41,13 +72,13 @@ test-cpp: deps
 # The ascend device's 16-rank cases and its 10,000-sync wrap run in the plain build only: under the sanitizers they
 # take over half of the run's time on 2 cores; the same paths run there at 2, 3, 4 and 8 ranks, and the host wrap test.
 SANITIZE_SKIP := AscendCollectivesTest\..*/16$$|AscendSignalWrapTest\.
-test-cpp-sanitize: deps
+test-cpp-sanitize: test-deps
 	cmake -S . -B $(BUILD_SAN) -DHP_BUILD_TORCH_BINDING=OFF -DHP_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=Debug -DHP_SANITIZE=address,undefined
 	cmake --build $(BUILD_SAN) --parallel 2
 	ctest --test-dir $(BUILD_SAN) --output-on-failure -E '$(SANITIZE_SKIP)'
 
 # Run from tests/ against the installed package, never the source tree's src/.
-test-py: install
+test-py: install test-deps
 	$(PYTHON) -m pytest tests -q
 
 # MindSpore's handler runs in an environment of its own: MindSpore pins numpy<2, and its wheel brings no torch. The
@@ -62,6 +93,28 @@ mindspore-env: deps
 
 test-mindspore: mindspore-env
 	$(MS_PYTHON) -m pytest tests/on_mindspore -q
+
+# torch 2.14 in an environment of its own (build/venv-torch214): torch 2.14.1's default Linux wheel, the CUDA build
+# (on these machines it lies on disk), and the package built there against it. Its files are the ones that differ
+# between torch releases: the binding's build and its symmetric-memory allocator and handle (the backend's tests and
+# torch's own symm_mem tests ported to CPU), the operators it registers and their compiled forms, the runtime's
+# error labels and the bootstrap without numpy, and the symm API's primitives and examples as its smoke; the rest runs
+# on 2.13 only (test-py), to keep `make test` within CI's time (the README's Install says how long this step takes).
+TORCH214_VENV := build/venv-torch214
+TORCH214_PYTHON := $(TORCH214_VENV)/bin/python
+TORCH214_TESTS := tests/unit/test_torch_handler.py tests/unit/test_symm_checks.py tests/unit/test_upstream_vocabulary.py \
+	tests/st/test_torch_symm_mem_backend.py tests/st/test_torch_symmetric_memory.py tests/st/test_torch_nvshmem.py \
+	tests/st/test_torch_symm_mem_example.py tests/st/test_symm_compile.py \
+	tests/st/test_symm_api.py::test_primitives tests/st/test_symm_api.py::test_examples_run_as_written \
+	tests/st/test_lifecycle.py::test_the_bootstrap_needs_no_numpy_and_its_failure_is_labelled_a_bootstrap_error
+torch214-env:
+	@test -x $(TORCH214_PYTHON) || $(PYTHON) -m venv $(TORCH214_VENV)
+	@echo "== Installing torch 2.14.1 (the CUDA wheel) and the build and test tools into $(TORCH214_VENV)"
+	$(TORCH214_PYTHON) -m pip install --quiet "torch==2.14.1" "scikit-build-core>=0.10" ninja "pytest>=8" hypothesis numpy
+	$(call build_package,$(TORCH214_PYTHON),--config-settings=build-dir=build/wheel-torch214,build/install-torch214.log)
+
+test-torch214: torch214-env
+	$(TORCH214_PYTHON) -m pytest $(TORCH214_TESTS) -q
 
 # The README's MindSpore rows: ours on MindSpore tensors beside mccl (mindspore.mint.distributed), 2 ranks under msrun
 # (docs/perf.md, "MindSpore"). msrun starts `python` from PATH: the MindSpore environment's; rank 0's table is in

@@ -388,6 +388,69 @@ _EXIT_SCRIPT = textwrap.dedent(
 )
 
 
+_NO_NUMPY_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.modules["numpy"] = None  # numpy is not a dependency of the package: every import of it fails here
+    import torch
+    import torch.distributed as dist
+    from hyper_parallel.core.multicore import shmem
+    from hyper_parallel.core.multicore.shmem import _lifecycle
+
+    rank, world, store = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    try:
+        torch.zeros(1).numpy()
+    except RuntimeError as exc:
+        assert "Numpy is not available" in str(exc), exc
+    else:
+        raise AssertionError("numpy must be unavailable in this process")
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
+    with shmem.acquire_shmem():  # the bootstrap exchanges bytes over gloo without numpy
+        mine = shmem.empty(4, dtype=torch.int32)
+        mine.fill_(rank)
+        shmem.barrier(blocking=True)
+        peer = (rank + 1) % world
+        got = torch.empty(4, dtype=torch.int32)
+        shmem.get(got, mine, peer)
+        shmem.barrier(blocking=True)
+        assert got.tolist() == [peer] * 4, got
+        shmem.free(mine)
+
+    def failing_copy(tensor):
+        raise RuntimeError("Numpy is not available")
+
+    _lifecycle._tensor_bytes = failing_copy  # the bootstrap's exchange fails on every rank
+    try:
+        shmem.acquire_shmem()
+    except shmem.ShmemDeviceError as exc:
+        assert (exc.error_code, exc.phase, exc.operation) == ("BOOTSTRAP_ERROR", "Bootstrap", "initialize"), (
+            exc.error_code, exc.phase, exc.operation, str(exc))
+        assert str(exc).startswith("bootstrap all_gather over the root ProcessGroup failed: RuntimeError: Numpy"), exc
+        assert "error_code=BOOTSTRAP_ERROR operation=initialize phase=Bootstrap " in exc.__notes__[0], exc.__notes__
+    else:
+        raise AssertionError("acquire_shmem() must fail when the bootstrap's exchange fails")
+    print("DONE", flush=True)
+    """
+)
+
+
+def test_the_bootstrap_needs_no_numpy_and_its_failure_is_labelled_a_bootstrap_error(tmp_path) -> None:
+    src = os.path.dirname(os.path.dirname(os.path.abspath(hyper_parallel.__file__)))
+    env = {**os.environ, **ENV}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    store = str(tmp_path / "store")
+    procs = [subprocess.Popen([sys.executable, "-c", _NO_NUMPY_SCRIPT, str(rank), "2", store], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    try:
+        outputs = [proc.communicate(timeout=120) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    for rank, (out, err) in enumerate(outputs):
+        assert procs[rank].returncode == 0 and "DONE" in out, f"rank {rank} exit code {procs[rank].returncode}:\n{err}"
+
+
 def test_process_exits_promptly_with_an_open_handle(tmp_path) -> None:
     src = os.path.dirname(os.path.dirname(os.path.abspath(hyper_parallel.__file__)))
     # A collective at rank 1's exit would hold rank 1 until rank 0 exits too (the SHMEM timeout is longer than the

@@ -69,6 +69,22 @@ def test_configuration_and_cann_codes() -> None:
     assert (device.error_code, device.phase, device.cann_error_code) == ("CANN_ERROR", "CannCall", -7)
 
 
+def test_a_bootstrap_failure_is_labelled_a_bootstrap_error_not_the_device() -> None:
+    # The bootstrap's exchange over the framework's process group failed: not CANN, on any device.
+    failed = shmem.ShmemDeviceError("bootstrap all_gather over the root ProcessGroup failed: RuntimeError: Numpy is "
+                                    "not available")
+    assert (failed.error_code, failed.phase, failed.cann_error_code) == ("BOOTSTRAP_ERROR", "Bootstrap", None)
+    attach_fields(failed, "initialize")
+    assert failed.__notes__ == [_NOTE.format("BOOTSTRAP_ERROR", "initialize", "Bootstrap", None, str(failed))]
+    timed_out = shmem.ShmemTimeoutError("bootstrap timed out: op=acquire_shmem timeout_sec=2 (Rank 1 failed)")
+    assert (timed_out.error_code, timed_out.phase) == ("TIMEOUT", "Bootstrap")
+    recorded = shmem.Failure("DEVICE_ERROR: bootstrap barrier over the group failed: KeyError: 'x'", 0)
+    assert (recorded["error_code"], recorded["phase"]) == ("BOOTSTRAP_ERROR", "Bootstrap")
+    # The device's own failures keep upstream's labels.
+    device = shmem.ShmemDeviceError("mmap of a peer's heap failed: errno=12 (Cannot allocate memory)")
+    assert (device.error_code, device.phase) == ("CANN_ERROR", "CannCall")
+
+
 def test_attach_fields_adds_one_note_and_keeps_the_message() -> None:
     error = shmem.ShmemStateError("shmem runtime is not initialised: op=put (call acquire_shmem() first)")
     attach_fields(error, "put")
@@ -178,9 +194,9 @@ def test_failure_fields_of_any_recorded_status(code, message) -> None:
     failure = shmem.Failure(f"{code}: {message}", 1)
     fields = failure.fields()
     assert fields["message"] == message and fields["root_rank"] == 1
-    assert fields["phase"] in ("Validation", "CannCall")
+    assert fields["phase"] in ("Validation", "CannCall", "Bootstrap")
     assert fields["error_code"] in {"INVALID_ARGUMENT", "INVALID_CONFIG", "INVALID_STATE", "DOUBLE_FREE", "TIMEOUT",
-                                    "OUT_OF_MEMORY", "MISMATCH", "CANN_ERROR", "INTERNAL"}
+                                    "OUT_OF_MEMORY", "MISMATCH", "CANN_ERROR", "INTERNAL", "BOOTSTRAP_ERROR"}
 
 
 def test_debug_state_without_a_runtime_in_both_vocabularies() -> None:

@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+#include <torch/version.h>
 
 #include <pybind11/stl.h>
 
@@ -20,6 +21,14 @@
 #include "runtime/runtime.h"
 
 namespace py = pybind11;
+
+// torch checks the rank of get_signal_pad (a non-virtual of its own, c10d::symmetric_memory::check_rank) from 2.14
+// on; on 2.13 the Python side checks it for this backend's handles (platform/torch/symm_mem_backend.py).
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
+#define HP_SYMM_MEM_TORCH_CHECKS_PAD_RANK 1
+#else
+#define HP_SYMM_MEM_TORCH_CHECKS_PAD_RANK 0
+#endif
 
 namespace hp::shmem::torch_binding {
 
@@ -660,11 +669,7 @@ void RegisterSymmMemBackend(py::module_& m) {
   c10d::symmetric_memory::register_allocator(c10::DeviceType::CPU, allocator);
   c10d::symmetric_memory::register_availability(kSymmMemBackendName, allocator);
   m.attr("symm_mem_backend_name") = kSymmMemBackendName;
-#ifdef HP_SYMM_MEM_UNCHECKED_PAD_RANK
-  m.attr("symm_mem_torch_checks_pad_rank") = false;
-#else
-  m.attr("symm_mem_torch_checks_pad_rank") = true;
-#endif
+  m.attr("symm_mem_torch_checks_pad_rank") = static_cast<bool>(HP_SYMM_MEM_TORCH_CHECKS_PAD_RANK);
   m.def(
       "symm_mem_set_hooks",
       [](py::object ensure_runtime, py::object team_for_group) {

@@ -208,9 +208,11 @@ class Bootstrap:
         self.struct = _Bootstrap(None, rank, world_size, self._gather_cb, self._barrier_cb)
 
     @staticmethod
-    def _fail(error: BaseException, buffer: int, capacity: int) -> int:
-        # The runtime's own errors keep their message; anything else is named by its type.
-        described = str(error) if isinstance(error, errors.ShmemError) else f"{type(error).__name__}: {error}"
+    def _fail(error: BaseException, step: str, buffer: int, capacity: int) -> int:
+        # The runtime's own errors keep their message; anything else is named by its type, as a bootstrap failure
+        # (errors.py labels it so, not as the device's).
+        described = (str(error) if isinstance(error, errors.ShmemError)
+                     else f"bootstrap {step} over the group failed: {type(error).__name__}: {error}")
         text = described.encode("utf-8", "replace")[: max(capacity - 1, 0)]
         ctypes.memmove(buffer, text + b"\0", len(text) + 1)
         return 4 if isinstance(error, errors.ShmemTimeoutError) else 7   # HP_SHMEM_TIMEOUT, HP_SHMEM_DEVICE_ERROR
@@ -225,14 +227,14 @@ class Bootstrap:
             ctypes.memmove(out, gathered, expected)
             return 0
         except BaseException as e:  # noqa: BLE001 (nothing may unwind through C)
-            return self._fail(e, error, capacity)
+            return self._fail(e, "all_gather", error, capacity)
 
     def _on_barrier(self, _context: int, error: int, capacity: int) -> int:
         try:
             self._barrier()
             return 0
         except BaseException as e:  # noqa: BLE001
-            return self._fail(e, error, capacity)
+            return self._fail(e, "barrier", error, capacity)
 
 
 def init(bootstrap: Bootstrap) -> None:

@@ -32,6 +32,11 @@ _UPSTREAM_CODES = {
 # Upstream's phase: "CannCall" when the device (CANN, or the host device's OS calls) failed or ran out of time or
 # memory, "Validation" when the call was refused before reaching it.
 _DEVICE_PHASE_CODES = frozenset({"TIMEOUT", "DEVICE_ERROR", "OUT_OF_MEMORY"})
+# The runtime's bootstrap: the bytes it exchanges over the framework's process group (torch.distributed, MindSpore's
+# communication), on any device. Its failures are the framework's, not the device's: their phase is the project's
+# "Bootstrap" (upstream has none), and a failed exchange is the project's BOOTSTRAP_ERROR rather than upstream's
+# CANN_ERROR (a timeout stays TIMEOUT). Every bootstrap message begins so (bindings' bootstraps, _lifecycle.py).
+_BOOTSTRAP = re.compile(r"^bootstrap ")
 # A state error about memory that was already freed (or belongs to an ended lifecycle): upstream's DOUBLE_FREE,
 # raised alike by a repeated free and by put/get/signal on the stale tensor.
 _FREED = re.compile(
@@ -69,7 +74,8 @@ class ShmemError(RuntimeError):
 
     @property
     def phase(self) -> str:
-        """Upstream's phase: ``"CannCall"`` (the device failed) or ``"Validation"`` (refused before it)."""
+        """Upstream's phase: ``"CannCall"`` (the device failed) or ``"Validation"`` (refused before it); the
+        project's ``"Bootstrap"`` when the runtime's exchange over the framework's process group failed."""
         return upstream_phase(self)
 
     @property
@@ -148,10 +154,12 @@ def upstream_error_code(error: BaseException) -> str:
 
     Returns:
         The code name in upstream's vocabulary (DOUBLE_FREE, INVALID_STATE, INVALID_CONFIG, ...), or the project's
-        code name where upstream has none (OUT_OF_MEMORY, MISMATCH, INTERNAL).
+        code name where upstream has none (OUT_OF_MEMORY, MISMATCH, INTERNAL, BOOTSTRAP_ERROR).
     """
     code = _project_code(error)
     message = str(error)
+    if code == "DEVICE_ERROR" and _BOOTSTRAP.search(message):
+        return "BOOTSTRAP_ERROR"
     if code == "STATE_ERROR" and _FREED.search(message):
         return "DOUBLE_FREE"
     if code in ("INVALID_ARGUMENT", "TYPE_ERROR") and _CONFIG.search(message):
@@ -160,7 +168,8 @@ def upstream_error_code(error: BaseException) -> str:
 
 
 def upstream_phase(error: BaseException) -> str:
-    """Upstream's ``phase`` of an error: ``"CannCall"`` or ``"Validation"``.
+    """Upstream's ``phase`` of an error: ``"CannCall"`` or ``"Validation"``, or the project's ``"Bootstrap"`` for a
+    failure or timeout of the runtime's exchange over the framework's process group.
 
     Args:
         error: the exception.
@@ -168,7 +177,10 @@ def upstream_phase(error: BaseException) -> str:
     Returns:
         The phase name.
     """
-    return "CannCall" if _project_code(error) in _DEVICE_PHASE_CODES else "Validation"
+    code = _project_code(error)
+    if code in ("DEVICE_ERROR", "TIMEOUT") and _BOOTSTRAP.search(str(error)):
+        return "Bootstrap"
+    return "CannCall" if code in _DEVICE_PHASE_CODES else "Validation"
 
 
 def upstream_cann_error_code(error: BaseException) -> Optional[int]:
@@ -191,7 +203,7 @@ def upstream_fields_line(error_code: str, operation: Optional[str], phase: str, 
     Args:
         error_code: upstream's code name.
         operation: the operation (``allocate``, ``free``, ``put``, ...), or None.
-        phase: ``"Validation"`` or ``"CannCall"``.
+        phase: ``"Validation"``, ``"CannCall"`` or ``"Bootstrap"``.
         cann_error_code: CANN's return code, or None.
         message: the message.
 

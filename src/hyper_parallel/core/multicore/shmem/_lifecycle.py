@@ -8,6 +8,7 @@ a weakref callback or atexit: only an explicit ``close()`` does.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from dataclasses import dataclass
@@ -46,6 +47,11 @@ _root: Optional[_Root] = None
 _BOOTSTRAP_GRACE_SEC = 0.05
 
 
+def _tensor_bytes(tensor: torch.Tensor) -> bytes:
+    """The bytes of a contiguous CPU uint8 tensor, copied out without numpy (not a dependency of the package)."""
+    return ctypes.string_at(tensor.data_ptr(), tensor.numel())
+
+
 def _all_gather_bytes(group: dist.ProcessGroup, payload: bytes, op: str,
                       members: Optional[tuple] = None) -> Union[bytes, str]:
     """The bootstrap's all_gather: every rank's bytes, concatenated in root order, or the timeout's message.
@@ -60,7 +66,7 @@ def _all_gather_bytes(group: dist.ProcessGroup, payload: bytes, op: str,
     if dist.get_backend(group) != "gloo" and members is None:
         gathered = [torch.empty_like(mine) for _ in range(size)]
         dist.all_gather(gathered, mine, group=group)
-        return b"".join(t.numpy().tobytes() for t in gathered)
+        return b"".join(_tensor_bytes(t) for t in gathered)
     timeout_sec = C.read_config()["timeout_sec"]
     me = dist.get_rank(group)
     order = tuple(range(size)) if members is None else members
@@ -99,7 +105,7 @@ def _all_gather_bytes(group: dist.ProcessGroup, payload: bytes, op: str,
         what = f"failed: op={op}" if broken else f"timed out: op={op}"
         cause = f" (gloo: {broken})" if broken else ""
         return f"bootstrap {what} step=all_gather missing_ranks={ranks} timeout_sec={timeout_sec:g}{cause}"
-    return b"".join(received[r].numpy().tobytes() for r in order)
+    return b"".join(_tensor_bytes(received[r]) for r in order)
 
 
 def _barrier(group: dist.ProcessGroup, op: str) -> Optional[str]:
