@@ -30,7 +30,8 @@ namespace {
 
 // Whether a call on these arguments may skip torch's dispatcher: plain tensors (no subclass), nothing that autograd
 // would record, no dispatch mode (a fake-tensor mode) and no functorch transform active. The one check the
-// collectives' fast path makes on every eager call, in C++ because in Python it costs about a microsecond.
+// collectives' fast path makes on every eager call, in C++ because in Python it costs a sizeable part of a small
+// call (docs/perf.md, "Figures behind the code's constants").
 bool PlainEager(PyObject* const* arguments, Py_ssize_t count) {
   if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) return false;
   const c10::DispatchKeySet included = c10::impl::tls_local_dispatch_key_set().included_;
