@@ -2,7 +2,10 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
+#include <utility>
 
+#include "capi/arguments.h"
 #include "capi/hp_shmem.h"
 #include "runtime/bootstrap.h"
 #include "runtime/status.h"

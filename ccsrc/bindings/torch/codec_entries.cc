@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "bindings/torch/allocations.h"
 #include "bindings/torch/arguments.h"
 #include "bindings/torch/status_error.h"
 #include "ops/host/codec.h"

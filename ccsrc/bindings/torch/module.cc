@@ -85,7 +85,7 @@ py::object ReadConfig() { return Loads(ConfigJson(ValueOrThrow(ParseConfig(Proce
 
 // The default wire format of the user API's reductions, by name (None: off): the lifecycle's, read once at init, or
 // the environment's while none is active.
-py::object LowPrecisionDefault() {
+py::object DefaultWireFormat() {
   const std::optional<ops::LowFormat> format = ValueOrThrow(R().LowPrecisionDefault());
   if (!format.has_value()) return py::none();
   return py::str(ops::LowFormatName(*format));
@@ -165,7 +165,7 @@ PYBIND11_MODULE(_shmem_torch, m) {
   m.attr("built_devices") = py::make_tuple("host");
 #endif
   m.def("read_config", &ReadConfig);
-  m.def("low_precision_default", &LowPrecisionDefault);
+  m.def("low_precision_default", &DefaultWireFormat);
   m.def("log_level", [] { return static_cast<int>(Logger::Level()); });
   RegisterSymmMemBackend(m);   // the host device as torch's symmetric-memory backend for CPU (symm_mem_backend.h)
 }

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "bindings/torch/allocations.h"
 #include "bindings/torch/arguments.h"
 #include "bindings/torch/call_support.h"
 #include "bindings/torch/fast_call.h"
