@@ -181,6 +181,7 @@ Result<Config> ParseConfig(const EnvLookup& env) {
   if (heap_text.has_value()) {
     HP_ASSIGN_OR_RETURN(const std::size_t heap_size, ParseByteSize(heap_name, *heap_text));
     HP_ASSIGN_OR_RETURN(config.heap_size, CheckedHeapSize(heap_name, heap_size));
+    config.heap_size_source = heap_name;
   }
   if (auto text = env(kTimeoutVar)) {
     HP_ASSIGN_OR_RETURN(config.timeout_sec, ParseTimeout(*text));
@@ -207,6 +208,7 @@ Result<Config> ConfigForInit(std::size_t heap_size_override) {
   HP_ASSIGN_OR_RETURN(Config config, ParseConfig(ProcessEnv()));
   if (heap_size_override != 0) {
     HP_ASSIGN_OR_RETURN(config.heap_size, CheckedHeapSize("heap_size_bytes", heap_size_override));
+    config.heap_size_source = "heap_size_bytes";
   }
   return config;
 }

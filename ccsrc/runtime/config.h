@@ -21,6 +21,9 @@ struct Config {
   static constexpr double kDefaultTimeoutSec = 120.0;
 
   std::size_t heap_size = kDefaultHeapSize;   // HYPER_PARALLEL_SHMEM_HEAP_SIZE, or its alias SYMMETRIC_MEMORY_HEAP_SIZE
+  // Where heap_size came from: "default", the variable that set it, or "heap_size_bytes" (an init's argument). A tool
+  // that sizes the heap for its own use leaves a size the user chose alone.
+  std::string heap_size_source = "default";
   double timeout_sec = kDefaultTimeoutSec;    // HYPER_PARALLEL_SHMEM_TIMEOUT_SEC
   LogLevel log_level = LogLevel::kWarning;    // HYPER_PARALLEL_SHMEM_LOG_LEVEL (0 debug .. 3 error)
   std::string device = "host";                // HYPER_PARALLEL_SHMEM_DEVICE

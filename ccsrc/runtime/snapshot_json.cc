@@ -38,6 +38,8 @@ void WriteConfig(JsonWriter& json, const Config& config) {
   json.BeginObject();
   json.Key("heap_size");
   json.Unsigned(config.heap_size);
+  json.Key("heap_size_source");
+  json.String(config.heap_size_source);
   json.Key("timeout_sec");
   json.Double(config.timeout_sec);
   json.Key("log_level");

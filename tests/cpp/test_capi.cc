@@ -846,6 +846,7 @@ TEST(Capi, ConfigurationIsReadByTheRuntime) {
     REQUIRE(::setenv("SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE", " BFloat16 ", 1) == 0);
     const Json config = ReadJson(&hp_shmem_read_config_json);
     REQUIRE(config["heap_size"].number == 6 * 1024 * 1024);
+    REQUIRE(config["heap_size_source"].text == "SYMMETRIC_MEMORY_HEAP_SIZE");
     REQUIRE(config["low_precision_dtype"].text == " BFloat16 ");
     int wire = -7;
     REQUIRE_OK(hp_shmem_low_precision_default(&wire));
@@ -855,6 +856,7 @@ TEST(Capi, ConfigurationIsReadByTheRuntime) {
     REQUIRE(std::getenv("HYPER_PARALLEL_SHMEM_HEAP_SIZE") == nullptr);
     REQUIRE(std::string(std::getenv("SYMMETRIC_MEMORY_HEAP_SIZE")) == "6M");
     REQUIRE(DebugState()["config"]["heap_size"].number == 5 * 1024 * 1024);
+    REQUIRE(DebugState()["config"]["heap_size_source"].text == "heap_size_bytes");
     REQUIRE(DebugState()["config"]["low_precision_dtype"].text == " BFloat16 ");
     // The lifecycle's default was read at init: a later change of the variable is not seen until the next one.
     REQUIRE(::setenv("SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE", "float7", 1) == 0);

@@ -235,6 +235,9 @@ TEST(ConfigTest, HeapSizeAliasIsReadAndAConflictIsAnError) {
   Result<Config> alias = ParseOne(kAlias, "48M");
   ASSERT_TRUE(alias.ok()) << alias.status().ToString();
   EXPECT_EQ(alias->heap_size, std::size_t{48} << 20);
+  EXPECT_EQ(alias->heap_size_source, kAlias);
+  EXPECT_EQ(ParseConfig(FakeEnv({}))->heap_size_source, "default");
+  EXPECT_EQ(ParseOne(kHeap, "2M")->heap_size_source, kHeap);
   Result<Config> both = ParseConfig(FakeEnv({{kAlias, "64M"}, {kHeap, "64M"}}));
   ASSERT_TRUE(both.ok()) << both.status().ToString();
   EXPECT_EQ(both->heap_size, std::size_t{64} << 20);
@@ -288,6 +291,7 @@ TEST(ConfigTest, AnInitsHeapSizeOverridesTheEnvironmentsWithinTheSameLimits) {
   Result<Config> config = ConfigForInit(std::size_t{3} << 20);
   ASSERT_TRUE(config.ok()) << config.status().ToString();
   EXPECT_EQ(config->heap_size, std::size_t{3} << 20);
+  EXPECT_EQ(config->heap_size_source, "heap_size_bytes");
   Result<Config> small = ConfigForInit(4096);
   ASSERT_FALSE(small.ok());
   EXPECT_EQ(small.status().message(), "`heap_size_bytes` must be at least 1 MiB, but got 4096");

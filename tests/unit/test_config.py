@@ -57,6 +57,7 @@ def test_acquire_reads_the_alias_reports_it_and_leaves_the_environment_alone(env
         assert dict(os.environ) == before
         config = shmem.debug_state()["config"]
         assert config["heap_size"] == config["heap_size_bytes"] == 24 * MiB
+        assert config["heap_size_source"] == ALIAS
         assert config["low_precision_dtype"] == ""
     finally:
         shmem.release()
@@ -78,6 +79,7 @@ def test_an_acquires_heap_size_is_an_argument_of_the_runtime(env) -> None:
     shmem.acquire(heap_size_bytes=20 * MiB)
     try:
         assert shmem.debug_state()["config"]["heap_size"] == 20 * MiB
+        assert shmem.debug_state()["config"]["heap_size_source"] == "heap_size_bytes"
         assert dict(os.environ) == before
     finally:
         shmem.release()

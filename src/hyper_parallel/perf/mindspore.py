@@ -34,6 +34,7 @@ import mindspore as ms
 from mindspore import communication
 from mindspore.mint import distributed as md
 
+from hyper_parallel.perf.config import run_heap_size
 from hyper_parallel.perf.ops import OPS, OpSpec
 from hyper_parallel.perf.report import Row, Table, footer, write_json
 from hyper_parallel.perf.timing import Side, measure, time_per_operation_us
@@ -379,7 +380,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     communication.init()
     from hyper_parallel.platform.mindspore.handler import HANDLER
 
-    HANDLER.calls.acquire(heap_bytes(args.sizes[-1]))   # the heap this run needs, whatever the environment says
+    from hyper_parallel.core.multicore import c_runtime
+
+    HANDLER.calls.acquire(run_heap_size(c_runtime.read_config(), heap_bytes(args.sizes[-1])))
     run(args)
     import hyper_parallel.core.symmetric_memory as symm
 

@@ -27,7 +27,7 @@ from hyper_parallel.perf.cases import (
     RankInfo,
     symmetric_memory_api,
 )
-from hyper_parallel.perf.config import Config
+from hyper_parallel.perf.config import Config, run_heap_size
 from hyper_parallel.perf.launch import STORE_ENV
 from hyper_parallel.perf.mpi import MpiSide, comm_world, library_version, mpi_side
 from hyper_parallel.perf.ops import OpSpec
@@ -240,7 +240,7 @@ def run_rank(config: Config) -> list[Row]:
         reporter = Reporter(settings, config.json_path, config.plot_path, sys.stdout, before_line=progress.clear)
         reporter.start()
 
-    shmem.acquire(heap_size_bytes=heap_bytes(config, nranks))   # the heap this run needs, whatever the environment says
+    shmem.acquire(heap_size_bytes=run_heap_size(shmem.read_config(), heap_bytes(config, nranks)))
     rows = []
     for spec in config.ops:
         if reporter is not None:

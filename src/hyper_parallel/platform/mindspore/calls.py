@@ -118,19 +118,19 @@ class CAbiCalls:
         c_runtime.refuse(team.id, _ENGINE_CALLS[operation], error)
         raise error   # not reached: the runtime raises the refusal
 
-    def acquire(self, heap_size_bytes: int) -> None:
+    def acquire(self, heap_size_bytes: Optional[int] = None) -> None:
         """Starts the runtime over WORLD with a heap of ``heap_size_bytes`` instead of the configuration's, unless a
         lifecycle is active (collective over WORLD): for a tool that knows the heap it needs, as upstream's
         ``acquire(heap_size_bytes=...)``. The user API's calls then run on it, and ``shutdown()`` ends it.
 
         Args:
-            heap_size_bytes: bytes of each rank's heap (the runtime's limits apply).
+            heap_size_bytes: bytes of each rank's heap (the runtime's limits apply); None: the configuration's.
 
         Raises:
             ShmemStateError: MindSpore's communication is not initialised.
             ValueError: a heap size outside the runtime's limits.
         """
-        self._ensure_runtime("acquire", heap_size_bytes)
+        self._ensure_runtime("acquire", heap_size_bytes or 0)
 
     def _ensure_runtime(self, op: str, heap_size_bytes: int = 0) -> None:
         groups.require_initialized(op)
