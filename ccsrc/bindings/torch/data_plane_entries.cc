@@ -46,7 +46,10 @@ at::Tensor PeerTensorOf(py::handle tensor_arg, py::handle pe_arg) {
   return PeerTensor(tensor, pe);
 }
 
-void Put(py::handle dst_arg, py::handle src_arg, py::handle pe_arg, StreamHandle stream) {
+// put and get: the same arguments and checks, the data flowing one way or the other (`Transfer`: Runtime::Put, whose
+// `dst` is symmetric, or Runtime::Get, whose `src` is).
+template <auto Transfer>
+void OneSided(py::handle dst_arg, py::handle src_arg, py::handle pe_arg, StreamHandle stream) {
   const at::Tensor& dst = TensorArg(dst_arg, "dst");
   const at::Tensor& src = TensorArg(src_arg, "src");
   const int pe = PeArg(pe_arg);
@@ -54,18 +57,7 @@ void Put(py::handle dst_arg, py::handle src_arg, py::handle pe_arg, StreamHandle
   const void* src_ptr = DataPointer(src, "src");
   KeepAlive keep = Keep(stream, dst, src);
   py::gil_scoped_release nogil;
-  ThrowIfError(R().Put(dst_ptr, src_ptr, ByteSize(dst), ByteSize(src), pe, OnStream(stream), std::move(keep)));
-}
-
-void Get(py::handle dst_arg, py::handle src_arg, py::handle pe_arg, StreamHandle stream) {
-  const at::Tensor& dst = TensorArg(dst_arg, "dst");
-  const at::Tensor& src = TensorArg(src_arg, "src");
-  const int pe = PeArg(pe_arg);
-  void* dst_ptr = DataPointer(dst, "dst");
-  const void* src_ptr = DataPointer(src, "src");
-  KeepAlive keep = Keep(stream, dst, src);
-  py::gil_scoped_release nogil;
-  ThrowIfError(R().Get(dst_ptr, src_ptr, ByteSize(dst), ByteSize(src), pe, OnStream(stream), std::move(keep)));
+  ThrowIfError((R().*Transfer)(dst_ptr, src_ptr, ByteSize(dst), ByteSize(src), pe, OnStream(stream), std::move(keep)));
 }
 
 void Signal(py::handle signal_arg, py::handle value_arg, py::handle pe_arg, int op, StreamHandle stream) {
@@ -109,8 +101,8 @@ void RegisterDataPlane(py::module_& m) {
   m.def("empty", &EmptyTensor, py::arg("sizes"), py::arg("dtype"), py::arg("alignment"), py::arg("call_site"));
   m.def("free", &FreeTensor, py::arg("tensor"), py::arg("call_site"));
   m.def("peer_tensor", &PeerTensorOf, py::arg("tensor"), py::arg("pe"));
-  m.def("put", &Put, py::arg("dst"), py::arg("src"), py::arg("pe"), py::arg("stream"));
-  m.def("get", &Get, py::arg("dst"), py::arg("src"), py::arg("pe"), py::arg("stream"));
+  m.def("put", &OneSided<&Runtime::Put>, py::arg("dst"), py::arg("src"), py::arg("pe"), py::arg("stream"));
+  m.def("get", &OneSided<&Runtime::Get>, py::arg("dst"), py::arg("src"), py::arg("pe"), py::arg("stream"));
   m.def("signal", &Signal, py::arg("signal"), py::arg("value"), py::arg("pe"), py::arg("op"), py::arg("stream"));
   m.def("wait_signal", &WaitSignal, py::arg("signal"), py::arg("value"), py::arg("cmp"), py::arg("stream"));
   m.def("reduce", &Reduce, py::arg("dst"), py::arg("src"), py::arg("op"), py::arg("pes"), py::arg("stream"));
