@@ -87,7 +87,9 @@ const char* hp_shmem_status_name(int status) {
 }
 
 int hp_shmem_numberings_json(char* buffer, size_t capacity, size_t* needed) {
-  return Call([&]() -> Status { return hp::shmem::capi::CopyJson(hp::shmem::NumberingsJson(), buffer, capacity, needed); });
+  return Call([&]() -> Status {
+    return hp::shmem::capi::CopyJson(hp::shmem::NumberingsJson(), buffer, capacity, needed);
+  });
 }
 
 int hp_shmem_read_config_json(char* buffer, size_t capacity, size_t* needed) {

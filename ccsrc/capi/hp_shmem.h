@@ -112,8 +112,9 @@ HP_SHMEM_API const char* hp_shmem_last_error(void);
 /* The name of a status code as the runtime spells it ("INVALID_ARGUMENT"), "UNKNOWN" for other values. */
 HP_SHMEM_API const char* hp_shmem_status_name(int status);
 
-/* Every numbering the runtime's calls take (status_codes, dtypes, reduce_ops, signal_ops, compare_ops, wire_formats,
- * call_roles, collectives) as one JSON object of name -> number objects. Buffer protocol as hp_shmem_debug_state_json. */
+/* Every numbering the runtime's calls take or return (status_codes, dtypes, reduce_ops, signal_ops, compare_ops,
+ * wire_formats, call_roles, collectives, lifecycle_states: hp_shmem_state's) as one JSON object of name -> number
+ * objects. Buffer protocol as hp_shmem_debug_state_json. */
 HP_SHMEM_API int hp_shmem_numberings_json(char* buffer, size_t capacity, size_t* needed);
 /* The configuration a lifecycle starting now would use, read from the environment by the runtime (the one reader of
  * every variable, aliases included) as the JSON object debug_state's "config" is. A bad variable fails with its

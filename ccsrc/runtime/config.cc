@@ -224,7 +224,8 @@ Result<std::optional<ops::LowFormat>> LowPrecisionDefault(const Config& config) 
     if (name == ops::LowFormatName(format)) return std::optional<ops::LowFormat>(format);
     names += std::string(names.empty() ? "" : ", ") + ops::LowFormatName(format);
   }
-  return InvalidArgument(Broken(kLowPrecisionVar, "one of " + names + " or 'none'", Quoted(config.low_precision_dtype)));
+  return InvalidArgument(
+      Broken(kLowPrecisionVar, "one of " + names + " or 'none'", Quoted(config.low_precision_dtype)));
 }
 
 }  // namespace hp::shmem

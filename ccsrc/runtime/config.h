@@ -48,11 +48,13 @@ struct Config {
 using EnvLookup = std::function<std::optional<std::string>(const char* name)>;
 EnvLookup ProcessEnv();
 
-// Parses every HYPER_PARALLEL_SHMEM_* variable and the user API's SYMMETRIC_MEMORY_* ones. Unset variables keep their defaults; a bad value fails with
+// Parses every HYPER_PARALLEL_SHMEM_* variable and the user API's SYMMETRIC_MEMORY_* ones.
+// Unset variables keep their defaults; a bad value fails with
 // "`HYPER_PARALLEL_SHMEM_HEAP_SIZE` must be ..., but got '...'".
 //
-//   HEAP_SIZE:   (also SYMMETRIC_MEMORY_HEAP_SIZE, its alias: both set and different is an error) a positive byte count, optionally with a binary suffix K/KB/KiB, M/MB/MiB, G/GB/GiB
-//                (case-insensitive; all mean powers of 1024), e.g. "1073741824", "512M", "2GiB".
+//   HEAP_SIZE:   a positive byte count, optionally with a binary suffix K/KB/KiB, M/MB/MiB, G/GB/GiB
+//                (case-insensitive; all mean powers of 1024), e.g. "1073741824", "512M", "2GiB". Also read from
+//                SYMMETRIC_MEMORY_HEAP_SIZE, its alias: both set and different is an error.
 //                At least 1 MiB, at most 1 TiB.
 //   TIMEOUT_SEC: a positive decimal number of seconds (fractions allowed), at most 86400.
 //   LOG_LEVEL:   one of 0, 1, 2, 3, or DEBUG, INFO, WARNING, ERROR (case-insensitive).

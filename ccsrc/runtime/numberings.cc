@@ -3,6 +3,7 @@
 #include "ops/reduce_op.h"
 #include "runtime/device.h"
 #include "runtime/json_writer.h"
+#include "runtime/runtime.h"
 
 namespace hp::shmem {
 namespace {
@@ -40,10 +41,13 @@ std::vector<Numbering> MakeNumberings() {
                        {CallRole::kForward, CallRole::kBackward, CallRole::kFusedGather, CallRole::kFusedScatter},
                        CallRoleName));
   all.push_back(Number("collectives",
-                       {Collective::kBarrier, Collective::kAllGather, Collective::kAllReduce, Collective::kReduceScatter,
-                        Collective::kAllToAll, Collective::kFusedAllGatherMatmul, Collective::kFusedMatmulReduceScatter,
-                        Collective::kRelease},
+                       {Collective::kBarrier, Collective::kAllGather, Collective::kAllReduce,
+                        Collective::kReduceScatter, Collective::kAllToAll, Collective::kFusedAllGatherMatmul,
+                        Collective::kFusedMatmulReduceScatter, Collective::kRelease},
                        CollectiveName));
+  all.push_back(Number("lifecycle_states",
+                       {LifecycleState::kUninitialized, LifecycleState::kInitialized, LifecycleState::kFailed},
+                       LifecycleStateName));
   return all;
 }
 

@@ -20,7 +20,8 @@ struct Numbering {
   std::vector<std::pair<std::string, int>> values;
 };
 
-// status_codes, dtypes, reduce_ops, signal_ops, compare_ops, wire_formats, call_roles, collectives.
+// status_codes, dtypes, reduce_ops, signal_ops, compare_ops, wire_formats, call_roles, collectives,
+// lifecycle_states.
 const std::vector<Numbering>& Numberings();
 
 // {"status_codes": {"OK": 0, ...}, "dtypes": {...}, ...}.

@@ -1,5 +1,5 @@
-// The debug snapshot (and its configuration) as one JSON document: the one serialization every handler reads (the C ABI returns it, the torch
-// binding parses it), with the keys core/multicore/snapshot.py projects into debug_state().
+// The debug snapshot (and its configuration) as one JSON document: the one serialization every handler reads (the C
+// ABI returns it, the torch binding parses it), with the keys core/multicore/snapshot.py projects into debug_state().
 #include "runtime/json_writer.h"
 #include "runtime/runtime.h"
 

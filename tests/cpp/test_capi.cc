@@ -832,7 +832,8 @@ TEST(Capi, NumberingsAreTheRuntimesOne) {
     REQUIRE(numberings["wire_formats"]["bfloat16"].number == HP_SHMEM_WIRE_BFLOAT16);
     REQUIRE(numberings["call_roles"]["fused_scatter"].number == HP_SHMEM_ROLE_FUSED_SCATTER);
     REQUIRE(numberings["collectives"]["all_to_all"].number == 5);
-    REQUIRE(numberings.fields.size() == 8);
+    REQUIRE(numberings["lifecycle_states"]["failed"].number == 2);
+    REQUIRE(numberings.fields.size() == 9);
   }));
 }
 

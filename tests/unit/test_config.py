@@ -135,7 +135,7 @@ def test_the_c_abi_face_reads_the_same_configuration_from_the_runtime(env) -> No
 def test_every_face_reads_the_runtimes_one_numbering() -> None:
     numberings = c_runtime.numberings()
     assert set(numberings) == {"status_codes", "dtypes", "reduce_ops", "signal_ops", "compare_ops", "wire_formats",
-                               "call_roles", "collectives"}
+                               "call_roles", "collectives", "lifecycle_states"}
     for name, numbering in numberings.items():
         assert getattr(C, name)() == numbering, name
     assert numberings["wire_formats"] == {"full": 0, "float8_e4m3fn": 1, "float8_e5m2": 2, "float16": 3,

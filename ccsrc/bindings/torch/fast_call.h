@@ -1,8 +1,9 @@
 // Entries on the small-message path, without pybind11's dispatcher.
 //
 // pybind11's dispatcher (overloads, keywords, type casters) costs as much as the rest of a small collective's
-// binding (docs/perf.md, "Figures behind the code's constants"). These entries are plain METH_FASTCALL functions over the same bodies: positional arguments only (the
-// runtime face calls them so), ints converted and checked as the data plane's are.
+// binding (docs/perf.md, "Figures behind the code's constants"). These entries are plain METH_FASTCALL functions over
+// the same bodies: positional arguments only (the runtime face calls them so), ints converted and checked as the data
+// plane's are.
 #pragma once
 
 #include <Python.h>

@@ -171,8 +171,8 @@ def _read_json(operation: str, name: str) -> object:
 @functools.lru_cache(maxsize=None)
 def numberings() -> dict:
     """Every numbering the runtime's calls take, defined once in the runtime (``runtime/numberings.h``): name ->
-    {value name -> number} for status_codes, dtypes, reduce_ops, signal_ops, compare_ops, wire_formats, call_roles
-    and collectives."""
+    {value name -> number} for status_codes, dtypes, reduce_ops, signal_ops, compare_ops, wire_formats, call_roles,
+    collectives and lifecycle_states."""
     return _read_json("numberings", "hp_shmem_numberings_json")
 
 
@@ -271,7 +271,8 @@ def shutdown(bootstrap: Bootstrap) -> None:
 
 def state() -> str:
     """'uninitialized', 'initialized' or 'failed'."""
-    return ("uninitialized", "initialized", "failed")[library().hp_shmem_state()]
+    names = {number: name for name, number in numberings()["lifecycle_states"].items()}
+    return names[library().hp_shmem_state()]
 
 
 def rank() -> int:
