@@ -28,7 +28,7 @@ extern "C" {
 #define HP_SHMEM_API __attribute__((visibility("default")))
 
 /* Bumped on every incompatible change; a caller checks it before anything else. */
-#define HP_SHMEM_ABI_VERSION 2
+#define HP_SHMEM_ABI_VERSION 3
 
 /* The runtime's StatusCode values (runtime/status.h), asserted equal there. */
 typedef enum {
@@ -85,9 +85,19 @@ typedef enum {
   HP_SHMEM_ROLE_FUSED_SCATTER = 3,
 } hp_shmem_role;
 
-/* ReduceOp (sum, avg, max, min), SignalOp (set, add), CompareOp (eq, ne, gt, ge, lt, le) and LowFormat (the wire
- * formats of low-precision reductions: float8_e4m3fn, float8_e5m2, float16, bfloat16) keep the runtime's values;
- * wire -1 means the tensor's own dtype. */
+/* The wire format a reduction travels in (the runtime's wire_formats numbering, as fingerprints carry it): the
+ * tensor's own dtype, or a low-precision format. */
+typedef enum {
+  HP_SHMEM_WIRE_FULL = 0,
+  HP_SHMEM_WIRE_FLOAT8_E4M3FN = 1,
+  HP_SHMEM_WIRE_FLOAT8_E5M2 = 2,
+  HP_SHMEM_WIRE_FLOAT16 = 3,
+  HP_SHMEM_WIRE_BFLOAT16 = 4,
+} hp_shmem_wire;
+
+/* ReduceOp (sum, avg, max, min), SignalOp (set, add), CompareOp (eq, ne, gt, ge, lt, le) and Collective keep the
+ * runtime's values. Every numbering of this header, by name, is what hp_shmem_numberings_json returns: a caller reads
+ * the numbers from there rather than writing them again. */
 
 typedef struct {
   uint64_t id;            /* never reused, not even across lifecycles */
@@ -102,9 +112,24 @@ HP_SHMEM_API const char* hp_shmem_last_error(void);
 /* The name of a status code as the runtime spells it ("INVALID_ARGUMENT"), "UNKNOWN" for other values. */
 HP_SHMEM_API const char* hp_shmem_status_name(int status);
 
+/* Every numbering the runtime's calls take or return (status_codes, dtypes, reduce_ops, signal_ops, compare_ops,
+ * wire_formats, call_roles, collectives, lifecycle_states: hp_shmem_state's) as one JSON object of name -> number
+ * objects. Buffer protocol as hp_shmem_debug_state_json. */
+HP_SHMEM_API int hp_shmem_numberings_json(char* buffer, size_t capacity, size_t* needed);
+/* The configuration a lifecycle starting now would use, read from the environment by the runtime (the one reader of
+ * every variable, aliases included) as the JSON object debug_state's "config" is. A bad variable fails with its
+ * message. Buffer protocol as hp_shmem_debug_state_json. */
+HP_SHMEM_API int hp_shmem_read_config_json(char* buffer, size_t capacity, size_t* needed);
+/* The default wire format of the user API's reductions (SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE) as an hp_shmem_wire:
+ * the lifecycle's, read once at init, or the environment's while none is active. A bad name fails here. */
+HP_SHMEM_API int hp_shmem_low_precision_default(int* wire);
+/* The runtime's log level (0 debug .. 3 error), as the lifecycle set it. */
+HP_SHMEM_API int hp_shmem_log_level(void);
+
 /* Lifecycle. Collective over `bootstrap` (the root: every rank of the job, rank = PE): starts a lifecycle on the
- * device HYPER_PARALLEL_SHMEM_DEVICE names, with the heap HYPER_PARALLEL_SHMEM_HEAP_SIZE sets. */
-HP_SHMEM_API int hp_shmem_init(const hp_shmem_bootstrap* bootstrap);
+ * device HYPER_PARALLEL_SHMEM_DEVICE names, with the heap HYPER_PARALLEL_SHMEM_HEAP_SIZE sets, or `heap_size` bytes
+ * when it is not 0 (an explicit choice of the caller's; the same limits apply). */
+HP_SHMEM_API int hp_shmem_init(const hp_shmem_bootstrap* bootstrap, size_t heap_size);
 /* Collective over the root: refused alike on every rank while any rank holds live allocations. */
 HP_SHMEM_API int hp_shmem_shutdown(const hp_shmem_bootstrap* bootstrap);
 /* 0 uninitialised, 1 initialised, 2 failed (terminal). */
@@ -182,9 +207,6 @@ HP_SHMEM_API int hp_shmem_log_wait(int timeout_ms);
 /* Takes the oldest queued record without waiting: returns 1 and fills `*level` (0 debug .. 3 error), `*rank` and
  * `message` (NUL-terminated, cut to `message_bytes` - 1 bytes), or 0 when none is queued. */
 HP_SHMEM_API int hp_shmem_log_take(int* level, int* rank, char* message, size_t message_bytes);
-/* The level below which the runtime writes nothing (0 debug .. 3 error): HYPER_PARALLEL_SHMEM_LOG_LEVEL once a
- * lifecycle started. */
-HP_SHMEM_API int hp_shmem_log_level(void);
 
 #ifdef __cplusplus
 }  /* extern "C" */

@@ -51,6 +51,4 @@ int hp_shmem_log_take(int* level, int* rank, char* message, size_t message_bytes
   return 1;
 }
 
-int hp_shmem_log_level(void) { return static_cast<int>(hp::shmem::Logger::Level()); }
-
 }  // extern "C"

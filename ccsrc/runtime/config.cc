@@ -15,6 +15,11 @@ constexpr const char* kLogLevelVar = "HYPER_PARALLEL_SHMEM_LOG_LEVEL";
 constexpr const char* kDeviceVar = "HYPER_PARALLEL_SHMEM_DEVICE";
 constexpr const char* kTlsInfoVar = "HYPER_PARALLEL_SHMEM_TLS_INFO";
 constexpr const char* kChecksVar = "HYPER_PARALLEL_SHMEM_CHECKS";
+constexpr const char* kHeapSizeAliasVar = "SYMMETRIC_MEMORY_HEAP_SIZE";
+constexpr const char* kLowPrecisionVar = "SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE";
+// The user API's order, which its messages list.
+constexpr ops::LowFormat kLowPrecisionFormats[] = {ops::LowFormat::kFloat16, ops::LowFormat::kBFloat16,
+                                                   ops::LowFormat::kFloat8E4M3Fn, ops::LowFormat::kFloat8E5M2};
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 constexpr std::size_t kTiB = std::size_t{1} << 40;
@@ -100,6 +105,13 @@ Result<LogLevel> ParseLogLevel(const std::string& text) {
       Broken(kLogLevelVar, "one of 0, 1, 2, 3, DEBUG, INFO, WARNING, ERROR", Quoted(text)));
 }
 
+// A heap size within the runtime's limits; `name` is what the caller called it.
+Result<std::size_t> CheckedHeapSize(const char* name, std::size_t heap_size) {
+  if (heap_size < kMiB) return InvalidArgument(Broken(name, "at least 1 MiB", std::to_string(heap_size)));
+  if (heap_size > kTiB) return InvalidArgument(Broken(name, "at most 1 TiB", std::to_string(heap_size)));
+  return heap_size;
+}
+
 Result<std::string> ParseDevice(const std::string& text) {
   const std::string value = Trim(text);
   if (value == "host" || value == "ascend") return value;
@@ -111,7 +123,8 @@ Result<std::string> ParseDevice(const std::string& text) {
 std::string Config::ToString() const {
   return "heap_size=" + std::to_string(heap_size) + " timeout_sec=" + FormatDouble(timeout_sec) +
          " log_level=" + std::to_string(static_cast<int>(log_level)) + " device=" + device +
-         " checks=" + (strict_checks ? "strict" : "deferred");
+         " checks=" + (strict_checks ? "strict" : "deferred") + " low_precision_dtype=" +
+         (low_precision_dtype.empty() ? std::string("none") : Quoted(low_precision_dtype));
 }
 
 EnvLookup ProcessEnv() {
@@ -155,15 +168,20 @@ Result<std::size_t> ParseByteSize(const std::string& name, const std::string& te
 
 Result<Config> ParseConfig(const EnvLookup& env) {
   Config config;
-  if (auto text = env(kHeapSizeVar)) {
-    HP_ASSIGN_OR_RETURN(std::size_t heap_size, ParseByteSize(kHeapSizeVar, *text));
-    if (heap_size < kMiB) {
-      return InvalidArgument(Broken(kHeapSizeVar, "at least 1 MiB", std::to_string(heap_size)));
+  std::optional<std::string> heap_text = env(kHeapSizeVar);
+  const char* heap_name = kHeapSizeVar;
+  if (std::optional<std::string> alias = env(kHeapSizeAliasVar)) {
+    if (heap_text.has_value() && *heap_text != *alias) {
+      return InvalidArgument(std::string("`") + kHeapSizeAliasVar + "` must equal `" + kHeapSizeVar +
+                             "` when both are set, but got " + Quoted(*alias) + " and " + Quoted(*heap_text));
     }
-    if (heap_size > kTiB) {
-      return InvalidArgument(Broken(kHeapSizeVar, "at most 1 TiB", std::to_string(heap_size)));
-    }
-    config.heap_size = heap_size;
+    heap_text = alias;
+    heap_name = kHeapSizeAliasVar;
+  }
+  if (heap_text.has_value()) {
+    HP_ASSIGN_OR_RETURN(const std::size_t heap_size, ParseByteSize(heap_name, *heap_text));
+    HP_ASSIGN_OR_RETURN(config.heap_size, CheckedHeapSize(heap_name, heap_size));
+    config.heap_size_source = heap_name;
   }
   if (auto text = env(kTimeoutVar)) {
     HP_ASSIGN_OR_RETURN(config.timeout_sec, ParseTimeout(*text));
@@ -182,7 +200,32 @@ Result<Config> ParseConfig(const EnvLookup& env) {
     }
     config.strict_checks = checks == "strict";
   }
+  if (auto text = env(kLowPrecisionVar)) config.low_precision_dtype = *text;   // checked by LowPrecisionDefault
   return config;
+}
+
+Result<Config> ConfigForInit(std::size_t heap_size_override) {
+  HP_ASSIGN_OR_RETURN(Config config, ParseConfig(ProcessEnv()));
+  if (heap_size_override != 0) {
+    HP_ASSIGN_OR_RETURN(config.heap_size, CheckedHeapSize("heap_size_bytes", heap_size_override));
+    config.heap_size_source = "heap_size_bytes";
+  }
+  return config;
+}
+
+Result<std::optional<ops::LowFormat>> LowPrecisionDefault(const Config& config) {
+  std::string name = Lower(Trim(config.low_precision_dtype));
+  if (name.empty() || name == "none") return std::optional<ops::LowFormat>();
+  for (const char* prefix : {"torch.", "mindspore."}) {
+    if (name.rfind(prefix, 0) == 0) name = name.substr(std::char_traits<char>::length(prefix));
+  }
+  std::string names;
+  for (const ops::LowFormat format : kLowPrecisionFormats) {
+    if (name == ops::LowFormatName(format)) return std::optional<ops::LowFormat>(format);
+    names += std::string(names.empty() ? "" : ", ") + ops::LowFormatName(format);
+  }
+  return InvalidArgument(
+      Broken(kLowPrecisionVar, "one of " + names + " or 'none'", Quoted(config.low_precision_dtype)));
 }
 
 }  // namespace hp::shmem

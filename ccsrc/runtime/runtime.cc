@@ -353,4 +353,18 @@ DebugSnapshot Runtime::Snapshot() const {
   return snapshot;
 }
 
+Result<std::optional<ops::LowFormat>> Runtime::LowPrecisionDefault() const {
+  Config config;
+  bool active = false;
+  {
+    std::lock_guard<std::mutex> identity_lock(identity_mu_);
+    active = state_.load() == LifecycleState::kInitialized;
+    if (active) config = identity_.config;
+  }
+  if (!active) {
+    HP_ASSIGN_OR_RETURN(config, ParseConfig(ProcessEnv()));
+  }
+  return hp::shmem::LowPrecisionDefault(config);
+}
+
 }  // namespace hp::shmem

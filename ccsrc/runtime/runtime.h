@@ -62,6 +62,8 @@ struct DebugSnapshot {
 // The snapshot as one JSON object (state, lifecycle, rank, world_size, device, config, heap figures, allocations,
 // latest_failure, calls_in_flight, live_teams, reaches_peer_memory, nodes): what every handler reads.
 std::string SnapshotJson(const DebugSnapshot& snapshot);
+// A configuration as the snapshot's "config" object: what read_config() and hp_shmem_read_config_json return.
+std::string ConfigJson(const Config& config);
 
 // A live team as its creator sees it.
 struct TeamView {
@@ -181,6 +183,10 @@ class Runtime {
   Status StreamWaitStream(StreamHandle waiter, StreamHandle waited);
 
   DebugSnapshot Snapshot() const;
+  // The default wire format of the user API's reductions (SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE; std::nullopt: off):
+  // the lifecycle's, read at Init, or the environment's while no lifecycle is active. A bad name fails here, in the
+  // calls that take the default.
+  Result<std::optional<ops::LowFormat>> LowPrecisionDefault() const;
 
   // Remembers `status` as the latest failure when it is not OK; returns it unchanged.
   Status Record(Status status) const;

@@ -1,5 +1,5 @@
-// The debug snapshot as one JSON document: the one serialization every handler reads (the C ABI returns it, the torch
-// binding parses it), with the keys core/multicore/snapshot.py projects into debug_state().
+// The debug snapshot (and its configuration) as one JSON document: the one serialization every handler reads (the C
+// ABI returns it, the torch binding parses it), with the keys core/multicore/snapshot.py projects into debug_state().
 #include "runtime/json_writer.h"
 #include "runtime/runtime.h"
 
@@ -34,7 +34,32 @@ void WriteAllocations(JsonWriter& json, const char* key, const std::vector<Alloc
   json.EndArray();
 }
 
+void WriteConfig(JsonWriter& json, const Config& config) {
+  json.BeginObject();
+  json.Key("heap_size");
+  json.Unsigned(config.heap_size);
+  json.Key("heap_size_source");
+  json.String(config.heap_size_source);
+  json.Key("timeout_sec");
+  json.Double(config.timeout_sec);
+  json.Key("log_level");
+  json.Signed(static_cast<int>(config.log_level));
+  json.Key("device");
+  json.String(config.device);
+  json.Key("checks");
+  json.String(config.strict_checks ? "strict" : "deferred");
+  json.Key("low_precision_dtype");
+  json.String(config.low_precision_dtype);
+  json.EndObject();
+}
+
 }  // namespace
+
+std::string ConfigJson(const Config& config) {
+  JsonWriter json;
+  WriteConfig(json, config);
+  return json.text();
+}
 
 std::string SnapshotJson(const DebugSnapshot& s) {
   JsonWriter json;
@@ -50,18 +75,7 @@ std::string SnapshotJson(const DebugSnapshot& s) {
   json.Key("device");
   json.String(s.device);
   json.Key("config");
-  json.BeginObject();
-  json.Key("heap_size");
-  json.Unsigned(s.config.heap_size);
-  json.Key("timeout_sec");
-  json.Double(s.config.timeout_sec);
-  json.Key("log_level");
-  json.Signed(static_cast<int>(s.config.log_level));
-  json.Key("device");
-  json.String(s.config.device);
-  json.Key("checks");
-  json.String(s.config.strict_checks ? "strict" : "deferred");
-  json.EndObject();
+  WriteConfig(json, s.config);
   json.Key("heap_base");
   json.Unsigned(s.heap_base);
   json.Key("heap_size");

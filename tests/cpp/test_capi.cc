@@ -259,7 +259,7 @@ void ExpectAllRanksPass(const std::vector<std::string>& results) {
 }
 
 void InitRoot(Rank& me) {
-  REQUIRE_OK(hp_shmem_init(&me.bootstrap));
+  REQUIRE_OK(hp_shmem_init(&me.bootstrap, 0));
   REQUIRE(hp_shmem_state() == 1);
   REQUIRE(hp_shmem_rank() == me.rank);
   REQUIRE(hp_shmem_world_size() == me.world_size);
@@ -407,23 +407,25 @@ class JsonParser {
   std::size_t at_ = 0;
 };
 
-// The debug state through the needed/capacity protocol, parsed.
-Json DebugState() {
+// A JSON document of the C ABI through the needed/capacity protocol, parsed.
+Json ReadJson(int (*read)(char* buffer, size_t capacity, size_t* needed)) {
   std::size_t needed = 0;
-  REQUIRE_OK(hp_shmem_debug_state_json(nullptr, 0, &needed));
+  REQUIRE_OK(read(nullptr, 0, &needed));
   REQUIRE(needed > 2);
   std::vector<char> small(needed - 1, 'x');
   std::size_t again = 0;
-  REQUIRE_OK(hp_shmem_debug_state_json(small.data(), small.size(), &again));
+  REQUIRE_OK(read(small.data(), small.size(), &again));
   REQUIRE(small[0] == '\0');   // too small: no truncated document
   // The state may grow between calls only if something else runs; nothing does here.
   REQUIRE(again == needed);
   std::vector<char> buffer(needed, 'x');
-  REQUIRE_OK(hp_shmem_debug_state_json(buffer.data(), buffer.size(), &again));
+  REQUIRE_OK(read(buffer.data(), buffer.size(), &again));
   REQUIRE(again == needed);
   REQUIRE(std::strlen(buffer.data()) == needed - 1);
   return JsonParser(buffer.data()).Parse();
 }
+
+Json DebugState() { return ReadJson(&hp_shmem_debug_state_json); }
 
 class CapiWorld : public ::testing::TestWithParam<int> {};
 
@@ -448,7 +450,7 @@ TEST(Capi, StatusNamesAreTheRuntimes) {
   EXPECT_STREQ(hp_shmem_status_name(-1), "UNKNOWN");
   EXPECT_STREQ(hp_shmem_status_name(10), "UNKNOWN");
   // It keeps the failed call's message readable.
-  ASSERT_EQ(hp_shmem_init(nullptr), HP_SHMEM_INVALID_ARGUMENT);
+  ASSERT_EQ(hp_shmem_init(nullptr, 0), HP_SHMEM_INVALID_ARGUMENT);
   EXPECT_STREQ(hp_shmem_status_name(HP_SHMEM_INVALID_ARGUMENT), "INVALID_ARGUMENT");
   EXPECT_STREQ(hp_shmem_last_error(), "`bootstrap` must be a non-null pointer, but got NULL");
 }
@@ -531,12 +533,12 @@ TEST_P(CapiWorld, TeamsAndCollectives) {
     // all_reduce in place (int32 sum), out of place (float32 max), and on a low-precision wire (bfloat16 carries
     // these small integers and their sums exactly).
     std::vector<std::int32_t> ints(17, me.rank + 1);
-    REQUIRE_OK(hp_shmem_all_reduce(team, ints.data(), nullptr, ints.size() * 4, HP_SHMEM_INT32, 0, -1, HP_SHMEM_ROLE_FORWARD));
+    REQUIRE_OK(hp_shmem_all_reduce(team, ints.data(), nullptr, ints.size() * 4, HP_SHMEM_INT32, 0, HP_SHMEM_WIRE_FULL, HP_SHMEM_ROLE_FORWARD));
     for (auto v : ints) REQUIRE(v == n * (n + 1) / 2);
     std::vector<float> source(33), result(33, -1.0f);
     for (std::size_t i = 0; i < source.size(); ++i) source[i] = static_cast<float>((me.rank * 7 + i) % 11);
     REQUIRE_OK(hp_shmem_all_reduce(team, result.data(), source.data(), source.size() * 4, HP_SHMEM_FLOAT32,
-                                   /*max*/ 2, -1, HP_SHMEM_ROLE_FORWARD));
+                                   /*max*/ 2, HP_SHMEM_WIRE_FULL, HP_SHMEM_ROLE_FORWARD));
     for (std::size_t i = 0; i < result.size(); ++i) {
       float expected = 0;
       for (int r = 0; r < n; ++r) expected = std::max(expected, static_cast<float>((r * 7 + i) % 11));
@@ -545,7 +547,7 @@ TEST_P(CapiWorld, TeamsAndCollectives) {
     std::vector<float> low(300);
     for (std::size_t i = 0; i < low.size(); ++i) low[i] = static_cast<float>(me.rank + i % 5);
     REQUIRE_OK(hp_shmem_all_reduce(team, low.data(), nullptr, low.size() * 4, HP_SHMEM_FLOAT32, 0,
-                                   /*bfloat16*/ 3, HP_SHMEM_ROLE_FORWARD));
+                                   HP_SHMEM_WIRE_BFLOAT16, HP_SHMEM_ROLE_FORWARD));
     for (std::size_t i = 0; i < low.size(); ++i) {
       REQUIRE(low[i] == static_cast<float>(n * (n - 1) / 2 + n * static_cast<int>(i % 5)));
     }
@@ -554,7 +556,7 @@ TEST_P(CapiWorld, TeamsAndCollectives) {
     std::vector<double> parts(static_cast<std::size_t>(5 * n)), mine(5);
     for (std::size_t i = 0; i < parts.size(); ++i) parts[i] = static_cast<double>(me.rank) + 0.5 * static_cast<double>(i);
     REQUIRE_OK(hp_shmem_reduce_scatter(team, mine.data(), mine.size() * 8, parts.data(), parts.size() * 8,
-                                       HP_SHMEM_FLOAT64, 0, -1, HP_SHMEM_ROLE_FORWARD));
+                                       HP_SHMEM_FLOAT64, 0, HP_SHMEM_WIRE_FULL, HP_SHMEM_ROLE_FORWARD));
     for (int i = 0; i < 5; ++i) {
       const double index = 5.0 * me.rank + i;
       REQUIRE(mine[static_cast<std::size_t>(i)] == n * (n - 1) / 2.0 + n * 0.5 * index);
@@ -612,7 +614,7 @@ TEST_P(CapiWorld, TeamsAndCollectives) {
     REQUIRE_OK(hp_shmem_team_create(pes.data(), static_cast<int>(pes.size()), &sub_bootstrap, &sub));
     REQUIRE(sub != team);
     std::vector<std::int64_t> sub_values(9, me.rank);
-    REQUIRE_OK(hp_shmem_all_reduce(sub, sub_values.data(), nullptr, sub_values.size() * 8, HP_SHMEM_INT64, 0, -1, HP_SHMEM_ROLE_FORWARD));
+    REQUIRE_OK(hp_shmem_all_reduce(sub, sub_values.data(), nullptr, sub_values.size() * 8, HP_SHMEM_INT64, 0, HP_SHMEM_WIRE_FULL, HP_SHMEM_ROLE_FORWARD));
     std::int64_t sub_sum = 0;
     for (int pe : pes) sub_sum += pe;
     for (auto v : sub_values) REQUIRE(v == sub_sum);
@@ -633,11 +635,11 @@ TEST_P(CapiWorld, MismatchIsSeenByEveryRankAndTheTeamRecovers) {
     const std::uint64_t team = CreateRootTeam(me);
     std::vector<float> values(me.rank == 0 ? 4 : 8, 1.0f);
     REQUIRE_RC(HP_SHMEM_MISMATCH, hp_shmem_all_reduce(team, values.data(), nullptr, values.size() * 4,
-                                                      HP_SHMEM_FLOAT32, 0, -1, HP_SHMEM_ROLE_FORWARD));
+                                                      HP_SHMEM_FLOAT32, 0, HP_SHMEM_WIRE_FULL, HP_SHMEM_ROLE_FORWARD));
     REQUIRE(hp_shmem_last_error()[0] != '\0');
     for (float v : values) REQUIRE(v == 1.0f);   // nothing was written
     std::vector<float> agreed(8, static_cast<float>(me.rank));
-    REQUIRE_OK(hp_shmem_all_reduce(team, agreed.data(), nullptr, agreed.size() * 4, HP_SHMEM_FLOAT32, 0, -1, HP_SHMEM_ROLE_FORWARD));
+    REQUIRE_OK(hp_shmem_all_reduce(team, agreed.data(), nullptr, agreed.size() * 4, HP_SHMEM_FLOAT32, 0, HP_SHMEM_WIRE_FULL, HP_SHMEM_ROLE_FORWARD));
     for (float v : agreed) REQUIRE(v == static_cast<float>(n * (n - 1) / 2));
     REQUIRE_OK(hp_shmem_team_release(team));
     ShutdownRoot(me);
@@ -654,11 +656,11 @@ TEST(Capi, ArgumentErrorsHaveExactMessagesAndChangeNothing) {
     int dummy = 0;
     REQUIRE_RC(HP_SHMEM_STATE_ERROR, hp_shmem_put(&dummy, &dummy, 4, 4, 0));
     REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`bootstrap` must be a non-null pointer, but got NULL",
-                  hp_shmem_init(nullptr));
+                  hp_shmem_init(nullptr, 0));
     hp_shmem_bootstrap broken = me.bootstrap;
     broken.barrier = nullptr;
     REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`bootstrap->barrier` must be a non-null function pointer, but got NULL",
-                  hp_shmem_init(&broken));
+                  hp_shmem_init(&broken, 0));
     REQUIRE(hp_shmem_state() == 0);
     InitRoot(me);
     const std::uint64_t team = CreateRootTeam(me);
@@ -679,15 +681,15 @@ TEST(Capi, ArgumentErrorsHaveExactMessagesAndChangeNothing) {
                   hp_shmem_put(a.address, nullptr, 4, 4, 1));
     REQUIRE_REFUSAL(HP_SHMEM_INVALID_ARGUMENT,
                   "`reduce_op` must be one of 0 (sum), 1 (avg), 2 (max), 3 (min), but got 7",
-                  hp_shmem_all_reduce(team, a.address, nullptr, 16, HP_SHMEM_FLOAT32, 7, -1, HP_SHMEM_ROLE_FORWARD));
+                  hp_shmem_all_reduce(team, a.address, nullptr, 16, HP_SHMEM_FLOAT32, 7, HP_SHMEM_WIRE_FULL, HP_SHMEM_ROLE_FORWARD));
     REQUIRE_REFUSAL(HP_SHMEM_TYPE_ERROR,
                   "`dtype` must be one of 0 (float32), 1 (float64), 2 (float16), 3 (bfloat16), 4 (int8), 5 (uint8), "
                   "6 (int32), 7 (int64), but got 8",
-                  hp_shmem_all_reduce(team, a.address, nullptr, 16, 8, 0, -1, HP_SHMEM_ROLE_FORWARD));
+                  hp_shmem_all_reduce(team, a.address, nullptr, 16, 8, 0, HP_SHMEM_WIRE_FULL, HP_SHMEM_ROLE_FORWARD));
     REQUIRE_REFUSAL(HP_SHMEM_INVALID_ARGUMENT,
-                  "`wire` must be one of -1 (the tensor's own dtype), 0 (float8_e4m3fn), 1 (float8_e5m2), "
-                  "2 (float16), 3 (bfloat16), but got 4",
-                  hp_shmem_reduce_scatter(team, a.address, 8, a.address, 16, HP_SHMEM_FLOAT32, 0, 4, HP_SHMEM_ROLE_FORWARD));
+                  "`wire` must be one of 0 (full), 1 (float8_e4m3fn), 2 (float8_e5m2), 3 (float16), 4 (bfloat16), but "
+                  "got 5",
+                  hp_shmem_reduce_scatter(team, a.address, 8, a.address, 16, HP_SHMEM_FLOAT32, 0, 5, HP_SHMEM_ROLE_FORWARD));
     REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`signal_bytes` must be 4 (int32) or 8 (int64), but got 2",
                   hp_shmem_signal(a.address, 2, 1, 0, 1));
     REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`signal_op` must be one of 0 (set), 1 (add), but got 2",
@@ -745,11 +747,11 @@ TEST(Capi, FailingBootstrapCallbackFailsInitWithItsCodeAndMessage) {
     hp_shmem_bootstrap failing = me.bootstrap;
     failing.all_gather = &FailingAllGather;
     REQUIRE_ERROR(HP_SHMEM_TIMEOUT, "test bootstrap all_gather timed out: group=root waited_sec=0",
-                  hp_shmem_init(&failing));
+                  hp_shmem_init(&failing, 0));
     REQUIRE(hp_shmem_state() == 0);
     failing.all_gather = &UnknownCodeAllGather;
     REQUIRE_ERROR(HP_SHMEM_DEVICE_ERROR, "framework said no (bootstrap all_gather returned unknown code=42)",
-                  hp_shmem_init(&failing));
+                  hp_shmem_init(&failing, 0));
     REQUIRE(hp_shmem_state() == 0);
     InitRoot(me);
     ShutdownRoot(me);
@@ -839,6 +841,69 @@ TEST(Capi, ForwardedLogRecordsReachTheTaker) {
     hp_shmem_log_forward(0);
     REQUIRE(hp_shmem_log_wait(60000) == 0);   // at once: forwarding is off
     REQUIRE(hp_shmem_log_take(&level, &rank, message, sizeof(message)) == 0);
+
+// Every numbering the header spells is the runtime's, and the C ABI exports them all.
+TEST(Capi, NumberingsAreTheRuntimesOne) {
+  ExpectAllRanksPass(RunRanks(1, [](Rank&) {
+    const Json numberings = ReadJson(&hp_shmem_numberings_json);
+    REQUIRE(numberings["status_codes"]["INVALID_ARGUMENT"].number == HP_SHMEM_INVALID_ARGUMENT);
+    REQUIRE(numberings["status_codes"]["INTERRUPTED"].number == HP_SHMEM_INTERRUPTED);
+    REQUIRE(numberings["dtypes"]["bfloat16"].number == HP_SHMEM_BFLOAT16);
+    REQUIRE(numberings["dtypes"]["int64"].number == HP_SHMEM_INT64);
+    REQUIRE(numberings["reduce_ops"]["max"].number == 2);
+    REQUIRE(numberings["signal_ops"]["add"].number == 1);
+    REQUIRE(numberings["compare_ops"]["le"].number == 5);
+    REQUIRE(numberings["wire_formats"]["full"].number == HP_SHMEM_WIRE_FULL);
+    REQUIRE(numberings["wire_formats"]["float8_e4m3fn"].number == HP_SHMEM_WIRE_FLOAT8_E4M3FN);
+    REQUIRE(numberings["wire_formats"]["bfloat16"].number == HP_SHMEM_WIRE_BFLOAT16);
+    REQUIRE(numberings["call_roles"]["fused_scatter"].number == HP_SHMEM_ROLE_FUSED_SCATTER);
+    REQUIRE(numberings["collectives"]["all_to_all"].number == 5);
+    REQUIRE(numberings["lifecycle_states"]["failed"].number == 2);
+    REQUIRE(numberings.fields.size() == 9);
+  }));
+}
+
+// The runtime reads every variable, the user API's alias and low-precision default included: read_config before a
+// lifecycle, the lifecycle's own afterwards (read once, at init), and an init's explicit heap size over the
+// environment's. Nothing of it touches the environment.
+TEST(Capi, ConfigurationIsReadByTheRuntime) {
+  ExpectAllRanksPass(RunRanks(1, [](Rank& me) {
+    REQUIRE(::setenv("SYMMETRIC_MEMORY_HEAP_SIZE", "6M", 1) == 0);
+    REQUIRE(::unsetenv("HYPER_PARALLEL_SHMEM_HEAP_SIZE") == 0);
+    REQUIRE(::setenv("SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE", " BFloat16 ", 1) == 0);
+    const Json config = ReadJson(&hp_shmem_read_config_json);
+    REQUIRE(config["heap_size"].number == 6 * 1024 * 1024);
+    REQUIRE(config["heap_size_source"].text == "SYMMETRIC_MEMORY_HEAP_SIZE");
+    REQUIRE(config["low_precision_dtype"].text == " BFloat16 ");
+    int wire = -7;
+    REQUIRE_OK(hp_shmem_low_precision_default(&wire));
+    REQUIRE(wire == HP_SHMEM_WIRE_BFLOAT16);
+
+    REQUIRE_OK(hp_shmem_init(&me.bootstrap, 5 * 1024 * 1024));   // the caller's heap over the alias's
+    REQUIRE(std::getenv("HYPER_PARALLEL_SHMEM_HEAP_SIZE") == nullptr);
+    REQUIRE(std::string(std::getenv("SYMMETRIC_MEMORY_HEAP_SIZE")) == "6M");
+    REQUIRE(DebugState()["config"]["heap_size"].number == 5 * 1024 * 1024);
+    REQUIRE(DebugState()["config"]["heap_size_source"].text == "heap_size_bytes");
+    REQUIRE(DebugState()["config"]["low_precision_dtype"].text == " BFloat16 ");
+    // The lifecycle's default was read at init: a later change of the variable is not seen until the next one.
+    REQUIRE(::setenv("SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE", "float7", 1) == 0);
+    REQUIRE_OK(hp_shmem_low_precision_default(&wire));
+    REQUIRE(wire == HP_SHMEM_WIRE_BFLOAT16);
+    ShutdownRoot(me);
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT,
+                  "`SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE` must be one of float16, bfloat16, float8_e4m3fn, "
+                  "float8_e5m2 or 'none', but got 'float7'",
+                  hp_shmem_low_precision_default(&wire));
+
+    REQUIRE(::setenv("HYPER_PARALLEL_SHMEM_HEAP_SIZE", "8M", 1) == 0);
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT,
+                  "`SYMMETRIC_MEMORY_HEAP_SIZE` must equal `HYPER_PARALLEL_SHMEM_HEAP_SIZE` when both are set, but got "
+                  "'6M' and '8M'",
+                  hp_shmem_init(&me.bootstrap, 0));
+    REQUIRE(hp_shmem_state() == 0);
+    REQUIRE(::unsetenv("HYPER_PARALLEL_SHMEM_HEAP_SIZE") == 0);
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`heap_size_bytes` must be at least 1 MiB, but got 4096",
+                  hp_shmem_init(&me.bootstrap, 4096));
   }));
 }
 

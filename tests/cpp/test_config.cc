@@ -37,7 +37,7 @@ TEST(ConfigTest, DefaultsWhenNothingIsSet) {
   EXPECT_EQ(result->timeout_sec, 120.0);
   EXPECT_EQ(result->log_level, LogLevel::kWarning);
   EXPECT_EQ(result->device, "host");
-  EXPECT_EQ(result->ToString(), "heap_size=1073741824 timeout_sec=120 log_level=2 device=host checks=deferred");
+  EXPECT_EQ(result->ToString(), "heap_size=1073741824 timeout_sec=120 log_level=2 device=host checks=deferred low_precision_dtype=none");
 }
 
 TEST(ConfigTest, ToStringShowsEveryField) {
@@ -45,7 +45,7 @@ TEST(ConfigTest, ToStringShowsEveryField) {
   config.heap_size = 2 * 1024 * 1024;
   config.timeout_sec = 0.5;
   config.log_level = LogLevel::kDebug;
-  EXPECT_EQ(config.ToString(), "heap_size=2097152 timeout_sec=0.5 log_level=0 device=host checks=deferred");
+  EXPECT_EQ(config.ToString(), "heap_size=2097152 timeout_sec=0.5 log_level=0 device=host checks=deferred low_precision_dtype=none");
 }
 
 TEST(ConfigTest, ChecksAreDeferredOrStrict) {
@@ -228,6 +228,73 @@ TEST(ConfigTest, FirstBadVariableFailsTheWholeParse) {
   Result<Config> result = ParseConfig(FakeEnv({{kHeap, "64M"}, {kLevel, "loud"}}));
   ASSERT_FALSE(result.ok());
   EXPECT_NE(result.status().message().find("`HYPER_PARALLEL_SHMEM_LOG_LEVEL`"), std::string::npos);
+}
+
+TEST(ConfigTest, HeapSizeAliasIsReadAndAConflictIsAnError) {
+  constexpr const char* kAlias = "SYMMETRIC_MEMORY_HEAP_SIZE";
+  Result<Config> alias = ParseOne(kAlias, "48M");
+  ASSERT_TRUE(alias.ok()) << alias.status().ToString();
+  EXPECT_EQ(alias->heap_size, std::size_t{48} << 20);
+  EXPECT_EQ(alias->heap_size_source, kAlias);
+  EXPECT_EQ(ParseConfig(FakeEnv({}))->heap_size_source, "default");
+  EXPECT_EQ(ParseOne(kHeap, "2M")->heap_size_source, kHeap);
+  Result<Config> both = ParseConfig(FakeEnv({{kAlias, "64M"}, {kHeap, "64M"}}));
+  ASSERT_TRUE(both.ok()) << both.status().ToString();
+  EXPECT_EQ(both->heap_size, std::size_t{64} << 20);
+  ExpectError(ParseConfig(FakeEnv({{kAlias, "48M"}, {kHeap, "32M"}})),
+              "`SYMMETRIC_MEMORY_HEAP_SIZE` must equal `HYPER_PARALLEL_SHMEM_HEAP_SIZE` when both are set, but got "
+              "'48M' and '32M'");
+  ExpectError(ParseOne(kAlias, "12Q"),
+              "`SYMMETRIC_MEMORY_HEAP_SIZE` must be a byte count such as 1073741824, 512M or 2GiB, but got '12Q'");
+  ExpectError(ParseOne(kAlias, "1K"), "`SYMMETRIC_MEMORY_HEAP_SIZE` must be at least 1 MiB, but got 1024");
+}
+
+constexpr const char* kLow = "SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE";
+
+// The default wire format of a configuration parsed from the environment `env`.
+Result<std::optional<ops::LowFormat>> DefaultUnder(std::map<std::string, std::string> env) {
+  Result<Config> config = ParseConfig(FakeEnv(std::move(env)));
+  EXPECT_TRUE(config.ok()) << config.status().ToString();
+  return LowPrecisionDefault(*config);
+}
+
+TEST(ConfigTest, LowPrecisionDefaultIsReadWithTheRestAndCheckedWhenTaken) {
+  Result<std::optional<ops::LowFormat>> unset = DefaultUnder({});
+  ASSERT_TRUE(unset.ok());
+  EXPECT_FALSE(unset->has_value());
+  for (const char* off : {"", "none", " NONE "}) {
+    Result<std::optional<ops::LowFormat>> value = DefaultUnder({{kLow, off}});
+    ASSERT_TRUE(value.ok()) << off;
+    EXPECT_FALSE(value->has_value()) << off;
+  }
+  const std::pair<const char*, ops::LowFormat> names[] = {
+      {"bfloat16", ops::LowFormat::kBFloat16}, {" Float8_E4M3FN ", ops::LowFormat::kFloat8E4M3Fn},
+      {"torch.float16", ops::LowFormat::kFloat16}, {"mindspore.float8_e5m2", ops::LowFormat::kFloat8E5M2}};
+  for (const auto& [text, format] : names) {
+    Result<std::optional<ops::LowFormat>> value = DefaultUnder({{kLow, text}});
+    ASSERT_TRUE(value.ok()) << text;
+    EXPECT_EQ(**value, format) << text;
+  }
+  // A bad name does not fail the configuration: only the calls that take the default.
+  Result<Config> bad = ParseOne(kLow, "float7");
+  ASSERT_TRUE(bad.ok()) << bad.status().ToString();
+  EXPECT_EQ(bad->ToString(), "heap_size=1073741824 timeout_sec=120 log_level=2 device=host checks=deferred "
+                             "low_precision_dtype='float7'");
+  Result<std::optional<ops::LowFormat>> refused = LowPrecisionDefault(*bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.status().message(), "`SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE` must be one of float16, bfloat16, "
+                                        "float8_e4m3fn, float8_e5m2 or 'none', but got 'float7'");
+}
+
+TEST(ConfigTest, AnInitsHeapSizeOverridesTheEnvironmentsWithinTheSameLimits) {
+  Result<Config> config = ConfigForInit(std::size_t{3} << 20);
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->heap_size, std::size_t{3} << 20);
+  EXPECT_EQ(config->heap_size_source, "heap_size_bytes");
+  Result<Config> small = ConfigForInit(4096);
+  ASSERT_FALSE(small.ok());
+  EXPECT_EQ(small.status().message(), "`heap_size_bytes` must be at least 1 MiB, but got 4096");
 }
 
 TEST(ConfigTest, ProcessEnvReadsTheRealEnvironment) {

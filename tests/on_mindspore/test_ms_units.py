@@ -99,6 +99,20 @@ def test_a_missing_library_is_named(monkeypatch):
     assert symm.is_shmem_available() is True
 
 
+def test_the_low_precision_default_is_the_runtimes(monkeypatch):
+    """The handler asks the runtime (which reads SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE once per lifecycle, and while
+    none is active on each call) and never the environment itself; an explicit argument never takes the default."""
+    monkeypatch.setenv("SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE", " BFloat16 ")
+    assert HANDLER.calls.wire(None, ms.float32, "sum") == "bfloat16"
+    assert HANDLER.calls.wire(None, ms.float32, "max") is None   # where it cannot apply: full precision, silently
+    monkeypatch.setenv("SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE", "float7")
+    with pytest.raises(ShmemValueError) as info:
+        HANDLER.calls.wire(None, ms.float32, "sum")
+    assert str(info.value) == ("`SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE` must be one of float16, bfloat16, "
+                               "float8_e4m3fn, float8_e5m2 or 'none', but got 'float7'")
+    assert HANDLER.calls.wire("float16", ms.float32, "sum") == "float16"
+
+
 def test_calls_before_mindspore_communication_is_initialised_are_refused():
     code = ("import mindspore, hyper_parallel.core.symmetric_memory as symm\n"
             "try:\n    symm.empty(4)\nexcept Exception as e:\n    print(type(e).__name__, e)\n")

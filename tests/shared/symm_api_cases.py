@@ -504,6 +504,8 @@ def low_precision(fw: Framework) -> None:
                     f"(2 bytes), but got bfloat16" + refused(fw, "all_reduce")))
     expect("ValueError", symm.shmem_allreduce, x, "sum", None, "float7",
            prefix="`low_precision_dtype` must be one of float16, bfloat16")
+    # The runtime reads the default when a lifecycle starts: this one ends, and the next call starts one under it.
+    symm.shutdown()
     saved = os.environ.get("SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE")
     os.environ["SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE"] = "bfloat16"
     try:
@@ -519,11 +521,16 @@ def low_precision(fw: Framework) -> None:
         full = fw.tensor(a)
         symm.shmem_allreduce(full, "sum", low_precision_dtype="none")   # "none" overrides the default
         within(fw.numpy(full), exact, world * 2.0**-24 * magnitude, "'none' under the default")
+        os.environ["SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE"] = "float16"
+        later = fw.tensor(a)
+        symm.shmem_allreduce(later, "sum")   # read once per lifecycle: still bfloat16
+        equal(fw.numpy(later), fw.numpy(wired), "the default after the variable changed inside the lifecycle")
     finally:
         if saved is None:
             del os.environ["SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE"]
         else:
             os.environ["SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE"] = saved
+        symm.shutdown()   # the next lifecycle reads the variable as it was
 
 
 @case

@@ -132,10 +132,12 @@ def _case_fields_and_repr() -> dict:
             assert state["rank"] == rank and state["world_size"] == world and state["device"] == "host"
             assert state["config"] == {
                 "heap_size": 16 * MiB,
+                "heap_size_source": "HYPER_PARALLEL_SHMEM_HEAP_SIZE",
                 "timeout_sec": 20.0,
                 "log_level": 2,
                 "device": "host",
                 "checks": "deferred",   # as configured; the host device checks before data moves in either mode
+                "low_precision_dtype": "",   # SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE as set: unset
                 "heap_size_bytes": 16 * MiB,
                 "timeout_seconds": 20.0,
                 "data_engine": "cpu",

@@ -13,7 +13,7 @@ import torch
 
 from hyper_parallel.perf.cases import CASES, InPlaceCase, count_wrong, input_pattern
 from hyper_parallel.perf import config as config_module
-from hyper_parallel.perf.config import build_parser, config_from_args, parse_config
+from hyper_parallel.perf.config import build_parser, config_from_args, parse_config, run_heap_size
 from hyper_parallel.perf.mpi import under_mpiexec
 from hyper_parallel.perf.ops import OPS, InPlace
 from hyper_parallel.perf.progress import render_bar
@@ -641,3 +641,9 @@ def test_count_wrong_is_exact_for_moves_and_tolerant_for_float_reductions() -> N
     assert count_wrong(reference + torch.tensor([0, 4e-6, 0, 1]), reference, exact=False) == 1
     ints = torch.tensor([1, 2, 3], dtype=torch.int32)
     assert count_wrong(ints + torch.tensor([0, 0, 1], dtype=torch.int32), ints, exact=False) == 1
+
+
+def test_a_run_sizes_the_heap_unless_the_user_chose_one() -> None:
+    assert run_heap_size({"heap_size_source": "default"}, 96 << 20) == 96 << 20
+    for source in ("HYPER_PARALLEL_SHMEM_HEAP_SIZE", "SYMMETRIC_MEMORY_HEAP_SIZE"):
+        assert run_heap_size({"heap_size_source": source}, 96 << 20) is None, source

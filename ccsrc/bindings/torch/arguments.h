@@ -1,7 +1,7 @@
 // Checks of the Python arguments of the data-plane entries, in the project's contract form.
 //
 // They run in C++ because they sit on the hot path of every put/get/signal: the same checks in Python cost
-// more than the operation they guard. Only module.cc includes this (it needs torch's Python headers).
+// more than the operation they guard. Only the binding's entry files include this (it needs torch's Python headers).
 #pragma once
 
 #include <torch/csrc/DynamicTypes.h>

@@ -14,8 +14,8 @@ SpinPolicy SpinPolicy::For(int ranks) {
   const long cores = sysconf(_SC_NPROCESSORS_ONLN);
   if (cores > 0 && ranks > cores) {
     // The rank a waiter needs is then most often runnable on the waiter's own core: a yield hands it the core at
-    // once, a futex sleep costs the waiter a wake-up of tens of µs. Only a waiter whose peers made no progress over
-    // many yields sleeps (docs/perf.md, "Waiters and the scheduler": 8 ranks on 2 cores).
+    // once, a futex sleep costs the waiter a wake-up. Only a waiter whose peers made no progress over many yields
+    // sleeps (docs/perf.md, "Waiters and the scheduler": 8 ranks on 2 cores).
     policy.spin = std::chrono::nanoseconds(0);
     policy.yields = 50;
   }

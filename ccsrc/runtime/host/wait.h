@@ -1,4 +1,4 @@
-// Waiting for a word of shared memory: spin a while (yielding the core between checks after the first µs), then
+// Waiting for a word of shared memory: spin a while (yielding the core between checks after a short solo spin), then
 // yield, then sleep in the kernel (futex).
 //
 // Ranks may outnumber cores (8 ranks on 2 cores in CI): a waiter that only spins would burn the time slice its
@@ -17,8 +17,8 @@
 namespace hp::shmem::host {
 
 struct SpinPolicy {
-  // Busy-wait with a pause instruction. Long enough to cover a peer's hand-off written in Python (tens of µs):
-  // a futex wake costs the sleeper ~50-100 µs of scheduling latency on a VM.
+  // Busy-wait with a pause instruction. Long enough to cover a peer's hand-off written in Python, which takes less
+  // than a futex wake-up's scheduling latency (docs/perf.md, "Figures behind the code's constants").
   std::chrono::nanoseconds spin{std::chrono::microseconds(200)};
   // Spin without yielding this long, then yield the core between checks for the rest of the spin: after a wake-up
   // the scheduler may put a peer on this rank's core, and the balancer can take tens of ms to move it away; a waiter

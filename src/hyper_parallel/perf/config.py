@@ -382,3 +382,16 @@ def parse_config(argv: Optional[Sequence[str]] = None) -> Config:
     except ValueError as error:
         parser.error(str(error))
         raise  # parser.error exits; this keeps type checkers content
+
+
+def run_heap_size(runtime_config: dict, needed: int) -> Optional[int]:
+    """The heap a run acquires: ``needed`` bytes, unless the user chose a size (a heap variable the runtime read).
+
+    Args:
+        runtime_config: the runtime's configuration (``shmem.read_config()``).
+        needed: what the run's rows need (:func:`heap_bytes`).
+
+    Returns:
+        ``needed``, or None for the user's choice (the runtime's configuration).
+    """
+    return needed if runtime_config["heap_size_source"] == "default" else None

@@ -25,7 +25,6 @@ table (:mod:`hyper_parallel.perf.report`). What differs:
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any, Callable, Optional, Sequence
 
@@ -35,6 +34,7 @@ import mindspore as ms
 from mindspore import communication
 from mindspore.mint import distributed as md
 
+from hyper_parallel.perf.config import run_heap_size
 from hyper_parallel.perf.ops import OPS, OpSpec
 from hyper_parallel.perf.report import Row, Table, footer, write_json
 from hyper_parallel.perf.timing import Side, measure, time_per_operation_us
@@ -43,7 +43,6 @@ from hyper_parallel.perf.units import DTYPE_BYTES, DTYPE_LABELS, DTYPES, parse_s
 TOOL = "hp-shmem-perf-mindspore"
 OP_NAMES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier")
 OURS, MCCL = "ours", "mccl"
-HEAP_SIZE_ENV = "HYPER_PARALLEL_SHMEM_HEAP_SIZE"
 _MIB = 1 << 20
 
 # What each side runs, for the table's heading (r: this rank, b: elements per block = count / n).
@@ -378,8 +377,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         SystemExit: a bad flag (status 2).
     """
     args = parse_args(argv)
-    os.environ.setdefault(HEAP_SIZE_ENV, str(heap_bytes(args.sizes[-1])))
     communication.init()
+    from hyper_parallel.platform.mindspore.handler import HANDLER
+
+    from hyper_parallel.core.multicore import c_runtime
+
+    HANDLER.calls.acquire(run_heap_size(c_runtime.read_config(), heap_bytes(args.sizes[-1])))
     run(args)
     import hyper_parallel.core.symmetric_memory as symm
 

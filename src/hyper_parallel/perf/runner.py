@@ -27,7 +27,7 @@ from hyper_parallel.perf.cases import (
     RankInfo,
     symmetric_memory_api,
 )
-from hyper_parallel.perf.config import Config
+from hyper_parallel.perf.config import Config, run_heap_size
 from hyper_parallel.perf.launch import STORE_ENV
 from hyper_parallel.perf.mpi import MpiSide, comm_world, library_version, mpi_side
 from hyper_parallel.perf.ops import OpSpec
@@ -36,30 +36,19 @@ from hyper_parallel.perf.report import Reporter, Row
 from hyper_parallel.perf.timing import Side, measure, slowest_rank, time_per_operation_us
 from hyper_parallel.perf.units import format_size
 
-HEAP_SIZE_ENV = "HYPER_PARALLEL_SHMEM_HEAP_SIZE"
 OURS, IN_PLACE, MEMCPY, MPI = "ours", "in_place", "memcpy", "mpi"  # the sides' names (the baseline's is its own)
 LOW_PRECISION = "low_precision"
-TIMEOUT_ENV = "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC"
-_DEFAULT_TIMEOUT_SEC = 120.0
 _MIB = 1 << 20
 
 
 def timeout_seconds() -> float:
-    """The runtime's wait limit (``HYPER_PARALLEL_SHMEM_TIMEOUT_SEC``), used for gloo's waits as well.
+    """The runtime's wait limit (``HYPER_PARALLEL_SHMEM_TIMEOUT_SEC``, read by the runtime), used for gloo's waits as
+    well.
 
     Raises:
-        ValueError: the variable is not a positive number.
+        ValueError: the variable is not a positive number (the runtime's message).
     """
-    text = os.environ.get(TIMEOUT_ENV)
-    if text is None:
-        return _DEFAULT_TIMEOUT_SEC
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ValueError(f"`{TIMEOUT_ENV}` must be a positive number of seconds, but got {text!r}")
-    return value
+    return float(shmem.read_config()["timeout_sec"])
 
 
 def heap_bytes(config: Config, nranks: int = 1) -> int:
@@ -233,7 +222,6 @@ def run_rank(config: Config) -> list[Row]:
         if spec.needs_symmetric_memory:
             symmetric_memory_api(spec.name)  # fail before any allocation, on every rank alike
     torch.set_num_threads(1)  # one core per rank: the memcpy reference is single-core, and gloo gets no extra
-    os.environ.setdefault(HEAP_SIZE_ENV, str(heap_bytes(config, nranks)))
     info = RankInfo(rank=rank, nranks=nranks, dtype=getattr(torch, config.dtype), redop=config.redop,
                     mm_k=config.mm_k, mm_n=config.mm_n,
                     low_precision=None if config.low_precision is None else getattr(torch, config.low_precision),
@@ -252,7 +240,7 @@ def run_rank(config: Config) -> list[Row]:
         reporter = Reporter(settings, config.json_path, config.plot_path, sys.stdout, before_line=progress.clear)
         reporter.start()
 
-    handle = shmem.acquire_shmem()
+    shmem.acquire(heap_size_bytes=run_heap_size(shmem.read_config(), heap_bytes(config, nranks)))
     rows = []
     for spec in config.ops:
         if reporter is not None:
@@ -272,7 +260,7 @@ def run_rank(config: Config) -> list[Row]:
     if symmetric_memory is not None:
         symmetric_memory.shutdown()  # its workspace and runtime reference (a no-op when it was never used)
     symm_mem_backend.shutdown()  # the reference of torch's symmetric memory, once it freed what it let go of
-    handle.close()
+    shmem.release()
     if reporter is not None:
         reporter.finish()
     dist.barrier()

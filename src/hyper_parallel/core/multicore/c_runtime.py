@@ -22,19 +22,7 @@ from typing import Optional
 from hyper_parallel.core.multicore import errors, runtime_logs
 
 LIBRARY_NAME = "libhp_shmem_c.so"
-ABI_VERSION = 2   # HP_SHMEM_ABI_VERSION of the header this module was written against
-
-# hp_shmem_dtype, ReduceOp, SignalOp, CompareOp and LowFormat: the runtime's values (the header asserts them).
-DTYPE_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int8": 4, "uint8": 5, "int32": 6, "int64": 7}
-REDUCE_OP_CODES = {"sum": 0, "avg": 1, "max": 2, "min": 3}
-SIGNAL_OP_CODES = {"set": 0, "add": 1}
-COMPARE_OP_CODES = {"eq": 0, "ne": 1, "gt": 2, "ge": 3, "lt": 4, "le": 5}
-WIRE_CODES = {"float8_e4m3fn": 0, "float8_e5m2": 1, "float16": 2, "bfloat16": 3}
-# hp_shmem_role and Collective (runtime/team.h): what a call is for, and which call a refusal stands for.
-ROLE_CODES = {"forward": 0, "backward": 1, "fused_gather": 2, "fused_scatter": 3}
-COLLECTIVE_CODES = {"barrier": 1, "all_gather": 2, "all_reduce": 3, "reduce_scatter": 4, "all_to_all": 5,
-                    "fused_all_gather_matmul": 6, "fused_matmul_reduce_scatter": 7}
-_ERROR_BYTES = 1024
+ABI_VERSION = 3   # HP_SHMEM_ABI_VERSION of the header this module was written against
 
 
 class _Bootstrap(ctypes.Structure):
@@ -70,7 +58,7 @@ class Allocation:
 @dataclass(frozen=True)
 class ElementType:
     """An element type as the engine names it: ``name`` ("float32"), bytes per element, and the name of the
-    reduction type (a key of :data:`DTYPE_CODES`) or None for types that only move."""
+    reduction type (a name of the runtime's ``dtypes`` numbering) or None for types that only move."""
 
     name: str
     bytes: int
@@ -82,7 +70,11 @@ _SIGNATURES = {
     "hp_shmem_abi_version": [],
     "hp_shmem_last_error": [],
     "hp_shmem_status_name": [ctypes.c_int],
-    "hp_shmem_init": [ctypes.POINTER(_Bootstrap)],
+    "hp_shmem_numberings_json": [ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],
+    "hp_shmem_read_config_json": [ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],
+    "hp_shmem_low_precision_default": [ctypes.POINTER(ctypes.c_int)],
+    "hp_shmem_log_level": [],
+    "hp_shmem_init": [ctypes.POINTER(_Bootstrap), ctypes.c_size_t],
     "hp_shmem_shutdown": [ctypes.POINTER(_Bootstrap)],
     "hp_shmem_state": [],
     "hp_shmem_rank": [],
@@ -116,7 +108,6 @@ _SIGNATURES = {
     "hp_shmem_log_forward": [ctypes.c_int],
     "hp_shmem_log_wait": [ctypes.c_int],
     "hp_shmem_log_take": [ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, ctypes.c_size_t],
-    "hp_shmem_log_level": [],
 }
 _RESTYPES = {"hp_shmem_last_error": ctypes.c_char_p, "hp_shmem_status_name": ctypes.c_char_p,
              "hp_shmem_log_forward": None}
@@ -185,6 +176,59 @@ def _call(operation: str, name: str, *args: object) -> None:
     _check(getattr(library(), name)(*args), operation)
 
 
+def _read_json(operation: str, name: str) -> object:
+    """A JSON document of the C ABI (``needed``/``capacity`` protocol), parsed."""
+    read = getattr(library(), name)
+    needed = ctypes.c_size_t(0)
+    capacity = 4096
+    while True:
+        buffer = ctypes.create_string_buffer(capacity)
+        _check(read(buffer, capacity, ctypes.byref(needed)), operation)
+        if needed.value <= capacity:
+            return json.loads(buffer.value.decode("utf-8"))
+        capacity = needed.value
+
+
+@functools.lru_cache(maxsize=None)
+def numberings() -> dict:
+    """Every numbering the runtime's calls take, defined once in the runtime (``runtime/numberings.h``): name ->
+    {value name -> number} for status_codes, dtypes, reduce_ops, signal_ops, compare_ops, wire_formats, call_roles,
+    collectives and lifecycle_states."""
+    return _read_json("numberings", "hp_shmem_numberings_json")
+
+
+def _code(numbering: str, name: str) -> int:
+    return numberings()[numbering][name]
+
+
+def read_config() -> dict:
+    """The configuration a lifecycle starting now would use, read from the environment by the runtime (the keys of
+    ``debug_state()["config"]``).
+
+    Raises:
+        ShmemValueError: a variable has a bad value (the runtime's message names it).
+    """
+    return _read_json("read_config", "hp_shmem_read_config_json")
+
+
+def low_precision_default() -> Optional[str]:
+    """The default wire format of the user API's reductions (``SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE``): the
+    lifecycle's, read by the runtime once when it started, or the environment's while none is active; None: off.
+
+    Raises:
+        ShmemValueError: the variable names no wire format.
+    """
+    wire = ctypes.c_int(0)
+    _call("low_precision_default", "hp_shmem_low_precision_default", ctypes.byref(wire))
+    names = {number: name for name, number in numberings()["wire_formats"].items()}
+    return None if wire.value == _code("wire_formats", "full") else names[wire.value]
+
+
+def log_level() -> int:
+    """The runtime's log level (0 debug .. 3 error), as the lifecycle set it."""
+    return library().hp_shmem_log_level()
+
+
 class Bootstrap:
     """A group's exchange as the runtime needs it, over two Python callables (the framework's collectives).
 
@@ -215,7 +259,7 @@ class Bootstrap:
                      else f"bootstrap {step} over the group failed: {type(error).__name__}: {error}")
         text = described.encode("utf-8", "replace")[: max(capacity - 1, 0)]
         ctypes.memmove(buffer, text + b"\0", len(text) + 1)
-        return 4 if isinstance(error, errors.ShmemTimeoutError) else 7   # HP_SHMEM_TIMEOUT, HP_SHMEM_DEVICE_ERROR
+        return _code("status_codes", "TIMEOUT" if isinstance(error, errors.ShmemTimeoutError) else "DEVICE_ERROR")
 
     def _on_all_gather(self, _context: int, data: int, nbytes: int, out: int, error: int, capacity: int) -> int:
         try:
@@ -237,9 +281,10 @@ class Bootstrap:
             return self._fail(e, "barrier", error, capacity)
 
 
-def init(bootstrap: Bootstrap) -> None:
-    """Starts a lifecycle (collective over the root: every rank of the job, rank = PE)."""
-    _call("initialize", "hp_shmem_init", ctypes.byref(bootstrap.struct))
+def init(bootstrap: Bootstrap, heap_size: int = 0) -> None:
+    """Starts a lifecycle (collective over the root: every rank of the job, rank = PE), with a heap of ``heap_size``
+    bytes (0: the runtime's configuration)."""
+    _call("initialize", "hp_shmem_init", ctypes.byref(bootstrap.struct), heap_size)
 
 
 def shutdown(bootstrap: Bootstrap) -> None:
@@ -249,7 +294,8 @@ def shutdown(bootstrap: Bootstrap) -> None:
 
 def state() -> str:
     """'uninitialized', 'initialized' or 'failed'."""
-    return ("uninitialized", "initialized", "failed")[library().hp_shmem_state()]
+    names = {number: name for name, number in numberings()["lifecycle_states"].items()}
+    return names[library().hp_shmem_state()]
 
 
 def rank() -> int:
@@ -288,12 +334,12 @@ def get(dst: int, src: int, dst_bytes: int, src_bytes: int, pe: int) -> None:
 
 def signal(address: int, width: int, value: int, op: str, pe: int) -> None:
     """SETs or ADDs ``value`` to the int32/int64 (``width`` 4/8) signal on ``pe``, after this rank's puts."""
-    _call("signal", "hp_shmem_signal", address, width, value, SIGNAL_OP_CODES[op], pe)
+    _call("signal", "hp_shmem_signal", address, width, value, _code("signal_ops", op), pe)
 
 
 def wait_signal(address: int, width: int, cmp: str, value: int) -> None:
     """Waits (bounded by the runtime's timeout) until the local signal compares true against ``value``."""
-    _call("wait_signal", "hp_shmem_wait_signal", address, width, COMPARE_OP_CODES[cmp], value)
+    _call("wait_signal", "hp_shmem_wait_signal", address, width, _code("compare_ops", cmp), value)
 
 
 def barrier() -> None:
@@ -316,37 +362,37 @@ def team_release(team: int) -> None:
 
 def team_barrier(team: int, role: str = "forward") -> None:
     """Every member reaches it (collective over the team)."""
-    _call("barrier", "hp_shmem_team_barrier", team, ROLE_CODES[role])
+    _call("barrier", "hp_shmem_team_barrier", team, _code("call_roles", role))
 
 
 def _element(element: ElementType) -> _ElementType:
-    code = -1 if element.reduce_dtype is None else DTYPE_CODES[element.reduce_dtype]
+    code = -1 if element.reduce_dtype is None else _code("dtypes", element.reduce_dtype)
     return _ElementType(element.name.encode(), element.bytes, code)
 
 
 def _wire(wire: Optional[str]) -> int:
-    return -1 if wire is None else WIRE_CODES[wire]
+    return _code("wire_formats", "full" if wire is None else wire)
 
 
 def all_gather(team: int, output: int, output_bytes: int, data: int, data_bytes: int, element: ElementType,
                role: str = "forward") -> None:
     """``output`` receives every member's ``data`` in group-rank order."""
     _call("all_gather", "hp_shmem_all_gather", team, output, output_bytes, data, data_bytes,
-          ctypes.byref(_element(element)), ROLE_CODES[role])
+          ctypes.byref(_element(element)), _code("call_roles", role))
 
 
 def all_reduce(team: int, tensor: int, data: Optional[int], nbytes: int, dtype: str, op: str,
                wire: Optional[str] = None, role: str = "forward") -> None:
     """Reduces ``tensor`` in place (``data`` None) or ``data`` into ``tensor`` across the team."""
-    _call("all_reduce", "hp_shmem_all_reduce", team, tensor, data, nbytes, DTYPE_CODES[dtype], REDUCE_OP_CODES[op],
-          _wire(wire), ROLE_CODES[role])
+    _call("all_reduce", "hp_shmem_all_reduce", team, tensor, data, nbytes, _code("dtypes", dtype), _code("reduce_ops", op),
+          _wire(wire), _code("call_roles", role))
 
 
 def reduce_scatter(team: int, output: int, output_bytes: int, data: int, data_bytes: int, dtype: str, op: str,
                    wire: Optional[str] = None, role: str = "forward") -> None:
     """``output`` receives part ``me`` of ``data`` reduced across the team."""
     _call("reduce_scatter", "hp_shmem_reduce_scatter", team, output, output_bytes, data, data_bytes,
-          DTYPE_CODES[dtype], REDUCE_OP_CODES[op], _wire(wire), ROLE_CODES[role])
+          _code("dtypes", dtype), _code("reduce_ops", op), _wire(wire), _code("call_roles", role))
 
 
 def all_to_all(team: int, sends: Sequence[tuple[int, int]], receive: int, receive_bytes: int,
@@ -357,7 +403,7 @@ def all_to_all(team: int, sends: Sequence[tuple[int, int]], receive: int, receiv
     sizes = (ctypes.c_size_t * n)(*(b for _, b in sends))
     counts = (ctypes.c_uint64 * len(receive_counts))(*receive_counts)
     _call("all_to_all", "hp_shmem_all_to_all", team, addresses, sizes, n, receive, receive_bytes, counts,
-          len(receive_counts), ctypes.byref(_element(element)), ROLE_CODES[role])
+          len(receive_counts), ctypes.byref(_element(element)), _code("call_roles", role))
 
 
 def send(team: int, data: int, nbytes: int, element: ElementType, peer: int) -> None:
@@ -378,16 +424,8 @@ def refuse(team: int, collective: str, error: BaseException, role: str = "forwar
         The runtime's exception for ``error``'s status (ValueError and TypeError subclasses for broken contracts,
         ShmemStateError otherwise), with the message every member reports: ``error``'s, naming this rank.
     """
-    _call(collective, "hp_shmem_refuse", team, COLLECTIVE_CODES[collective], _status_codes()[errors.project_code(error)],
-          str(error).encode(), ROLE_CODES[role])
-
-
-@functools.lru_cache(maxsize=None)
-def _status_codes() -> dict:
-    """The runtime's status code of each name, as the library spells them (hp_shmem_status_name)."""
-    lib = library()
-    names = {code: lib.hp_shmem_status_name(code).decode() for code in range(1, 64)}
-    return {name: code for code, name in names.items() if name != "UNKNOWN"}
+    _call(collective, "hp_shmem_refuse", team, _code("collectives", collective),
+          _code("status_codes", errors.project_code(error)), str(error).encode(), _code("call_roles", role))
 
 
 def give_up(team: int, message: str) -> None:
@@ -397,12 +435,4 @@ def give_up(team: int, message: str) -> None:
 
 def debug_state() -> dict:
     """The runtime's snapshot as a dict (the keys of the torch runtime face's ``debug_state``)."""
-    lib = library()
-    needed = ctypes.c_size_t(0)
-    capacity = 4096
-    while True:
-        buffer = ctypes.create_string_buffer(capacity)
-        _check(lib.hp_shmem_debug_state_json(buffer, capacity, ctypes.byref(needed)), "debug_state")
-        if needed.value <= capacity:
-            return json.loads(buffer.value.decode("utf-8"))
-        capacity = needed.value
+    return _read_json("debug_state", "hp_shmem_debug_state_json")

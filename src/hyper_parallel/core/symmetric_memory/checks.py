@@ -33,11 +33,9 @@ The tensor facts the checks ask for:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from hyper_parallel.core.multicore.call_site import user_call_site
 from hyper_parallel.core.multicore.errors import ShmemTypeError, ShmemValueError, type_name
 
 SIGNAL_OPS = {0: "set", 1: "add"}
@@ -50,7 +48,6 @@ DIFFERENTIABLE_OPS = ("sum", "avg")
 FUSED_REDUCE_OPS = ("sum", "avg")
 LOW_PRECISION_NAMES = ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 _OFF = ("", "none")
-_LOG_DEBUG = ("0", "DEBUG")
 
 
 def choice(value: object, name: str, choices: dict) -> str:
@@ -144,13 +141,6 @@ def low_precision_name(value: object, what: str) -> Optional[str]:
     if name not in LOW_PRECISION_NAMES:
         raise ShmemValueError(f"`{what}` must be one of {', '.join(LOW_PRECISION_NAMES)} or 'none', but got {value!r}")
     return name
-
-
-def call_site() -> str:
-    """The user's call site, only when HYPER_PARALLEL_SHMEM_LOG_LEVEL asks for DEBUG logs (the runtime logs it with
-    the allocation)."""
-    level = os.environ.get("HYPER_PARALLEL_SHMEM_LOG_LEVEL", "").strip().upper()
-    return user_call_site(level in _LOG_DEBUG)
 
 
 def require_symmetric(symmetric: bool, name: str, address: int) -> None:

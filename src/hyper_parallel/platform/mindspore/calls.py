@@ -16,7 +16,6 @@ the runtime's calls complete before they return.
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from array import array
@@ -24,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from hyper_parallel.core.multicore import c_runtime, snapshot
+from hyper_parallel.core.multicore import c_runtime, call_site, snapshot
 from hyper_parallel.core.multicore.errors import ShmemError, ShmemStateError, ShmemValueError
 from hyper_parallel.core.symmetric_memory import checks
 from hyper_parallel.core.symmetric_memory.checks import Checks
@@ -34,10 +33,14 @@ from hyper_parallel.platform.mindspore import autograd, groups, tensors
 _CHECKS = Checks(tensors)
 
 _ALIGNMENT = 64   # bytes, the runtime face's default: a cache line
-_HEAP_ALIAS = "SYMMETRIC_MEMORY_HEAP_SIZE"
-_HEAP_VARIABLE = "HYPER_PARALLEL_SHMEM_HEAP_SIZE"
-_LOW_PRECISION_VARIABLE = "SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE"
+_LOG_DEBUG = 0   # the runtime's debug log level: allocations are logged with the user's call site
+
 _WIRE_WIDTH = {"float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+
+def _call_site() -> str:
+    """The user's call site, only when the runtime logs allocations (HYPER_PARALLEL_SHMEM_LOG_LEVEL=0)."""
+    return call_site.user_call_site(c_runtime.log_level() == _LOG_DEBUG)
 
 
 @dataclass
@@ -115,13 +118,25 @@ class CAbiCalls:
         c_runtime.refuse(team.id, _ENGINE_CALLS[operation], error)
         raise error   # not reached: the runtime raises the refusal
 
-    def _ensure_runtime(self, op: str) -> None:
+    def acquire(self, heap_size_bytes: Optional[int] = None) -> None:
+        """Starts the runtime over WORLD with a heap of ``heap_size_bytes`` instead of the configuration's, unless a
+        lifecycle is active (collective over WORLD): for a tool that knows the heap it needs, as upstream's
+        ``acquire(heap_size_bytes=...)``. The user API's calls then run on it, and ``shutdown()`` ends it.
+
+        Args:
+            heap_size_bytes: bytes of each rank's heap (the runtime's limits apply); None: the configuration's.
+
+        Raises:
+            ShmemStateError: MindSpore's communication is not initialised.
+            ValueError: a heap size outside the runtime's limits.
+        """
+        self._ensure_runtime("acquire", heap_size_bytes or 0)
+
+    def _ensure_runtime(self, op: str, heap_size_bytes: int = 0) -> None:
         groups.require_initialized(op)
         if c_runtime.state() == "initialized":
             return
-        if _HEAP_ALIAS in os.environ and _HEAP_VARIABLE not in os.environ:
-            os.environ[_HEAP_VARIABLE] = os.environ[_HEAP_ALIAS]
-        c_runtime.init(self._bootstrap(groups.WORLD))
+        c_runtime.init(self._bootstrap(groups.WORLD), heap_size_bytes)
 
     def _bootstrap(self, group: str) -> c_runtime.Bootstrap:
         """The runtime's bootstrap over the handler's exchange of ``group``."""
@@ -159,7 +174,7 @@ class CAbiCalls:
             numel *= d
         with self._lock:
             self._ensure_runtime("empty")
-            allocation = c_runtime.allocate(numel * info.itemsize, _ALIGNMENT, checks.call_site())
+            allocation = c_runtime.allocate(numel * info.itemsize, _ALIGNMENT, _call_site())
             made = tensors.wrap(allocation.address, dims, dtype)
             self._allocations[allocation.address] = _Allocation(allocation, [made])
         return made[0]
@@ -175,7 +190,7 @@ class CAbiCalls:
                 raise ShmemValueError(f"`tensor` must be a tensor from symm.empty (not freed yet), but got one at "
                                       f"{address:#x}")
             tensors.synchronize()
-            c_runtime.free(allocation.info.id, checks.call_site())
+            c_runtime.free(allocation.info.id, _call_site())
             del self._allocations[address]
             tensors.invalidate(allocation.tensors() + [(tensor, None)], allocation.info.id,
                                c_runtime.debug_state()["lifecycle"])
@@ -310,9 +325,11 @@ class CAbiCalls:
         """The wire format a reduction travels in (None: the tensor's own dtype): an explicit ``value`` that cannot
         apply raises; the environment's default applies where it can."""
         explicit = value is not None
-        name = value if explicit else os.environ.get(_LOW_PRECISION_VARIABLE, "")
-        wire = checks.low_precision_name(tensors.dtype_name(name) if not isinstance(name, str) else name,
-                                         "low_precision_dtype" if explicit else _LOW_PRECISION_VARIABLE)
+        if explicit:
+            wire = checks.low_precision_name(tensors.dtype_name(value) if not isinstance(value, str) else value,
+                                             "low_precision_dtype")
+        else:
+            wire = c_runtime.low_precision_default()   # read by the runtime once per lifecycle
         if wire is None:
             return None
         rule = checks.low_precision_rule(tensors, _WIRE_WIDTH[wire], dtype, op)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-import os
 import threading
 from collections.abc import Callable
 from typing import NamedTuple
@@ -19,9 +18,9 @@ import mindspore as ms
 from mindspore import communication, context
 from mindspore.mint import distributed
 
+from hyper_parallel.core.multicore import c_runtime
 from hyper_parallel.core.multicore.errors import ShmemStateError, ShmemTimeoutError, ShmemTypeError, ShmemValueError
 
-_TIMEOUT_VARIABLE = "HYPER_PARALLEL_SHMEM_TIMEOUT_SEC"
 _DEFAULT_TIMEOUT_SEC = 120.0   # the runtime's default (runtime/config.h)
 _initialized = False           # MindSpore's communication was seen initialised (it stays so)
 
@@ -49,8 +48,9 @@ def require_initialized(op: str) -> None:
 
 
 def _timeout_sec() -> float:
+    """The runtime's timeout (``HYPER_PARALLEL_SHMEM_TIMEOUT_SEC``, read by the runtime)."""
     try:
-        return float(os.environ.get(_TIMEOUT_VARIABLE, _DEFAULT_TIMEOUT_SEC))
+        return float(c_runtime.read_config()["timeout_sec"])
     except ValueError:
         return _DEFAULT_TIMEOUT_SEC   # the runtime refuses the bad value with its own message first
 

@@ -11,7 +11,6 @@ Then the team is released, and its slot reused.
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass, field
 from typing import Optional
@@ -23,8 +22,6 @@ from hyper_parallel.core.multicore import shmem
 from hyper_parallel.core.multicore.errors import ShmemStateError, ShmemValueError
 from hyper_parallel.platform.torch import groups
 
-_HEAP_VAR = "HYPER_PARALLEL_SHMEM_HEAP_SIZE"
-_HEAP_ALIAS = "SYMMETRIC_MEMORY_HEAP_SIZE"
 _lock = threading.RLock()
 _known = groups.KNOWN
 
@@ -49,19 +46,6 @@ class _State:
 _state: Optional[_State] = None
 
 
-def _heap_size_env() -> dict:
-    """The environment acquire_shmem should see: SYMMETRIC_MEMORY_HEAP_SIZE as an alias of the runtime's variable."""
-    alias = os.environ.get(_HEAP_ALIAS)
-    if alias is None:
-        return {}
-    primary = os.environ.get(_HEAP_VAR)
-    if primary is not None and primary != alias:
-        raise ValueError(
-            f"`{_HEAP_ALIAS}` must equal `{_HEAP_VAR}` when both are set, but got {alias!r} and {primary!r}"
-        )
-    return {_HEAP_VAR: alias}
-
-
 def state() -> _State:
     """The handler's state, acquiring the runtime over WORLD on first use (collective over WORLD).
 
@@ -75,17 +59,7 @@ def state() -> _State:
         if _state is not None:
             return _state
         groups.require_initialized()
-        overrides = _heap_size_env()
-        saved = {k: os.environ.get(k) for k in overrides}
-        os.environ.update(overrides)
-        try:
-            handle = shmem.acquire_shmem()
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+        handle = shmem.acquire_shmem()   # the runtime reads SYMMETRIC_MEMORY_HEAP_SIZE, its variable's alias
         try:
             debug = shmem.debug_state()
             root = shmem.root_team()  # WORLD's team exists from the start: send/recv on WORLD need no collective

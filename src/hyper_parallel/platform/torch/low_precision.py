@@ -7,16 +7,16 @@ before it travels, and the receiver accumulates in the tensor's own precision (f
 bfloat16 tensors accumulate in float32).
 
 **Which calls it applies to.** ``SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE`` (a name above; empty or ``none``: off)
-sets the default of every call (read once per runtime lifecycle, when the first call after ``symm.empty`` or a
-collective acquired the runtime needs it, like the heap size; every rank must set the same); a call's argument
+sets the default of every call (read by the runtime once per lifecycle, when it starts, like the heap size;
+every rank must set the same); a call's argument
 overrides it, and ``low_precision_dtype="none"`` turns it off
 for one call. The default applies silently where it can: 'sum' and 'avg' of a floating-point tensor whose dtype
 is wider than the low dtype (float32 and float64 with any of them; float16 and bfloat16 with the fp8 ones).
 Everything else (max/min, integers, a float16 tensor with a bfloat16 default) runs in full precision. An
 *explicit* argument that cannot apply is an error (``ValueError``: "`low_precision_dtype` must be ..., but got
 ..."), as is an unknown name or dtype (``ValueError``; ``TypeError`` for a value that is neither a dtype nor a
-string); the environment variable's value is checked the same way, when a call first needs it. All of it is
-checked before anything is written.
+string); the environment variable's value is checked by the runtime, with the same message, by every call that
+takes the default. All of it is checked before anything is written.
 
 **Algorithm** (the runtime's collective engine, ``ccsrc/runtime/collectives/low_precision.cc``, over the
 device's ``Encode``/``Decode``/``ReduceEncoded``: the vectorised host codec on the host device, ``aclnnCast`` on
@@ -82,12 +82,12 @@ The group's ranks must agree on the dtype (the argument, or the environment vari
 
 from __future__ import annotations
 
-import os
 import weakref
 from typing import Optional
 
 import torch
 
+from hyper_parallel.core.multicore import shmem
 from hyper_parallel.core.multicore.errors import ShmemTypeError, ShmemValueError, type_name
 from hyper_parallel.core.multicore.shmem import codec
 from hyper_parallel.core.symmetric_memory import checks
@@ -138,13 +138,14 @@ def _rule(name: str, dtype: torch.dtype, op: str) -> Optional[str]:
     return checks.low_precision_rule(tensors, LOW_PRECISION_DTYPES[name].itemsize, dtype, op)
 
 
-# The environment's default, parsed, and the runtime lifecycle it was read in (a weak reference to the handler's
-# state): reading os.environ on every call would cost a sizeable part of a small all-reduce (docs/perf.md).
+# The runtime's default, and the handler's state (a weak reference) of the lifecycle it was asked in: the runtime reads
+# :data:`ENV_VAR` once per lifecycle, and asking it on every call would cost a part of a small all-reduce.
 _default_cache: list = [None, None]
 
 
 def _default_name() -> Optional[str]:
-    """:data:`ENV_VAR`'s wire format (None: off), read once per runtime lifecycle (again before one is acquired).
+    """:data:`ENV_VAR`'s wire format (None: off), as the runtime read it for this lifecycle (before one is acquired:
+    the environment's, read by the runtime on each call).
 
     Raises:
         ShmemValueError: an unknown name (not cached: every call that needs the default raises).
@@ -152,8 +153,7 @@ def _default_name() -> Optional[str]:
     state = context.active()
     if state is not None and _default_cache[0] is not None and _default_cache[0]() is state:
         return _default_cache[1]
-    text = os.environ.get(ENV_VAR)
-    name = _parse(text, ENV_VAR) if text else None
+    name = shmem.low_precision_default()
     if state is not None:
         _default_cache[:] = [weakref.ref(state), name]
     return name

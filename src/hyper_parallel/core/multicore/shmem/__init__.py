@@ -18,7 +18,12 @@ reference count as handles), ``host_barrier()``, ``barrier(blocking=...)``, ``si
 """
 
 from hyper_parallel.core.multicore.shmem._debug import DebugState, Failure, StateName, debug_state
-from hyper_parallel.core.multicore.shmem._lifecycle import Handle, device_available
+from hyper_parallel.core.multicore.shmem._lifecycle import (
+    Handle,
+    device_available,
+    low_precision_default,
+    read_config,
+)
 from hyper_parallel.core.multicore.shmem._memory import empty, free, peer_tensor
 from hyper_parallel.core.multicore.shmem._references import acquire, acquire_shmem, host_barrier, release
 from hyper_parallel.core.multicore.shmem._rma import all_gather, barrier, get, put, reduce, signal, wait_signal
@@ -66,9 +71,11 @@ __all__ = [
     "free",
     "get",
     "host_barrier",
+    "low_precision_default",
     "peer_tensor",
     "plain_eager",
     "put",
+    "read_config",
     "reduce",
     "release",
     "signal",

@@ -240,6 +240,16 @@ def acquire_shmem(root_group: Optional[dist.ProcessGroup] = None) -> Handle:
         ShmemOutOfMemoryError: /dev/shm cannot hold the symmetric heaps.
         ShmemTimeoutError: a rank of the root did not call acquire_shmem within HYPER_PARALLEL_SHMEM_TIMEOUT_SEC.
     """
+    return acquire_root(root_group)
+
+
+def acquire_root(root_group: Optional[dist.ProcessGroup], heap_size_bytes: Optional[int] = None) -> Handle:
+    """:func:`acquire_shmem`, with the heap of a lifecycle it starts given explicitly (``heap_size_bytes``; None: the
+    runtime's configuration), as upstream's ``acquire`` takes it (internal).
+
+    Raises:
+        As :func:`acquire_shmem`; ValueError for a heap size outside the runtime's limits.
+    """
     global _root
     local = _join_local_root(root_group, "acquire_shmem")
     if local is not None:
@@ -264,7 +274,7 @@ def acquire_shmem(root_group: Optional[dist.ProcessGroup] = None) -> Handle:
         if timed_out:
             raise ShmemTimeoutError(timed_out)
         all_gather, barrier = _bootstrap(group, "acquire_shmem")
-        C.init(rank, len(ranks), all_gather, barrier)
+        C.init(rank, len(ranks), all_gather, barrier, heap_size_bytes or 0)
         state = C.debug_state()
         _root = _Root(group=group, ranks=ranks, rank=rank, lifecycle=C.lifecycle(), references=1,
                       nodes=tuple(state["nodes"]), heap_base=state["heap_base"])
@@ -321,13 +331,14 @@ def _join_local_root(root_group: Optional[dist.ProcessGroup], op: str) -> Option
         return Handle(root.lifecycle)
 
 
-def acquire_local(op: str) -> Handle:
+def acquire_local(op: str, heap_size_bytes: Optional[int] = None) -> Handle:
     """A reference to a one-PE runtime of this process alone, started if none is active (upstream's one-PE root).
 
     Only for a process without torch.distributed: the root is this process, PE 0 of 1, and no collective runs.
 
     Args:
         op: the caller's name, for messages.
+        heap_size_bytes: the heap of a lifecycle this call starts (None: the runtime's configuration).
 
     Returns:
         A :class:`Handle`.
@@ -348,7 +359,7 @@ def acquire_local(op: str) -> Handle:
                 f"lifecycle={_root.lifecycle} root_ranks={list(_root.ranks)}"
             )
         all_gather, barrier = _local_bootstrap()
-        C.init(0, 1, all_gather, barrier)
+        C.init(0, 1, all_gather, barrier, heap_size_bytes or 0)
         _root = _Root(group=None, ranks=(0,), rank=0, lifecycle=C.lifecycle(), references=1,
                       heap_base=C.debug_state()["heap_base"])
         return Handle(_root.lifecycle)
@@ -369,3 +380,32 @@ def device_available() -> bool:
     except ValueError:
         return False
     return device in C.built_devices
+
+
+def low_precision_default() -> Optional[str]:
+    """The default wire format of all_reduce and reduce_scatter in the user API (``SYMMETRIC_MEMORY_LOW_PRECISION_DTYPE``,
+    read by the runtime with the rest of its configuration: once per lifecycle, when it starts; the environment's
+    while no lifecycle is active).
+
+    Returns:
+        The wire format's name (``"bfloat16"``), or None when the default is off.
+
+    Raises:
+        ShmemValueError: the variable names no wire format (every call that takes the default raises it).
+    """
+    return C.low_precision_default()
+
+
+def read_config() -> dict:
+    """The configuration a lifecycle starting now would use, read from the environment by the runtime (the one reader
+    of every ``HYPER_PARALLEL_SHMEM_*`` and ``SYMMETRIC_MEMORY_*`` variable): the keys of ``debug_state()["config"]``
+    in the runtime's vocabulary (``heap_size``, ``timeout_sec``, ``log_level``, ``device``, ``checks``,
+    ``low_precision_dtype``).
+
+    Returns:
+        A new dict.
+
+    Raises:
+        ShmemValueError: a variable has a bad value (the message names it).
+    """
+    return C.read_config()

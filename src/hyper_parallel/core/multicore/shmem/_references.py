@@ -7,10 +7,8 @@ the last reference of either kind shuts the runtime down (collective, as ``Handl
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
-from collections.abc import Iterator
 from typing import Optional
 
 import torch.distributed as dist
@@ -33,27 +31,8 @@ from hyper_parallel.core.multicore.errors import (
     attach_fields,
 )
 
-_HEAP_VAR = "HYPER_PARALLEL_SHMEM_HEAP_SIZE"
 # The references acquire() took, latest last; release() closes them in reverse order.
 _acquired: list = []
-
-
-@contextlib.contextmanager
-def _heap_size(heap_size_bytes: Optional[int]) -> Iterator[None]:
-    # The runtime reads its configuration from the environment when a lifecycle starts (as symmetric_memory's
-    # SYMMETRIC_MEMORY_HEAP_SIZE alias does): the override is the variable, for the duration of the start.
-    if heap_size_bytes is None:
-        yield
-        return
-    saved = os.environ.get(_HEAP_VAR)
-    os.environ[_HEAP_VAR] = str(heap_size_bytes)
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(_HEAP_VAR, None)
-        else:
-            os.environ[_HEAP_VAR] = saved
 
 
 def _check_heap_size(heap_size_bytes: Optional[int]) -> None:
@@ -113,18 +92,17 @@ def acquire(root_group: Optional[dist.ProcessGroup] = None, *, heap_size_bytes: 
     try:
         with _lock:
             _check_heap_size(heap_size_bytes)
-            with _heap_size(heap_size_bytes):
-                if dist.is_available() and dist.is_initialized():
-                    handle = acquire_shmem(root_group)
-                else:
-                    world = _several_processes()
-                    if root_group is not None or world is not None:
-                        raise ShmemStateError(
-                            "torch.distributed is not initialised: op=acquire "
-                            f"root_group={root_group!r} WORLD_SIZE={world} (call dist.init_process_group() first; "
-                            "without it the root is this process alone, with root_group=None)"
-                        )
-                    handle = acquire_local("acquire")
+            if dist.is_available() and dist.is_initialized():
+                handle = _lifecycle.acquire_root(root_group, heap_size_bytes)
+            else:
+                world = _several_processes()
+                if root_group is not None or world is not None:
+                    raise ShmemStateError(
+                        "torch.distributed is not initialised: op=acquire "
+                        f"root_group={root_group!r} WORLD_SIZE={world} (call dist.init_process_group() first; "
+                        "without it the root is this process alone, with root_group=None)"
+                    )
+                handle = acquire_local("acquire", heap_size_bytes)
             _acquired.append(handle)
     except Exception as error:
         attach_fields(error, "initialize")

@@ -1,0 +1,12 @@
+// The host codec of low-precision communication (ops/host/codec.h) as the binding's encode, decode and
+// reduce_encoded, on the calling thread: what hyper_parallel.core.multicore.shmem.codec exposes.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace hp::shmem::torch_binding {
+
+// Adds encode, decode, reduce_encoded and scale_block to `m`.
+void RegisterCodec(pybind11::module_& m);
+
+}  // namespace hp::shmem::torch_binding

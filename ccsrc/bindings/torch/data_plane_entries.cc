@@ -1,0 +1,112 @@
+#include "bindings/torch/data_plane_entries.h"
+
+#include <torch/csrc/Dtype.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bindings/torch/allocations.h"
+#include "bindings/torch/arguments.h"
+#include "bindings/torch/call_support.h"
+#include "bindings/torch/status_error.h"
+#include "runtime/runtime.h"
+
+namespace py = pybind11;
+
+namespace hp::shmem::torch_binding {
+namespace {
+
+SignalWidth WidthOf(const at::Tensor& signal) {
+  return signal.element_size() == 8 ? SignalWidth::k64 : SignalWidth::k32;
+}
+
+at::Tensor EmptyTensor(const std::vector<std::int64_t>& sizes, py::object dtype, std::size_t alignment,
+                       std::string call_site) {
+  if (!THPDtype_Check(dtype.ptr())) {
+    throw StatusError(TypeError("`dtype` must be a torch.dtype, but got " + std::string(py::str(py::type::of(dtype)))));
+  }
+  const c10::ScalarType scalar_type = reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type;
+  py::gil_scoped_release nogil;
+  return Empty(sizes, scalar_type, alignment, std::move(call_site));
+}
+
+void FreeTensor(py::handle tensor_arg, const std::string& call_site) {
+  const at::Tensor& tensor = TensorArg(tensor_arg, "tensor");
+  py::gil_scoped_release nogil;
+  Free(tensor, call_site);
+}
+
+at::Tensor PeerTensorOf(py::handle tensor_arg, py::handle pe_arg) {
+  const at::Tensor& tensor = StridedTensorArg(tensor_arg, "tensor");
+  const int pe = PeArg(pe_arg);
+  return PeerTensor(tensor, pe);
+}
+
+// put and get: the same arguments and checks, the data flowing one way or the other (`Transfer`: Runtime::Put, whose
+// `dst` is symmetric, or Runtime::Get, whose `src` is).
+template <auto Transfer>
+void OneSided(py::handle dst_arg, py::handle src_arg, py::handle pe_arg, StreamHandle stream) {
+  const at::Tensor& dst = TensorArg(dst_arg, "dst");
+  const at::Tensor& src = TensorArg(src_arg, "src");
+  const int pe = PeArg(pe_arg);
+  void* dst_ptr = DataPointer(dst, "dst");
+  const void* src_ptr = DataPointer(src, "src");
+  KeepAlive keep = Keep(stream, dst, src);
+  py::gil_scoped_release nogil;
+  ThrowIfError((R().*Transfer)(dst_ptr, src_ptr, ByteSize(dst), ByteSize(src), pe, OnStream(stream), std::move(keep)));
+}
+
+void Signal(py::handle signal_arg, py::handle value_arg, py::handle pe_arg, int op, StreamHandle stream) {
+  const at::Tensor& signal = TensorArg(signal_arg, "signal_tensor");
+  const std::int64_t value = SignalValueArg(signal, value_arg);
+  const int pe = PeArg(pe_arg);
+  void* ptr = DataPointer(signal, "signal_tensor");
+  py::gil_scoped_release nogil;
+  ThrowIfError(R().Signal(ptr, WidthOf(signal), value, static_cast<SignalOp>(op), pe, OnStream(stream)));
+}
+
+void WaitSignal(py::handle signal_arg, py::handle value_arg, int cmp, StreamHandle stream) {
+  const at::Tensor& signal = TensorArg(signal_arg, "signal_tensor");
+  const std::int64_t value = SignalValueArg(signal, value_arg);
+  void* ptr = DataPointer(signal, "signal_tensor");
+  py::gil_scoped_release nogil;
+  ThrowIfError(R().WaitSignal(ptr, WidthOf(signal), static_cast<CompareOp>(cmp), value, OnStream(stream)));
+}
+
+void Reduce(py::handle dst_arg, py::handle src_arg, int op, py::handle pes_arg, StreamHandle stream) {
+  const at::Tensor& dst = TensorArg(dst_arg, "dst");
+  const at::Tensor& src = TensorArg(src_arg, "src");
+  const DataType dtype = ReduceDtypeArg(dst, src);
+  const std::vector<int> pes = PesArg(pes_arg);
+  void* dst_ptr = DataPointer(dst, "dst");
+  const void* src_ptr = DataPointer(src, "src");
+  KeepAlive keep = Keep(stream, dst, src);
+  py::gil_scoped_release nogil;
+  ThrowIfError(R().Reduce(dst_ptr, ByteSize(dst), src_ptr, ByteSize(src), dtype, static_cast<ReduceOp>(op), pes,
+                          OnStream(stream), std::move(keep)));
+}
+
+void Barrier(StreamHandle stream) {
+  py::gil_scoped_release nogil;
+  ThrowIfError(R().Barrier(OnStream(stream)));
+}
+
+}  // namespace
+
+void RegisterDataPlane(py::module_& m) {
+  m.def("empty", &EmptyTensor, py::arg("sizes"), py::arg("dtype"), py::arg("alignment"), py::arg("call_site"));
+  m.def("free", &FreeTensor, py::arg("tensor"), py::arg("call_site"));
+  m.def("peer_tensor", &PeerTensorOf, py::arg("tensor"), py::arg("pe"));
+  m.def("put", &OneSided<&Runtime::Put>, py::arg("dst"), py::arg("src"), py::arg("pe"), py::arg("stream"));
+  m.def("get", &OneSided<&Runtime::Get>, py::arg("dst"), py::arg("src"), py::arg("pe"), py::arg("stream"));
+  m.def("signal", &Signal, py::arg("signal"), py::arg("value"), py::arg("pe"), py::arg("op"), py::arg("stream"));
+  m.def("wait_signal", &WaitSignal, py::arg("signal"), py::arg("value"), py::arg("cmp"), py::arg("stream"));
+  m.def("reduce", &Reduce, py::arg("dst"), py::arg("src"), py::arg("op"), py::arg("pes"), py::arg("stream"));
+  m.def("barrier", &Barrier, py::arg("stream"));
+}
+
+}  // namespace hp::shmem::torch_binding
