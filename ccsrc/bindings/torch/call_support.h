@@ -2,17 +2,41 @@
 // kept alive for a stream, and the argument conversions shared by the data plane and the teams.
 #pragma once
 
+#include <ATen/record_function.h>
 #include <pybind11/pybind11.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "runtime/runtime.h"
 
+// A named range "hyper_parallel_shmem::<name>" in torch.profiler's traces for the rest of the calling scope, as
+// torch's own collectives have. Nothing is built while no callback wants it (torch.profiler is off): an
+// at::RecordFunction built for nothing costs a visible part of a small collective (docs/perf.md).
+#define HP_PROFILED_RANGE(name) ::hp::shmem::torch_binding::ProfiledRange hp_profiled_range("hyper_parallel_shmem::" name)
+
 namespace hp::shmem::torch_binding {
 
 inline Runtime& R() { return Runtime::Instance(); }
+
+class ProfiledRange {
+ public:
+  explicit ProfiledRange(const char* name) {
+    // The check torch's dispatcher makes before every operator.
+    auto callbacks = at::getStepCallbacksUnlessEmpty(at::RecordScope::FUNCTION);
+    if (C10_UNLIKELY(callbacks.has_value())) {
+      range_.emplace(std::move(*callbacks));
+      if (range_->isActive()) range_->before(name);
+    }
+  }
+  ProfiledRange(const ProfiledRange&) = delete;
+  ProfiledRange& operator=(const ProfiledRange&) = delete;
+
+ private:
+  std::optional<at::RecordFunction> range_;
+};
 
 // `stream` as Python passed it. Nothing to keep alive on the default stream: on the host device the operation is
 // over when the call returns; on torch_npu's current stream torch's own rule holds, as for its ops (the caching

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -50,6 +51,8 @@ at::Tensor PeerTensorOf(py::handle tensor_arg, py::handle pe_arg) {
 // `dst` is symmetric, or Runtime::Get, whose `src` is).
 template <auto Transfer>
 void OneSided(py::handle dst_arg, py::handle src_arg, py::handle pe_arg, StreamHandle stream) {
+  constexpr bool kPut = std::is_same_v<decltype(Transfer), decltype(&Runtime::Put)>;   // their signatures differ
+  ProfiledRange range(kPut ? "hyper_parallel_shmem::put" : "hyper_parallel_shmem::get");
   const at::Tensor& dst = TensorArg(dst_arg, "dst");
   const at::Tensor& src = TensorArg(src_arg, "src");
   const int pe = PeArg(pe_arg);
@@ -61,6 +64,7 @@ void OneSided(py::handle dst_arg, py::handle src_arg, py::handle pe_arg, StreamH
 }
 
 void Signal(py::handle signal_arg, py::handle value_arg, py::handle pe_arg, int op, StreamHandle stream) {
+  HP_PROFILED_RANGE("signal");
   const at::Tensor& signal = TensorArg(signal_arg, "signal_tensor");
   const std::int64_t value = SignalValueArg(signal, value_arg);
   const int pe = PeArg(pe_arg);
@@ -70,6 +74,7 @@ void Signal(py::handle signal_arg, py::handle value_arg, py::handle pe_arg, int 
 }
 
 void WaitSignal(py::handle signal_arg, py::handle value_arg, int cmp, StreamHandle stream) {
+  HP_PROFILED_RANGE("wait_signal");
   const at::Tensor& signal = TensorArg(signal_arg, "signal_tensor");
   const std::int64_t value = SignalValueArg(signal, value_arg);
   void* ptr = DataPointer(signal, "signal_tensor");
@@ -78,6 +83,7 @@ void WaitSignal(py::handle signal_arg, py::handle value_arg, int cmp, StreamHand
 }
 
 void Reduce(py::handle dst_arg, py::handle src_arg, int op, py::handle pes_arg, StreamHandle stream) {
+  HP_PROFILED_RANGE("reduce");
   const at::Tensor& dst = TensorArg(dst_arg, "dst");
   const at::Tensor& src = TensorArg(src_arg, "src");
   const DataType dtype = ReduceDtypeArg(dst, src);
@@ -91,6 +97,7 @@ void Reduce(py::handle dst_arg, py::handle src_arg, int op, py::handle pes_arg, 
 }
 
 void Barrier(StreamHandle stream) {
+  HP_PROFILED_RANGE("barrier");
   py::gil_scoped_release nogil;
   ThrowIfError(R().Barrier(OnStream(stream)));
 }

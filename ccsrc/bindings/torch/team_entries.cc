@@ -109,12 +109,14 @@ auto Collectively(std::uint64_t team, Collective collective, StreamHandle stream
 }
 
 void TeamBarrier(std::uint64_t team, StreamHandle stream, int role) {
+  HP_PROFILED_RANGE("barrier");
   const CallRole call_role = RoleArg(role);
   py::gil_scoped_release nogil;
   ThrowIfError(R().TeamBarrier(team, OnStream(stream), call_role));
 }
 
 void TeamAllGather(std::uint64_t team, py::handle output_arg, py::handle input_arg, StreamHandle stream, int role) {
+  HP_PROFILED_RANGE("all_gather");
   const CallRole call_role = RoleArg(role);
   struct Args {
     ElementType type;
@@ -141,6 +143,7 @@ std::optional<ops::LowFormat> WireArg(int wire) { return ValueOrThrow(WireFromNu
 // `input_arg`: None (in place) or the tensor whose values are reduced into `tensor`.
 void TeamAllReduce(std::uint64_t team, py::handle tensor_arg, py::handle input_arg, int op, StreamHandle stream,
                    int wire, int role) {
+  HP_PROFILED_RANGE("all_reduce");
   const CallRole call_role = RoleArg(role);
   struct Args {
     DataType dtype;
@@ -178,6 +181,7 @@ void TeamAllReduce(std::uint64_t team, py::handle tensor_arg, py::handle input_a
 
 void TeamReduceScatter(std::uint64_t team, py::handle output_arg, py::handle input_arg, int op, StreamHandle stream,
                        int wire, int role) {
+  HP_PROFILED_RANGE("reduce_scatter");
   const CallRole call_role = RoleArg(role);
   struct Args {
     DataType dtype;
@@ -206,6 +210,7 @@ std::string IndexedName(const char* name, std::size_t index) {
 
 void TeamAllToAll(std::uint64_t team, py::handle send_args, py::handle receive_arg, py::handle receive_counts_arg,
                   StreamHandle stream, int role) {
+  HP_PROFILED_RANGE("all_to_all");
   const CallRole call_role = RoleArg(role);
   struct Args {
     ElementType type;
@@ -259,6 +264,7 @@ void TeamAllToAll(std::uint64_t team, py::handle send_args, py::handle receive_a
 }
 
 void TeamSend(std::uint64_t team, py::handle tensor_arg, int peer, StreamHandle stream) {
+  HP_PROFILED_RANGE("send");
   const at::Tensor& tensor = TensorArg(tensor_arg, "tensor");
   const ElementType type = ElementTypeOf(tensor);
   const void* ptr = DataPointer(tensor, "tensor");
@@ -268,6 +274,7 @@ void TeamSend(std::uint64_t team, py::handle tensor_arg, int peer, StreamHandle 
 }
 
 void TeamRecv(std::uint64_t team, py::handle tensor_arg, int peer, StreamHandle stream) {
+  HP_PROFILED_RANGE("recv");
   const at::Tensor& tensor = TensorArg(tensor_arg, "tensor");
   const ElementType type = ElementTypeOf(tensor);
   void* ptr = DataPointer(tensor, "tensor");

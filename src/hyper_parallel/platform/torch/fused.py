@@ -63,6 +63,8 @@ _MIN_AUTO_BLOCK_BYTES = 1 << 20
 # stream with it.
 _comm_streams: "weakref.WeakKeyDictionary[shmem.Team, shmem.Stream]" = weakref.WeakKeyDictionary()
 _is_compiling = torch.compiler.is_compiling
+# The fused ops' ranges in torch.profiler's traces, named as the binding names the collectives' (call_support.h).
+_RANGE_PREFIX = "hyper_parallel_shmem::"
 _plain_eager = shmem.plain_eager
 
 
@@ -229,12 +231,13 @@ def _all_gather_matmul_op(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, gat
 def _placed_all_gather_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, gather_out: torch.Tensor,
                               signal: torch.Tensor, block: int, team: shmem.Team) -> None:
     """The placement checks (refused through the team), then :func:`_all_gather_matmul`."""
-    try:
-        sig = _signal(signal, team.size)
-        _check_all_gather_matmul_placement(a, b, c, gather_out, sig, team.rank)
-    except (ValueError, ShmemStateError) as error:
-        team.refuse("fused_all_gather_matmul", error)
-    _all_gather_matmul(a, b, c, gather_out, sig, block, team)
+    with torch.profiler.record_function(_RANGE_PREFIX + "fused_all_gather_matmul"):
+        try:
+            sig = _signal(signal, team.size)
+            _check_all_gather_matmul_placement(a, b, c, gather_out, sig, team.rank)
+        except (ValueError, ShmemStateError) as error:
+            team.refuse("fused_all_gather_matmul", error)
+        _all_gather_matmul(a, b, c, gather_out, sig, block, team)
 
 
 def _check_all_gather_matmul_placement(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, gather_out: torch.Tensor,
@@ -341,12 +344,13 @@ def _matmul_reduce_scatter_op(x1: torch.Tensor, x2: torch.Tensor, symm_tensor: t
 def _placed_matmul_reduce_scatter(x1: torch.Tensor, x2: torch.Tensor, symm_tensor: torch.Tensor,
                                   signal: torch.Tensor, reduce_op: str, team: shmem.Team) -> torch.Tensor:
     """The placement checks (refused through the team), then :func:`_matmul_reduce_scatter`."""
-    try:
-        sig = _signal(signal, team.size)
-        _check_matmul_reduce_scatter_placement(x1, x2, symm_tensor, sig)
-    except (ValueError, ShmemStateError) as error:
-        team.refuse("fused_matmul_reduce_scatter", error)
-    return _matmul_reduce_scatter(x1, x2, symm_tensor, sig, reduce_op, team)
+    with torch.profiler.record_function(_RANGE_PREFIX + "fused_matmul_reduce_scatter"):
+        try:
+            sig = _signal(signal, team.size)
+            _check_matmul_reduce_scatter_placement(x1, x2, symm_tensor, sig)
+        except (ValueError, ShmemStateError) as error:
+            team.refuse("fused_matmul_reduce_scatter", error)
+        return _matmul_reduce_scatter(x1, x2, symm_tensor, sig, reduce_op, team)
 
 
 def _check_matmul_reduce_scatter_placement(x1: torch.Tensor, x2: torch.Tensor, symm_tensor: torch.Tensor,
