@@ -841,6 +841,8 @@ TEST(Capi, ForwardedLogRecordsReachTheTaker) {
     hp_shmem_log_forward(0);
     REQUIRE(hp_shmem_log_wait(60000) == 0);   // at once: forwarding is off
     REQUIRE(hp_shmem_log_take(&level, &rank, message, sizeof(message)) == 0);
+  }));
+}
 
 // Every numbering the header spells is the runtime's, and the C ABI exports them all.
 TEST(Capi, NumberingsAreTheRuntimesOne) {
