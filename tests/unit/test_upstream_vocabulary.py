@@ -224,6 +224,28 @@ def test_release_and_host_barrier_without_a_runtime() -> None:
         shmem.host_barrier()
 
 
+def test_a_user_api_call_without_distributed_names_the_call_made() -> None:
+    import hyper_parallel.core.symmetric_memory as symm
+
+    with pytest.raises(shmem.ShmemStateError) as info:
+        symm.empty(4)
+    assert str(info.value) == "torch.distributed is not initialised: op=empty (call init_process_group() first)"
+    assert info.value.operation == "empty" and info.value.error_code == "INVALID_STATE"
+    with pytest.raises(shmem.ShmemStateError) as info:
+        symm.shmem_allreduce(torch.ones(2))
+    assert str(info.value).startswith("torch.distributed is not initialised: op=shmem_allreduce ("), info.value
+    assert "operation=shmem_allreduce" in "".join(info.value.__notes__)
+
+
+def test_a_placeholder_call_name_is_the_operation_attached() -> None:
+    error = shmem.ShmemStateError("group is gone: op=<call> group=tp")
+    attach_fields(error, "shmem_put")
+    assert str(error) == "group is gone: op=shmem_put group=tp"
+    untouched = shmem.ShmemStateError("group is gone: op=barrier")
+    attach_fields(untouched, "shmem_put")
+    assert str(untouched) == "group is gone: op=barrier"
+
+
 def test_acquire_refusals_without_distributed(monkeypatch) -> None:
     with pytest.raises(shmem.ShmemStateError, match="torch.distributed is not initialised") as info:
         shmem.acquire_shmem()  # the runtime face's own call needs torch.distributed to start a lifecycle

@@ -214,11 +214,18 @@ def upstream_fields_line(error_code: str, operation: Optional[str], phase: str, 
             f"cann_error_code={cann_error_code} message={message}")
 
 
+# What a handler writes as ``op=`` in a message when only the public function above it knows the call the user made
+# (a check shared by every function, such as "torch.distributed is not initialised"): :func:`attach_fields` puts the
+# function's name in its place.
+UNNAMED_CALL = "op=<call>"
+
+
 def attach_fields(error: BaseException, operation: str) -> None:
     """Gives an error raised by a call of the runtime face upstream's fields, once (the innermost call wins).
 
     Sets ``operation`` (a ShmemError computes the other fields; a plain ValueError/TypeError gets them as
-    attributes) and adds upstream's one-line form as a note. ``str(error)`` is left as it is.
+    attributes) and adds upstream's one-line form as a note. ``str(error)`` is left as it is, but for a message that
+    names its call :data:`UNNAMED_CALL`, which then names ``operation``.
 
     Args:
         error: the exception being raised.
@@ -227,6 +234,8 @@ def attach_fields(error: BaseException, operation: str) -> None:
     """
     if not isinstance(error, (ShmemError, ValueError, TypeError)) or getattr(error, "_upstream_noted", False):
         return
+    if error.args and isinstance(error.args[0], str) and UNNAMED_CALL in error.args[0]:
+        error.args = (error.args[0].replace(UNNAMED_CALL, f"op={operation}"), *error.args[1:])
     error_code = upstream_error_code(error)
     phase = upstream_phase(error)
     cann_error_code = upstream_cann_error_code(error)

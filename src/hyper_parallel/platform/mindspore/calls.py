@@ -96,7 +96,7 @@ class CAbiCalls:
         Raises:
             ShmemValueError: MindSpore knows no group of that name.
         """
-        groups.require_initialized("symmetric_memory")
+        groups.require_initialized(None)
         return len(groups.ranks(name))
 
     def refuse(self, name: str, operation: str, error: BaseException) -> None:

@@ -8,18 +8,17 @@ never with MindSpore's point-to-point calls (broken on CPU in 2.10).
 
 from __future__ import annotations
 
-from typing import Optional
-
 import threading
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import mindspore as ms
 from mindspore import communication, context
 from mindspore.mint import distributed
 
 from hyper_parallel.core.multicore import c_runtime
-from hyper_parallel.core.multicore.errors import ShmemStateError, ShmemTimeoutError, ShmemTypeError, ShmemValueError
+from hyper_parallel.core.multicore.errors import (UNNAMED_CALL, ShmemStateError, ShmemTimeoutError, ShmemTypeError,
+                                                 ShmemValueError)
 
 _DEFAULT_TIMEOUT_SEC = 120.0   # the runtime's default (runtime/config.h)
 _initialized = False           # MindSpore's communication was seen initialised (it stays so)
@@ -27,23 +26,27 @@ _initialized = False           # MindSpore's communication was seen initialised 
 WORLD = communication.GlobalComm.WORLD_COMM_GROUP
 
 
-def require_initialized(op: str) -> None:
+def require_initialized(op: Optional[str]) -> None:
     """Raises ShmemStateError unless MindSpore's communication is initialised and the call runs eagerly.
+
+    Args:
+        op: the call the message names; None where only the public function above knows it (the API names it).
 
     Raises:
         ShmemStateError: ``mindspore.communication.init()`` was not called, or MindSpore runs in graph mode (its
             compiler cannot run the host device's calls, which are Python calls into the runtime).
     """
     global _initialized
+    named = UNNAMED_CALL if op is None else f"op={op}"
     if not _initialized:
         if not distributed.is_initialized():
             raise ShmemStateError(f"mindspore communication is not initialised (call mindspore.communication.init() "
-                                  f"on every rank first): op={op}")
+                                  f"on every rank first): {named}")
         _initialized = True
     # context._get_mode is what get_context("mode") reads, without its argument checks: this runs on every call.
     if context._get_mode() != ms.PYNATIVE_MODE:
         raise ShmemStateError(f"symmetric memory on MindSpore runs in PyNative mode only (the host device's calls "
-                              f"are Python calls into the runtime, which graph mode cannot compile): op={op} "
+                              f"are Python calls into the runtime, which graph mode cannot compile): {named} "
                               f"mode=GRAPH_MODE")
 
 

@@ -16,7 +16,8 @@ from typing import Optional
 
 import torch.distributed as dist
 
-from hyper_parallel.core.multicore.errors import ShmemStateError, ShmemTypeError, ShmemValueError, type_name
+from hyper_parallel.core.multicore.errors import (UNNAMED_CALL, ShmemStateError, ShmemTypeError, ShmemValueError,
+                                                 type_name)
 
 WORLD = ""
 
@@ -33,7 +34,7 @@ def require_initialized() -> None:
     """Raises ShmemStateError unless torch.distributed is initialised."""
     if not dist.is_initialized():
         raise ShmemStateError(
-            "torch.distributed is not initialised: op=symmetric_memory (call init_process_group() first)"
+            f"torch.distributed is not initialised: {UNNAMED_CALL} (call init_process_group() first)"
         )
 
 
