@@ -341,6 +341,45 @@ int hp_shmem_all_to_all(uint64_t team, const void* const* sends, const size_t* s
   });
 }
 
+int hp_shmem_moe_exchange(uint64_t team, int direction, int experts, const void* input, int64_t input_rows,
+                          void* output, int64_t output_rows, size_t row_bytes, const int64_t* in_splits,
+                          const int64_t* in_offsets, int64_t major_align, int64_t* out_splits, int64_t* out_offsets,
+                          int role) {
+  return Call([&]() -> Status {
+    HP_ASSIGN_OR_RETURN(const CallRole call_role, hp::shmem::CallRoleFromNumber(role));
+    const bool combine = direction == 1;
+    const Collective collective = combine ? Collective::kMoeCombine : Collective::kMoeDispatch;
+    const Status args = [&]() -> Status {
+      if (direction != 0 && direction != 1) {
+        return hp::shmem::InvalidArgument("`direction` must be 0 (dispatch) or 1 (combine), but got " +
+                                          std::to_string(direction));
+      }
+      HP_RETURN_IF_ERROR(NonNull(in_splits, "in_splits"));
+      HP_RETURN_IF_ERROR(NonNull(out_splits, "out_splits"));
+      HP_RETURN_IF_ERROR(NonNull(out_offsets, "out_offsets"));
+      return Status::Ok();
+    }();
+    if (!args.ok()) return R().Refuse(team, collective, args, kDefaultStream, call_role);
+    hp::shmem::MoeExchangeArgs x;
+    x.op = combine ? "moe_combine" : "moe_dispatch";
+    x.team = team;
+    x.direction = combine ? hp::shmem::MoeDirection::kCombine : hp::shmem::MoeDirection::kDispatch;
+    x.experts = experts;
+    x.input = input;
+    x.input_rows = input_rows;
+    x.output = output;
+    x.output_rows = output_rows;
+    x.row_bytes = row_bytes;
+    x.in_splits = in_splits;
+    x.in_offsets = in_offsets;
+    x.major_align = major_align;
+    x.out_splits = out_splits;
+    x.out_offsets = out_offsets;
+    x.role = call_role;
+    return R().MoeExchange(x, kDefaultStream, nullptr);
+  });
+}
+
 int hp_shmem_send(uint64_t team, const void* data, size_t bytes, const hp_shmem_element_type* type, int peer) {
   return Call([&]() -> Status {
     HP_RETURN_IF_ERROR(NonNullData(data, bytes, "data"));

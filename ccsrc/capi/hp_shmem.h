@@ -28,7 +28,7 @@ extern "C" {
 #define HP_SHMEM_API __attribute__((visibility("default")))
 
 /* Bumped on every incompatible change; a caller checks it before anything else. */
-#define HP_SHMEM_ABI_VERSION 3
+#define HP_SHMEM_ABI_VERSION 4
 
 /* The runtime's StatusCode values (runtime/status.h), asserted equal there. */
 typedef enum {
@@ -179,6 +179,16 @@ HP_SHMEM_API int hp_shmem_reduce_scatter(uint64_t team, void* output, size_t out
 HP_SHMEM_API int hp_shmem_all_to_all(uint64_t team, const void* const* sends, const size_t* send_bytes, int nsends,
                                      void* receive, size_t receive_bytes, const uint64_t* receive_counts, int ncounts,
                                      const hp_shmem_element_type* type, int role);
+/* MoE dispatch (`direction` 0) or combine (1), collective over the team (runtime/collectives/moe.h for the layouts):
+ * `input` and `output` hold rows of `row_bytes` bytes; `in_splits`, `in_offsets` (NULL: packed in split order),
+ * `out_splits` and `out_offsets` are n x `experts` int64 in memory the device addresses. Every member checks every
+ * member's call before anything is written: an `output` too small for what the peers send fails on every member
+ * with HP_SHMEM_INVALID_ARGUMENT naming the rank, the expert and both sizes. `major_align`: dispatch's alignment of
+ * each expert's region in rows (0: packed). */
+HP_SHMEM_API int hp_shmem_moe_exchange(uint64_t team, int direction, int experts, const void* input,
+                                       int64_t input_rows, void* output, int64_t output_rows, size_t row_bytes,
+                                       const int64_t* in_splits, const int64_t* in_offsets, int64_t major_align,
+                                       int64_t* out_splits, int64_t* out_offsets, int role);
 /* Point to point; `type` travels with the message: a receiver of another dtype or size refuses it (its recv fails,
  * and the sender's next send or recv with it). */
 HP_SHMEM_API int hp_shmem_send(uint64_t team, const void* data, size_t bytes, const hp_shmem_element_type* type,

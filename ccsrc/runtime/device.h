@@ -123,11 +123,12 @@ class Device {
   // host cannot read without stopping the stream (an NPU's) runs the engine's collectives on these (their fingerprints,
   // count rows and message headers), so that no collective synchronizes the stream.
   //
-  // Copies `bytes` of host memory at `host_src` into this rank's heap at `symmetric_dst`, in order on `stream`. The
-  // bytes are taken before the call returns (the caller may reuse `host_src`).
+  // Copies `bytes` of host memory at `host_src` into this rank's heap at `symmetric_dst` (or other memory of this
+  // device: a tensor's storage, as MoE's split tables are), in order on `stream`. The bytes are taken before the call
+  // returns (the caller may reuse `host_src`).
   virtual Status StageFromHost(void* symmetric_dst, const void* host_src, std::size_t bytes, StreamHandle stream);
-  // Starts a read of `bytes` of this rank's heap at `symmetric_src` in order on `stream`; never waits. The token
-  // names the read for TakeRead.
+  // Starts a read of `bytes` of this rank's heap at `symmetric_src` (or other memory of this device) in order on
+  // `stream`; never waits. The token names the read for TakeRead.
   virtual Result<std::uint64_t> ReadLater(const void* symmetric_src, std::size_t bytes, StreamHandle stream);
   // Whether the read of `token` has run; when it has, its bytes land in `host_dst` (as many as ReadLater asked for)
   // and the token is spent. Never waits. A read whose stream failed reports the stream's failure.

@@ -43,7 +43,8 @@ std::vector<Numbering> MakeNumberings() {
   all.push_back(Number("collectives",
                        {Collective::kBarrier, Collective::kAllGather, Collective::kAllReduce,
                         Collective::kReduceScatter, Collective::kAllToAll, Collective::kFusedAllGatherMatmul,
-                        Collective::kFusedMatmulReduceScatter, Collective::kRelease},
+                        Collective::kFusedMatmulReduceScatter, Collective::kRelease,
+                        Collective::kMoeDispatch, Collective::kMoeCombine},
                        CollectiveName));
   all.push_back(Number("lifecycle_states",
                        {LifecycleState::kUninitialized, LifecycleState::kInitialized, LifecycleState::kFailed},

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "runtime/collectives/engine.h"
+#include "runtime/collectives/moe.h"
 #include "runtime/config.h"
 #include "runtime/device.h"
 #include "runtime/heap.h"
@@ -161,6 +162,16 @@ class Runtime {
   // member's.
   Result<std::vector<std::vector<std::int64_t>>> Agree(std::uint64_t team, const Fingerprint& fingerprint,
                                                        const std::vector<std::int64_t>& values, StreamHandle stream);
+  // MoE dispatch or combine (collectives/moe.h for the layouts). Collective over `args.team`: the members publish
+  // their splits, source offsets and sizes with fingerprinted syncs (the split tables reach the host through the
+  // device: on a device that does not arbitrate, a stream-ordered read after which the stream is synchronized, as
+  // Agree does), and every member checks every member's call: a negative split, a chunk outside `input`, an `output`
+  // too small for what the peers send (naming the rank, the expert and both sizes) fail the call on every member
+  // with the same kInvalidArgument before anything is written. Then every member pulls its chunks out of the peers'
+  // symmetric `input` (one Get per chunk, straight into place, and a closing barrier), or, where a member's `input`
+  // is an ordinary tensor, the engine's all_to_all moves them through host staging (devices that arbitrate only:
+  // elsewhere an ordinary `input` is refused on every member).
+  Status MoeExchange(const MoeExchangeArgs& args, StreamHandle stream, KeepAlive keep);
   // This rank refuses the call `collective` for `refusal`, a check of its own that failed above the runtime (a freed
   // tensor, a destroyed group): it enters the call's first sync so that every member fails with `refusal`, naming
   // this rank. Returns the refusal as every member reports it.

@@ -19,6 +19,8 @@ const char* CollectiveName(Collective collective) {
     case Collective::kFusedAllGatherMatmul: return "fused_all_gather_matmul";
     case Collective::kFusedMatmulReduceScatter: return "fused_matmul_reduce_scatter";
     case Collective::kRelease: return "release";
+    case Collective::kMoeDispatch: return "moe_dispatch";
+    case Collective::kMoeCombine: return "moe_combine";
   }
   return "?";
 }

@@ -52,6 +52,8 @@ enum class Collective : std::uint32_t {
   kFusedAllGatherMatmul = 6,
   kFusedMatmulReduceScatter = 7,
   kRelease = 8,
+  kMoeDispatch = 9,
+  kMoeCombine = 10,
 };
 const char* CollectiveName(Collective collective);
 

@@ -13,6 +13,7 @@
 
 #include "acl/acl.h"
 #include "collective_cases.h"
+#include "moe_cases.h"
 #include "fake_cann.h"
 #include "runtime/ascend/ascend_device.h"
 #include "runtime/logging.h"
@@ -92,6 +93,19 @@ TEST_P(AscendCollectivesTest, StrictChecksFailOneStepAgainstStagedWithNothingWri
 
 TEST_P(AscendCollectivesTest, EveryCollectiveOnEveryPathWithStrictChecks) {
   testutil::RunEveryCollective(AscendBackend(/*strict=*/true), GetParam());
+}
+
+// MoE dispatch and combine: split tables in NPU memory, read and written through the device; symmetric inputs only.
+TEST_P(AscendCollectivesTest, MoeDispatchAndCombineRoundTrip) {
+  testutil::RunMoeRoundTrip(AscendBackend(), GetParam(), /*ordinary=*/false);
+}
+
+TEST_P(AscendCollectivesTest, MoeReceiveBufferTooSmallFailsOnEveryRankBeforeAnythingIsWritten) {
+  testutil::RunMoeTooSmall(AscendBackend(), GetParam());
+}
+
+TEST_P(AscendCollectivesTest, MoeBadSplitsAndOrdinaryInputsFailOnEveryRank) {
+  testutil::RunMoeBadCalls(AscendBackend(), GetParam(), /*refuses_ordinary=*/true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, AscendCollectivesTest, ::testing::Values(2, 3, 4, 8, 16));

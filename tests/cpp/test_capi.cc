@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -585,6 +586,52 @@ TEST_P(CapiWorld, TeamsAndCollectives) {
       for (std::uint64_t k = 0; k < counts[static_cast<std::size_t>(i)]; ++k) REQUIRE(received[at++] == 100 * i + me.rank);
     }
 
+    // MoE dispatch of 2 experts per rank then combine (its backward), on ordinary buffers: rank r sends r + e + 1
+    // rows of 2 floats to expert e of every rank; combine brings every row back. Then an `output` one row short on
+    // the last rank fails on every rank, naming it, with nothing written.
+    {
+      const int ne = 2;
+      const auto nsplits = static_cast<std::size_t>(n * ne);
+      std::vector<std::int64_t> splits(nsplits), dispatched(2 * nsplits, -1), restored(2 * nsplits, -1);
+      std::vector<float> rows;
+      for (int peer = 0; peer < n; ++peer) {
+        for (int e = 0; e < ne; ++e) {
+          splits[static_cast<std::size_t>(peer * ne + e)] = me.rank + e + 1;
+          for (int k = 0; k < me.rank + e + 1; ++k) {
+            rows.push_back(static_cast<float>(1000 * me.rank + 100 * peer + 10 * e + k));
+            rows.push_back(-rows.back());
+          }
+        }
+      }
+      const std::int64_t sent = static_cast<std::int64_t>(rows.size() / 2);
+      std::int64_t expected = 0;
+      for (int s = 0; s < n; ++s) expected += ne * (s + 1) + 1;   // what every rank receives
+      std::vector<float> experts(static_cast<std::size_t>(2 * expected), 0.0F), back(rows.size(), 0.0F);
+      REQUIRE_OK(hp_shmem_moe_exchange(team, 0, ne, rows.data(), sent, experts.data(), expected, 8, splits.data(),
+                                       nullptr, 0, dispatched.data(), dispatched.data() + nsplits,
+                                       HP_SHMEM_ROLE_FORWARD));
+      REQUIRE(dispatched[0] == 1 && dispatched[nsplits] == 0);   // expert 0's chunk from rank 0 comes first
+      REQUIRE(experts[0] == static_cast<float>(100 * me.rank));
+      REQUIRE_OK(hp_shmem_moe_exchange(team, 1, ne, experts.data(), expected, back.data(), sent, 8, dispatched.data(),
+                                       dispatched.data() + nsplits, 0, restored.data(), restored.data() + nsplits,
+                                       HP_SHMEM_ROLE_BACKWARD));
+      REQUIRE(back == rows);
+      REQUIRE(std::equal(splits.begin(), splits.end(), restored.begin()));
+      std::vector<float> short_output(experts.size(), -5.0F);
+      std::vector<std::int64_t> untouched(2 * nsplits, -9);
+      const bool last = me.rank == n - 1;
+      REQUIRE_RC(HP_SHMEM_INVALID_ARGUMENT,
+                 hp_shmem_moe_exchange(team, 0, ne, rows.data(), sent, short_output.data(),
+                                       last ? expected - 1 : expected, 8, splits.data(), nullptr, 0, untouched.data(),
+                                       untouched.data() + nsplits, HP_SHMEM_ROLE_FORWARD));
+      const std::string why = hp_shmem_last_error();
+      REQUIRE(why.find("`out` of rank " + std::to_string(n - 1) + " must hold the " + std::to_string(expected) +
+                       " rows its peers send") != std::string::npos);
+      REQUIRE(why.find("but got " + std::to_string(expected - 1) + " rows") != std::string::npos);
+      REQUIRE(std::all_of(untouched.begin(), untouched.end(), [](std::int64_t v) { return v == -9; }));
+      REQUIRE(std::all_of(short_output.begin(), short_output.end(), [](float v) { return v == -5.0F; }));
+    }
+
     // send/recv in pairs (0->1, 2->3), then back.
     std::vector<std::int64_t> message(40);
     const int partner = me.rank ^ 1;
@@ -860,6 +907,7 @@ TEST(Capi, NumberingsAreTheRuntimesOne) {
     REQUIRE(numberings["wire_formats"]["bfloat16"].number == HP_SHMEM_WIRE_BFLOAT16);
     REQUIRE(numberings["call_roles"]["fused_scatter"].number == HP_SHMEM_ROLE_FUSED_SCATTER);
     REQUIRE(numberings["collectives"]["all_to_all"].number == 5);
+    REQUIRE(numberings["collectives"]["moe_combine"].number == 10);
     REQUIRE(numberings["lifecycle_states"]["failed"].number == 2);
     REQUIRE(numberings.fields.size() == 9);
   }));

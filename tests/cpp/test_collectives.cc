@@ -11,6 +11,7 @@
 
 #include "collective_cases.h"
 #include "host_forwarding_device.h"
+#include "moe_cases.h"
 #include "runtime/device_factory.h"
 #include "runtime/host/host_device.h"
 #include "runtime/logging.h"
@@ -827,6 +828,24 @@ TEST(DeviceFactoryTest, TheConfigurationChoosesTheDevice) {
   EXPECT_TRUE(HasError(MakeDevice(config).status(), StatusCode::kStateError,
                        "device is not built into this module: device=ascend built=host"));
 }
+
+// MoE dispatch and combine (moe_cases.h), on both data paths: pulled out of symmetric inputs, or through the
+// engine's all_to_all (rank 0's ordinary input).
+class HostMoeTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(HostMoeTest, DispatchLaysOutExpertMajorAndCombineRestoresEveryToken) {
+  testutil::RunMoeRoundTrip(HostBackend(), GetParam(), /*ordinary=*/true);
+}
+
+TEST_P(HostMoeTest, AReceiveBufferTooSmallFailsOnEveryRankBeforeAnythingIsWritten) {
+  testutil::RunMoeTooSmall(HostBackend(), GetParam());
+}
+
+TEST_P(HostMoeTest, BadSplitsOfOneRankFailOnEveryRank) {
+  testutil::RunMoeBadCalls(HostBackend(), GetParam(), /*refuses_ordinary=*/false);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, HostMoeTest, ::testing::Values(2, 3, 4, 8));
 
 }  // namespace
 }  // namespace hp::shmem

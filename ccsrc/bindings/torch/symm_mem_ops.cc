@@ -27,7 +27,6 @@
 
 #include "bindings/torch/reduce_dtypes.h"
 #include "bindings/torch/symm_mem_backend.h"
-#include "bindings/torch/symm_mem_moe.h"
 #include "runtime/runtime.h"
 
 namespace hp::shmem::torch_binding {
@@ -290,15 +289,14 @@ void RunExchange(const char* op, const at::Tensor& input, const at::Tensor& out,
   const auto row_bytes = static_cast<std::size_t>(input.stride(0)) * input.element_size();
   const std::size_t n = group.team.pes.size();
   const std::size_t nsplits = n * static_cast<std::size_t>(experts);
-  MoeExchange exchange;
+  MoeExchangeArgs exchange;
   exchange.op = op;
   exchange.team = group.team.id;
-  exchange.input_heap_offset = group.HeapOffset(input);
   exchange.direction = direction;
   exchange.experts = experts;
-  exchange.input = static_cast<const char*>(input.data_ptr());
+  exchange.input = input.data_ptr();
   exchange.input_rows = input.size(0);
-  exchange.output = static_cast<char*>(out.data_ptr());
+  exchange.output = out.data_ptr();
   exchange.output_rows = out.size(0);
   exchange.row_bytes = row_bytes;
   exchange.in_splits = in_splits;
@@ -308,7 +306,7 @@ void RunExchange(const char* op, const at::Tensor& input, const at::Tensor& out,
   exchange.out_splits = table;
   exchange.out_offsets = table + nsplits;
   SymmMemWithoutGil nogil;
-  CheckStatus(RunMoeExchange(R(), exchange));
+  CheckStatus(R().MoeExchange(exchange, kDefaultStream, nullptr));
 }
 
 void AllToAllVdev(at::Tensor& input, at::Tensor& out, at::Tensor& in_splits,

@@ -22,7 +22,7 @@ from typing import Optional
 from hyper_parallel.core.multicore import errors, runtime_logs
 
 LIBRARY_NAME = "libhp_shmem_c.so"
-ABI_VERSION = 3   # HP_SHMEM_ABI_VERSION of the header this module was written against
+ABI_VERSION = 4   # HP_SHMEM_ABI_VERSION of the header this module was written against
 
 
 class _Bootstrap(ctypes.Structure):
@@ -100,6 +100,8 @@ _SIGNATURES = {
     "hp_shmem_all_to_all": [ctypes.c_uint64, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t),
                             ctypes.c_int, _P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64), ctypes.c_int,
                             ctypes.POINTER(_ElementType), ctypes.c_int],
+    "hp_shmem_moe_exchange": [ctypes.c_uint64, ctypes.c_int, ctypes.c_int, _P, ctypes.c_int64, _P, ctypes.c_int64,
+                              ctypes.c_size_t, _P, _P, ctypes.c_int64, _P, _P, ctypes.c_int],
     "hp_shmem_send": [ctypes.c_uint64, _P, ctypes.c_size_t, ctypes.POINTER(_ElementType), ctypes.c_int],
     "hp_shmem_recv": [ctypes.c_uint64, _P, ctypes.c_size_t, ctypes.POINTER(_ElementType), ctypes.c_int],
     "hp_shmem_refuse": [ctypes.c_uint64, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int],
@@ -404,6 +406,17 @@ def all_to_all(team: int, sends: Sequence[tuple[int, int]], receive: int, receiv
     counts = (ctypes.c_uint64 * len(receive_counts))(*receive_counts)
     _call("all_to_all", "hp_shmem_all_to_all", team, addresses, sizes, n, receive, receive_bytes, counts,
           len(receive_counts), ctypes.byref(_element(element)), _code("call_roles", role))
+
+
+def moe_exchange(team: int, direction: str, experts: int, data: int, data_rows: int, output: int, output_rows: int,
+                 row_bytes: int, in_splits: int, in_offsets: Optional[int], major_align: int, out_splits: int,
+                 out_offsets: int, role: str = "forward") -> None:
+    """MoE dispatch or combine (``direction``) of rows of ``row_bytes`` over the team (the split tables: addresses of
+    group size x ``experts`` int64; ``in_offsets`` None: packed). Every member checks every member's call before
+    anything is written."""
+    code = {"dispatch": 0, "combine": 1}[direction]
+    _call("moe_" + direction, "hp_shmem_moe_exchange", team, code, experts, data, data_rows, output, output_rows,
+          row_bytes, in_splits, in_offsets, major_align, out_splits, out_offsets, _code("call_roles", role))
 
 
 def send(team: int, data: int, nbytes: int, element: ElementType, peer: int) -> None:
