@@ -896,3 +896,242 @@ def fused_ops(fw: Framework) -> None:
     symm.barrier()
     for t in (small, scratch, gather_out, signal):
         symm.free(t)
+
+
+# ---------------------------------------------------------------------------------------------------- MoE
+_EXPERTS, _HIDDEN = 2, 3
+
+
+def moe_split(source: int, peer: int, e: int) -> int:
+    """Rows rank ``source`` sends to local expert ``e`` of rank ``peer``: uneven, some empty."""
+    return (source * 5 + peer * 3 + e * 2) % 4
+
+
+def moe_rows(source: int, members: Sequence[int]) -> np.ndarray:
+    """Rank ``source``'s tokens for the group ``members`` (world ranks), rank-major: row k of the chunk for (peer,
+    e) holds 1000 source + 100 peer + 10 e + k (then its negative, then a fraction), exact in every float dtype the
+    cases use."""
+    rows = [[1000 * source + 100 * p + 10 * e + k, -(1000 * source + 100 * p + 10 * e + k), 0.25 * k]
+            for p in members for e in range(_EXPERTS) for k in range(moe_split(source, p, e))]
+    return np.array(rows, np.float32).reshape(-1, _HIDDEN)
+
+
+def moe_dispatched(rank: int, members: Sequence[int], align: int) -> tuple:
+    """What dispatch gives group rank ``rank`` of ``members`` (world ranks): ``(rows, splits, offsets)``, expert-major
+    with regions aligned to ``align`` rows; ``rows`` has -1 where no chunk lands."""
+    n = len(members)
+    me = members[rank]
+    chunks, splits, offsets, at = [], [], [], 0
+    for e in range(_EXPERTS):
+        region = at
+        for s in range(n):
+            source = members[s]
+            split = moe_split(source, me, e)
+            sent = moe_rows(source, members)
+            start = sum(moe_split(source, p, q) for p in members for q in range(_EXPERTS)
+                        if (members.index(p), q) < (rank, e))
+            chunks.append((at, sent[start:start + split]))
+            splits.append(split)
+            offsets.append(at)
+            at += split
+        at = region + max(-(-(at - region) // align) * align, align)
+    rows = np.full((at, _HIDDEN), -1, np.float32)
+    for start, chunk in chunks:
+        rows[start:start + len(chunk)] = chunk
+    return rows, np.array(splits, np.int64), np.array(offsets, np.int64)
+
+
+def _moe_group(fw: Framework, sub: bool) -> tuple:
+    """``(group, members)``: the world, or the evens and odds."""
+    if not sub:
+        return None, list(range(fw.world))
+    evens, odds = [r for r in range(fw.world) if r % 2 == 0], [r for r in range(fw.world) if r % 2 == 1]
+    return fw.sub_group([evens, odds]), evens if fw.rank % 2 == 0 else odds
+
+
+@case
+def moe_dispatch_and_combine(fw: Framework) -> None:
+    """Dispatch lays every rank's tokens out expert-major (aligned regions) on the ranks of their experts, with the
+    splits and offsets torch's all_to_all_vdev_2d writes; combine with them brings every token back. On the world
+    and on sub-groups, into ordinary and symmetric tensors."""
+    symm = fw.symm
+    for sub in (False, True):
+        group, members = _moe_group(fw, sub)
+        n, me = len(members), members.index(fw.rank)
+        nsplits = n * _EXPERTS
+        x = moe_rows(fw.rank, members)
+        splits = np.array([moe_split(fw.rank, p, e) for p in members for e in range(_EXPERTS)], np.int64)
+        want, want_splits, want_offsets = moe_dispatched(me, members, 4)
+        capacity = 40
+        for symmetric_output in (False, True):
+            what = f"group {members}, {'symmetric' if symmetric_output else 'ordinary'} output"
+            out = (symm.empty((capacity, _HIDDEN), dtype=fw.dtype("float32")) if symmetric_output
+                   else fw.tensor(np.full((capacity, _HIDDEN), -1, np.float32)))
+            if symmetric_output:
+                out.copy_(fw.tensor(np.full((capacity, _HIDDEN), -1, np.float32)))
+            table = fw.tensor(np.zeros((2, nsplits), np.int64))
+            # symmetric: the input too (the same rows on every rank, the tokens first): every rank pulls its chunks
+            data = (symmetric(fw, np.concatenate([x, np.zeros((capacity - len(x), _HIDDEN), np.float32)]))
+                    if symmetric_output else fw.tensor(x))
+            assert symm.shmem_moe_dispatch(out, data, fw.tensor(splits), table, group=group, major_align=4) is out
+            got = fw.numpy(out)
+            equal(fw.numpy(table)[0], want_splits, f"dispatch's splits ({what})")
+            equal(fw.numpy(table)[1], want_offsets, f"dispatch's offsets ({what})")
+            for s, (split, offset) in enumerate(zip(want_splits, want_offsets)):
+                equal(got[offset:offset + split], want[offset:offset + split], f"dispatch's chunk {s} ({what})")
+            back = fw.tensor(np.full(x.shape, -1, np.float32))
+            back_table = fw.tensor(np.zeros((2, nsplits), np.int64))
+            symm.shmem_moe_combine(back, out, table, back_table, group=group)
+            equal(fw.numpy(back), x, f"combine restores every token ({what})")
+            equal(fw.numpy(back_table)[0], splits, f"combine's splits ({what})")
+            equal(fw.numpy(back_table)[1], np.concatenate([[0], np.cumsum(splits)[:-1]]), f"combine's offsets ({what})")
+            if symmetric_output:
+                symm.barrier()
+                symm.free(data)
+                symm.free(out)
+
+
+@case
+def moe_receive_buffer_too_small(fw: Framework) -> None:
+    """An output too small for what the peers send fails on every rank with the same message, naming the rank, the
+    expert and both sizes, and nothing is written on any rank; the next exchange goes through."""
+    symm, rank, world = fw.symm, fw.rank, fw.world
+    x = moe_rows(rank, list(range(world)))
+    splits = fw.tensor(np.array([moe_split(rank, p, e) for p in range(world) for e in range(_EXPERTS)], np.int64))
+    last = world - 1
+    _, sizes, offsets = moe_dispatched(last, list(range(world)), 1)
+    needed = max(o + k for o, k in zip(offsets, sizes) if k)
+    # the first chunk that does not fit a buffer one row short, and the expert it belongs to
+    short = needed - 1
+    first = next(i for i, (o, k) in enumerate(zip(offsets, sizes)) if k and o + k > short)
+    expert = first // world
+    rows = short if rank == last else 40
+    out = fw.tensor(np.full((rows, _HIDDEN), -5, np.float32))
+    table = fw.tensor(np.full((2, world * _EXPERTS), -7, np.int64))
+    text = expect("ValueError", symm.shmem_moe_dispatch, out, fw.tensor(x), splits, table,
+                  message=f"moe_dispatch: `out` of rank {last} must hold the {needed} rows its peers send (the "
+                          f"overflow starts at expert {last * _EXPERTS + expert}, local expert {expert} of rank "
+                          f"{last}), but got {short} rows (every rank raises; nothing was written)")
+    same_on_every_rank(fw, text, "the too-small receive buffer")
+    equal(fw.numpy(out), np.full((rows, _HIDDEN), -5, np.float32), "the output after a refused dispatch")
+    equal(fw.numpy(table), np.full((2, world * _EXPERTS), -7, np.int64), "the table after a refused dispatch")
+    roomy = fw.tensor(np.zeros((40, _HIDDEN), np.float32))
+    symm.shmem_moe_dispatch(roomy, fw.tensor(x), splits, table)
+    equal(fw.numpy(table)[0], moe_dispatched(rank, list(range(world)), 1)[1], "the next dispatch's splits")
+
+
+@case
+def moe_bad_arguments(fw: Framework) -> None:
+    """Broken contracts name the argument in the project's form, on every rank, and write nothing."""
+    symm, rank, world = fw.symm, fw.rank, fw.world
+    nsplits = world * _EXPERTS
+    x = fw.tensor(moe_rows(rank, list(range(world))))
+    out = fw.tensor(np.zeros((40, _HIDDEN), np.float32))
+    splits = np.array([moe_split(rank, p, e) for p in range(world) for e in range(_EXPERTS)], np.int64)
+    table = fw.tensor(np.full((2, nsplits), -7, np.int64))
+    expect("TypeError", symm.shmem_moe_dispatch, out, x, fw.tensor(splits.astype(np.int32)), table,
+           message=f"`in_splits` must be an int64 tensor, but got {fw.dtype_text('int32')}"
+                   + refused(fw, "moe_dispatch"))
+    expect("ValueError", symm.shmem_moe_dispatch, out, x, fw.tensor(splits), fw.tensor(np.zeros((2, 1), np.int64)),
+           message=f"`out_splits_offsets` must have shape (2, group size x experts) with group size {world} and a "
+                   f"last dimension of {nsplits}, but got (2, 1)" + refused(fw, "moe_dispatch"))
+    expect("ValueError", symm.shmem_moe_dispatch, out, x, fw.tensor(splits), table, major_align=0,
+           message="`major_align` must be at least 1, but got 0" + refused(fw, "moe_dispatch"))
+    expect("TypeError", symm.shmem_moe_dispatch, fw.tensor(np.zeros((40, _HIDDEN), np.int32)), x, fw.tensor(splits),
+           table, message=f"`input_tensor` must have the dtype of `output_tensor` ({fw.dtype_text('int32')}), but got "
+                          f"{fw.dtype_text('float32')}" + refused(fw, "moe_dispatch"))
+    expect("ValueError", symm.shmem_moe_combine, out, x, fw.tensor(splits), table,
+           prefix="`in_splits_offsets` must have shape (2, group size x experts)")
+    expect("ValueError", symm.shmem_moe_dispatch, out, x, fw.tensor(splits), table, low_precision_dtype="int8",
+           prefix="`low_precision_dtype` must be one of")
+    # a negative split on rank 0: the runtime's check, every rank raises rank 0's
+    negative = splits.copy()
+    if rank == 0:
+        negative[-1] = -1
+    expect("ValueError", symm.shmem_moe_dispatch, out, x, fw.tensor(negative), table,
+           message=f"moe_dispatch: `in_splits` must be non-negative, but got in_splits[{nsplits - 1}]=-1 on rank 0")
+    equal(fw.numpy(table), np.full((2, nsplits), -7, np.int64), "the table after refused calls")
+
+
+@case
+def moe_low_precision(fw: Framework) -> None:
+    """Rows travel in a 16-bit (both frameworks) or fp8 wire format (torch): each value within the format's rounding
+    of its row (fp8: scaled by a power of two per row)."""
+    symm, rank, world = fw.symm, fw.rank, fw.world
+    x = moe_rows(rank, list(range(world))) / 7   # not exact in any low format
+    splits = fw.tensor(np.array([moe_split(rank, p, e) for p in range(world) for e in range(_EXPERTS)], np.int64))
+    want, want_splits, want_offsets = moe_dispatched(rank, list(range(world)), 1)
+    want = want / 7
+    formats = {"float16": (2.0**-11, 2.0**-25), "bfloat16": (2.0**-8, 2.0**-134)}
+    if fw.name == "torch":
+        formats.update({"float8_e4m3fn": (2.0**-4, None), "float8_e5m2": (2.0**-3, None)})
+    fp8_max = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
+    fp8_spacing = {"float8_e4m3fn": 2.0**-9, "float8_e5m2": 2.0**-16}
+    for name, (unit, tiny) in formats.items():
+        out = fw.tensor(np.zeros((40, _HIDDEN), np.float32))
+        table = fw.tensor(np.zeros((2, world * _EXPERTS), np.int64))
+        symm.shmem_moe_dispatch(out, fw.tensor(x), splits, table, low_precision_dtype=name)
+        got = fw.numpy(out)[:len(want)]
+        if tiny is None:   # the row's scale: the power of two above absmax / fp8_max; its subnormals' spacing
+            rowmax = np.abs(want).max(axis=1, keepdims=True)
+            scale = 2.0 ** np.ceil(np.log2(np.maximum(rowmax, 1e-30) / fp8_max[name]))
+            bound = unit * np.abs(want) + scale * fp8_spacing[name] / 2
+        else:
+            bound = unit * np.abs(want) + tiny
+        for split, offset in zip(want_splits, want_offsets):
+            within(got[offset:offset + split], want[offset:offset + split], bound[offset:offset + split]
+                   if np.ndim(bound) else bound, f"dispatch in {name}")
+
+
+@case
+def moe_autograd(fw: Framework) -> None:
+    """Dispatch's gradient is the combine of the output's, combine's the dispatch of its output's: each rank weighs
+    its output by its own weights, and every token's gradient is the weight of the row it landed in."""
+    symm, rank, world = fw.symm, fw.rank, fw.world
+    members = list(range(world))
+    nsplits = world * _EXPERTS
+    x = moe_rows(rank, list(range(world)))
+    splits = fw.tensor(np.array([moe_split(rank, p, e) for p in members for e in range(_EXPERTS)], np.int64))
+    capacity = 40
+    weights = [values(r, capacity * _HIDDEN).reshape(capacity, _HIDDEN) + 0.5 for r in members]
+    w = fw.tensor(weights[rank])
+
+    def dispatched_loss(t: Any) -> Any:
+        out = symm.shmem_moe_dispatch(fw.zeros_like_output((capacity, _HIDDEN)), t, splits,
+                                      fw.tensor(np.zeros((2, nsplits), np.int64)), major_align=2)
+        return (out * w).sum()
+
+    grad, = fw.grad(dispatched_loss, [fw.tensor(x)])
+    want = np.zeros_like(x)
+    row = 0
+    for p in members:   # the chunk for (p, e) landed in p's expert-major output
+        _, p_splits, p_offsets = moe_dispatched(p, members, 2)
+        for e in range(_EXPERTS):
+            k = moe_split(rank, p, e)
+            at = p_offsets[e * world + rank]
+            want[row:row + k] = weights[p][at:at + k]
+            row += k
+    equal(grad, want, "dispatch's gradient")
+
+    dispatched, d_splits, d_offsets = moe_dispatched(rank, members, 2)
+    layout = fw.tensor(np.stack([d_splits, d_offsets]))
+    wx = fw.tensor(weights[rank][:len(x)])
+
+    def combined_loss(t: Any) -> Any:
+        out = symm.shmem_moe_combine(fw.zeros_like_output(x.shape), t, layout,
+                                     fw.tensor(np.zeros((2, nsplits), np.int64)), major_align=2)
+        return (out * wx).sum()
+
+    grad, = fw.grad(combined_loss, [fw.tensor(np.where(dispatched < 0, 0, dispatched))])
+    # every expert row's gradient is the weight, on the rank it went back to, of the row it returned to
+    want = np.zeros_like(dispatched)
+    for s in members:
+        row = 0
+        for p in members:
+            for e in range(_EXPERTS):
+                k = moe_split(s, p, e)
+                if p == rank:
+                    at = d_offsets[e * world + s]
+                    want[at:at + k] = weights[s][row:row + k]
+                row += k
+    equal(grad, want, "combine's gradient")

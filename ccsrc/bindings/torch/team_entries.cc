@@ -263,6 +263,73 @@ void TeamAllToAll(std::uint64_t team, py::handle send_args, py::handle receive_a
                             std::move(a.keep), call_role));
 }
 
+// MoE dispatch (`direction` 0) or combine (1): rows of `input` (dim 0) to the members' experts, `out_splits_offsets`
+// (2 x n*experts int64) receiving the layout (runtime/collectives/moe.h). `in_offsets_arg`: None (the chunks are
+// packed in split order) or the n*experts int64 first rows of the chunks.
+void TeamMoeExchange(std::uint64_t team, int direction, py::handle input_arg, py::handle output_arg,
+                     py::handle in_splits_arg, py::handle in_offsets_arg, py::handle out_splits_offsets_arg,
+                     int experts, std::int64_t major_align, StreamHandle stream, int role) {
+  HP_PROFILED_RANGE("moe_exchange");
+  const CallRole call_role = RoleArg(role);
+  const bool combine = direction == 1;
+  struct Args {
+    MoeExchangeArgs x;
+    KeepAlive keep;
+  };
+  Args a = Collectively(team, combine ? Collective::kMoeCombine : Collective::kMoeDispatch, stream, call_role, [&] {
+    if (direction != 0 && direction != 1) {
+      throw StatusError(InvalidArgument("`direction` must be 0 (dispatch) or 1 (combine), but got " +
+                                        std::to_string(direction)));
+    }
+    const at::Tensor& input = TensorArg(input_arg, "input");
+    const at::Tensor& output = TensorArg(output_arg, "output");
+    const at::Tensor& in_splits = TensorArg(in_splits_arg, "in_splits");
+    const at::Tensor& table = TensorArg(out_splits_offsets_arg, "out_splits_offsets");
+    auto row_numel = [](const at::Tensor& t) { return c10::multiply_integers(t.sizes().slice(1)); };
+    if (input.dim() < 1 || output.dim() < 1 || input.scalar_type() != output.scalar_type() ||
+        row_numel(input) != row_numel(output)) {
+      throw StatusError(InvalidArgument("`output` must have the dtype and row size of `input` (rows along dim 0), "
+                                        "but got input " + DtypeName(input.scalar_type()) + IntList(input.sizes()) +
+                                        " and output " + DtypeName(output.scalar_type()) + IntList(output.sizes())));
+    }
+    const TeamView view = ValueOrThrow(R().DescribeTeam(team));
+    const auto nsplits = static_cast<std::int64_t>(view.pes.size()) * experts;
+    auto check_table = [&](const at::Tensor& t, const char* name, std::int64_t numel) {
+      if (t.scalar_type() != at::kLong || t.numel() != numel) {
+        throw StatusError(InvalidArgument(std::string("`") + name + "` must be " + std::to_string(numel) +
+                                          " int64 values (group size x experts), but got " +
+                                          DtypeName(t.scalar_type()) + IntList(t.sizes())));
+      }
+    };
+    check_table(in_splits, "in_splits", nsplits);
+    check_table(table, "out_splits_offsets", 2 * nsplits);
+    Args args;
+    args.x.op = combine ? "moe_combine" : "moe_dispatch";
+    args.x.team = team;
+    args.x.direction = combine ? MoeDirection::kCombine : MoeDirection::kDispatch;
+    args.x.experts = experts;
+    args.x.input = DataPointer(input, "input");
+    args.x.input_rows = input.size(0);
+    args.x.output = DataPointer(output, "output");
+    args.x.output_rows = output.size(0);
+    args.x.row_bytes = static_cast<std::size_t>(row_numel(input)) * static_cast<std::size_t>(input.element_size());
+    args.x.in_splits = static_cast<const std::int64_t*>(DataPointer(in_splits, "in_splits"));
+    if (!in_offsets_arg.is_none()) {
+      const at::Tensor& in_offsets = TensorArg(in_offsets_arg, "in_offsets");
+      check_table(in_offsets, "in_offsets", nsplits);
+      args.x.in_offsets = static_cast<const std::int64_t*>(DataPointer(in_offsets, "in_offsets"));
+    }
+    args.x.major_align = major_align;
+    args.x.out_splits = static_cast<std::int64_t*>(DataPointer(table, "out_splits_offsets"));
+    args.x.out_offsets = args.x.out_splits + nsplits;
+    args.x.role = call_role;
+    args.keep = Keep(stream, input, output, in_splits, table);
+    return args;
+  });
+  py::gil_scoped_release nogil;
+  ThrowIfError(R().MoeExchange(a.x, OnStream(stream), std::move(a.keep)));
+}
+
 void TeamSend(std::uint64_t team, py::handle tensor_arg, int peer, StreamHandle stream) {
   HP_PROFILED_RANGE("send");
   const at::Tensor& tensor = TensorArg(tensor_arg, "tensor");
@@ -353,6 +420,9 @@ void RegisterTeams(py::module_& m) {
                   "all_to_all(team, sends, receive, receive_counts, stream, role=0)");
   AddFastFunction(m, "send", &FastEntry<&TeamSend, kPointToPointArgs>, "send(team, tensor, peer, stream)");
   AddFastFunction(m, "recv", &FastEntry<&TeamRecv, kPointToPointArgs>, "recv(team, tensor, peer, stream)");
+  m.def("moe_exchange", &TeamMoeExchange, py::arg("team"), py::arg("direction"), py::arg("input"), py::arg("output"),
+        py::arg("in_splits"), py::arg("in_offsets"), py::arg("out_splits_offsets"), py::arg("experts"),
+        py::arg("major_align"), py::arg("stream"), py::arg("role") = 0);
   m.def("agree", &TeamAgree, py::arg("team"), py::arg("collective"), py::arg("dtype"), py::arg("element_bytes"),
         py::arg("count"),
         py::arg("reduce_op"), py::arg("wire"), py::arg("peer"), py::arg("values"), py::arg("stream"), py::arg("role") = 0);

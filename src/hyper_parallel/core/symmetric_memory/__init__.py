@@ -64,6 +64,8 @@ shmem_allgather = API.shmem_allgather
 shmem_allreduce = API.shmem_allreduce
 shmem_reduce_scatter = API.shmem_reduce_scatter
 shmem_alltoall = API.shmem_alltoall
+shmem_moe_dispatch = API.shmem_moe_dispatch
+shmem_moe_combine = API.shmem_moe_combine
 shmem_send = API.shmem_send
 shmem_recv = API.shmem_recv
 fused_all_gather_matmul = API.fused_all_gather_matmul
@@ -89,6 +91,8 @@ __all__ = [
     "shmem_allgather",
     "shmem_allreduce",
     "shmem_alltoall",
+    "shmem_moe_combine",
+    "shmem_moe_dispatch",
     "shmem_get",
     "shmem_put",
     "shmem_put_with_signal",

@@ -588,6 +588,101 @@ class Api(Generic[TensorT, DTypeT, GroupT]):
             self._refuse(key, "shmem_alltoall", error)
         return self.calls.all_to_all(sends, receive, counts, key)
 
+    def shmem_moe_dispatch(self, output_tensor: TensorT, input_tensor: TensorT, in_splits: TensorT,
+                           out_splits_offsets: TensorT, group: Optional[GroupT] = None, major_align: int = 1,
+                           low_precision_dtype: Optional[Union[DTypeT, str]] = None) -> TensorT:
+        """MoE dispatch (collective): this rank's tokens, grouped by destination, go to the experts of every rank
+        of the group; ``output_tensor`` receives, expert after expert, the tokens every rank sent to this rank's
+        experts (torch's ``all_to_all_vdev_2d``).
+
+        With n ranks and E experts per rank, ``in_splits[r * E + e]`` rows (dim 0) of ``input_tensor``, packed in
+        that order, go to local expert e of rank r. ``output_tensor`` is expert-major: expert e's region starts at
+        a multiple of ``major_align`` rows (and takes at least ``major_align`` rows) and holds the chunks of rank 0,
+        1, ... in order; ``out_splits_offsets[0][e * n + s]`` and ``[1][e * n + s]`` receive the rows rank s sent to
+        expert e and where they start. The splits stay in tensors (never read by Python: the call traces under
+        torch.compile); the runtime reads them. Every rank checks every rank's call before anything is written.
+
+        Args:
+            output_tensor: the rows received (same dtype, same row shape as the input).
+            input_tensor: the rows to send, rank-major.
+            in_splits: 1-D int64, n * E values.
+            out_splits_offsets: int64 of shape (2, n * E), written.
+            group: a group of the framework (None: the world).
+            major_align: the alignment of each expert's region, in rows (1: packed).
+            low_precision_dtype: the wire format of the rows (float16, bfloat16, float8_e4m3fn, float8_e5m2, a
+                dtype or its name; narrower than the input's floating-point dtype): each row travels cast (fp8: with
+                a power-of-two scale per row) and is decoded on arrival. None: the rows' own dtype (the
+                environment's default applies to reductions only).
+
+        Returns:
+            ``output_tensor`` (in the autograd graph when the input requires grad: the input's gradient is the
+            combine of the output's, on the layout this call wrote).
+
+        Raises:
+            TypeError: differing dtypes, non-tensors, split tables that are not int64.
+            ValueError: tables of the wrong shape, a bad ``major_align`` or ``low_precision_dtype``; on every rank,
+                before anything is written: a negative split, chunks past the input, or an ``output_tensor`` too
+                small for what the peers send (naming the rank, the expert and both sizes).
+            ShmemTimeoutError: a rank did not take part in time.
+        """
+        try:
+            return self._moe("shmem_moe_dispatch", "dispatch", output_tensor, input_tensor, in_splits,
+                             out_splits_offsets, group, major_align, low_precision_dtype)
+        except Exception as error:
+            attach_fields(error, "shmem_moe_dispatch")
+            raise
+
+    def shmem_moe_combine(self, output_tensor: TensorT, input_tensor: TensorT, in_splits_offsets: TensorT,
+                          out_splits_offsets: TensorT, group: Optional[GroupT] = None, major_align: int = 1,
+                          low_precision_dtype: Optional[Union[DTypeT, str]] = None) -> TensorT:
+        """MoE combine (collective): every expert's rows go back to the ranks that sent them; ``output_tensor``
+        receives them rank-major and packed (torch's ``all_to_all_vdev_2d_offset``), the reverse of
+        :meth:`shmem_moe_dispatch`.
+
+        ``in_splits_offsets[0][e * n + r]`` rows of local expert e, starting at row ``in_splits_offsets[1][e * n +
+        r]`` of ``input_tensor``, go to rank r (dispatch's ``out_splits_offsets`` is such a table).
+        ``output_tensor`` holds, rank after rank, the chunks of that rank's experts 0, 1, ... in order;
+        ``out_splits_offsets[0][s * E + e]`` and ``[1][s * E + e]`` receive their rows and offsets.
+
+        Args:
+            output_tensor: the rows received (same dtype, same row shape as the input).
+            input_tensor: the experts' rows.
+            in_splits_offsets: int64 of shape (2, n * E): splits, then offsets.
+            out_splits_offsets: int64 of shape (2, n * E), written.
+            group: a group of the framework (None: the world).
+            major_align: for the gradient only: the alignment of the dispatch whose layout ``input_tensor`` has
+                (the input's gradient is dispatched back into that layout).
+            low_precision_dtype: the rows' wire format, as for :meth:`shmem_moe_dispatch`.
+
+        Returns:
+            ``output_tensor`` (in the autograd graph when the input requires grad: the input's gradient is the
+            dispatch of the output's).
+
+        Raises:
+            TypeError: differing dtypes, non-tensors, split tables that are not int64.
+            ValueError: as :meth:`shmem_moe_dispatch`, on every rank before anything is written.
+            ShmemTimeoutError: a rank did not take part in time.
+        """
+        try:
+            return self._moe("shmem_moe_combine", "combine", output_tensor, input_tensor, in_splits_offsets,
+                             out_splits_offsets, group, major_align, low_precision_dtype)
+        except Exception as error:
+            attach_fields(error, "shmem_moe_combine")
+            raise
+
+    def _moe(self, operation: str, direction: str, output_tensor: Any, input_tensor: Any, in_splits: Any,
+             out_splits_offsets: Any, group: Optional[Any], major_align: Any, low_precision_dtype: Any) -> Any:
+        key = self.calls.group_key(group)
+        try:
+            output, data, splits, offsets, table, align = self.checks.moe(
+                direction, output_tensor, input_tensor, in_splits, out_splits_offsets, self.calls.group_size(key),
+                major_align)
+            # Explicit only: None is the rows' own dtype ("none" turns the environment's default off).
+            wire = self.calls.wire("none" if low_precision_dtype is None else low_precision_dtype, data.dtype, "sum")
+        except _REFUSED as error:
+            self._refuse(key, operation, error)
+        return self.calls.moe(direction, output, data, splits, offsets, table, key, align, wire)
+
     def shmem_send(self, tensor: TensorT, dst_rank: Index[TensorT],
                    group: Optional[GroupT] = None) -> Optional[TensorT]:
         """Sends ``tensor`` to ``dst_rank``, which receives it with :meth:`shmem_recv` (point to point).

@@ -374,6 +374,60 @@ class Checks:
                                   f"{len(receive_list)}")
         return [self.count(v, f"receive_list[{i}]") for i, v in enumerate(receive_list)]
 
+    def split_table(self, value: object, name: str, rows: int, n: int, columns: Optional[int] = None) -> Any:
+        """A contiguous int64 split table of the MoE calls: 1-D (``rows`` 1) or ``(rows, columns)``, ``columns`` a
+        positive multiple of the group size ``n`` (any multiple when None). Its values are never read here.
+
+        Raises:
+            TypeError: not a tensor, or not int64.
+            ValueError: another shape.
+        """
+        f = self.facts
+        table = self.tensor(value, name)
+        if not f.is_integer_dtype(table.dtype) or f.itemsize(table.dtype) != 8:
+            raise ShmemTypeError(f"`{name}` must be an int64 tensor, but got {table.dtype}")
+        shape = tuple(table.shape)
+        width = shape[-1] if shape else 0
+        expected = ("(group size x experts,)" if rows == 1 else f"({rows}, group size x experts)")
+        right = (len(shape) == 1 if rows == 1 else len(shape) == 2 and shape[0] == rows) and width > 0 and \
+            width % n == 0 and (columns is None or width == columns)
+        if not right:
+            size = f"{columns}" if columns is not None else f"a multiple of {n}"
+            raise ShmemValueError(f"`{name}` must have shape {expected} with group size {n} and a last dimension of "
+                                  f"{size}, but got {shape}")
+        return table
+
+    def moe(self, direction: str, output_tensor: object, input_tensor: object, in_splits: object,
+            out_splits_offsets: object, n: int, major_align: object) -> tuple:
+        """MoE dispatch's or combine's arguments for a group of ``n``: ``(output, input, in_splits, in_offsets,
+        out_table, major_align)``; ``in_splits`` is dispatch's 1-D table, or combine's ``(2, n*experts)`` table of
+        splits and offsets (split here into its rows).
+
+        Raises:
+            TypeError: non-tensors, differing dtypes, split tables that are not int64, a ``major_align`` that is not
+                an int.
+            ValueError: tensors without rows (dim 0), rows of different shapes, tables of the wrong shape, a
+                ``major_align`` below 1.
+        """
+        output = self.tensor(output_tensor, "output_tensor")
+        data = self.tensor(input_tensor, "input_tensor")
+        self.same_dtype(data, "input_tensor", output, "output_tensor")
+        if len(data.shape) < 1 or tuple(data.shape[1:]) != tuple(output.shape[1:]):
+            raise ShmemValueError(f"`input_tensor` must have rows (dim 0) of the shape of `output_tensor`'s "
+                                  f"({tuple(output.shape[1:])}), but got shape {tuple(data.shape)}")
+        align = self.integer(major_align, "major_align")
+        if align < 1:
+            raise ShmemValueError(f"`major_align` must be at least 1, but got {align}")
+        if direction == "dispatch":
+            splits = self.split_table(in_splits, "in_splits", 1, n)
+            width, offsets = int(splits.shape[0]), None
+        else:
+            table = self.split_table(in_splits, "in_splits_offsets", 2, n)
+            width = int(table.shape[1])
+            splits, offsets = table[0], table[1]
+        out_table = self.split_table(out_splits_offsets, "out_splits_offsets", 2, n, width)
+        return output, data, splits, offsets, out_table, align
+
     # ------------------------------------------------------------------ fused ops
     def matrix(self, value: object, name: str) -> Any:
         """A contiguous 2-D tensor of a dtype the fused matmuls take.

@@ -8,6 +8,7 @@ below autograd, in full precision (gradients are ordinary tensors):
 
 ==============================================  ==================================================================
 ``facts.new_empty(shape, like)``                a new contiguous tensor of ``shape`` and ``like``'s dtype
+``facts.new_zeros(shape, like)``                the same, of zeros
 ``facts.contiguous(t)``, ``facts.copy(t)``      ``t`` contiguous; a new tensor with ``t``'s values
 ``facts.reshape(t, shape)``                     ``t`` (contiguous) with another shape
 ``facts.divide(t, n)``                          ``t / n`` in a new tensor
@@ -16,8 +17,8 @@ below autograd, in full precision (gradients are ordinary tensors):
 role)``, ``calls.reduce_scatter_into(out,       the role "backward": reduce_scatter with ``op``, all_reduce in
 data, op, group, role)``,                       place with the forward's op, all_to_all of ``sends`` into
 ``calls.all_reduce_into(t, op, group, role)``,  ``receive``
-``calls.all_to_all_into(sends, receive,
-counts, group, role)``
+``calls.all_to_all_into(sends, receive,        MoE dispatch or combine with ``moe_into``
+counts, group, role)``, ``calls.moe_into(...)``
 ==============================================  ==================================================================
 
 =====================================  ==============================================================
@@ -27,6 +28,10 @@ all_gather(x) -> y                     reduce_scatter(grad_y)
 reduce_scatter(x) -> y ('sum'/'avg')   all_gather(grad_y) (/ n for 'avg')
 all_reduce(x) -> y ('sum'/'avg')       grad_y (/ n for 'avg'), or all_reduce(grad_y) with backward='allreduce'
 all_to_all(xs) -> y                    all_to_all of grad_y's parts back to their senders
+moe dispatch(x) -> y                   combine of grad_y with the layout dispatch wrote (rows it did not
+                                       send: zero)
+moe combine(x) -> y                    dispatch of grad_y (with the forward's major_align) into the
+                                       layout combine read: the one a dispatch with it wrote
 =====================================  ==============================================================
 
 Backward passes are collectives too: every rank of the group must run them, in the same order. They run with the
@@ -89,6 +94,24 @@ def all_to_all(facts: Any, calls: Any, group: Any, receive_counts: Sequence[int]
         grads.append(facts.reshape(back[start:start + size], shape))
         start += size
     return grads
+
+
+def moe(facts: Any, calls: Any, group: Any, direction: str, major_align: int, data_shape: Sequence[int],
+        layout: Any, grad: Any) -> Any:
+    """The gradient of MoE dispatch's or combine's input (of ``data_shape``): the other direction of the output's
+    gradient, on ``layout`` (the 2 x n*experts splits and offsets the forward wrote). Dispatch's gradient is the
+    combine of each expert's rows back to their senders (the rows dispatch did not send get zero); combine's is the
+    dispatch of each row back to its expert, laid out as a dispatch with ``major_align`` lays it out (the layout
+    combine's input must have had)."""
+    back = facts.new_zeros(data_shape, grad)
+    table = facts.new_empty((2, _numel(layout.shape) // 2), layout)   # the gradient's own layout, not needed
+    if direction == "dispatch":
+        calls.moe_into(back, facts.contiguous(grad), facts.contiguous(layout[0]), facts.contiguous(layout[1]), table,
+                       "combine", 0, group, ROLE)
+    else:
+        calls.moe_into(back, facts.contiguous(grad), facts.contiguous(layout[0]), None, table, "dispatch",
+                       major_align, group, ROLE)
+    return back
 
 
 def _numel(shape: Sequence[int]) -> int:

@@ -48,6 +48,10 @@ def forward(calls: Any, op: str, params: dict, inputs: tuple) -> Any:
         return calls.reduce_scatter_into(inputs[0], inputs[1], params["op"], group, role, params["wire"])
     if op == "all_to_all":
         return calls.all_to_all_into(inputs[1:], inputs[0], params["receive_counts"], group, role)
+    if op == "moe":
+        output, data, table, splits, *offsets = inputs
+        return calls.moe_into(output, data, splits, offsets[0] if offsets else None, table, params["direction"],
+                              params["major_align"], group, role, params["wire"])
     raise ShmemValueError(f"`op` must be a collective, but got {op!r}")
 
 
@@ -56,7 +60,7 @@ def backward(calls: Any, op: str, params: dict, inputs: tuple, grad: Any) -> tup
 
     Args:
         calls: the calls whose collectives compute the gradients.
-        op: 'all_gather', 'all_reduce', 'reduce_scatter' or 'all_to_all'.
+        op: 'all_gather', 'all_reduce', 'reduce_scatter', 'all_to_all' or 'moe' (dispatch or combine).
         params: the call's parameters (group, op, receive_counts, backward).
         inputs: the forward's tensor inputs.
         grad: the gradient of the output.
@@ -83,6 +87,12 @@ def backward(calls: Any, op: str, params: dict, inputs: tuple, grad: Any) -> tup
         receive, *sends = inputs
         grads = gradients.all_to_all(tensors, calls, group, params["receive_counts"], [s.shape for s in sends], grad)
         return (tensors.zeros_like(receive), *grads)
+    if op == "moe":
+        output, data, table, *splits = inputs
+        grad_data = gradients.moe(tensors, calls, group, params["direction"], params["major_align"], data.shape, table,
+                                  grad)
+        return (tensors.zeros_like(output), grad_data, tensors.zeros_like(table),
+                *(tensors.zeros_like(s) for s in splits))
     raise ShmemValueError(f"`op` must be a differentiable collective, but got {op!r}")
 
 

@@ -74,7 +74,16 @@ class _Allocation:
 _ENGINE_CALLS = {"shmem_allgather": "all_gather", "shmem_allreduce": "all_reduce",
                  "shmem_reduce_scatter": "reduce_scatter", "shmem_alltoall": "all_to_all", "barrier": "barrier",
                  "fused_all_gather_matmul": "all_gather", "fused_matmul_reduce_scatter": "reduce_scatter",
-                 "rendezvous": "all_gather"}
+                 "rendezvous": "all_gather", "shmem_moe_dispatch": "moe_dispatch",
+                 "shmem_moe_combine": "moe_combine"}
+
+
+def _row_numel(t: Any) -> int:
+    """Elements of one row (dim 0) of ``t``."""
+    count = 1
+    for d in t.shape[1:]:
+        count *= int(d)
+    return count
 
 
 class CAbiCalls:
@@ -360,6 +369,40 @@ class CAbiCalls:
         """``shmem_alltoall`` on checked arguments, through the handler's autograd."""
         return autograd.differentiable("all_to_all", self, (receive, *sends),
                                      {"group": name, "receive_counts": tuple(counts), "role": "forward"})
+
+    def moe(self, direction: str, output: Any, data: Any, in_splits: Any, in_offsets: Optional[Any], out_table: Any,
+            name: str, major_align: int, wire: Optional[str]) -> Any:
+        """``shmem_moe_dispatch`` / ``shmem_moe_combine`` on checked arguments, through the handler's autograd."""
+        splits = (in_splits,) if in_offsets is None else (in_splits, in_offsets)
+        return autograd.differentiable("moe", self, (output, data, out_table, *splits),
+                                       {"group": name, "direction": direction, "major_align": major_align,
+                                        "wire": wire, "role": "forward"})
+
+    def moe_into(self, output: Any, data: Any, in_splits: Any, in_offsets: Optional[Any], out_table: Any,
+                 direction: str, major_align: int, name: str, role: str, wire: Optional[str] = None) -> Any:
+        """MoE dispatch or combine on checked arguments (no autograd); ``wire``: float16 or bfloat16 rows (a plain
+        cast each way), or None."""
+        team = self._team(name, "shmem_moe_" + direction)
+        experts = tensors.numel(in_splits) // len(team.pes)
+        send, receive = data, output
+        if wire is not None and len(team.pes) > 1:
+            if _WIRE_WIDTH[wire] != 2:
+                raise ShmemValueError(f"`low_precision_dtype` must be float16 or bfloat16 for MoE rows on mindspore "
+                                      f"(fp8 needs a per-row scale kernel), but got {wire}")
+            low = tensors.low_dtype(wire)
+            send = tensors.contiguous(data.astype(low))
+            receive = tensors.new_flat(tensors.numel(output), low).reshape(tuple(output.shape))
+        rows_in, rows_out = int(data.shape[0]), int(output.shape[0])
+        row_bytes = int(send.itemsize) * (tensors.numel(send) // rows_in if rows_in else _row_numel(send))
+        tensors.synchronize()
+        c_runtime.moe_exchange(team.id, direction, experts, tensors.address(send), rows_in, tensors.address(receive),
+                               rows_out, row_bytes, tensors.address(in_splits),
+                               None if in_offsets is None else tensors.address(in_offsets), major_align,
+                               tensors.address(out_table), tensors.address(out_table) + 8 * tensors.numel(in_splits),
+                               role)
+        if receive is not output:
+            tensors.copy_into(output, receive.astype(output.dtype))
+        return output
 
     def all_gather_into(self, output: Any, data: Any, name: str, role: str) -> Any:
         """all_gather on checked arguments (no autograd): ``output`` receives every member's ``data``."""

@@ -209,6 +209,11 @@ def dtype_name(dtype: Any) -> Any:
 # --------------------------------------------------------------------------
 
 
+def low_dtype(name: str) -> Any:
+    """The MindSpore dtype of the 16-bit wire format ``name`` ("float16" or "bfloat16")."""
+    return {"float16": ms.float16, "bfloat16": ms.bfloat16}[name]
+
+
 def numel(tensor: ms.Tensor) -> int:
     """The tensor's element count."""
     return int(tensor.size)
@@ -297,6 +302,11 @@ def new_empty(shape: Sequence[int], like: ms.Tensor) -> ms.Tensor:
     for d in shape:
         count *= int(d)
     return new_flat(count, like.dtype).reshape(tuple(shape))
+
+
+def new_zeros(shape: Sequence[int], like: ms.Tensor) -> ms.Tensor:
+    """A new contiguous tensor of zeros of ``shape`` with ``like``'s dtype."""
+    return new_empty(shape, like)   # new_flat's tensors are zeros
 
 
 def zeros_like(tensor: ms.Tensor) -> ms.Tensor:

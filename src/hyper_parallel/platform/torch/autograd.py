@@ -14,6 +14,8 @@ all_gather(x) -> y                     grad_x = reduce_scatter(grad_y)
 reduce_scatter(x) -> y ('sum'/'avg')   grad_x = all_gather(grad_y) (/ n for 'avg')
 all_reduce(x) -> y ('sum'/'avg')       identity (/ n for 'avg'), or all_reduce(grad_y) on request
 all_to_all(xs) -> y                    all_to_all of grad_y's parts back to their senders
+moe dispatch(x) -> y                   grad_x = combine(grad_y) with the layout dispatch wrote
+moe combine(x) -> y                    grad_x = dispatch(grad_y) into the layout combine read
 send(x, dst)                           grad_x = the gradient dst's recv sends back
 recv(buf, src) -> y                    send(grad_y, src)
 fused_all_gather_matmul(a, b)          grad_a = reduce_scatter(grad_c @ b^T + grad_gather_out),
@@ -133,6 +135,30 @@ class AllToAll(Function):
     def backward(ctx, grad: torch.Tensor):
         grads = gradients.all_to_all(tensors, collectives, _group(ctx.group_name), ctx.receives, ctx.send_shapes, grad)
         return (None, None, None, None, *grads)
+
+
+class MoeExchange(Function):
+    """MoE dispatch or combine into ``output``; backward: the other direction, on the layout the forward wrote (a copy
+    of ``out_splits_offsets``, so that the caller may reuse the table)."""
+
+    @staticmethod
+    def forward(ctx, output: torch.Tensor, out_table: torch.Tensor, data: torch.Tensor, in_splits: torch.Tensor,
+                in_offsets: Optional[torch.Tensor], direction: str, major_align: int, group_name: str,
+                precision: str, role: str) -> torch.Tensor:
+        ctx.group_name, ctx.direction, ctx.major_align, ctx.shape = group_name, direction, major_align, data.shape
+        with _Below():
+            _ops().moe_exchange_(output, out_table, data, in_splits, in_offsets, direction, major_align, group_name,
+                                 precision, role)
+        ctx.save_for_backward(out_table.clone())
+        ctx.mark_dirty(output)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (layout,) = ctx.saved_tensors
+        grad_input = gradients.moe(tensors, collectives, _group(ctx.group_name), ctx.direction, ctx.major_align,
+                                   ctx.shape, layout, grad)
+        return None, None, grad_input, None, None, None, None, None, None, None
 
 
 class Send(Function):
@@ -257,6 +283,17 @@ def _all_to_all_kernel(receive, sends, receive_counts, group_name, role="forward
         _ops().all_to_all_(receive, sends, receive_counts, group_name, role)
 
 
+def _moe_exchange_kernel(output, out_table, input, in_splits, in_offsets, direction, major_align, group_name,
+                         low_precision_dtype, role="forward") -> None:
+    if tensors.tracks(input):
+        MoeExchange.apply(output, out_table, input, in_splits, in_offsets, direction, major_align, group_name,
+                          low_precision_dtype, role)
+        return
+    with _Below():
+        _ops().moe_exchange_(output, out_table, input, in_splits, in_offsets, direction, major_align, group_name,
+                             low_precision_dtype, role)
+
+
 def _send_kernel(tensor, dst, group_name) -> torch.Tensor:
     if tensors.tracks(tensor):
         return Send.apply(tensor, dst, group_name)
@@ -291,6 +328,7 @@ KERNELS = {
     "all_gather_": _all_gather_kernel,
     "reduce_scatter_": _reduce_scatter_kernel,
     "all_to_all_": _all_to_all_kernel,
+    "moe_exchange_": _moe_exchange_kernel,
     "send": _send_kernel,
     "recv": _recv_kernel,
     "fused_all_gather_matmul_": _all_gather_matmul_kernel,

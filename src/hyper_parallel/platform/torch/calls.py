@@ -85,6 +85,7 @@ class TorchCalls:
     all_reduce = staticmethod(collectives.all_reduce)
     reduce_scatter = staticmethod(collectives.reduce_scatter)
     all_to_all = staticmethod(collectives.all_to_all)
+    moe = staticmethod(collectives.moe)
     send = staticmethod(collectives.send)
     recv = staticmethod(collectives.recv)
 
@@ -92,6 +93,7 @@ class TorchCalls:
     reduce_scatter_into = staticmethod(collectives.reduce_scatter_into)
     all_reduce_into = staticmethod(collectives.all_reduce_into)
     all_to_all_into = staticmethod(collectives.all_to_all_into)
+    moe_into = staticmethod(collectives.moe_into)
 
     all_gather_matmul = staticmethod(fused.all_gather_matmul)
     matmul_reduce_scatter = staticmethod(fused.matmul_reduce_scatter)

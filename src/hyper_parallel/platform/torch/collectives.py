@@ -175,7 +175,8 @@ def refuse(group: Optional[dist.ProcessGroup], operation: str, error: BaseExcept
 _ENGINE_CALLS = {"shmem_allgather": "all_gather", "shmem_allreduce": "all_reduce",
                  "shmem_reduce_scatter": "reduce_scatter", "shmem_alltoall": "all_to_all", "barrier": "barrier",
                  "fused_all_gather_matmul": "fused_all_gather_matmul",
-                 "fused_matmul_reduce_scatter": "fused_matmul_reduce_scatter", "rendezvous": "barrier"}
+                 "fused_matmul_reduce_scatter": "fused_matmul_reduce_scatter", "rendezvous": "barrier",
+                 "shmem_moe_dispatch": "moe_dispatch", "shmem_moe_combine": "moe_combine"}
 
 
 # --------------------------------------------------------------------------
@@ -224,6 +225,19 @@ def all_to_all(sends: list, receive: torch.Tensor, counts: list, group: Optional
     else:
         _team(group).all_to_all([_bytes(t) for t in sends], receive, counts)
     return receive
+
+
+def moe(direction: str, output: torch.Tensor, data: torch.Tensor, in_splits: torch.Tensor,
+        in_offsets: Optional[torch.Tensor], out_table: torch.Tensor, group: Optional[dist.ProcessGroup],
+        major_align: int, wire: str) -> torch.Tensor:
+    """``shmem_moe_dispatch`` / ``shmem_moe_combine`` on checked arguments (``wire``: :data:`.low_precision.FULL`
+    or a wire format's name)."""
+    if _is_compiling() or not _plain_eager(data, in_splits, out_table):
+        _ops().moe_exchange_(output, out_table, data, in_splits, in_offsets, direction, major_align,
+                             groups.name(group), wire)
+    else:
+        _moe(_team(group), direction, output, data, in_splits, in_offsets, out_table, major_align, wire, "forward")
+    return output
 
 
 def send(tensor: torch.Tensor, dst: int, group: Optional[dist.ProcessGroup]) -> Optional[torch.Tensor]:
@@ -285,6 +299,15 @@ def all_to_all_into(sends: list, receive: torch.Tensor, counts: list, group: Opt
     return receive
 
 
+def moe_into(output: torch.Tensor, data: torch.Tensor, in_splits: torch.Tensor, in_offsets: Optional[torch.Tensor],
+             out_table: torch.Tensor, direction: str, major_align: int, group: Optional[dist.ProcessGroup],
+             role: str) -> torch.Tensor:
+    """MoE dispatch or combine of ``data`` into ``output``, below autograd, in full precision."""
+    _ops().moe_exchange_(output, out_table, data, in_splits, in_offsets, direction, major_align, groups.name(group),
+                         low_precision.FULL, role)
+    return output
+
+
 # --------------------------------------------------------------------------
 # The operators' implementations (:mod:`.ops`): the group by name, then the team. Their arguments were checked by
 # the user API (or come from a backward pass, whose arguments the forward's were).
@@ -311,6 +334,27 @@ def _reduce_scatter_op(output: torch.Tensor, input: torch.Tensor, op: str, group
 def _all_to_all_op(receive: torch.Tensor, sends: list, receive_counts: list, group_name: str,
                    role: str = "forward") -> None:
     _team(groups.resolve(group_name)).all_to_all([_bytes(t) for t in sends], receive, list(receive_counts), role)
+
+
+def _moe_exchange_op(output: torch.Tensor, out_table: torch.Tensor, input: torch.Tensor, in_splits: torch.Tensor,
+                     in_offsets: Optional[torch.Tensor], direction: str, major_align: int, group_name: str,
+                     low_precision_dtype: str, role: str = "forward") -> None:
+    _moe(_team(groups.resolve(group_name)), direction, output, input, in_splits, in_offsets, out_table, major_align,
+         low_precision_dtype, role)
+
+
+def _moe(team: shmem.Team, direction: str, output: torch.Tensor, data: torch.Tensor, in_splits: torch.Tensor,
+         in_offsets: Optional[torch.Tensor], out_table: torch.Tensor, major_align: int, wire: str, role: str) -> None:
+    """One exchange on ``team``: the rows as they are, or encoded in the wire format ``wire`` (a name; the runtime
+    raises before anything is written, so ``output`` keeps its values when the exchange fails)."""
+    experts = in_splits.numel() // team.size
+    if wire in (low_precision.FULL, low_precision.DEFAULT) or team.size == 1:
+        team.moe_exchange(direction, data, output, in_splits, in_offsets, out_table, experts, major_align, role)
+        return
+    send = low_precision.encode_rows(data, wire)
+    receive = send.new_zeros((output.shape[0], send.shape[1]))
+    team.moe_exchange(direction, send, receive, in_splits, in_offsets, out_table, experts, major_align, role)
+    output.copy_(low_precision.decode_rows(receive, wire, output))
 
 
 def _send_op(tensor: torch.Tensor, dst: int, group_name: str) -> torch.Tensor:

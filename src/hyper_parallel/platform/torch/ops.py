@@ -29,7 +29,8 @@ wait) are registered as side effects, so that no graph pass drops them.
 
 Operators (schemas in :data:`SCHEMAS`; ``*``: an autograd kernel, :data:`autograd.KERNELS`):
 
-* collectives: ``all_reduce_`` *, ``all_gather_`` *, ``reduce_scatter_`` *, ``all_to_all_`` *, ``barrier``;
+* collectives: ``all_reduce_`` *, ``all_gather_`` *, ``reduce_scatter_`` *, ``all_to_all_`` *, ``moe_exchange_`` *
+  (MoE dispatch or combine: writes ``output`` and ``out_splits_offsets``), ``barrier``;
 * point to point: ``send`` * (returns the gradient's token, a zero scalar), ``recv_`` (into the caller's
   tensor), ``recv`` * (into a new tensor, the differentiable form);
 * primitives: ``put_``, ``get_``, ``signal_``, ``put_with_signal_``, ``wait_for_signal``;
@@ -61,6 +62,9 @@ SCHEMAS = {
                        "str role=\"forward\") -> ()",
     "all_to_all_": "(Tensor(a!) receive, Tensor[] sends, int[] receive_counts, str group_name, "
                    "str role=\"forward\") -> ()",
+    "moe_exchange_": "(Tensor(a!) output, Tensor(b!) out_splits_offsets, Tensor input, Tensor in_splits, "
+                     "Tensor? in_offsets, str direction, int major_align, str group_name, str low_precision_dtype, "
+                     "str role=\"forward\") -> ()",
     "send": "(Tensor tensor, int dst, str group_name) -> Tensor",
     "recv_": "(Tensor(a!) tensor, int src, str group_name) -> ()",
     "recv": "(Tensor tensor, int src, str group_name) -> Tensor",
@@ -83,6 +87,7 @@ IMPLEMENTATIONS = {
     "all_gather_": collectives._all_gather_op,
     "reduce_scatter_": collectives._reduce_scatter_op,
     "all_to_all_": collectives._all_to_all_op,
+    "moe_exchange_": collectives._moe_exchange_op,
     "send": collectives._send_op,
     "recv_": collectives._recv_op,
     "recv": collectives._recv_new_op,

@@ -114,6 +114,11 @@ def new_empty(shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
     return like.new_empty(shape)
 
 
+def new_zeros(shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+    """A new contiguous tensor of zeros of ``shape`` with ``like``'s dtype and device."""
+    return like.new_zeros(shape)
+
+
 def contiguous(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` itself when contiguous, else a contiguous copy."""
     return tensor.contiguous()

@@ -248,6 +248,38 @@ class Team:
             attach_fields(error, "all_to_all")
             raise
 
+    def moe_exchange(self, direction: str, input: torch.Tensor, output: torch.Tensor, in_splits: torch.Tensor,
+                     in_offsets: Optional[torch.Tensor], out_splits_offsets: torch.Tensor, experts: int,
+                     major_align: int = 0, role: str = "forward") -> None:
+        """MoE dispatch or combine of ``input``'s rows (dim 0) into ``output`` (``runtime/collectives/moe.h``).
+
+        Args:
+            direction: "dispatch" (rank-major ``input`` to expert-major ``output``) or "combine" (the reverse).
+            input: the rows to send; output: the rows received, laid out as the direction says.
+            in_splits: the member-by-expert int64 split table (group size x ``experts`` values).
+            in_offsets: where each chunk starts in ``input`` (int64, like ``in_splits``), or None: packed in order.
+            out_splits_offsets: 2 x (group size x ``experts``) int64, receiving the splits and offsets of ``output``.
+            experts: experts per member.
+            major_align: dispatch: each expert's region starts at a multiple of this many rows (0: packed).
+            role: what the call is for (:data:`CALL_ROLES`).
+
+        Raises:
+            ValueError: on every member, the same, before anything is written: bad splits, or an ``output`` too
+                small for what the peers send (naming the rank, the expert and both sizes).
+            ShmemStateError: a team whose members span nodes (the exchange runs inside one node).
+        """
+        if direction not in ("dispatch", "combine"):
+            raise ValueError(f"`direction` must be 'dispatch' or 'combine', but got {direction!r}")
+        if self._hierarchy is not None:
+            raise ShmemStateError(f"moe_{direction} runs inside one node: op=moe_{direction} "
+                                  f"team_ranks={list(self.pes)} (the team spans nodes)")
+        try:
+            C.moe_exchange(self._id, 0 if direction == "dispatch" else 1, input, output, in_splits, in_offsets,
+                           out_splits_offsets, experts, major_align, current_handle(), CALL_ROLES[role])
+        except Exception as error:
+            attach_fields(error, "moe_" + direction)
+            raise
+
     def send(self, tensor: torch.Tensor, peer: int) -> None:
         """Sends ``tensor`` to member ``peer`` (point to point; messages arrive in order)."""
         if self._hierarchy is not None:
