@@ -182,6 +182,10 @@ def _case_opcheck() -> None:
         (ops.all_gather_, (torch.empty(4, 3), torch.randn(4, 3, **grad), "")),
         (ops.reduce_scatter_, (torch.empty(4), torch.randn(4, **grad), "sum", "", "none")),
         (ops.all_to_all_, (torch.empty(3), [torch.randn(3, **grad)], [3], "")),
+        (ops.moe_exchange_, (torch.empty(4, 2), torch.empty(2, 1, dtype=torch.int64), torch.randn(3, 2, **grad),
+                             torch.tensor([3]), None, "dispatch", 2, "", "none")),
+        (ops.moe_exchange_, (torch.empty(3, 2), torch.empty(2, 1, dtype=torch.int64), torch.randn(4, 2, **grad),
+                             torch.tensor([3]), torch.tensor([1]), "combine", 1, "", "bfloat16")),
         (ops.barrier, ("",)),
     ]
     with symm_session() as empty:
