@@ -373,10 +373,6 @@ class Backend {
     }
   }
 
-  bool TeamLive(const SymmMemTeam& team) const {
-    return Runtime::Instance().DescribeTeam(team.id).ok();
-  }
-
   // Whether an active allocation starts at `ptr` (the byte before it lies outside that allocation).
   static bool StartsForeignAllocation(void* ptr) {
     Runtime& runtime = Runtime::Instance();
@@ -420,9 +416,11 @@ class Backend {
       auto range = Runtime::Instance().ResolveSymmetric(ptr, 1, "tensor");
       if (!range.ok() || range->allocation_id != block.allocation_id) return nullptr;
     }
-    // An unknown name is torch's error, as on the first rendezvous.
+    // An unknown name is torch's error, as on the first rendezvous. The handle's team is not looked up again: it is
+    // released only once its group is destroyed or its name given to another group (both seen here), at the end of
+    // the lifecycle (seen above) or after Forget dropped the handle.
     const c10::intrusive_ptr<c10d::ProcessGroup> group = c10d::resolve_process_group(*group_name);
-    if (found->group.lock().get() != group.get() || !TeamLive(found->handle->team())) return nullptr;
+    if (found->group.lock().get() != group.get()) return nullptr;
     return found->handle;
   }
 
