@@ -165,6 +165,8 @@ class Backend {
   c10::intrusive_ptr<HostSymmetricMemory> Rendezvous(void* ptr, const std::optional<std::string>& requested) {
     Runtime& runtime = Runtime::Instance();
     if (runtime.state() != LifecycleState::kInitialized) return nullptr;
+    // Every symm_mem operator rendezvouses its tensor on every call: the handle made before is found first.
+    if (auto cached = Cached(ptr, requested)) return cached;
     std::shared_ptr<SymmMemBlock> block = BlockOf(ptr);
     if (!block) return nullptr;   // not symmetric: torch's rendezvous answers None
     const std::optional<std::string> chosen = requested.has_value() ? requested : block->alloc_group;
@@ -174,17 +176,6 @@ class Backend {
     // Resolved as torch's own backends resolve it: an unknown name is torch's error. A name torch gave again to a
     // new group (after destroy_process_group) is another group: its handle is made anew.
     const c10::intrusive_ptr<c10d::ProcessGroup> group = c10d::resolve_process_group(group_name);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
-      if (it != live_.end()) {
-        auto cached = it->second.handles.find(group_name);
-        if (cached != it->second.handles.end() && cached->second.group.lock().get() == group.get() &&
-            TeamLive(cached->second.handle->team())) {
-          return cached->second.handle;
-        }
-      }
-    }
     const SymmMemTeam team = Team(group_name);
     const int n = static_cast<int>(team.pes.size());
     // Every member must pass the same allocation (its offset and size) in the same state.
@@ -382,10 +373,6 @@ class Backend {
     }
   }
 
-  bool TeamLive(const SymmMemTeam& team) const {
-    return Runtime::Instance().DescribeTeam(team.id).ok();
-  }
-
   // Whether an active allocation starts at `ptr` (the byte before it lies outside that allocation).
   static bool StartsForeignAllocation(void* ptr) {
     Runtime& runtime = Runtime::Instance();
@@ -404,6 +391,37 @@ class Backend {
       if (info.id == id) return info;
     }
     return std::nullopt;
+  }
+
+  // The handle made before for the allocation starting at `ptr` over `requested` (else the allocation's group),
+  // while that allocation is still the one it was made for (of this lifecycle; for the other API's allocation, not
+  // freed since) and the group's name still stands for the group it was made over; else null. One lock, one
+  // lookup in torch's group registry, no copy of a name.
+  c10::intrusive_ptr<HostSymmetricMemory> Cached(void* ptr, const std::optional<std::string>& requested) {
+    std::optional<CachedHandle> found;
+    const std::string* group_name = nullptr;   // in `requested`, or in the block `found->handle` keeps alive
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+      if (it == live_.end() || it->second.block->lifecycle != Runtime::Instance().lifecycle()) return nullptr;
+      const std::optional<std::string>& chosen = requested.has_value() ? requested : it->second.block->alloc_group;
+      if (!chosen.has_value()) return nullptr;
+      auto cached = it->second.handles.find(*chosen);
+      if (cached == it->second.handles.end()) return nullptr;
+      found.emplace(cached->second);
+      group_name = &*chosen;
+    }
+    const SymmMemBlock& block = found->handle->block();
+    if (!block.owned) {
+      auto range = Runtime::Instance().ResolveSymmetric(ptr, 1, "tensor");
+      if (!range.ok() || range->allocation_id != block.allocation_id) return nullptr;
+    }
+    // An unknown name is torch's error, as on the first rendezvous. The handle's team is not looked up again: it is
+    // released only once its group is destroyed or its name given to another group (both seen here), at the end of
+    // the lifecycle (seen above) or after Forget dropped the handle.
+    const c10::intrusive_ptr<c10d::ProcessGroup> group = c10d::resolve_process_group(*group_name);
+    if (found->group.lock().get() != group.get()) return nullptr;
+    return found->handle;
   }
 
   // The block of the allocation starting at `ptr`: one of torch's API, or one of the other API (made on first use,

@@ -73,6 +73,7 @@ class HostSymmetricMemory final : public c10d::symmetric_memory::SymmetricMemory
   // For the symm_mem operators.
   const SymmMemTeam& team() const { return team_; }
   const std::string& group_name() const { return group_name_; }
+  const SymmMemBlock& block() const { return *block_; }
   // Raises when the allocation is no longer live (freed through the other API, or an ended lifecycle).
   void CheckLive(const char* op) const;
   // The heap offset of `address`, a byte of this handle's buffer on this rank (the same on every rank).

@@ -1,4 +1,5 @@
-// all_reduce in full precision: one step, copy-free two-shot, peer-memory two-shot, staged (collectives/engine.h).
+// all_reduce in full precision: one step, copy-free two-shot, one-shot out of a symmetric input, peer-memory two-shot,
+// staged (collectives/engine.h).
 
 #include <algorithm>
 
@@ -53,7 +54,17 @@ Status CollectiveEngine::AllReduce(const Buffer& output, const Buffer& input, co
     }
     return Sync();
   }
-  if (!Deferred() && EveryAddress(rows, 0) && EveryAddress(rows, 1)) {
+  // The input is one symmetric buffer, the output is not: the input's copies are read straight out of the heap.
+  const bool symmetric_input = Deferred() ? input.heap_offset >= 0 : SameSymmetric(rows, 1);
+  if (symmetric_input && n == 2) {
+    // One-shot: each rank reduces the whole message out of both members' copies (in group-rank order, so the ranks'
+    // results are bit-identical). Between two members that touches three message sizes of memory where two-shot
+    // through the staging touches three and a half, and it needs no middle sync; the closing sync keeps every input
+    // unchanged until the peer has read it.
+    HP_RETURN_IF_ERROR(Broken(Reduce(out, in, count, type, op), "reduce"));
+    return Sync();
+  }
+  if (!symmetric_input && !Deferred() && EveryAddress(rows, 0) && EveryAddress(rows, 1)) {
     // Two-shot between the tensors: this rank's part of the output reduced out of every rank's input, then the
     // others' parts pulled out of their outputs. An input is read only before the middle sync, and in place only its
     // owner's part of it is written before then.
@@ -71,16 +82,20 @@ Status CollectiveEngine::AllReduce(const Buffer& output, const Buffer& input, co
     }
     return Sync();
   }
-  // Staged: each piece of the input is reduced part by part in the ranks' staging areas, then every rank pulls the
-  // reduced parts straight into its output.
+  // Staged: each piece of the input is reduced part by part into the ranks' staging areas (out of every rank's
+  // staged copy of it, or straight out of the peers' copies of a symmetric input: one copy and one sync fewer), then
+  // every rank pulls the reduced parts straight into its output.
   const std::size_t piece = team_.staging_bytes() / es;
   char* stage = team_.Staging();
   for (std::size_t off = 0; off < count; off += piece) {
     const std::size_t length = std::min(piece, count - off);
-    HP_RETURN_IF_ERROR(Broken(Put(stage, in + off * es, length * es, me), "stage"));
-    HP_RETURN_IF_ERROR(Sync());
+    if (!symmetric_input) {
+      HP_RETURN_IF_ERROR(Broken(Put(stage, in + off * es, length * es, me), "stage"));
+      HP_RETURN_IF_ERROR(Sync());
+    }
     const auto [lo, hi] = Part(length, n, me);
-    HP_RETURN_IF_ERROR(Broken(Reduce(stage + lo * es, stage + lo * es, hi - lo, type, op), "reduce"));
+    const char* source = symmetric_input ? in + off * es : stage;
+    HP_RETURN_IF_ERROR(Broken(Reduce(stage + lo * es, source + lo * es, hi - lo, type, op), "reduce"));
     HP_RETURN_IF_ERROR(Sync());
     for (int r = 1; r <= n; ++r) {
       const int p = (me + r) % n;

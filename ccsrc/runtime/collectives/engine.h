@@ -5,7 +5,8 @@
 //   one step     small messages: each rank stages its data in the staging half of the call's parity (the previous
 //                call used the other one), one sync, then peers pull from it or reduce straight from it;
 //   copy-free    every rank passes the same symmetric buffer (same heap offset, published with the first sync):
-//                peers push into it, pull from it or reduce straight from it;
+//                peers push into it, pull from it or reduce straight from it (all_reduce of a symmetric input into an
+//                ordinary output: one-shot between two members, else staged reducing straight from the input);
 //   peer memory  the device reaches peers' memory outside the heap (Device::reaches_peer_memory) and every rank
 //                published its tensors' addresses: ranks pull from or reduce straight out of each other's ordinary
 //                tensors, one copy of each byte;
