@@ -95,26 +95,18 @@ test-mindspore: mindspore-env
 	$(MS_PYTHON) -m pytest tests/on_mindspore -q
 
 # torch 2.14 in an environment of its own (build/venv-torch214): torch 2.14.1's default Linux wheel, the CUDA build
-# (on these machines it lies on disk), and the package built there against it. Its files are the ones that differ
-# between torch releases: the binding's build and its symmetric-memory allocator and handle (the backend's tests and
-# torch's own symm_mem tests ported to CPU), the operators it registers and their compiled forms, the runtime's
-# error labels and the bootstrap without numpy, and the symm API's primitives and examples as its smoke; the rest runs
-# on 2.13 only (test-py), to keep `make test` within CI's time (the README's Install says how long this step takes).
+# (on these machines it lies on disk), the test tools, and the package built there against it; then the whole torch
+# suite again, as test-py runs it on 2.13 (the README's Install says how long this step takes).
 TORCH214_VENV := build/venv-torch214
 TORCH214_PYTHON := $(TORCH214_VENV)/bin/python
-TORCH214_TESTS := tests/unit/test_torch_handler.py tests/unit/test_symm_checks.py tests/unit/test_upstream_vocabulary.py \
-	tests/st/test_torch_symm_mem_backend.py tests/st/test_torch_symmetric_memory.py tests/st/test_torch_nvshmem.py \
-	tests/st/test_torch_symm_mem_example.py tests/st/test_symm_compile.py \
-	tests/st/test_symm_api.py::test_primitives tests/st/test_symm_api.py::test_examples_run_as_written \
-	tests/st/test_lifecycle.py::test_the_bootstrap_needs_no_numpy_and_its_failure_is_labelled_a_bootstrap_error
 torch214-env:
 	@test -x $(TORCH214_PYTHON) || $(PYTHON) -m venv $(TORCH214_VENV)
 	@echo "== Installing torch 2.14.1 (the CUDA wheel) and the build and test tools into $(TORCH214_VENV)"
-	$(TORCH214_PYTHON) -m pip install --quiet "torch==2.14.1" "scikit-build-core>=0.10" ninja "pytest>=8" hypothesis numpy
+	$(TORCH214_PYTHON) -m pip install --quiet "torch==2.14.1" "scikit-build-core>=0.10" ninja $(TEST_DEPS)
 	$(call build_package,$(TORCH214_PYTHON),--config-settings=build-dir=build/wheel-torch214,build/install-torch214.log)
 
 test-torch214: torch214-env
-	$(TORCH214_PYTHON) -m pytest $(TORCH214_TESTS) -q
+	$(TORCH214_PYTHON) -m pytest tests -q
 
 # The README's MindSpore rows: ours on MindSpore tensors beside mccl (mindspore.mint.distributed), 2 ranks under msrun
 # (docs/perf.md, "MindSpore"). msrun starts `python` from PATH: the MindSpore environment's; rank 0's table is in
