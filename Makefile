@@ -24,13 +24,21 @@ deps:
 	fi
 
 # What the tests add: pytest and hypothesis, mypy (the typing test), numpy (the tests' references), matplotlib (the
-# perf tool's plot), mpi4py and MPICH (its MPI baseline), and googletest from Debian (the C++ units).
+# perf tool's plot), mpi4py and MPICH (its MPI baseline), googletest from Debian (the C++ units), and ccache from
+# Debian (the three wheels' builds below share the runtime's objects through it).
 TEST_DEPS := "pytest>=8" hypothesis mypy numpy matplotlib mpi4py mpich
 test-deps: deps
 	$(PYTHON) -m pip install --quiet $(TEST_DEPS)
-	@if [ ! -f /usr/include/gtest/gtest.h ]; then \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgtest-dev cmake; \
+	@if [ ! -f /usr/include/gtest/gtest.h ] || ! command -v ccache >/dev/null; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgtest-dev cmake ccache; \
 	fi
+
+# The wheels `make test` builds (install, mindspore-env, torch214-env) compile the same runtime with the same flags,
+# each in a build directory of its own: where ccache is installed, the first compiles it and the others take its
+# objects (the torch binding is compiled against each torch, the cache keys on its headers). CCACHE_BASEDIR makes the
+# build directories' paths relative so that their commands match.
+CCACHE_ENV := CCACHE_DIR=$(CURDIR)/build/ccache CCACHE_BASEDIR=$(CURDIR)
+CCACHE_LAUNCHER := $$(command -v ccache >/dev/null && echo --config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache)
 
 # Builds and installs the package into $(1)'s environment, showing the build's own lines as it goes
 # (scikit-build-core's steps, ninja's [n/N] progress); everything else goes to the log $(3), whose end is shown when
@@ -39,7 +47,8 @@ define build_package
 	@mkdir -p build
 	@echo "== Building hyper-parallel-shmem (the C++ runtime and the torch binding against torch" \
 	  "$$($(1) -c 'import torch; print(torch.__version__)'), a few minutes on 2 cores; full log: $(3))"
-	@set -o pipefail; $(1) -m pip install -v --no-build-isolation --no-deps $(2) . 2>&1 | tee $(3) \
+	@set -o pipefail; $(CCACHE_ENV) $(1) -m pip install -v --no-build-isolation --no-deps $(CCACHE_LAUNCHER) $(2) . 2>&1 \
+	  | tee $(3) \
 	  | { grep --line-buffered -E '^ *\[[0-9]+/[0-9]+\] |^ *\*\*\* |^Successfully installed' || true; } \
 	  || { echo "== The build failed; the end of $(3):"; tail -n 40 $(3); exit 1; }
 endef
@@ -62,7 +71,8 @@ perf-multinode: install
 	$(PYTHON) tests/st/simulated_nodes.py --nodes 2 --nproc-per-node 2 --timeout 1500 -- -m hyper_parallel.perf --op all \
 	  --baseline gloo -b 8 -e 16M -f 4 -r 5 --ordinary-tensors --json perf-multinode.json
 
-test: install test-cpp test-cpp-sanitize test-py test-mindspore test-torch214
+# test-deps first: its ccache then serves the first wheel's build too.
+test: test-deps install test-cpp test-cpp-sanitize test-py test-mindspore test-torch214
 
 test-cpp: test-deps
 	cmake -S . -B $(BUILD_CPP) -DHP_BUILD_TORCH_BINDING=OFF -DHP_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
@@ -88,33 +98,25 @@ MS_PYTHON := $(MS_VENV)/bin/python
 mindspore-env: deps
 	@test -x $(MS_PYTHON) || $(PYTHON) -m venv $(MS_VENV)
 	$(MS_PYTHON) -m pip install --quiet "mindspore==2.10.0" "numpy<2" "pytest>=8" hypothesis "scikit-build-core>=0.10" ninja
-	$(MS_PYTHON) -m pip install --quiet --no-build-isolation --no-deps --config-settings=build-dir=build/wheel-mindspore \
-	  --config-settings=cmake.define.HP_BUILD_TORCH_BINDING=OFF .
+	$(CCACHE_ENV) $(MS_PYTHON) -m pip install --quiet --no-build-isolation --no-deps $(CCACHE_LAUNCHER) \
+	  --config-settings=build-dir=build/wheel-mindspore --config-settings=cmake.define.HP_BUILD_TORCH_BINDING=OFF .
 
 test-mindspore: mindspore-env
 	$(MS_PYTHON) -m pytest tests/on_mindspore -q
 
 # torch 2.14 in an environment of its own (build/venv-torch214): torch 2.14.1's default Linux wheel, the CUDA build
-# (on these machines it lies on disk), and the package built there against it. Its files are the ones that differ
-# between torch releases: the binding's build and its symmetric-memory allocator and handle (the backend's tests and
-# torch's own symm_mem tests ported to CPU), the operators it registers and their compiled forms, the runtime's
-# error labels and the bootstrap without numpy, and the symm API's primitives and examples as its smoke; the rest runs
-# on 2.13 only (test-py), to keep `make test` within CI's time (the README's Install says how long this step takes).
+# (on these machines it lies on disk), the test tools, and the package built there against it; then the whole torch
+# suite again, as test-py runs it on 2.13 (the README's Install says how long this step takes).
 TORCH214_VENV := build/venv-torch214
 TORCH214_PYTHON := $(TORCH214_VENV)/bin/python
-TORCH214_TESTS := tests/unit/test_torch_handler.py tests/unit/test_symm_checks.py tests/unit/test_upstream_vocabulary.py \
-	tests/st/test_torch_symm_mem_backend.py tests/st/test_torch_symmetric_memory.py tests/st/test_torch_nvshmem.py \
-	tests/st/test_torch_symm_mem_example.py tests/st/test_symm_compile.py \
-	tests/st/test_symm_api.py::test_primitives tests/st/test_symm_api.py::test_examples_run_as_written \
-	tests/st/test_lifecycle.py::test_the_bootstrap_needs_no_numpy_and_its_failure_is_labelled_a_bootstrap_error
 torch214-env:
 	@test -x $(TORCH214_PYTHON) || $(PYTHON) -m venv $(TORCH214_VENV)
 	@echo "== Installing torch 2.14.1 (the CUDA wheel) and the build and test tools into $(TORCH214_VENV)"
-	$(TORCH214_PYTHON) -m pip install --quiet "torch==2.14.1" "scikit-build-core>=0.10" ninja "pytest>=8" hypothesis numpy
+	$(TORCH214_PYTHON) -m pip install --quiet "torch==2.14.1" "scikit-build-core>=0.10" ninja $(TEST_DEPS)
 	$(call build_package,$(TORCH214_PYTHON),--config-settings=build-dir=build/wheel-torch214,build/install-torch214.log)
 
 test-torch214: torch214-env
-	$(TORCH214_PYTHON) -m pytest $(TORCH214_TESTS) -q
+	$(TORCH214_PYTHON) -m pytest tests -q
 
 # The README's MindSpore rows: ours on MindSpore tensors beside mccl (mindspore.mint.distributed), 2 ranks under msrun
 # (docs/perf.md, "MindSpore"). msrun starts `python` from PATH: the MindSpore environment's; rank 0's table is in

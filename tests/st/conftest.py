@@ -1,7 +1,7 @@
 """Fixtures for the multi-process system tests.
 
 Test modules in this directory are imported by pytest's default "prepend"
-import mode, which puts this directory on ``sys.path``; multiprocessing's spawn
+import mode, which puts this directory on ``sys.path``; multiprocessing
 forwards ``sys.path`` to the ranks, so case functions defined in a test module
 (and :mod:`harness`) resolve there by reference.
 """
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-# Keep `harness` and the test modules importable (here and in the spawned ranks)
+# Keep `harness` and the test modules importable (here and in the ranks)
 # even if pytest is run with another import mode or from another directory.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:

@@ -1,9 +1,12 @@
 """Multi-process system-test harness.
 
-A :class:`World` spawns ``nranks`` real ranks once (each an independent Python
+A :class:`World` starts ``nranks`` real ranks once (each an independent Python
 process with a gloo process group over a ``FileStore``) and then runs many
-test cases in them, so a test module pays the cost of starting torch only once
-per world size.
+test cases in them, so a test module pays the cost of starting a rank only once
+per world size. The ranks fork from multiprocessing's fork server, which has
+imported torch once for the test process: a rank starts without importing
+torch again (the import is most of a rank's start, and the suites start
+hundreds of ranks).
 
 Each case runs ``fn(*args, **kwargs)`` on every rank. ``fn`` must be a
 module-level function of an importable module (typically the test module
@@ -23,8 +26,11 @@ Failure model:
 A killed world reports ``alive == False``; the ``world_factory`` fixture in
 ``conftest.py`` replaces it on the next request.
 
-This module must not import torch at module level: the spawned children import
-it before they have applied the world's environment variables.
+The ranks see the test process's environment as it is when the world starts,
+with the world's variables applied, as a spawned process would; torch itself
+was imported by the fork server with the test process's environment, so a
+world's variables must not be ones that torch reads at import (the package's
+are read when it is imported or initialized, in the rank).
 """
 
 from __future__ import annotations
@@ -46,8 +52,6 @@ from typing import Any, Callable, NamedTuple
 
 __all__ = ["CaseOutput", "CaseTimeout", "RankFailure", "World", "WorldStartError"]
 
-# Seconds between the worker's checks that its parent is still alive.
-_PARENT_POLL_S = 1.0
 # How long close() lets workers shut down cleanly before killing them.
 _CLOSE_GRACE_S = 10.0
 # How long to wait for faulthandler to write a stack dump after SIGUSR1.
@@ -109,16 +113,19 @@ class WorldStartError(RuntimeError):
 
 
 # --------------------------------------------------------------------------
-# Worker side (runs in the spawned children).
+# Worker side (runs in the ranks).
 # --------------------------------------------------------------------------
 
 
-def _watch_parent(parent_pid: int) -> None:
-    """Exit the worker once its parent is gone, even while a case hangs."""
-    while True:
-        time.sleep(_PARENT_POLL_S)
-        if os.getppid() != parent_pid:
-            os._exit(70)
+def _watch_parent(alive: multiprocessing.connection.Connection) -> None:
+    """Exit the worker once the test process is gone, even while a case hangs: the test process holds the only
+    writing end of ``alive``, so reading it ends when that process does. (The worker's parent is the fork server,
+    which outlives the test process while its ranks live.)"""
+    try:
+        alive.recv_bytes()
+    except (EOFError, OSError):
+        pass
+    os._exit(70)
 
 
 def _run_case(
@@ -164,17 +171,20 @@ def _run_case(
 def _worker_main(
     rank: int,
     nranks: int,
-    env: dict[str, str],
+    environ: dict[str, str],
     tmpdir: str,
     conn: multiprocessing.connection.Connection,
-    parent_pid: int,
+    alive: multiprocessing.connection.Connection,
 ) -> None:
     """Body of one rank: init the process group, then serve cases until "stop"."""
-    # The environment must be in place before torch (or anything else) reads it.
-    os.environ.update(env)
+    # The test process's environment with the world's variables, in place before the package reads them; the fork
+    # server's own is the test process's at the server's start.
+    os.environ.clear()
+    os.environ.update(environ)
+    tempfile.tempdir = None  # TMPDIR is read again, as in a fresh interpreter
     # Ctrl-C goes to the whole process group; the parent decides what to do.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    threading.Thread(target=_watch_parent, args=(parent_pid,), name="harness-parent-watch", daemon=True).start()
+    threading.Thread(target=_watch_parent, args=(alive,), name="harness-parent-watch", daemon=True).start()
     stack_file = open(os.path.join(tmpdir, f"stacks.{rank}"), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     # On a crash (SIGSEGV, abort) print the Python stacks to fd 2, captured or not.
@@ -233,14 +243,16 @@ def _worker_main(
 # --------------------------------------------------------------------------
 
 
-def _reap(procs: list[multiprocessing.process.BaseProcess], conns: list[Any], tmpdir: str) -> None:
+def _reap(
+    procs: list[multiprocessing.process.BaseProcess], conns: list[Any], alive_ends: list[Any], tmpdir: str
+) -> None:
     """Kill every process still running, close the pipes, delete temp files."""
     for p in procs:
         if p.is_alive():
             p.kill()
     for p in procs:
         p.join(5.0)
-    for c in conns:
+    for c in conns + alive_ends:
         c.close()
     shutil.rmtree(tmpdir, ignore_errors=True)
 
@@ -260,27 +272,44 @@ def _fn_name(fn: Callable[..., Any]) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
+def _rank_context(start_method: str) -> multiprocessing.context.BaseContext:
+    """multiprocessing's context for ``start_method``; the fork server's imports torch before it forks a rank."""
+    if start_method not in ("forkserver", "spawn"):
+        raise ValueError(f"`start_method` must be 'forkserver' or 'spawn', but got {start_method!r}")
+    ctx = multiprocessing.get_context(start_method)
+    if start_method == "forkserver":
+        ctx.set_forkserver_preload(["torch", "torch.distributed"])
+    return ctx
+
+
 class World:
-    """``nranks`` spawned ranks with a gloo process group, running cases on demand.
+    """``nranks`` ranks with a gloo process group, running cases on demand.
 
     Use as a context manager or call :meth:`close`.
     """
 
-    def __init__(self, nranks: int, env: dict[str, str] | None = None, start_timeout: float = 120) -> None:
-        """Spawn the ranks and wait until all of them joined the process group.
+    def __init__(
+        self, nranks: int, env: dict[str, str] | None = None, start_timeout: float = 120,
+        start_method: str = "forkserver",
+    ) -> None:
+        """Start the ranks and wait until all of them joined the process group.
 
         Args:
             nranks: Number of ranks (processes), >= 1.
-            env: Environment variables applied in every rank before torch is
-                imported.
+            env: Environment variables applied in every rank before the package
+                is imported (torch's import: see the module's docstring).
             start_timeout: Seconds to wait for all ranks to be ready.
+            start_method: ``"forkserver"``: the ranks fork from the fork server (started once for this process,
+                torch imported); ``"spawn"``: fresh interpreters started by the calling thread, for ranks that
+                must inherit what only that thread has (a mount namespace it entered).
 
         Raises:
-            ValueError: ``nranks`` < 1.
+            ValueError: ``nranks`` < 1, or an unknown ``start_method``.
             WorldStartError: A rank failed, died or did not become ready in time.
         """
         if nranks < 1:
             raise ValueError(f"nranks must be >= 1, got {nranks}")
+        ctx = _rank_context(start_method)
         self._nranks = nranks
         self._env = dict(env or {})
         self._dead = False
@@ -288,16 +317,18 @@ class World:
         self._tmpdir = tempfile.mkdtemp(prefix="hpshmem-world-")
         self._procs: list[multiprocessing.process.BaseProcess] = []
         self._conns: list[multiprocessing.connection.Connection] = []
+        # The ranks watch this pipe for this process's end (_watch_parent); its writing end stays here until the reap.
+        watched_end, alive_end = ctx.Pipe(duplex=False)
         # Kills the ranks if the World is dropped or the interpreter exits without close().
-        self._finalizer = weakref.finalize(self, _reap, self._procs, self._conns, self._tmpdir)
+        self._finalizer = weakref.finalize(self, _reap, self._procs, self._conns, [alive_end], self._tmpdir)
 
-        ctx = multiprocessing.get_context("spawn")
+        environ = {**os.environ, **self._env}
         try:
             for rank in range(nranks):
                 parent_end, child_end = ctx.Pipe(duplex=True)
                 proc = ctx.Process(
                     target=_worker_main,
-                    args=(rank, nranks, self._env, self._tmpdir, child_end, os.getpid()),
+                    args=(rank, nranks, environ, self._tmpdir, child_end, watched_end),
                     name=f"hpshmem-rank{rank}",
                     daemon=True,
                 )
@@ -306,9 +337,11 @@ class World:
                 child_end.close()
                 self._procs.append(proc)
                 self._conns.append(parent_end)
+            watched_end.close()
             # A rank that fails to start leaves the others blocked in init, so stop at the first error.
             replies, exitcodes, pending = self._gather(time.monotonic() + start_timeout, stop_on_error=True)
         except BaseException:
+            watched_end.close()
             self._kill()
             raise
 

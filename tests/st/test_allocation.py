@@ -452,6 +452,7 @@ def _case_share_memory_moves_the_tensor_out_of_the_heap() -> dict:
         t.fill_(3.0)
         aid = allocation_info(t)["allocation_id"]
         t.share_memory_()  # torch copies the data into memory of its own: the tensor leaves the symmetric heap
+        runtime_logs.flush()  # the runtime's queued records, through logging (here: its stderr fallback)
         logged = _stderr_so_far()
         lines = [line for line in logged.splitlines() if "symmetric allocation leaked" in line]
         assert len(lines) == 1 and "its tensor was moved to other memory (share_memory_()" in lines[0], logged

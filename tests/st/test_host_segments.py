@@ -321,7 +321,8 @@ def _start_world_with_private_dev_shm(nranks: int, env: dict[str, str], size: in
             subprocess.run(
                 ["mount", "-t", "tmpfs", "-o", f"size={size},mode=1777", "tmpfs", SHM], check=True, timeout=30
             )
-            result["world"] = World(nranks, env=env)
+            # Spawned by this thread: ranks forked by the fork server would not be in this thread's namespace.
+            result["world"] = World(nranks, env=env, start_method="spawn")
         except BaseException as exc:  # handed to the test's thread
             result["error"] = exc
 
