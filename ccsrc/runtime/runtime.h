@@ -158,16 +158,18 @@ class Runtime {
               StreamHandle stream, KeepAlive keep);
   Status Recv(std::uint64_t team, void* data, std::size_t bytes, const ElementType& type, int peer,
               StreamHandle stream, KeepAlive keep);
-  // A fingerprinted sync that publishes `values` (at most 2n + 1, n the most PEs of one node) and returns every
-  // member's.
+  // A fingerprinted sync that publishes `values` and returns every member's: up to 2n + 1 (n the most PEs of one
+  // node) travel with the fingerprint, more (every member as many) through the team's staging, at most
+  // CollectiveEngine::AgreeCapacity.
   Result<std::vector<std::vector<std::int64_t>>> Agree(std::uint64_t team, const Fingerprint& fingerprint,
                                                        const std::vector<std::int64_t>& values, StreamHandle stream);
   // MoE dispatch or combine (collectives/moe.h for the layouts). Collective over `args.team`: the members publish
-  // their splits, source offsets and sizes with fingerprinted syncs (the split tables reach the host through the
-  // device: on a device that does not arbitrate, a stream-ordered read after which the stream is synchronized, as
-  // Agree does), and every member checks every member's call: a negative split, a chunk outside `input`, an `output`
-  // too small for what the peers send (naming the rank, the expert and both sizes) fail the call on every member
-  // with the same kInvalidArgument before anything is written. Then every member pulls its chunks out of the peers'
+  // their splits, source offsets and sizes with one fingerprinted sync (Agree; a row longer than a member's share of
+  // the team's staging takes a sync per share; the split tables reach the host through the device: on a device that
+  // does not arbitrate, a stream-ordered read after which the stream is synchronized, as Agree does), and every
+  // member checks every member's call: a negative split, a chunk outside `input`, an `output` too small for what the
+  // peers send (naming the rank, the expert and both sizes) fail the call on every member with the same
+  // kInvalidArgument before anything is written. Then every member pulls its chunks out of the peers'
   // symmetric `input` (one Get per chunk, straight into place, and a closing barrier), or, where a member's `input`
   // is an ordinary tensor, the engine's all_to_all moves them through host staging (devices that arbitrate only:
   // elsewhere an ordinary `input` is refused on every member).

@@ -332,7 +332,8 @@ Result<std::vector<std::vector<std::int64_t>>> Runtime::Agree(std::uint64_t team
                                                               const std::vector<std::int64_t>& values,
                                                               StreamHandle stream) {
   HP_WITH_TEAM(team, "agree", engine, stream, nullptr, static_cast<CallRole>(fingerprint.role));
-  const std::size_t limit = 2 * static_cast<std::size_t>(max_node_size_) + 1;
+  const std::size_t limit =
+      CollectiveEngine::AgreeCapacity(max_node_size_, hp_found.value()->size(), hp_found.value()->staging_bytes());
   if (values.size() > limit) {
     return Record(engine.Refuse(static_cast<Collective>(fingerprint.collective),
                                 InvalidArgument("`values` must have at most " + std::to_string(limit) +

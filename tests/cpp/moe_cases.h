@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "collective_cases.h"
@@ -247,6 +248,48 @@ inline void RunMoeBadCalls(const CollectiveBackend& backend, int world, bool ref
       EXPECT_EQ(out_table.Get(), std::vector<std::int64_t>(2 * nsplits, -7));
     }
     ASSERT_TRUE(IsOk(runtime.MoeExchange(x, kDefaultStream, nullptr)));
+    EXPECT_EQ(out_table.Get()[0], 1);
+  });
+}
+
+// Ranks that disagree about the call (dispatch against combine, another number of experts, another role) all raise
+// ShmemMismatchError naming the field before anything is written, and the team stays in step.
+inline void RunMoeMismatch(const CollectiveBackend& backend, int world) {
+  using namespace moe;
+  RunOnRootTeam(backend, world, [&](int rank, Runtime& runtime, std::uint64_t t) {
+    const int last = world - 1;
+    const int experts = rank == last ? 2 : 1;   // for the call whose row length differs
+    const std::size_t most = static_cast<std::size_t>(world) * 2;
+    const std::size_t rows = 4 * most;
+    DeviceFloats input(backend, runtime, rows * kRowFloats, true);
+    DeviceFloats output(backend, runtime, rows * kRowFloats, true);
+    const std::vector<float> untouched(rows * kRowFloats, -1.0F);
+    output.Set(untouched);
+    const DeviceInts in_splits(backend, std::vector<std::int64_t>(most, 1));
+    const DeviceInts out_table(backend, std::vector<std::int64_t>(2 * most, -7));
+    const std::size_t nsplits = static_cast<std::size_t>(world);
+    const MoeExchangeArgs agreed = Args("moe_dispatch", t, MoeDirection::kDispatch, 1, input, output, in_splits,
+                                        nullptr, out_table, nsplits);
+    MoeExchangeArgs combine = agreed;
+    if (rank == last) {
+      combine.op = "moe_combine";
+      combine.direction = MoeDirection::kCombine;
+    }
+    MoeExchangeArgs more_experts = Args("moe_dispatch", t, MoeDirection::kDispatch, experts, input, output,
+                                        in_splits, nullptr, out_table, nsplits * static_cast<std::size_t>(experts));
+    MoeExchangeArgs backward = agreed;
+    if (rank == last) backward.role = CallRole::kBackward;
+    const std::vector<std::pair<std::string, MoeExchangeArgs>> calls = {
+        {"collective", combine}, {"count", more_experts}, {"role", backward}};
+    for (const auto& [field, x] : calls) {
+      SCOPED_TRACE(field);
+      EXPECT_TRUE(HasError(runtime.MoeExchange(x, kDefaultStream, nullptr), StatusCode::kMismatch,
+                           "ranks disagree on a collective (" + field + ")"));
+      EXPECT_EQ(out_table.Get(), std::vector<std::int64_t>(2 * most, -7));
+      EXPECT_EQ(output.Get(), untouched);
+    }
+    // The team stays in step: the agreed call goes through.
+    ASSERT_TRUE(IsOk(runtime.MoeExchange(agreed, kDefaultStream, nullptr)));
     EXPECT_EQ(out_table.Get()[0], 1);
   });
 }

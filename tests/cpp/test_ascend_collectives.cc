@@ -108,6 +108,10 @@ TEST_P(AscendCollectivesTest, MoeBadSplitsAndOrdinaryInputsFailOnEveryRank) {
   testutil::RunMoeBadCalls(AscendBackend(), GetParam(), /*refuses_ordinary=*/true);
 }
 
+TEST_P(AscendCollectivesTest, MoeRanksThatDisagreeAboutTheCallAllRaiseAMismatchBeforeAnythingIsWritten) {
+  testutil::RunMoeMismatch(AscendBackend(), GetParam());
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, AscendCollectivesTest, ::testing::Values(2, 3, 4, 8, 16));
 
 // Deferred checks find a mismatch after the call ran: every member raises it at its next call, naming both calls.
@@ -206,6 +210,51 @@ TEST(AscendSignalWrapTest, TenThousandSyncsAndSendsAcrossTheSignalWrap) {
 // What each collective costs on the NPU's stream in the default (deferred) mode, warm: the host never waits for the
 // stream (no synchronization, no blocking copy) and allocates nothing; the device tasks per call are printed (the
 // table in docs/engine.md). Values are checked once the stream is synchronized.
+// A MoE dispatch reads its split table back to the host once and agrees on every member's call in one sync (its
+// rows staged through the team's staging: Agree synchronizes the stream at its sync and after pulling the rows), so
+// a warm call synchronizes its stream three times whatever the experts and ranks: a second agreement would add two.
+TEST(AscendCostTest, MoeAgreesOnEveryMembersCallInOneSyncWhateverTheExpertsAndRanks) {
+  for (int world : {2, 4, 8}) {
+    fakes::FakeCann::Reset();
+    const testutil::CollectiveBackend backend = AscendBackend();
+    testutil::RunOnRootTeam(backend, world, [&](int rank, Runtime& runtime, std::uint64_t t) {
+      auto stream = runtime.CreateStream();
+      ASSERT_TRUE(stream.ok());
+      const StreamHandle s = stream.value();
+      for (int experts : {1, 8, 32}) {
+        SCOPED_TRACE("ranks=" + std::to_string(world) + " experts=" + std::to_string(experts));
+        const std::size_t nsplits = static_cast<std::size_t>(world) * static_cast<std::size_t>(experts);
+        // One row to every expert of every rank: each rank receives nsplits rows.
+        testutil::DeviceFloats input(backend, runtime, nsplits * testutil::moe::kRowFloats, true);
+        testutil::DeviceFloats output(backend, runtime, nsplits * testutil::moe::kRowFloats, true);
+        const testutil::DeviceInts in_splits(backend, std::vector<std::int64_t>(nsplits, 1));
+        const testutil::DeviceInts out_table(backend, std::vector<std::int64_t>(2 * nsplits, -1));
+        const MoeExchangeArgs x = testutil::moe::Args("moe_dispatch", t, MoeDirection::kDispatch, experts, input,
+                                                      output, in_splits, nullptr, out_table, nsplits);
+        ASSERT_TRUE(testutil::IsOk(runtime.MoeExchange(x, s, nullptr)));   // warm
+        ASSERT_TRUE(testutil::IsOk(runtime.SynchronizeStream(s)));
+        fakes::FakeCann::ResetCounters();
+        ASSERT_TRUE(testutil::IsOk(runtime.MoeExchange(x, s, nullptr)));
+        const fakes::FakeCounters cost = fakes::FakeCann::Counters();
+        EXPECT_EQ(cost.stream_synchronizations, 3u);
+        ASSERT_TRUE(testutil::IsOk(runtime.SynchronizeStream(s)));
+        const std::vector<std::int64_t> out = out_table.Get();
+        EXPECT_EQ(out, [&] {
+          std::vector<std::int64_t> expected(2 * nsplits, 1);
+          for (std::size_t i = 0; i < nsplits; ++i) expected[nsplits + i] = static_cast<std::int64_t>(i);
+          return expected;
+        }());
+        if (rank == 0) {
+          std::printf("[ cost ] ranks=%d moe_dispatch experts=%-3d stream_synchronizations=%zu device_tasks=%zu\n",
+                      world, experts, cost.stream_synchronizations, cost.device_tasks);
+        }
+      }
+      ASSERT_TRUE(testutil::IsOk(runtime.DestroyStream(s)));
+    });
+  }
+  fakes::FakeCann::Reset();
+}
+
 TEST(AscendCostTest, NoCollectiveSynchronizesCopiesBlockingOrAllocates) {
   for (int world : {2, 4, 8}) {
     fakes::FakeCann::Reset();

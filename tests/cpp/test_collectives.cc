@@ -845,6 +845,10 @@ TEST_P(HostMoeTest, BadSplitsOfOneRankFailOnEveryRank) {
   testutil::RunMoeBadCalls(HostBackend(), GetParam(), /*refuses_ordinary=*/false);
 }
 
+TEST_P(HostMoeTest, RanksThatDisagreeAboutTheCallAllRaiseAMismatchBeforeAnythingIsWritten) {
+  testutil::RunMoeMismatch(HostBackend(), GetParam());
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, HostMoeTest, ::testing::Values(2, 3, 4, 8));
 
 }  // namespace

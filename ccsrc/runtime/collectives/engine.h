@@ -115,9 +115,15 @@ class CollectiveEngine {
   // first failure is kept for this rank's next call on the team, and returned (once) here too when `take` is set.
   Status CheckDeferred(bool take);
   // A sync carrying `fingerprint` (collective, dtype, count, op, wire, peer as the caller fills them; sequence and
-  // epoch are the engine's), after which every member's published `values` (at most 2n + 1) are returned in
-  // group-rank order: for the algorithms the runtime's callers write over the primitives (fused ops, low precision).
+  // epoch are the engine's), after which every member's published `values` (at most AgreeCapacity) are returned in
+  // group-rank order: for the algorithms the runtime's callers write over the primitives (fused ops, low precision,
+  // MoE's split tables). Up to 2n + 1 values travel in the count row, with the fingerprint; more travel through the
+  // staging half of the call's parity (a region per member, pulled after the sync), and then every member must
+  // publish as many (the caller's fingerprint says so: its count is compared before anything is pulled).
   Result<std::vector<std::vector<std::int64_t>>> Agree(Fingerprint fingerprint, const std::vector<std::int64_t>& values);
+  // The most values one Agree publishes per member, for a team of `team_size` staging through `staging_bytes` in a
+  // pool laid out for `node_size` PEs: the same on every member.
+  static std::size_t AgreeCapacity(int node_size, int team_size, std::size_t staging_bytes);
 
  private:
   // Whether this call's checks are deferred: the device does not arbitrate and no strict checks were asked for. Its
@@ -125,6 +131,8 @@ class CollectiveEngine {
   // when their fingerprints do), pulling only: a rank writes its own outputs and the slots assigned to it, so a
   // mismatch found later can leave wrong values in its own outputs, never anywhere else (deferred.cc).
   bool Deferred() const { return !device_.arbitrates() && !strict_; }
+  // The values Agree publishes in a member's count row (the rest of the row is all_to_all's).
+  static std::size_t AgreeCountRowValues(int node_size) { return 2 * static_cast<std::size_t>(node_size) + 1; }
   // The first sync of a deferred call: stages the row in stream order, syncs on the stream, and reads the table back
   // for a deferred check.
   Status OpenDeferred(Fingerprint fingerprint, const std::vector<std::int64_t>* counts = nullptr,

@@ -210,13 +210,14 @@ Status Runtime::MoeExchange(const MoeExchangeArgs& x, StreamHandle stream, KeepA
   mine[kOutputRows] = x.output_rows;
   mine[kHeapOffset] = heap_offset;
 
-  // 2. Every member's row, in as many fingerprinted syncs as the published values need: every member then knows
-  // every member's call, and all decide alike.
+  // 2. Every member's row, in one fingerprinted sync (Agree stages rows beyond its count row through the team's
+  // staging; a row longer than a member's share of it takes a sync per share): every member then knows every
+  // member's call, and all decide alike.
   std::vector<std::vector<std::int64_t>> rows(static_cast<std::size_t>(n));
   if (n == 1) {
     rows[0] = mine;
   } else {
-    const std::size_t capacity = 2 * static_cast<std::size_t>(max_node_size_) + 1;
+    const std::size_t capacity = CollectiveEngine::AgreeCapacity(max_node_size_, n, view.staging_bytes);
     Fingerprint fingerprint{};
     fingerprint.collective =
         static_cast<std::uint32_t>(dispatch ? Collective::kMoeDispatch : Collective::kMoeCombine);

@@ -90,6 +90,12 @@ Status CollectiveEngine::GiveUp(const Status& why) {
   return why;
 }
 
+std::size_t CollectiveEngine::AgreeCapacity(int node_size, int team_size, std::size_t staging_bytes) {
+  const std::size_t half = staging_bytes / 2;
+  const std::size_t staged = half / static_cast<std::size_t>(std::max(team_size, 1)) / sizeof(std::int64_t);
+  return std::max(AgreeCountRowValues(node_size), staged);
+}
+
 Result<std::vector<std::vector<std::int64_t>>> CollectiveEngine::Agree(Fingerprint fingerprint,
                                                                       const std::vector<std::int64_t>& values) {
   HP_ASSIGN_OR_RETURN(const Fingerprint f, Begin(static_cast<Collective>(fingerprint.collective), nullptr,
@@ -98,13 +104,43 @@ Result<std::vector<std::vector<std::int64_t>>> CollectiveEngine::Agree(Fingerpri
   if (fingerprint.role == static_cast<std::uint32_t>(CallRole::kForward)) fingerprint.role = f.role;
   fingerprint.refusal = 0;
   for (std::int64_t& w : fingerprint.where) w = -1;
-  HP_RETURN_IF_ERROR(OpenNow(fingerprint, &values).status());   // the values go back to the host now
   const int n = team_.size();
+  const std::size_t bytes = values.size() * sizeof(std::int64_t);
+  // Values beyond the count row travel through the staging half of the call's parity, a region per member (the
+  // one-step all_gather's rule for the half): each member writes its own region before the sync and pulls the
+  // peers' regions into its own half after it, so that a rank writes only its own heap.
+  const bool staged = values.size() > AgreeCountRowValues(team_.layout->world_size);
+  char* half = team_.StagingHalf(Parity());
+  auto region = [&](int r) { return half + static_cast<std::size_t>(r) * bytes; };
+  if (staged) {
+    HP_RETURN_IF_ERROR(BeforeOpen(device_.arbitrates()
+                                      ? device_.CopyToHeap(region(team_.me), values.data(), bytes)
+                                      : device_.StageFromHost(region(team_.me), values.data(), bytes, stream_)));
+  }
+  HP_RETURN_IF_ERROR(OpenNow(fingerprint, staged ? nullptr : &values).status());   // the values go back to the host now
+  std::vector<std::int64_t> table;
+  if (staged) {
+    for (int r = 1; r < n; ++r) {
+      const int p = (team_.me + r) % n;
+      HP_RETURN_IF_ERROR(Broken(Get(region(p), region(p), bytes, p), "pull the published values", Next::kCallEnd));
+    }
+    if (stream_ != kDefaultStream) {
+      HP_RETURN_IF_ERROR(Broken(device_.SynchronizeStream(stream_), "pull the published values", Next::kCallEnd));
+    }
+    table.resize(static_cast<std::size_t>(n) * values.size());
+    HP_RETURN_IF_ERROR(Broken(device_.CopyFromHeap(table.data(), half, table.size() * sizeof(std::int64_t)),
+                              "read the published values", Next::kCallEnd));
+  }
   std::vector<std::vector<std::int64_t>> rows(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) {
-    rows[static_cast<std::size_t>(r)].resize(values.size());
-    HP_RETURN_IF_ERROR(Broken(device_.CopyFromHeap(rows[static_cast<std::size_t>(r)].data(), team_.CountRow(Parity(), r),
-                                                   values.size() * sizeof(std::int64_t)),
+    auto& row = rows[static_cast<std::size_t>(r)];
+    if (staged) {
+      const auto first = table.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * values.size());
+      row.assign(first, first + static_cast<std::ptrdiff_t>(values.size()));
+      continue;
+    }
+    row.resize(values.size());
+    HP_RETURN_IF_ERROR(Broken(device_.CopyFromHeap(row.data(), team_.CountRow(Parity(), r), bytes),
                               "read the published values", Next::kCallEnd));
   }
   return rows;
