@@ -212,7 +212,8 @@ TEST(AscendSignalWrapTest, TenThousandSyncsAndSendsAcrossTheSignalWrap) {
 // table in docs/engine.md). Values are checked once the stream is synchronized.
 // A MoE dispatch reads its split table back to the host once and agrees on every member's call in one sync (its
 // rows staged through the team's staging: Agree synchronizes the stream at its sync and after pulling the rows), so
-// a warm call synchronizes its stream three times whatever the experts and ranks: a second agreement would add two.
+// a warm call synchronizes its stream three times whatever the experts and ranks (sharing the rows through the count
+// row, 2n + 1 values per sync, took 9 at 2 ranks and 8 experts, 28 at 32 experts: one per sync).
 TEST(AscendCostTest, MoeAgreesOnEveryMembersCallInOneSyncWhateverTheExpertsAndRanks) {
   for (int world : {2, 4, 8}) {
     fakes::FakeCann::Reset();
