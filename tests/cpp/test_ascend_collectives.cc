@@ -207,119 +207,120 @@ TEST(AscendSignalWrapTest, TenThousandSyncsAndSendsAcrossTheSignalWrap) {
   fakes::FakeCann::Reset();
 }
 
-// What each collective costs on the NPU's stream in the default (deferred) mode, warm: the host never waits for the
-// stream (no synchronization, no blocking copy) and allocates nothing; the device tasks per call are printed (the
-// table in docs/engine.md). Values are checked once the stream is synchronized.
-// A MoE dispatch reads its split table back to the host once and agrees on every member's call in one sync (its
-// rows staged through the team's staging: Agree synchronizes the stream at its sync and after pulling the rows), so
-// a warm call synchronizes its stream three times whatever the experts and ranks (sharing the rows through the count
-// row, 2n + 1 values per sync, took 9 at 2 ranks and 8 experts, 28 at 32 experts: one per sync).
-TEST(AscendCostTest, MoeAgreesOnEveryMembersCallInOneSyncWhateverTheExpertsAndRanks) {
+// Runs `body(backend, world, rank, runtime, team, stream)` on every rank of a root team of 2, 4 and 8 ranks on the
+// fakes, each rank on an explicit stream of its own.
+template <typename Body>
+void RunOnStreamsOfTwoFourAndEightRanks(Body&& body) {
   for (int world : {2, 4, 8}) {
     fakes::FakeCann::Reset();
     const testutil::CollectiveBackend backend = AscendBackend();
     testutil::RunOnRootTeam(backend, world, [&](int rank, Runtime& runtime, std::uint64_t t) {
       auto stream = runtime.CreateStream();
       ASSERT_TRUE(stream.ok());
-      const StreamHandle s = stream.value();
-      for (int experts : {1, 8, 32}) {
-        SCOPED_TRACE("ranks=" + std::to_string(world) + " experts=" + std::to_string(experts));
-        const std::size_t nsplits = static_cast<std::size_t>(world) * static_cast<std::size_t>(experts);
-        // One row to every expert of every rank: each rank receives nsplits rows.
-        testutil::DeviceFloats input(backend, runtime, nsplits * testutil::moe::kRowFloats, true);
-        testutil::DeviceFloats output(backend, runtime, nsplits * testutil::moe::kRowFloats, true);
-        const testutil::DeviceInts in_splits(backend, std::vector<std::int64_t>(nsplits, 1));
-        const testutil::DeviceInts out_table(backend, std::vector<std::int64_t>(2 * nsplits, -1));
-        const MoeExchangeArgs x = testutil::moe::Args("moe_dispatch", t, MoeDirection::kDispatch, experts, input,
-                                                      output, in_splits, nullptr, out_table, nsplits);
-        ASSERT_TRUE(testutil::IsOk(runtime.MoeExchange(x, s, nullptr)));   // warm
-        ASSERT_TRUE(testutil::IsOk(runtime.SynchronizeStream(s)));
-        fakes::FakeCann::ResetCounters();
-        ASSERT_TRUE(testutil::IsOk(runtime.MoeExchange(x, s, nullptr)));
-        const fakes::FakeCounters cost = fakes::FakeCann::Counters();
-        EXPECT_EQ(cost.stream_synchronizations, 3u);
-        ASSERT_TRUE(testutil::IsOk(runtime.SynchronizeStream(s)));
-        const std::vector<std::int64_t> out = out_table.Get();
-        EXPECT_EQ(out, [&] {
-          std::vector<std::int64_t> expected(2 * nsplits, 1);
-          for (std::size_t i = 0; i < nsplits; ++i) expected[nsplits + i] = static_cast<std::int64_t>(i);
-          return expected;
-        }());
-        if (rank == 0) {
-          std::printf("[ cost ] ranks=%d moe_dispatch experts=%-3d stream_synchronizations=%zu device_tasks=%zu\n",
-                      world, experts, cost.stream_synchronizations, cost.device_tasks);
-        }
-      }
-      ASSERT_TRUE(testutil::IsOk(runtime.DestroyStream(s)));
+      body(backend, world, rank, runtime, t, stream.value());
+      ASSERT_TRUE(testutil::IsOk(runtime.DestroyStream(stream.value())));
     });
   }
   fakes::FakeCann::Reset();
 }
 
-TEST(AscendCostTest, NoCollectiveSynchronizesCopiesBlockingOrAllocates) {
-  for (int world : {2, 4, 8}) {
-    fakes::FakeCann::Reset();
-    const testutil::CollectiveBackend backend = AscendBackend();
-    testutil::RunOnRootTeam(backend, world, [&](int rank, Runtime& runtime, std::uint64_t t) {
-      auto stream = runtime.CreateStream();
-      ASSERT_TRUE(stream.ok());
-      const StreamHandle s = stream.value();
-      const auto n = static_cast<std::size_t>(world);
-      const std::size_t small = 16;      // 64 B
-      const std::size_t large = 40000;   // 160 KB: past the one-step size, staged in pieces or copy-free
-      testutil::DeviceFloats ordinary(backend, runtime, large * n, false);
-      testutil::DeviceFloats gathered(backend, runtime, large * n, false);
-      testutil::DeviceFloats symmetric(backend, runtime, large * n, true);
-      testutil::DeviceFloats message(backend, runtime, small, false);
-      std::vector<float> ones(large * n, 1.0f);
-      ordinary.Set(ones);
-      symmetric.Set(ones);
-      const std::vector<std::pair<std::string, std::function<Status()>>> calls = {
-          {"barrier", [&] { return runtime.TeamBarrier(t, s); }},
-          {"all_reduce 64 B", [&] {
-             return runtime.AllReduce(t, ordinary.data(), small * 4, DataType::kFloat32, ReduceOp::kSum, s, nullptr);
-           }},
-          {"all_reduce 160 KB symmetric", [&] {
-             return runtime.AllReduce(t, symmetric.data(), large * 4, DataType::kFloat32, ReduceOp::kSum, s, nullptr);
-           }},
-          {"all_gather 64 B", [&] {
-             return runtime.AllGather(t, gathered.data(), small * 4 * n, ordinary.data(), small * 4, testutil::Float32(), s,
-                                      nullptr);
-           }},
-          {"reduce_scatter 64 B", [&] {
-             return runtime.ReduceScatter(t, gathered.data(), small * 4, ordinary.data(), small * 4 * n,
-                                          DataType::kFloat32, ReduceOp::kSum, s, nullptr);
-           }},
-          {"all_to_all 64 B", [&] {
-             std::vector<std::pair<const void*, std::size_t>> sends;
-             for (std::size_t j = 0; j < n; ++j) sends.emplace_back(static_cast<char*>(ordinary.data()) + j * 64, 64);
-             return runtime.AllToAll(t, sends, gathered.data(), 64 * n, std::vector<std::uint64_t>(n, 16),
-                                     testutil::Float32(), s, nullptr);
-           }},
-          {"send/recv 64 B", [&] {
-             const int next = (rank + 1) % world;
-             const int previous = (rank + world - 1) % world;
-             HP_RETURN_IF_ERROR(runtime.Send(t, message.data(), small * 4, testutil::Float32(), next, s, nullptr));
-             return runtime.Recv(t, message.data(), small * 4, testutil::Float32(), previous, s, nullptr);
-           }},
-      };
-      for (const auto& [name, call] : calls) {
-        SCOPED_TRACE(name);
-        ASSERT_TRUE(testutil::IsOk(call()));   // warm: workspaces, page-locked buffers, events
-        ASSERT_TRUE(testutil::IsOk(runtime.SynchronizeStream(s)));
-        fakes::FakeCann::ResetCounters();
-        ASSERT_TRUE(testutil::IsOk(call()));
-        const fakes::FakeCounters cost = fakes::FakeCann::Counters();
-        EXPECT_EQ(cost.stream_synchronizations, 0u);
-        EXPECT_EQ(cost.blocking_copies, 0u);
-        EXPECT_EQ(cost.device_mallocs, 0u);
-        if (rank == 0) std::printf("[ cost ] ranks=%d %-28s device_tasks=%zu\n", world, name.c_str(), cost.device_tasks);
-        ASSERT_TRUE(testutil::IsOk(runtime.SynchronizeStream(s)));
+// A MoE dispatch reads its split table back to the host once and agrees on every member's call in one sync (its
+// rows staged through the team's staging: Agree synchronizes the stream at its sync and after pulling the rows), so
+// a warm call synchronizes its stream three times whatever the experts and ranks (sharing the rows through the count
+// row, 2n + 1 values per sync, took 9 at 2 ranks and 8 experts, 28 at 32 experts: one per sync).
+TEST(AscendCostTest, MoeAgreesOnEveryMembersCallInOneSyncWhateverTheExpertsAndRanks) {
+  RunOnStreamsOfTwoFourAndEightRanks([](const testutil::CollectiveBackend& backend, int world, int rank,
+                                        Runtime& runtime, std::uint64_t t, StreamHandle s) {
+    for (int experts : {1, 8, 32}) {
+      SCOPED_TRACE("ranks=" + std::to_string(world) + " experts=" + std::to_string(experts));
+      const std::size_t nsplits = static_cast<std::size_t>(world) * static_cast<std::size_t>(experts);
+      // One row to every expert of every rank: each rank receives nsplits rows.
+      testutil::DeviceFloats input(backend, runtime, nsplits * testutil::moe::kRowFloats, true);
+      testutil::DeviceFloats output(backend, runtime, nsplits * testutil::moe::kRowFloats, true);
+      const testutil::DeviceInts in_splits(backend, std::vector<std::int64_t>(nsplits, 1));
+      const testutil::DeviceInts out_table(backend, std::vector<std::int64_t>(2 * nsplits, -1));
+      const MoeExchangeArgs x = testutil::moe::Args("moe_dispatch", t, MoeDirection::kDispatch, experts, input,
+                                                    output, in_splits, nullptr, out_table, nsplits);
+      ASSERT_TRUE(testutil::IsOk(runtime.MoeExchange(x, s, nullptr)));   // warm
+      ASSERT_TRUE(testutil::IsOk(runtime.SynchronizeStream(s)));
+      fakes::FakeCann::ResetCounters();
+      ASSERT_TRUE(testutil::IsOk(runtime.MoeExchange(x, s, nullptr)));
+      const fakes::FakeCounters cost = fakes::FakeCann::Counters();
+      EXPECT_EQ(cost.stream_synchronizations, 3u);
+      ASSERT_TRUE(testutil::IsOk(runtime.SynchronizeStream(s)));
+      const std::vector<std::int64_t> out = out_table.Get();
+      EXPECT_EQ(out, [&] {
+        std::vector<std::int64_t> expected(2 * nsplits, 1);
+        for (std::size_t i = 0; i < nsplits; ++i) expected[nsplits + i] = static_cast<std::int64_t>(i);
+        return expected;
+      }());
+      if (rank == 0) {
+        std::printf("[ cost ] ranks=%d moe_dispatch experts=%-3d stream_synchronizations=%zu device_tasks=%zu\n",
+                    world, experts, cost.stream_synchronizations, cost.device_tasks);
       }
-      ASSERT_TRUE(testutil::IsOk(runtime.DestroyStream(s)));
-    });
-  }
-  fakes::FakeCann::Reset();
+    }
+  });
+}
+
+// What each collective costs on the NPU's stream in the default (deferred) mode, warm: the host never waits for the
+// stream (no synchronization, no blocking copy) and allocates nothing; the device tasks per call are printed (the
+// table in docs/engine.md). Values are checked once the stream is synchronized.
+TEST(AscendCostTest, NoCollectiveSynchronizesCopiesBlockingOrAllocates) {
+  RunOnStreamsOfTwoFourAndEightRanks([](const testutil::CollectiveBackend& backend, int world, int rank,
+                                        Runtime& runtime, std::uint64_t t, StreamHandle s) {
+    const auto n = static_cast<std::size_t>(world);
+    const std::size_t small = 16;      // 64 B
+    const std::size_t large = 40000;   // 160 KB: past the one-step size, staged in pieces or copy-free
+    testutil::DeviceFloats ordinary(backend, runtime, large * n, false);
+    testutil::DeviceFloats gathered(backend, runtime, large * n, false);
+    testutil::DeviceFloats symmetric(backend, runtime, large * n, true);
+    testutil::DeviceFloats message(backend, runtime, small, false);
+    std::vector<float> ones(large * n, 1.0f);
+    ordinary.Set(ones);
+    symmetric.Set(ones);
+    const std::vector<std::pair<std::string, std::function<Status()>>> calls = {
+        {"barrier", [&] { return runtime.TeamBarrier(t, s); }},
+        {"all_reduce 64 B", [&] {
+           return runtime.AllReduce(t, ordinary.data(), small * 4, DataType::kFloat32, ReduceOp::kSum, s, nullptr);
+         }},
+        {"all_reduce 160 KB symmetric", [&] {
+           return runtime.AllReduce(t, symmetric.data(), large * 4, DataType::kFloat32, ReduceOp::kSum, s, nullptr);
+         }},
+        {"all_gather 64 B", [&] {
+           return runtime.AllGather(t, gathered.data(), small * 4 * n, ordinary.data(), small * 4, testutil::Float32(), s,
+                                    nullptr);
+         }},
+        {"reduce_scatter 64 B", [&] {
+           return runtime.ReduceScatter(t, gathered.data(), small * 4, ordinary.data(), small * 4 * n,
+                                        DataType::kFloat32, ReduceOp::kSum, s, nullptr);
+         }},
+        {"all_to_all 64 B", [&] {
+           std::vector<std::pair<const void*, std::size_t>> sends;
+           for (std::size_t j = 0; j < n; ++j) sends.emplace_back(static_cast<char*>(ordinary.data()) + j * 64, 64);
+           return runtime.AllToAll(t, sends, gathered.data(), 64 * n, std::vector<std::uint64_t>(n, 16),
+                                   testutil::Float32(), s, nullptr);
+         }},
+        {"send/recv 64 B", [&] {
+           const int next = (rank + 1) % world;
+           const int previous = (rank + world - 1) % world;
+           HP_RETURN_IF_ERROR(runtime.Send(t, message.data(), small * 4, testutil::Float32(), next, s, nullptr));
+           return runtime.Recv(t, message.data(), small * 4, testutil::Float32(), previous, s, nullptr);
+         }},
+    };
+    for (const auto& [name, call] : calls) {
+      SCOPED_TRACE(name);
+      ASSERT_TRUE(testutil::IsOk(call()));   // warm: workspaces, page-locked buffers, events
+      ASSERT_TRUE(testutil::IsOk(runtime.SynchronizeStream(s)));
+      fakes::FakeCann::ResetCounters();
+      ASSERT_TRUE(testutil::IsOk(call()));
+      const fakes::FakeCounters cost = fakes::FakeCann::Counters();
+      EXPECT_EQ(cost.stream_synchronizations, 0u);
+      EXPECT_EQ(cost.blocking_copies, 0u);
+      EXPECT_EQ(cost.device_mallocs, 0u);
+      if (rank == 0) std::printf("[ cost ] ranks=%d %-28s device_tasks=%zu\n", world, name.c_str(), cost.device_tasks);
+      ASSERT_TRUE(testutil::IsOk(runtime.SynchronizeStream(s)));
+    }
+  });
 }
 
 }  // namespace
