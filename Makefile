@@ -87,9 +87,10 @@ test-cpp-sanitize: test-deps
 	cmake --build $(BUILD_SAN) --parallel 2
 	ctest --test-dir $(BUILD_SAN) --output-on-failure -E '$(SANITIZE_SKIP)'
 
-# Run from tests/ against the installed package, never the source tree's src/.
+# Run from tests/ against the installed package, never the source tree's src/. The slowest tests are listed at the end:
+# where the suite's time goes.
 test-py: install test-deps
-	$(PYTHON) -m pytest tests -q
+	$(PYTHON) -m pytest tests -q --durations=25
 
 # MindSpore's handler runs in an environment of its own: MindSpore pins numpy<2, and its wheel brings no torch. The
 # package is built there without the torch binding (the C ABI library libhp_shmem_c.so is in every build).
