@@ -78,8 +78,10 @@ void UseLoopbackTcp() {
   setenv("UCX_NET_DEVICES", "lo", /*overwrite=*/0);
 }
 
+constexpr std::chrono::milliseconds kTimeout{10000};
+
 RemoteTransportArgs TwoNodes(int rank, std::vector<char>& heap, std::atomic<int>* remote_writes,
-                             std::chrono::milliseconds timeout = std::chrono::milliseconds(10000)) {
+                             std::chrono::milliseconds timeout) {
   RemoteTransportArgs args;
   args.rank = rank;
   args.world_size = 2;
@@ -102,17 +104,27 @@ std::unique_ptr<RemoteTransport> OpenAndConnect(const RemoteTransportArgs& args,
   return transport;
 }
 
-TEST(RemoteTransportTest, PutGetAndBothSignalOpsReachTheOtherNodesHeap) {
+// Runs `body(rank, bootstrap, transport, heap, remote_writes)` on 2 thread-ranks of two nodes, each with its
+// transport connected over TCP on loopback.
+template <typename Body>
+void OnTwoTransports(std::chrono::milliseconds timeout, Body&& body) {
   UseLoopbackTcp();
-  RunRanks(2, [](int rank, Bootstrap& bootstrap) {
+  RunRanks(2, [&](int rank, Bootstrap& bootstrap) {
     std::vector<char> heap(kHeapBytes, 0);
     std::atomic<int> remote_writes{0};
-    auto transport = OpenAndConnect(TwoNodes(rank, heap, &remote_writes), bootstrap);
+    auto transport = OpenAndConnect(TwoNodes(rank, heap, &remote_writes, timeout), bootstrap);
     ASSERT_NE(transport, nullptr);
+    body(rank, bootstrap, *transport, heap, remote_writes);
+  });
+}
+
+TEST(RemoteTransportTest, PutGetAndBothSignalOpsReachTheOtherNodesHeap) {
+  OnTwoTransports(kTimeout, [](int rank, Bootstrap& bootstrap, RemoteTransport& transport, std::vector<char>& heap,
+                               std::atomic<int>& remote_writes) {
     const int peer = 1 - rank;
-    EXPECT_EQ(transport->name(), "ucx");
-    EXPECT_TRUE(transport->reaches(peer));
-    EXPECT_FALSE(transport->reaches(rank));   // its own node: mapped memory, not the transport
+    EXPECT_EQ(transport.name(), "ucx");
+    EXPECT_TRUE(transport.reaches(peer));
+    EXPECT_FALSE(transport.reaches(rank));   // its own node: mapped memory, not the transport
     for (std::size_t i = 0; i < 256; ++i) heap[1024 + i] = static_cast<char>(rank * 100 + i % 7);
     ASSERT_TRUE(IsOk(bootstrap.Barrier()));
 
@@ -121,14 +133,14 @@ TEST(RemoteTransportTest, PutGetAndBothSignalOpsReachTheOtherNodesHeap) {
     for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 3 + 1);
     std::vector<char> got(256, 0);
     if (rank == 0) {
-      EXPECT_TRUE(IsOk(transport->Put(peer, 2000, bytes.data(), bytes.size())));
-      EXPECT_TRUE(IsOk(transport->Put(peer, 100, bytes.data(), 0)));   // nothing to move
-      EXPECT_TRUE(IsOk(transport->Signal(peer, 0, SignalWidth::k64, 7, SignalOp::kSet)));
-      EXPECT_TRUE(IsOk(transport->Signal(peer, 0, SignalWidth::k64, -12, SignalOp::kAdd)));
-      EXPECT_TRUE(IsOk(transport->Signal(peer, 8, SignalWidth::k32, -3, SignalOp::kSet)));
-      EXPECT_TRUE(IsOk(transport->Signal(peer, 8, SignalWidth::k32, 10, SignalOp::kAdd)));
+      EXPECT_TRUE(IsOk(transport.Put(peer, 2000, bytes.data(), bytes.size())));
+      EXPECT_TRUE(IsOk(transport.Put(peer, 100, bytes.data(), 0)));   // nothing to move
+      EXPECT_TRUE(IsOk(transport.Signal(peer, 0, SignalWidth::k64, 7, SignalOp::kSet)));
+      EXPECT_TRUE(IsOk(transport.Signal(peer, 0, SignalWidth::k64, -12, SignalOp::kAdd)));
+      EXPECT_TRUE(IsOk(transport.Signal(peer, 8, SignalWidth::k32, -3, SignalOp::kSet)));
+      EXPECT_TRUE(IsOk(transport.Signal(peer, 8, SignalWidth::k32, 10, SignalOp::kAdd)));
     } else {
-      EXPECT_TRUE(IsOk(transport->Get(peer, 1024, got.data(), got.size())));
+      EXPECT_TRUE(IsOk(transport.Get(peer, 1024, got.data(), got.size())));
       for (std::size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], static_cast<char>(i % 7)) << i;
     }
     ASSERT_TRUE(IsOk(bootstrap.Barrier()));
@@ -144,58 +156,50 @@ TEST(RemoteTransportTest, PutGetAndBothSignalOpsReachTheOtherNodesHeap) {
       EXPECT_GT(remote_writes.load(), 0);   // the progress thread told the device to wake its waiters
     }
     ASSERT_TRUE(IsOk(bootstrap.Barrier()));
-    EXPECT_TRUE(IsOk(transport->Close()));
+    EXPECT_TRUE(IsOk(transport.Close()));
   });
 }
 
 TEST(RemoteTransportTest, RangesOutsideThePeersHeapAreRefusedBeforeAnythingIsSent) {
-  UseLoopbackTcp();
-  RunRanks(2, [](int rank, Bootstrap& bootstrap) {
-    std::vector<char> heap(kHeapBytes, 0);
-    std::atomic<int> remote_writes{0};
-    auto transport = OpenAndConnect(TwoNodes(rank, heap, &remote_writes), bootstrap);
-    ASSERT_NE(transport, nullptr);
+  OnTwoTransports(kTimeout, [](int rank, Bootstrap& bootstrap, RemoteTransport& transport, std::vector<char>& heap,
+                               std::atomic<int>&) {
     const int peer = 1 - rank;
     const char src[16] = {1, 2, 3};
     char dst[16] = {};
-    EXPECT_TRUE(HasError(transport->Put(peer, kHeapBytes - 8, src, 16), StatusCode::kInvalidArgument,
+    EXPECT_TRUE(HasError(transport.Put(peer, kHeapBytes - 8, src, 16), StatusCode::kInvalidArgument,
                          "`heap_offset` + `bytes` must lie inside pe " + std::to_string(peer) +
                              "'s heap of 4096 bytes, but got offset 4088 + 16 bytes (op=put)"));
-    EXPECT_TRUE(HasError(transport->Get(peer, kHeapBytes + 8, dst, 0), StatusCode::kInvalidArgument,
+    EXPECT_TRUE(HasError(transport.Get(peer, kHeapBytes + 8, dst, 0), StatusCode::kInvalidArgument,
                          "but got offset 4104 + 0 bytes (op=get)"));
-    EXPECT_TRUE(HasError(transport->Signal(peer, kHeapBytes - 4, SignalWidth::k64, 1, SignalOp::kAdd),
+    EXPECT_TRUE(HasError(transport.Signal(peer, kHeapBytes - 4, SignalWidth::k64, 1, SignalOp::kAdd),
                          StatusCode::kInvalidArgument, "but got offset 4092 + 8 bytes (op=signal)"));
-    EXPECT_TRUE(HasError(transport->Put(rank, 0, src, 16), StatusCode::kStateError,
+    EXPECT_TRUE(HasError(transport.Put(rank, 0, src, 16), StatusCode::kStateError,
                          "UCX has no endpoint to this pe: op=put pe=" + std::to_string(rank)));
     ASSERT_TRUE(IsOk(bootstrap.Barrier()));
     // Nothing of the refused calls arrived.
     EXPECT_EQ(std::vector<char>(heap.begin(), heap.end()), std::vector<char>(kHeapBytes, 0));
     ASSERT_TRUE(IsOk(bootstrap.Barrier()));
-    EXPECT_TRUE(IsOk(transport->Close()));
+    EXPECT_TRUE(IsOk(transport.Close()));
   });
 }
 
 TEST(RemoteTransportTest, APeerThatClosedFailsTheNextCallInTimeNamingIt) {
-  UseLoopbackTcp();
   const auto timeout = std::chrono::milliseconds(3000);
-  RunRanks(2, [timeout](int rank, Bootstrap& bootstrap) {
-    std::vector<char> heap(kHeapBytes, 0);
-    std::atomic<int> remote_writes{0};
-    auto transport = OpenAndConnect(TwoNodes(rank, heap, &remote_writes, timeout), bootstrap);
-    ASSERT_NE(transport, nullptr);
+  OnTwoTransports(timeout, [timeout](int rank, Bootstrap& bootstrap, RemoteTransport& transport, std::vector<char>&,
+                                     std::atomic<int>&) {
     if (rank == 1) {
-      EXPECT_TRUE(IsOk(transport->Close()));
+      EXPECT_TRUE(IsOk(transport.Close()));
     }
     ASSERT_TRUE(IsOk(bootstrap.Barrier()));
     if (rank == 0) {
       const char src[8] = {};
       const auto start = std::chrono::steady_clock::now();
-      const Status put = transport->Put(1, 0, src, sizeof(src));
+      const Status put = transport.Put(1, 0, src, sizeof(src));
       const auto took = std::chrono::steady_clock::now() - start;
       EXPECT_FALSE(put.ok());
       EXPECT_NE(put.message().find("pe=1"), std::string::npos) << put.ToString();
       EXPECT_LT(took, timeout + std::chrono::seconds(2)) << put.ToString();
-      EXPECT_TRUE(IsOk(transport->Close()));
+      EXPECT_TRUE(IsOk(transport.Close()));
     }
     ASSERT_TRUE(IsOk(bootstrap.Barrier()));
   });
