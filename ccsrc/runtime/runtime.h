@@ -236,8 +236,9 @@ class Runtime {
 
   Status RequireInitialized(const char* op) const;
   Status CheckPe(int pe, const char* what) const;
-  // OK when `pe` (in range) lies on this rank's node, or when `remote_ok` (put, get, signal set) and the device
-  // reaches it remotely (Device::reaches_remotely); otherwise the fact, naming both nodes, for data-plane `op`.
+  // OK when `pe` (in range) lies on this rank's node, or when `remote_ok` (put, get, and the signal ops of
+  // Device::signals_remotely) and the device reaches it remotely (Device::reaches_remotely); otherwise the fact,
+  // naming both nodes and why the device does not reach it (Device::remote_absence), for data-plane `op`.
   Status CheckOnNode(int pe, const char* op, bool remote_ok = false) const;
   // DebugSnapshot::transports, from the device (set at Init).
   std::vector<std::string> Transports() const;
