@@ -25,8 +25,9 @@ deps:
 
 # What the tests add: pytest and hypothesis, mypy (the typing test), numpy (the tests' references), matplotlib (the
 # perf tool's plot), mpi4py and MPICH (its MPI baseline), googletest from Debian (the C++ units), and ccache from
-# Debian (the three wheels' builds below share the runtime's objects through it).
-TEST_DEPS := "pytest>=8" hypothesis mypy numpy matplotlib mpi4py mpich
+# Debian (the three wheels' builds below share the runtime's objects through it), and UCX's wheel (the package then
+# builds with one-sided calls across nodes, which test_multinode.py checks).
+TEST_DEPS := "pytest>=8" hypothesis mypy numpy matplotlib mpi4py mpich "libucx-cu12>=1.22"
 test-deps: deps
 	$(PYTHON) -m pip install --quiet $(TEST_DEPS)
 	@if [ ! -f /usr/include/gtest/gtest.h ] || ! command -v ccache >/dev/null; then \

@@ -107,10 +107,19 @@ class Device {
   // shared-memory filesystem (one machine); the ascend device's is the NPUs that reach each other over MTE (one host
   // and, on a 910B, one HCCS group of 8).
   virtual const std::vector<int>& nodes() const = 0;
-  // Whether Put, Get and Signal(kSet) reach `pe` although it lies outside this rank's node: over a transport the
-  // device opened at Init (the ascend device's RoCE), not through mapped memory, so PeerAddress, the in-place
-  // reductions and Signal(kAdd) still stop at the node. Local and immediate; false for a PE of this rank's node.
+  // Whether Put, Get and Signal (the ops of signals_remotely) reach `pe` although it lies outside this rank's node:
+  // over a transport the device opened at Init (the ascend device's RoCE, the host device's UCX), not through mapped
+  // memory, so PeerAddress and the in-place reductions still stop at the node. Local and immediate; false for a PE
+  // of this rank's node.
   virtual bool reaches_remotely(int /*pe*/) const { return false; }
+  // Which signal ops reach the PEs of reaches_remotely: set on every such device; add where the transport has
+  // remote atomics (the host device's UCX; the ascend device's add is an MTE atomic, which stops at the node).
+  virtual bool signals_remotely(SignalOp op) const { return op == SignalOp::kSet; }
+  // Why this device reaches no PE of another node, and the remedy, for the refusal's message; empty when it
+  // reaches them or has nothing to add. Agreed at Init.
+  virtual std::string remote_absence() const { return {}; }
+  // What carries the calls to the PEs of reaches_remotely, for diagnostics (debug_state's "transports").
+  virtual std::string remote_transport() const { return "remote"; }
 
   // Local copies between host memory and this rank's own heap, for the runtime's own records. The heap may be
   // device memory that the host cannot dereference (an NPU's): these are the only way the host reads or writes it.

@@ -52,11 +52,19 @@ Status Runtime::CheckOnNode(int pe, const char* op, bool remote_ok) const {
   if (nodes_[static_cast<std::size_t>(pe)] == nodes_[static_cast<std::size_t>(rank_)]) return Status::Ok();
   const bool remote = device_->reaches_remotely(pe);
   if (remote && remote_ok) return Status::Ok();
-  const std::string reason =
-      remote ? std::string("the ") + device_->name() + " device reaches other nodes for put, get and signal set only: "
-                   "signal add and in-place peer access need mapped memory (MTE)"
-             : std::string("one-sided calls of the ") + device_->name() +
-                   " device reach the ranks of this rank's node only";
+  std::string reason;
+  if (!remote) {
+    reason = std::string("one-sided calls of the ") + device_->name() +
+             " device reach the ranks of this rank's node only";
+    const std::string absence = device_->remote_absence();
+    if (!absence.empty()) reason += ": " + absence;
+  } else if (device_->signals_remotely(SignalOp::kAdd)) {
+    reason = std::string("the ") + device_->name() + " device reaches other nodes for put, get and signal only: "
+             "in-place peer access and reductions need mapped memory";
+  } else {
+    reason = std::string("the ") + device_->name() + " device reaches other nodes for put, get and signal set only: "
+             "signal add and in-place peer access need mapped memory (MTE)";
+  }
   return StateError("pe lies on another node (" + reason + "): op=" + op + " pe=" + std::to_string(pe) +
                     " pe_node=" + std::to_string(nodes_[static_cast<std::size_t>(pe)]) + " rank=" +
                     std::to_string(rank_) + " node=" + std::to_string(nodes_[static_cast<std::size_t>(rank_)]));
@@ -137,7 +145,8 @@ Status Runtime::Init(const Config& config, std::unique_ptr<Device> device, Boots
   {
     std::lock_guard<std::mutex> identity_lock(identity_mu_);
     identity_ = Identity{rank_, world_size_, device_->name(), device_->heap_base(), device_->heap_size(),
-                         device_->ReservedBytes(control_), config_, device_->reaches_peer_memory(), nodes_};
+                         device_->ReservedBytes(control_), config_, device_->reaches_peer_memory(), nodes_,
+                         Transports()};
   }
   state_.store(LifecycleState::kInitialized);
   HP_LOG(kInfo, "shmem runtime initialised: lifecycle=" + std::to_string(lifecycle_.load()) + " device=" + device_->name() +
@@ -322,6 +331,18 @@ Status Runtime::Shutdown(Bootstrap& bootstrap) {
   return Status::Ok();
 }
 
+std::vector<std::string> Runtime::Transports() const {
+  std::vector<std::string> transports;
+  for (int pe = 0; pe < world_size_; ++pe) {
+    if (nodes_[static_cast<std::size_t>(pe)] == nodes_[static_cast<std::size_t>(rank_)]) {
+      transports.emplace_back(pe == rank_ ? "self" : "node");
+    } else {
+      transports.push_back(device_->reaches_remotely(pe) ? device_->remote_transport() : "none");
+    }
+  }
+  return transports;
+}
+
 DebugSnapshot Runtime::Snapshot() const {
   // Not mu_: a collective holds it while it waits, and diagnostics matter most exactly then.
   DebugSnapshot snapshot;
@@ -340,6 +361,7 @@ DebugSnapshot Runtime::Snapshot() const {
   snapshot.heap_size = identity.heap_size;
   snapshot.reaches_peer_memory = identity.reaches_peer_memory;
   snapshot.nodes = identity.nodes;
+  snapshot.transports = identity.transports;
   snapshot.allocated = registry_.allocated_bytes();
   const std::size_t used = snapshot.allocated + identity.internal_reserved;
   snapshot.remaining = snapshot.heap_size > used ? snapshot.heap_size - used : 0;

@@ -58,10 +58,13 @@ struct DebugSnapshot {
   std::size_t live_teams = 0;
   bool reaches_peer_memory = false;   // the device reads peers' ordinary tensors in place (Device::reaches_peer_memory)
   std::vector<int> nodes;             // the node of every PE (Device::nodes)
+  // What carries this rank's one-sided calls to every PE: "self", "node" (the device's mapped memory), the device's
+  // remote transport (Device::remote_transport, e.g. "ucx") or "none".
+  std::vector<std::string> transports;
 };
 
 // The snapshot as one JSON object (state, lifecycle, rank, world_size, device, config, heap figures, allocations,
-// latest_failure, calls_in_flight, live_teams, reaches_peer_memory, nodes): what every handler reads.
+// latest_failure, calls_in_flight, live_teams, reaches_peer_memory, nodes, transports): what every handler reads.
 std::string SnapshotJson(const DebugSnapshot& snapshot);
 // A configuration as the snapshot's "config" object: what read_config() and hp_shmem_read_config_json return.
 std::string ConfigJson(const Config& config);
@@ -235,9 +238,12 @@ class Runtime {
 
   Status RequireInitialized(const char* op) const;
   Status CheckPe(int pe, const char* what) const;
-  // OK when `pe` (in range) lies on this rank's node, or when `remote_ok` (put, get, signal set) and the device
-  // reaches it remotely (Device::reaches_remotely); otherwise the fact, naming both nodes, for data-plane `op`.
+  // OK when `pe` (in range) lies on this rank's node, or when `remote_ok` (put, get, and the signal ops of
+  // Device::signals_remotely) and the device reaches it remotely (Device::reaches_remotely); otherwise the fact,
+  // naming both nodes and why the device does not reach it (Device::remote_absence), for data-plane `op`.
   Status CheckOnNode(int pe, const char* op, bool remote_ok = false) const;
+  // DebugSnapshot::transports, from the device (set at Init).
+  std::vector<std::string> Transports() const;
   // A signal: inside an active allocation and naturally aligned.
   Status CheckSignal(const void* symmetric_signal, SignalWidth width) const;
   // The checks shared by Put and Get: state, pe, equal byte counts, the symmetric side inside an allocation.
@@ -289,6 +295,7 @@ class Runtime {
     Config config;
     bool reaches_peer_memory = false;
     std::vector<int> nodes;
+    std::vector<std::string> transports;
   };
   mutable std::mutex identity_mu_;
   Identity identity_;

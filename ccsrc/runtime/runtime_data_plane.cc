@@ -66,7 +66,7 @@ Status Runtime::Signal(const void* symmetric_signal, SignalWidth width, std::int
   OperationScope scope(*this);
   HP_RETURN_IF_ERROR(Record(RequireInitialized("signal")));
   HP_RETURN_IF_ERROR(Record(CheckPe(pe, "pe")));
-  HP_RETURN_IF_ERROR(Record(CheckOnNode(pe, "signal", /*remote_ok=*/op == SignalOp::kSet)));
+  HP_RETURN_IF_ERROR(Record(CheckOnNode(pe, "signal", /*remote_ok=*/device_->signals_remotely(op))));
   HP_RETURN_IF_ERROR(Record(CheckSignal(symmetric_signal, width)));
   return Record(device_->Signal(const_cast<void*>(symmetric_signal), width, value, op, pe, stream));
 }

@@ -100,6 +100,10 @@ std::string SnapshotJson(const DebugSnapshot& s) {
   json.BeginArray();
   for (const int node : s.nodes) json.Signed(node);
   json.EndArray();
+  json.Key("transports");
+  json.BeginArray();
+  for (const std::string& transport : s.transports) json.String(transport);
+  json.EndArray();
   json.EndObject();
   return json.text();
 }

@@ -826,10 +826,11 @@ TEST(Capi, DebugStateJsonRoundTrips) {
     const Json state = DebugState();
     for (const char* key : {"state", "lifecycle", "rank", "world_size", "device", "config", "heap_base", "heap_size",
                             "allocated", "max_allocated", "remaining", "active_allocations", "leaked_allocations",
-                            "latest_failure", "calls_in_flight", "live_teams", "reaches_peer_memory", "nodes"}) {
+                            "latest_failure", "calls_in_flight", "live_teams", "reaches_peer_memory", "nodes",
+                            "transports"}) {
       (void)state[key];   // throws when missing
     }
-    REQUIRE(state.fields.size() == 18);
+    REQUIRE(state.fields.size() == 19);
     REQUIRE(state["state"].text == "initialized");
     REQUIRE(state["rank"].number == me.rank);
     REQUIRE(state["world_size"].number == 2);
@@ -839,6 +840,10 @@ TEST(Capi, DebugStateJsonRoundTrips) {
     REQUIRE(state["config"]["device"].text == "host");
     REQUIRE(state["heap_size"].number >= 4 * 1024 * 1024);
     REQUIRE(state["nodes"].kind == Json::kArray && state["nodes"].items.size() == 2);
+    REQUIRE(state["transports"].items.size() == 2);
+    const auto& transports = state["transports"].items;
+    REQUIRE(transports[static_cast<std::size_t>(me.rank)].text == "self");
+    REQUIRE(transports[static_cast<std::size_t>(1 - me.rank)].text == "node");
     REQUIRE(state["reaches_peer_memory"].kind == Json::kBool);
     const auto& active = state["active_allocations"].items;
     REQUIRE(active.size() == 1);

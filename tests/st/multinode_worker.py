@@ -248,22 +248,43 @@ def case_group_with_unequal_nodes_is_refused():
     raise AssertionError("a group with 2 ranks on one node and 1 on the other made a team")
 
 
+def _transport_to_other_node() -> str:
+    """What carries this rank's one-sided calls to its lane peer on the other node: "ucx" or "none"."""
+    return shmem.debug_state()["transports"][(RANK + 2) % WORLD]
+
+
 def case_one_sided_calls_across_nodes_name_both_nodes():
+    """Without a transport to other nodes every one-sided call there is refused, naming both nodes, the reason and the
+    remedy; with UCX, put, get and signal go through and only in-place peer access is refused."""
     buf = shmem.empty(8, dtype=torch.float32)
     flag = shmem.empty(1, dtype=torch.int64)
     user_buf = symm.empty(8, dtype=torch.float32)
     other = (RANK + 2) % WORLD
+    remote = _transport_to_other_node()
+    reaching = (lambda: shmem.put(buf, torch.ones(8), pe=other),
+                lambda: shmem.get(torch.empty(8), buf, pe=other),
+                lambda: shmem.signal(flag, 1, other),
+                lambda: symm.shmem_put(user_buf, 0, torch.ones(8), 0, 8, other))
+    refused = [lambda: shmem.peer_tensor(buf, other)]
+    if remote == "ucx":
+        for call in reaching:
+            call()
+        shmem.barrier()  # each completed before it returned: after the barrier no write of theirs is still coming
+    else:
+        assert remote == "none", remote
+        refused.extend(reaching)
     messages = []
-    for call in (lambda: shmem.put(buf, torch.ones(8), pe=other),
-                 lambda: shmem.get(torch.empty(8), buf, pe=other),
-                 lambda: shmem.signal(flag, 1, other),
-                 lambda: shmem.peer_tensor(buf, other),
-                 lambda: symm.shmem_put(user_buf, 0, torch.ones(8), 0, 8, other)):
+    for call in refused:
         try:
             call()
         except shmem.ShmemStateError as error:
             text = str(error)
             assert f"pe={other} pe_node={NODE_OF[other]} rank={RANK} node={NODE_OF[RANK]}" in text, text
+            if remote == "none":
+                assert "one-sided calls of the host device reach the ranks of this rank's node only" in text, text
+                assert "pip install hyper-parallel-shmem[ucx]" in text, text
+            else:
+                assert "in-place peer access and reductions need mapped memory" in text, text
             messages.append(text)
         else:
             raise AssertionError("a one-sided call to another node went through")
@@ -276,7 +297,79 @@ def case_one_sided_calls_across_nodes_name_both_nodes():
     shmem.free(flag)
     shmem.free(buf)
     symm.free(user_buf)
-    return messages[0]
+    return messages[-1]
+
+
+def case_one_sided_transfers_across_nodes():
+    """Put, get, signal set and add (64- and 32-bit), put_with_signal and wait_for_signal between the two nodes,
+    through UCX, against values computed here; a wait on a signal the other node raises wakes promptly."""
+    remote = _transport_to_other_node()
+    if remote != "ucx":
+        return remote  # test_multinode.py checks that this matches whether UCX is installed
+    other = (RANK + 2) % WORLD
+    count = 1000
+    buf = shmem.empty(count, dtype=torch.float32)
+    buf.zero_()
+    flag64 = shmem.empty(1, dtype=torch.int64)
+    flag32 = shmem.empty(1, dtype=torch.int32)
+    flag64.zero_()
+    flag32.zero_()
+    shmem.barrier()
+    mine = torch.arange(count, dtype=torch.float32) + 1000 * RANK
+    shmem.put(buf, mine, pe=other)
+    shmem.put(buf[10:20], mine[:10] * -1, pe=other)  # a view: its offset inside the heap
+    shmem.barrier()
+    expected = torch.arange(count, dtype=torch.float32) + 1000 * other
+    expected[10:20] = expected[:10] * -1
+    assert torch.equal(buf, expected), (buf[:24], expected[:24])
+    got = torch.empty(count, dtype=torch.float32)
+    shmem.get(got, buf, pe=other)  # other's copy holds what this rank wrote
+    reference = mine.clone()
+    reference[10:20] = mine[:10] * -1
+    assert torch.equal(got, reference), got[:24]
+    # Signals: set, then add, from the other node; this rank waits for its peer's to land.
+    shmem.signal(flag64, 5, other, op="set")
+    shmem.signal(flag64, RANK + 1, other, op="add")
+    shmem.signal(flag32, -7, other, op="add")
+    shmem.signal(flag32, -7, other, op="add")
+    shmem.wait_signal(flag64, 5 + other + 1, cmp="eq")
+    shmem.wait_signal(flag32, -14, cmp="eq")
+    shmem.barrier()
+    # put_with_signal through the symm API, 256 B and 1 MiB: the data is there when the signal is.
+    rows = symm.empty((WORLD, 64), dtype=torch.float32)
+    big = symm.empty(1 << 18, dtype=torch.float32)
+    sig = symm.empty(4, dtype=torch.int32)
+    sig.zero_()
+    symm.barrier()
+    row = torch.arange(64, dtype=torch.float32) * (RANK + 1)
+    payload = torch.randn(1 << 18, generator=torch.Generator().manual_seed(RANK))
+    symm.shmem_put_with_signal(rows, RANK * 64, row, 0, 64, sig, 0, 1, 1, other)  # ADD 1
+    symm.shmem_put_with_signal(big, 0, payload, 0, 1 << 18, sig, 1, 9, 0, other)  # SET 9
+    symm.shmem_wait_for_signal(rows, sig, 0, 1, 0)  # EQ 1
+    symm.shmem_wait_for_signal(big, sig, 1, 9, 0)
+    assert torch.equal(rows[other], torch.arange(64, dtype=torch.float32) * (other + 1)), rows[other]
+    assert torch.equal(big, torch.randn(1 << 18, generator=torch.Generator().manual_seed(other)))
+    # Ping-pong between the lane peers: each wait is woken by the transport's progress thread, not by the futex
+    # sleep's slice running out.
+    rounds = 20
+    sig.zero_()
+    symm.barrier()
+    start = time.monotonic()
+    for i in range(1, rounds + 1):
+        if NODE_OF[RANK] == 0:
+            symm.shmem_signal_op(sig, 2, i, 0, other)
+            symm.shmem_wait_for_signal(None, sig, 3, i, 0)
+        else:
+            symm.shmem_wait_for_signal(None, sig, 2, i, 0)
+            symm.shmem_signal_op(sig, 3, i, 0, other)
+    per_round = (time.monotonic() - start) / rounds
+    assert per_round < 0.025, per_round
+    symm.barrier()
+    for tensor in (rows, big, sig):
+        symm.free(tensor)
+    for tensor in (flag32, flag64, buf):
+        shmem.free(tensor)
+    return remote
 
 
 def case_symmetric_memory_collectives_across_nodes():

@@ -52,6 +52,7 @@ FIELDS = [
     "live_teams",
     "reaches_peer_memory",
     "nodes",
+    "transports",
     # upstream hyper-parallel's keys the project's vocabulary names otherwise (test_upstream_names.py)
     "root_rank",
     "root_size",

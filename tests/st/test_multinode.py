@@ -2,13 +2,15 @@
 
 Each node has its own /dev/shm, hostname and PID namespace; gloo runs across the nodes' loopback addresses. One
 job runs every case of multinode_worker.py (every collective against gloo, groups within and across nodes, the
-user API and fused ops, one-sided refusals, mismatches within and across nodes, an allocation that differs across
+user API and fused ops, one-sided calls across nodes (through UCX where it is installed, refused with the remedy
+where not), mismatches within and across nodes, an allocation that differs across
 nodes); two more check every collective on 4 nodes x 2 ranks and 2 nodes x 4; another kills a node and checks that
 the other one fails in time, naming the dead ranks.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -30,8 +32,15 @@ _REFUSAL = unshare_refusal()
 pytestmark = pytest.mark.skipif(_REFUSAL is not None, reason=f"simulated nodes need Linux namespaces: {_REFUSAL}")
 
 
+# Whether the package was built with UCX: `make test` installs libucx before it builds the package.
+UCX_INSTALLED = importlib.util.find_spec("libucx") is not None
+
+
 def _env() -> dict:
-    return dict(os.environ, HYPER_PARALLEL_SHMEM_TIMEOUT_SEC=str(TIMEOUT_SEC), HYPER_PARALLEL_SHMEM_HEAP_SIZE="64M")
+    # UCX over TCP on loopback: the simulated nodes share this machine's network namespace (their shared-memory
+    # transports would find the other node's /dev/shm missing).
+    return dict(os.environ, HYPER_PARALLEL_SHMEM_TIMEOUT_SEC=str(TIMEOUT_SEC), HYPER_PARALLEL_SHMEM_HEAP_SIZE="64M",
+                UCX_TLS=os.environ.get("UCX_TLS", "tcp"), UCX_NET_DEVICES=os.environ.get("UCX_NET_DEVICES", "lo"))
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +64,14 @@ def test_case_holds_on_every_rank(case_results: dict, case: str) -> None:
     for rank in range(WORLD):
         result = case_results[rank][case]
         assert result["ok"], f"rank {rank}:\n{result['value']}"
+
+
+def test_one_sided_calls_cross_nodes_exactly_where_ucx_is_installed(case_results: dict) -> None:
+    expected = "'ucx'" if UCX_INSTALLED else "'none'"
+    for rank in range(WORLD):
+        transport = case_results[rank]["case_one_sided_transfers_across_nodes"]["value"]
+        assert transport == expected, (f"rank {rank} reaches the other node through {transport}, expected {expected} "
+                                       "(a package built before libucx was installed? build it again)")
 
 
 def test_ranks_that_disagree_across_nodes_all_name_both_calls(case_results: dict) -> None:

@@ -236,7 +236,8 @@ def test_a_printed_snapshot_tells_upstreams_names_and_the_byte_counts_apart() ->
            "active_allocations": [{"allocation_id": 1, "base": 0x7F0000000100, "offset": 0x100, "bytes": 16388,
                                    "reserved": 16448, "lifecycle": 1, "call_site": ""}],
            "leaked_allocations": [], "latest_failure": "", "calls_in_flight": 0, "live_teams": 1,
-           "reaches_peer_memory": True, "nodes": [0, 0]}
+           "reaches_peer_memory": True, "nodes": [0, 0],
+           "transports": ["self", "node"]}
     printed = repr(snapshot.project(raw, [0, 1], 1)).splitlines()
     marker = printed.index("  -- upstream hyper-parallel's names for the facts above --")
     ours, theirs = printed[:marker], printed[marker + 1:-1]

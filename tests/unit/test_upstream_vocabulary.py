@@ -293,7 +293,8 @@ def test_data_engine_names_what_moves_the_bytes_of_each_device() -> None:
            "heap_base": 0x7000, "active_allocations": [{"allocation_id": 4, "base": 0x7000, "offset": 0, "bytes": 100,
                                                         "reserved": 128, "lifecycle": 3, "call_site": ""}],
            "leaked_allocations": [], "latest_failure": "", "calls_in_flight": 0, "live_teams": 1,
-           "reaches_peer_memory": False, "nodes": [0, 0]}
+           "reaches_peer_memory": False, "nodes": [0, 0],
+           "transports": ["self", "node"]}
     state = snapshot.project(raw, [0, 1], 1)
     assert state["config"]["data_engine"] == "mte" and state["config"]["heap_size_bytes"] == 1 << 20
     assert (state["root_rank"], state["root_size"], state["allocated_bytes"], state["remaining_bytes"]) == (

@@ -201,12 +201,62 @@ Status HostDevice::Init(const DeviceInitArgs& args, Bootstrap& bootstrap) {
 
   // 4. Whether every rank may read every peer's memory outside the heap.
   HP_RETURN_IF_ERROR(ProbePeerMemory(bootstrap));
+  // 5. The other nodes, when there are any.
+  HP_RETURN_IF_ERROR(OpenRemote(bootstrap));
   HP_LOG(kInfo, "host device initialised: world_size=" + std::to_string(world_size_) +
                     " node=" + std::to_string(nodes_[static_cast<std::size_t>(rank_)]) +
                     " node_size=" + std::to_string(node_pes_.size()) + " heap_size=" + std::to_string(heap_size_) +
                     " heap_base=" + Hex(heap_base()) +
-                    " reaches_peer_memory=" + (reaches_peer_memory_ ? "true" : "false"));
+                    " reaches_peer_memory=" + (reaches_peer_memory_ ? "true" : "false") +
+                    " remote_transport=" + remote_transport());
   return Status::Ok();
+}
+
+Status HostDevice::OpenRemote(Bootstrap& bootstrap) {
+  remote_.reset();
+  remote_absence_.clear();
+  if (node_pes_.size() == static_cast<std::size_t>(world_size_)) return Status::Ok();
+  RemoteTransportArgs args;
+  args.rank = rank_;
+  args.world_size = world_size_;
+  args.nodes = nodes_;
+  args.heap = bases_[static_cast<std::size_t>(rank_)];   // the heap only: the control block stays this node's
+  args.heap_bytes = heap_size_;
+  args.timeout = timeout_;
+  args.on_remote_write = [this] { WakeRemoteWaiters(); };
+  std::string absence;
+  auto opened = OpenRemoteTransport(args, &absence);
+  std::unique_ptr<RemoteTransport> transport;
+  if (opened.ok()) transport = std::move(opened).value();
+  else absence = opened.status().message();
+  // Every rank connects, or none does: a rank without a transport would leave the others waiting in the exchange.
+  const std::uint8_t ready = transport != nullptr ? 1 : 0;
+  std::vector<std::uint8_t> readiness(static_cast<std::size_t>(world_size_));
+  HP_RETURN_IF_ERROR(bootstrap.AllGather(&ready, sizeof(ready), readiness.data()));
+  const auto missing = std::find(readiness.begin(), readiness.end(), std::uint8_t{0});
+  if (missing != readiness.end()) {
+    if (transport != nullptr) (void)transport->Close();
+    remote_absence_ = !absence.empty() ? absence
+                                       : "rank " + std::to_string(missing - readiness.begin()) +
+                                             " has no transport to other nodes (that rank's log says why)";
+    return Status::Ok();
+  }
+  Status connected = transport->Connect(bootstrap);
+  if (!connected.ok()) {
+    // Agreed on every rank: the job still runs, one-sided calls stop at the node and say why.
+    (void)transport->Close();
+    remote_absence_ = "connecting to the other nodes failed: " + connected.message();
+    HP_LOG(kWarning, "one-sided calls reach this rank's node only: " + remote_absence_);
+    return Status::Ok();
+  }
+  remote_ = std::move(transport);
+  return Status::Ok();
+}
+
+void HostDevice::WakeRemoteWaiters() {
+  if (watched_count_.load(std::memory_order_acquire) == 0) return;
+  std::lock_guard<std::mutex> lock(watched_mu_);
+  for (const void* word : watched_) FutexWakeAll(word);
 }
 
 Status HostDevice::DiscoverNodes(Bootstrap& bootstrap) {
@@ -284,6 +334,12 @@ Status HostDevice::Finalize() {
     std::lock_guard<std::mutex> lock(streams_mu_);
     streams_.clear();
     released_.clear();
+  }
+  if (remote_ != nullptr) {
+    // The runtime's shutdown passed the bootstrap's barrier: no peer targets this heap any more.
+    Status closed = remote_->Close();
+    if (!closed.ok()) HP_LOG(kWarning, "closing the transport to other nodes failed: " + closed.ToString());
+    remote_.reset();
   }
   heap_.reset();
   bases_.clear();
@@ -398,6 +454,12 @@ Status HostDevice::Enqueue(StreamHandle stream, std::function<Status()> op) {
 
 Status HostDevice::Put(void* symmetric_dst, const void* src, std::size_t bytes, int pe, StreamHandle stream,
                        KeepAlive keep) {
+  if (IsRemote(pe)) {
+    const std::size_t offset = HeapOffset(symmetric_dst);
+    return Submit(stream, [this, pe, offset, src, bytes, keep = std::move(keep)] {
+      return remote_->Put(pe, offset, src, bytes);
+    });
+  }
   char* remote = Remote(symmetric_dst, pe);
   return Submit(stream, [remote, src, bytes, keep = std::move(keep)] {
     std::memcpy(remote, src, bytes);
@@ -407,6 +469,12 @@ Status HostDevice::Put(void* symmetric_dst, const void* src, std::size_t bytes, 
 
 Status HostDevice::Get(void* dst, const void* symmetric_src, std::size_t bytes, int pe, StreamHandle stream,
                        KeepAlive keep) {
+  if (IsRemote(pe)) {
+    const std::size_t offset = HeapOffset(symmetric_src);
+    return Submit(stream, [this, pe, offset, dst, bytes, keep = std::move(keep)] {
+      return remote_->Get(pe, offset, dst, bytes);
+    });
+  }
   const char* remote = Remote(symmetric_src, pe);
   return Submit(stream, [dst, remote, bytes, keep = std::move(keep)] {
     std::memcpy(dst, remote, bytes);
@@ -574,6 +642,11 @@ Status HostDevice::ReduceEncoded(ops::LowFormat format, DataType dtype, ReduceOp
 }
 
 Status HostDevice::DoSignal(void* symmetric_signal, SignalWidth width, std::int64_t value, SignalOp op, int pe) {
+  if (IsRemote(pe)) {
+    // Every earlier write into this node's heaps is visible before the signal is (remote writes completed each).
+    FullFence();
+    return remote_->Signal(pe, HeapOffset(symmetric_signal), width, value, op);
+  }
   char* remote = Remote(symmetric_signal, pe);
   // Publish every earlier write (memcpy may use non-temporal stores) before the signal can be seen.
   FullFence();
@@ -604,7 +677,20 @@ Status HostDevice::DoWaitSignal(void* symmetric_signal, SignalWidth width, Compa
            " observed=" + std::to_string(observe()) +
            " timeout_sec=" + Decimal(std::chrono::duration<double>(timeout_).count());
   };
-  return WaitUntil(symmetric_signal, &control(rank_)->sleepers, done, spin_, Deadline(), describe);
+  std::uint32_t* sleepers = &control(rank_)->sleepers;
+  if (remote_ == nullptr) return WaitUntil(symmetric_signal, sleepers, done, spin_, Deadline(), describe);
+  // A peer of another node raises it through the transport's progress thread, which wakes no futex by itself:
+  // the word is watched (WakeRemoteWaiters) for as long as the wait lasts.
+  {
+    std::lock_guard<std::mutex> lock(watched_mu_);
+    watched_.insert(symmetric_signal);
+    watched_count_.fetch_add(1, std::memory_order_release);
+  }
+  const Status waited = WaitUntil(symmetric_signal, sleepers, done, spin_, Deadline(), describe);
+  std::lock_guard<std::mutex> lock(watched_mu_);
+  watched_.erase(watched_.find(symmetric_signal));
+  watched_count_.fetch_sub(1, std::memory_order_release);
+  return waited;
 }
 
 Status HostDevice::WaitSignal(void* symmetric_signal, SignalWidth width, CompareOp cmp, std::int64_t value,

@@ -4,6 +4,8 @@
 // node, so a put is a memcpy into the peer's mapping, a signal an atomic on it, and a wait a futex on the local word.
 // A node is found, not assumed: the ranks that can open each other's shared memory (hostnames can lie both ways:
 // containers on two machines may share one, two containers of one machine may share /dev/shm under two).
+// PEs of other nodes are reached, when the world spans nodes and the build has UCX, through a remote transport
+// (remote_transport.h): put, get and signal (set and add) only, each complete before it returns.
 #pragma once
 
 #include <atomic>
@@ -13,12 +15,15 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "runtime/device.h"
 #include "runtime/heap.h"
 #include "runtime/host/host_stream.h"
+#include "runtime/host/remote_transport.h"
 #include "runtime/host/shm_segment.h"
 #include "runtime/host/wait.h"
 
@@ -56,6 +61,10 @@ class HostDevice final : public Device {
   std::uintptr_t heap_base() const override;
   std::size_t heap_size() const override { return heap_size_; }
   const std::vector<int>& nodes() const override { return nodes_; }
+  bool reaches_remotely(int pe) const override { return IsRemote(pe); }
+  bool signals_remotely(SignalOp /*op*/) const override { return true; }   // set and add: remote atomics
+  std::string remote_absence() const override { return remote_absence_; }
+  std::string remote_transport() const override { return remote_ != nullptr ? remote_->name() : "none"; }
   Status CopyToHeap(void* symmetric_dst, const void* host_src, std::size_t bytes) override;
   Status CopyFromHeap(void* host_dst, const void* symmetric_src, std::size_t bytes) override;
   std::size_t max_transfer_bytes() const override { return 0; }
@@ -142,6 +151,18 @@ class HostDevice final : public Device {
   Status DiscoverNodes(Bootstrap& bootstrap);
   // Whether every rank can read every peer's memory of its node (step 4 of Init).
   Status ProbePeerMemory(Bootstrap& bootstrap);
+  // The transport to the other nodes (step 5 of Init, when the world spans nodes): every rank opens it and connects,
+  // or none does and remote_absence_ says why.
+  Status OpenRemote(Bootstrap& bootstrap);
+  // Whether `pe` lies on another node and the remote transport reaches it.
+  bool IsRemote(int pe) const {
+    return remote_ != nullptr && nodes_[static_cast<std::size_t>(pe)] != nodes_[static_cast<std::size_t>(rank_)];
+  }
+  std::size_t HeapOffset(const void* local) const {
+    return static_cast<std::size_t>(static_cast<const char*>(local) - bases_[static_cast<std::size_t>(rank_)]);
+  }
+  // Wakes every waiter on a signal of this rank: a peer's remote atomic changed it without a futex wake.
+  void WakeRemoteWaiters();
 
   PeerMemory peer_memory_;
   bool reaches_peer_memory_ = false;
@@ -155,6 +176,12 @@ class HostDevice final : public Device {
   std::vector<ShmSegment> segments_;          // index = rank; segments_[rank_] is ours; empty off this node
   std::vector<char*> bases_;                  // mapping of each rank's segment; null off this node
   std::unique_ptr<HeapAllocator> heap_;
+  std::unique_ptr<RemoteTransport> remote_;   // null: one node, or no transport (remote_absence_ says why)
+  std::string remote_absence_;
+  // The signals this rank's threads wait on while a remote transport is up, for WakeRemoteWaiters.
+  std::mutex watched_mu_;
+  std::multiset<const void*> watched_;
+  std::atomic<int> watched_count_{0};
   // Barriers this rank has entered. Barriers pair up across ranks by their order, so a process issues one
   // barrier at a time (from one stream or thread), like one NCCL communicator.
   std::atomic<std::uint64_t> barrier_epoch_{0};

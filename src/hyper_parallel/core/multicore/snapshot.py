@@ -199,7 +199,9 @@ def project(raw: dict, root_ranks: Sequence[int], reference_count: int) -> Debug
       and reaches_peer_memory (whether the device reads peers' ordinary tensors straight out of their processes:
       on the host device, where the kernel allows cross-memory attach between every pair of ranks) and nodes (the
       node of every root rank, numbered by the node's lowest rank: the ranks whose heaps this device maps; one
-      node per machine on the host device, found by which ranks can open each other's shared memory);
+      node per machine on the host device, found by which ranks can open each other's shared memory) and transports
+      (what carries this rank's one-sided calls to every root rank: "self", "node" for the mapped memory of its
+      node, the device's transport to other nodes, e.g. "ucx", or "none" where one-sided calls do not reach);
     * upstream hyper-parallel's: state (:class:`StateName` compares equal to ``"Ready"``, ``"Uninitialized"``,
       ``"Finalized"`` too), reference_count (acquire_shmem handles and shmem.acquire() references alike),
       root_rank, root_size, device_index, device_model, soc_name (None on the host device: there is no NPU),
@@ -256,6 +258,7 @@ def project(raw: dict, root_ranks: Sequence[int], reference_count: int) -> Debug
         "live_teams": raw["live_teams"],
         "reaches_peer_memory": raw["reaches_peer_memory"],
         "nodes": list(raw["nodes"]),
+        "transports": list(raw["transports"]),
         # Upstream hyper-parallel's keys that the project's vocabulary has under other names.
         "root_rank": raw["rank"] if live else None,
         "root_size": raw["world_size"] if live else None,

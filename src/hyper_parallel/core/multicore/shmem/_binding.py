@@ -9,6 +9,12 @@ import torch  # noqa: F401  (loads libc10/libtorch before the extension)
 if importlib.util.find_spec("torch_npu") is not None:
     import torch_npu  # noqa: F401
 
+# A build with UCX (the `ucx` extra: one-sided calls across nodes) links libucp: the libucx wheel loads it first, from
+# the wheel or, with RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY=true, from the system (the binding's rpath finds the wheel's
+# otherwise). Where libucx is not installed nothing is imported.
+if importlib.util.find_spec("libucx") is not None:
+    importlib.import_module("libucx").load_library()
+
 from hyper_parallel import _shmem_torch as C
 from hyper_parallel.core.multicore import errors as _errors
 from hyper_parallel.core.multicore import runtime_logs as _runtime_logs

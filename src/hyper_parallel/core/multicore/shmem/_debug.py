@@ -15,7 +15,7 @@ def debug_state() -> DebugState:
 
     The keys and their meaning are :func:`hyper_parallel.core.multicore.snapshot.project`'s: the project's (state,
     lifecycle, reference_count, root_ranks, rank, world_size, device, config, the heap figures, active and leaked
-    allocations, latest_failure, calls_in_flight, live_teams, reaches_peer_memory, nodes) and upstream
+    allocations, latest_failure, calls_in_flight, live_teams, reaches_peer_memory, nodes, transports) and upstream
     hyper-parallel's (root_rank, root_size, device_index, device_model, soc_name, config's heap_size_bytes,
     timeout_seconds, data_engine and bootstrap_endpoint_base, allocated_count, allocated_bytes, remaining_bytes,
     max_allocated_bytes, latest_failure's fields by key).

@@ -1,0 +1,390 @@
+// The host device's transport to other nodes over UCX: each rank registers its heap (ucp_mem_map), the ranks
+// exchange their workers' addresses and heaps' keys over the bootstrap, and each connects to the PEs of the other
+// nodes. The transport is chosen by UCX's own variables (UCX_TLS, UCX_NET_DEVICES).
+//
+// One worker per rank, used by the calling threads and by a progress thread, serialized by one mutex
+// (UCS_THREAD_MODE_SERIALIZED: any UCX build will do). The progress thread is needed: over TCP, a peer's put, get
+// and atomic on this rank's heap are carried out by this rank's progress engine, and nothing completes without it.
+// It sleeps on the worker's event descriptor between events, so an idle rank costs no core.
+#include <poll.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include <ucp/api/ucp.h>
+
+#include "runtime/agreement.h"
+#include "runtime/host/remote_transport.h"
+#include "runtime/logging.h"
+
+namespace hp::shmem::host {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// What every rank publishes first: the sizes of its blobs and where its heap lies.
+struct PeerHeader {
+  std::uint64_t address_bytes;
+  std::uint64_t rkey_bytes;
+  std::uint64_t heap_base;
+  std::uint64_t heap_bytes;
+};
+
+std::string UcsText(ucs_status_t status) { return std::string(ucs_status_string(status)); }
+
+class UcxTransport final : public RemoteTransport {
+ public:
+  explicit UcxTransport(const RemoteTransportArgs& args) : args_(args) {
+    peers_.resize(static_cast<std::size_t>(args_.world_size));
+  }
+  ~UcxTransport() override { (void)Close(); }
+
+  // Context, worker, the heap's registration and the progress thread: local, never waits. Empty on success, else
+  // why UCX cannot serve here.
+  std::string Open() {
+    ucp_config_t* config = nullptr;
+    ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
+    if (status != UCS_OK) return "reading UCX's configuration failed: " + UcsText(status);
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    // WAKEUP: the worker's event descriptor, on which the progress thread sleeps.
+    params.features = UCP_FEATURE_RMA | UCP_FEATURE_AMO32 | UCP_FEATURE_AMO64 | UCP_FEATURE_WAKEUP;
+    status = ucp_init(&params, config, &context_);
+    ucp_config_release(config);
+    if (status != UCS_OK) return "ucp_init failed: " + UcsText(status);
+    ucp_worker_params_t worker_params{};
+    worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    worker_params.thread_mode = UCS_THREAD_MODE_SERIALIZED;   // mu_ serializes every use
+    status = ucp_worker_create(context_, &worker_params, &worker_);
+    if (status != UCS_OK) return "ucp_worker_create failed: " + UcsText(status);
+    ucp_mem_map_params_t map{};
+    map.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    map.address = args_.heap;
+    map.length = args_.heap_bytes;
+    status = ucp_mem_map(context_, &map, &memh_);
+    if (status != UCS_OK) return "registering the heap with UCX failed: " + UcsText(status);
+    status = ucp_worker_get_efd(worker_, &worker_fd_);
+    if (status != UCS_OK) return "UCX's worker has no event descriptor: " + UcsText(status);
+    stop_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (stop_fd_ < 0) return std::string("eventfd failed: ") + std::strerror(errno);
+    progress_ = std::thread([this] { ProgressLoop(); });
+    return {};
+  }
+
+  std::string name() const override { return "ucx"; }
+
+  Status Connect(Bootstrap& bootstrap) override {
+    Status local = Exchange(bootstrap);
+    // A rank that failed before the blobs' exchange still takes part in the agreement: nobody waits for it.
+    if (local.ok()) local = ConnectPeers();
+    return AgreeOnStatus(bootstrap, local, "connecting to the other nodes over UCX");
+  }
+
+  bool reaches(int pe) const override {
+    return pe >= 0 && pe < args_.world_size && peers_[static_cast<std::size_t>(pe)].ep != nullptr;
+  }
+
+  Status Put(int pe, std::size_t heap_offset, const void* src, std::size_t bytes) override {
+    HP_RETURN_IF_ERROR(CheckRange(pe, heap_offset, bytes, "put"));
+    if (bytes == 0) return Status::Ok();
+    const Peer& peer = peers_[static_cast<std::size_t>(pe)];
+    ucp_request_param_t param{};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ucs_status_ptr_t put = ucp_put_nbx(peer.ep, src, bytes, peer.heap_base + heap_offset, peer.rkey, &param);
+      if (UCS_PTR_IS_ERR(put)) return Failure("put", pe, UCS_PTR_STATUS(put));
+      if (put != nullptr) ucp_request_free(put);   // the flush below completes it, or reports its failure
+    }
+    // Remote completion: the bytes are in the peer's heap once the endpoint's flush completes.
+    return Flush(pe, "put");
+  }
+
+  Status Get(int pe, std::size_t heap_offset, void* dst, std::size_t bytes) override {
+    HP_RETURN_IF_ERROR(CheckRange(pe, heap_offset, bytes, "get"));
+    if (bytes == 0) return Status::Ok();
+    const Peer& peer = peers_[static_cast<std::size_t>(pe)];
+    ucp_request_param_t param{};
+    ucs_status_ptr_t get;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      get = ucp_get_nbx(peer.ep, dst, bytes, peer.heap_base + heap_offset, peer.rkey, &param);
+    }
+    return Complete(get, "get", pe);
+  }
+
+  Status Signal(int pe, std::size_t heap_offset, SignalWidth width, std::int64_t value, SignalOp op) override {
+    const auto bytes = static_cast<std::size_t>(width);
+    HP_RETURN_IF_ERROR(CheckRange(pe, heap_offset, bytes, "signal"));
+    const Peer& peer = peers_[static_cast<std::size_t>(pe)];
+    // UCX may read the operand and write the reply after the call returns, until the request completes: per thread,
+    // so that a request cancelled after a timeout never writes into a stack frame that is gone.
+    thread_local std::int64_t operand64;
+    thread_local std::int32_t operand32;
+    thread_local std::int64_t reply64;
+    thread_local std::int32_t reply32;
+    operand64 = value;
+    operand32 = static_cast<std::int32_t>(value);
+    const bool wide = width == SignalWidth::k64;
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
+    param.datatype = ucp_dt_make_contig(bytes);
+    if (op == SignalOp::kSet) {   // a swap: UCX has no atomic store; the old value lands in the reply and is dropped
+      param.op_attr_mask |= UCP_OP_ATTR_FIELD_REPLY_BUFFER;
+      param.reply_buffer = wide ? static_cast<void*>(&reply64) : static_cast<void*>(&reply32);
+    }
+    ucs_status_ptr_t atomic;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      atomic = ucp_atomic_op_nbx(peer.ep, op == SignalOp::kSet ? UCP_ATOMIC_OP_SWAP : UCP_ATOMIC_OP_ADD,
+                                 wide ? static_cast<const void*>(&operand64) : static_cast<const void*>(&operand32),
+                                 1, peer.heap_base + heap_offset, peer.rkey, &param);
+    }
+    HP_RETURN_IF_ERROR(Complete(atomic, "signal", pe));
+    // A posted add completes locally at once: the flush makes it done on the peer before the call returns.
+    return op == SignalOp::kAdd ? Flush(pe, "signal") : Status::Ok();
+  }
+
+  Status Close() override {
+    // The endpoints first, while the progress thread still serves the peers closing theirs: a close completes once
+    // the peer acknowledged everything sent to it (every operation had completed already: each call waits for its
+    // own). Bounded: a peer that is gone fails or times out the close, which then releases the endpoint anyway.
+    for (Peer& peer : peers_) {
+      if (peer.ep == nullptr) continue;
+      ucs_status_ptr_t closing;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (peer.rkey != nullptr) ucp_rkey_destroy(peer.rkey);   // before its endpoint goes
+        peer.rkey = nullptr;
+        ucp_request_param_t param{};
+        closing = ucp_ep_close_nbx(peer.ep, &param);
+        peer.ep = nullptr;
+      }
+      const auto deadline = Clock::now() + args_.timeout;
+      while (UCS_PTR_IS_PTR(closing)) {
+        std::lock_guard<std::mutex> lock(mu_);
+        ucp_worker_progress(worker_);
+        if (ucp_request_check_status(closing) != UCS_INPROGRESS || Clock::now() >= deadline) {
+          ucp_request_free(closing);
+          break;
+        }
+      }
+    }
+    if (progress_.joinable()) {
+      stopping_.store(true);
+      const std::uint64_t one = 1;
+      if (write(stop_fd_, &one, sizeof(one)) < 0) HP_LOG(kWarning, "waking UCX's progress thread failed");
+      progress_.join();
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (memh_ != nullptr) ucp_mem_unmap(context_, memh_);
+    memh_ = nullptr;
+    if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    worker_ = nullptr;
+    if (context_ != nullptr) ucp_cleanup(context_);
+    context_ = nullptr;
+    if (stop_fd_ >= 0) close(stop_fd_);
+    stop_fd_ = -1;
+    return Status::Ok();
+  }
+
+ private:
+  struct Peer {
+    ucp_ep_h ep = nullptr;
+    ucp_rkey_h rkey = nullptr;
+    std::uint64_t heap_base = 0;
+    std::uint64_t heap_bytes = 0;
+  };
+
+  // Every rank's header, then every rank's worker address and packed heap key, padded to the largest.
+  Status Exchange(Bootstrap& bootstrap) {
+    ucp_worker_attr_t attr{};
+    attr.field_mask = UCP_WORKER_ATTR_FIELD_ADDRESS;
+    ucs_status_t status = ucp_worker_query(worker_, &attr);
+    if (status != UCS_OK) return DeviceError("querying UCX's worker address failed: status=" + UcsText(status));
+    void* rkey = nullptr;
+    std::size_t rkey_bytes = 0;
+    // ucp_rkey_pack, not ucp_memh_pack: the latter packs only exported handles in this UCX.
+    status = ucp_rkey_pack(context_, memh_, &rkey, &rkey_bytes);
+    if (status != UCS_OK) {
+      ucp_worker_release_address(worker_, attr.address);
+      return DeviceError("packing the heap's UCX key failed: status=" + UcsText(status));
+    }
+    const PeerHeader mine{attr.address_length, rkey_bytes, reinterpret_cast<std::uintptr_t>(args_.heap),
+                          args_.heap_bytes};
+    const auto world = static_cast<std::size_t>(args_.world_size);
+    std::vector<PeerHeader> headers(world);
+    Status gathered = bootstrap.AllGather(&mine, sizeof(mine), headers.data());
+    std::size_t address_slot = 0;
+    std::size_t rkey_slot = 0;
+    for (const PeerHeader& header : headers) {
+      address_slot = std::max<std::size_t>(address_slot, header.address_bytes);
+      rkey_slot = std::max<std::size_t>(rkey_slot, header.rkey_bytes);
+    }
+    const std::size_t slot = address_slot + rkey_slot;
+    std::vector<char> blob(slot, 0);
+    std::vector<char> blobs(slot * world);
+    if (gathered.ok()) {
+      std::memcpy(blob.data(), attr.address, attr.address_length);
+      std::memcpy(blob.data() + address_slot, rkey, rkey_bytes);
+      gathered = bootstrap.AllGather(blob.data(), slot, blobs.data());
+    }
+    ucp_rkey_buffer_release(rkey);
+    ucp_worker_release_address(worker_, attr.address);
+    HP_RETURN_IF_ERROR(gathered);
+    blobs_ = std::move(blobs);
+    address_slot_ = address_slot;
+    slot_ = slot;
+    for (std::size_t pe = 0; pe < world; ++pe) {
+      peers_[pe].heap_base = headers[pe].heap_base;
+      peers_[pe].heap_bytes = headers[pe].heap_bytes;
+    }
+    return Status::Ok();
+  }
+
+  // Endpoints to the PEs of other nodes, each flushed once: the connection is up, or the failure names the PE.
+  Status ConnectPeers() {
+    const int node = args_.nodes[static_cast<std::size_t>(args_.rank)];
+    for (int pe = 0; pe < args_.world_size; ++pe) {
+      if (args_.nodes[static_cast<std::size_t>(pe)] == node) continue;
+      const char* blob = blobs_.data() + static_cast<std::size_t>(pe) * slot_;
+      ucp_ep_params_t params{};
+      params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+      params.address = reinterpret_cast<const ucp_address_t*>(blob);
+      // Not UCP_ERR_HANDLING_MODE_PEER: UCX (1.22) then selects no emulated atomics, so signals over TCP would fail.
+      // A failed connection still fails the requests on it, and every wait here is bounded by the timeout.
+      params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+      Peer& peer = peers_[static_cast<std::size_t>(pe)];
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ucp_ep_h ep = nullptr;
+        ucs_status_t status = ucp_ep_create(worker_, &params, &ep);
+        if (status != UCS_OK) return Failure("connect", pe, status);
+        peer.ep = ep;
+        status = ucp_ep_rkey_unpack(ep, blob + address_slot_, &peer.rkey);
+        if (status != UCS_OK) return Failure("connect", pe, status);
+      }
+      HP_RETURN_IF_ERROR(Flush(pe, "connect"));
+    }
+    blobs_.clear();
+    return Status::Ok();
+  }
+
+  Status CheckRange(int pe, std::size_t heap_offset, std::size_t bytes, const char* op) const {
+    if (!reaches(pe)) {
+      return StateError(std::string("UCX has no endpoint to this pe: op=") + op + " pe=" + std::to_string(pe));
+    }
+    const std::uint64_t heap_bytes = peers_[static_cast<std::size_t>(pe)].heap_bytes;
+    if (heap_offset > heap_bytes || bytes > heap_bytes - heap_offset) {
+      return InvalidArgument("`heap_offset` + `bytes` must lie inside pe " + std::to_string(pe) + "'s heap of " +
+                             std::to_string(heap_bytes) + " bytes, but got offset " + std::to_string(heap_offset) +
+                             " + " + std::to_string(bytes) + " bytes (op=" + op + ")");
+    }
+    return Status::Ok();
+  }
+
+  Status Failure(const char* op, int pe, ucs_status_t status) const {
+    return DeviceError(std::string("remote ") + op + " failed: pe=" + std::to_string(pe) +
+                       " transport=ucx status=" + UcsText(status));
+  }
+
+  Status Flush(int pe, const char* op) {
+    ucp_request_param_t param{};
+    ucs_status_ptr_t flush;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      flush = ucp_ep_flush_nbx(peers_[static_cast<std::size_t>(pe)].ep, &param);
+    }
+    return Complete(flush, op, pe);
+  }
+
+  // Waits for `request` (progressing the worker itself), at most the timeout; a request still running then is
+  // cancelled and the failure names the PE.
+  Status Complete(ucs_status_ptr_t request, const char* op, int pe) {
+    if (request == nullptr) return Status::Ok();
+    if (UCS_PTR_IS_ERR(request)) return Failure(op, pe, UCS_PTR_STATUS(request));
+    const auto start = Clock::now();
+    const auto deadline = start + args_.timeout;
+    while (true) {
+      bool progressed = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        progressed = ucp_worker_progress(worker_) != 0;
+        const ucs_status_t status = ucp_request_check_status(request);
+        if (status != UCS_INPROGRESS) {
+          ucp_request_free(request);
+          return status == UCS_OK ? Status::Ok() : Failure(op, pe, status);
+        }
+        if (Clock::now() >= deadline) {
+          ucp_request_cancel(worker_, request);
+          ucp_request_free(request);
+          return Timeout(std::string("remote ") + op + " timed out: pe=" + std::to_string(pe) +
+                         " transport=ucx timeout_sec=" +
+                         Decimal(std::chrono::duration<double>(args_.timeout).count()));
+        }
+      }
+      if (progressed) NotifyRemoteWrite();
+      // The peer's progress thread must run for this to complete: leave it the core when ranks share few.
+      if (Clock::now() - start > std::chrono::microseconds(20)) sched_yield();
+    }
+  }
+
+  void ProgressLoop() {
+    while (!stopping_.load()) {
+      bool progressed = false;
+      ucs_status_t armed = UCS_OK;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        while (ucp_worker_progress(worker_) != 0) progressed = true;
+        if (!progressed) armed = ucp_worker_arm(worker_);
+      }
+      if (progressed) {
+        NotifyRemoteWrite();
+        continue;
+      }
+      if (armed == UCS_ERR_BUSY) continue;   // events arrived between the progress and the arm
+      pollfd fds[2] = {{worker_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+      (void)poll(fds, 2, 100);   // bounded, so that a missed wake-up costs a slice, never a hang
+    }
+  }
+
+  // A peer's atomic on this rank's heap may have been carried out by the progress just made.
+  void NotifyRemoteWrite() const {
+    if (args_.on_remote_write) args_.on_remote_write();
+  }
+
+  RemoteTransportArgs args_;
+  std::vector<Peer> peers_;
+  std::vector<char> blobs_;   // the exchanged addresses and keys, until every endpoint is made
+  std::size_t address_slot_ = 0;
+  std::size_t slot_ = 0;
+  std::mutex mu_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  ucp_mem_h memh_ = nullptr;
+  int worker_fd_ = -1;
+  int stop_fd_ = -1;
+  std::atomic<bool> stopping_{false};
+  std::thread progress_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<RemoteTransport>> OpenRemoteTransport(const RemoteTransportArgs& args, std::string* absence) {
+  auto transport = std::make_unique<UcxTransport>(args);
+  const std::string failed = transport->Open();
+  if (!failed.empty()) {
+    *absence = "UCX cannot serve on rank " + std::to_string(args.rank) + ": " + failed;
+    return std::unique_ptr<RemoteTransport>();
+  }
+  return std::unique_ptr<RemoteTransport>(std::move(transport));
+}
+
+}  // namespace hp::shmem::host

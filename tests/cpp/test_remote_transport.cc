@@ -1,0 +1,277 @@
+// The host device's transport to other nodes (remote_transport.h): with UCX, two thread-ranks that the arguments
+// put on two nodes reach each other's heaps over TCP on loopback; without it, no transport opens and the reason
+// names the remedy. Then the host device itself on two simulated nodes: one thread-rank in a mount namespace of its
+// own with a private /dev/shm, so that the ranks cannot open each other's shared memory.
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/mount.h>
+
+#include <atomic>
+#include <chrono>
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/host/host_device.h"
+#include "runtime/host/remote_transport.h"
+#include "test_support.h"
+#include "thread_bootstrap.h"
+
+namespace hp::shmem::host {
+namespace {
+
+using namespace testutil;  // NOLINT(build/namespaces): the shared test helpers
+
+// Moves the calling thread into a mount namespace of its own with an empty private /dev/shm: another node, as the
+// host device sees it. "" on success, else why not (namespaces need CAP_SYS_ADMIN).
+std::string BecomeAnotherNode() {
+  if (unshare(CLONE_NEWNS) != 0) return std::string("unshare(CLONE_NEWNS): ") + std::strerror(errno);
+  if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+      mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m") != 0) {
+    return std::string("mounting a private /dev/shm: ") + std::strerror(errno);
+  }
+  return "";
+}
+
+// Runs `body` on 2 thread-ranks of two simulated nodes (rank 1 in its own mount namespace), each with an
+// initialised host device; skips the test where namespaces are refused.
+template <typename Body>
+void OnTwoNodes(Body&& body) {
+  std::mutex mu;
+  std::string refused;
+  RunRanks(2, [&](int rank, Bootstrap& bootstrap) {
+    const std::string mine = rank == 1 ? BecomeAnotherNode() : "";
+    std::vector<char> verdicts(2);
+    const char ok = mine.empty() ? 1 : 0;
+    ASSERT_TRUE(IsOk(bootstrap.AllGather(&ok, 1, verdicts.data())));
+    if (!mine.empty()) {
+      std::lock_guard<std::mutex> lock(mu);
+      refused = mine;
+    }
+    if (verdicts[0] == 0 || verdicts[1] == 0) return;
+    HostDevice device;
+    DeviceInitArgs args;
+    args.rank = rank;
+    args.world_size = 2;
+    args.heap_size = 1 << 20;
+    args.timeout_sec = 10.0;
+    ASSERT_TRUE(IsOk(device.Init(args, bootstrap)));
+    EXPECT_EQ(device.nodes(), (std::vector<int>{0, 1}));
+    body(rank, bootstrap, device);
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));   // the runtime's shutdown passes the bootstrap's barrier first too
+    EXPECT_TRUE(IsOk(device.Finalize()));
+  });
+  if (!refused.empty()) GTEST_SKIP() << "simulated nodes need a mount namespace: " << refused;
+}
+
+#ifdef HP_WITH_UCX
+
+constexpr std::size_t kHeapBytes = 4096;
+
+// UCX over TCP on loopback, unless the environment chose otherwise (UCX's own variables).
+void UseLoopbackTcp() {
+  setenv("UCX_TLS", "tcp", /*overwrite=*/0);
+  setenv("UCX_NET_DEVICES", "lo", /*overwrite=*/0);
+}
+
+constexpr std::chrono::milliseconds kTimeout{10000};
+
+RemoteTransportArgs TwoNodes(int rank, std::vector<char>& heap, std::atomic<int>* remote_writes,
+                             std::chrono::milliseconds timeout) {
+  RemoteTransportArgs args;
+  args.rank = rank;
+  args.world_size = 2;
+  args.nodes = {0, 1};
+  args.heap = heap.data();
+  args.heap_bytes = heap.size();
+  args.timeout = timeout;
+  args.on_remote_write = [remote_writes] { remote_writes->fetch_add(1); };
+  return args;
+}
+
+std::unique_ptr<RemoteTransport> OpenAndConnect(const RemoteTransportArgs& args, Bootstrap& bootstrap) {
+  std::string absence;
+  auto opened = OpenRemoteTransport(args, &absence);
+  EXPECT_TRUE(opened.ok());
+  EXPECT_EQ(absence, "");
+  if (!opened.ok() || opened.value() == nullptr) return nullptr;
+  std::unique_ptr<RemoteTransport> transport = std::move(opened).value();
+  EXPECT_TRUE(IsOk(transport->Connect(bootstrap)));
+  return transport;
+}
+
+// Runs `body(rank, bootstrap, transport, heap, remote_writes)` on 2 thread-ranks of two nodes, each with its
+// transport connected over TCP on loopback.
+template <typename Body>
+void OnTwoTransports(std::chrono::milliseconds timeout, Body&& body) {
+  UseLoopbackTcp();
+  RunRanks(2, [&](int rank, Bootstrap& bootstrap) {
+    std::vector<char> heap(kHeapBytes, 0);
+    std::atomic<int> remote_writes{0};
+    auto transport = OpenAndConnect(TwoNodes(rank, heap, &remote_writes, timeout), bootstrap);
+    ASSERT_NE(transport, nullptr);
+    body(rank, bootstrap, *transport, heap, remote_writes);
+  });
+}
+
+TEST(RemoteTransportTest, PutGetAndBothSignalOpsReachTheOtherNodesHeap) {
+  OnTwoTransports(kTimeout, [](int rank, Bootstrap& bootstrap, RemoteTransport& transport, std::vector<char>& heap,
+                               std::atomic<int>& remote_writes) {
+    const int peer = 1 - rank;
+    EXPECT_EQ(transport.name(), "ucx");
+    EXPECT_TRUE(transport.reaches(peer));
+    EXPECT_FALSE(transport.reaches(rank));   // its own node: mapped memory, not the transport
+    for (std::size_t i = 0; i < 256; ++i) heap[1024 + i] = static_cast<char>(rank * 100 + i % 7);
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+
+    // Rank 0 writes into rank 1's heap; rank 1 reads rank 0's; each completes before it returns.
+    std::vector<char> bytes(300);
+    for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 3 + 1);
+    std::vector<char> got(256, 0);
+    if (rank == 0) {
+      EXPECT_TRUE(IsOk(transport.Put(peer, 2000, bytes.data(), bytes.size())));
+      EXPECT_TRUE(IsOk(transport.Put(peer, 100, bytes.data(), 0)));   // nothing to move
+      EXPECT_TRUE(IsOk(transport.Signal(peer, 0, SignalWidth::k64, 7, SignalOp::kSet)));
+      EXPECT_TRUE(IsOk(transport.Signal(peer, 0, SignalWidth::k64, -12, SignalOp::kAdd)));
+      EXPECT_TRUE(IsOk(transport.Signal(peer, 8, SignalWidth::k32, -3, SignalOp::kSet)));
+      EXPECT_TRUE(IsOk(transport.Signal(peer, 8, SignalWidth::k32, 10, SignalOp::kAdd)));
+    } else {
+      EXPECT_TRUE(IsOk(transport.Get(peer, 1024, got.data(), got.size())));
+      for (std::size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], static_cast<char>(i % 7)) << i;
+    }
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+    if (rank == 1) {
+      EXPECT_EQ(std::memcmp(heap.data() + 2000, bytes.data(), bytes.size()), 0);
+      std::int64_t wide = 0;
+      std::int32_t narrow = 0;
+      std::memcpy(&wide, heap.data(), sizeof(wide));
+      std::memcpy(&narrow, heap.data() + 8, sizeof(narrow));
+      EXPECT_EQ(wide, 7 - 12);
+      EXPECT_EQ(narrow, -3 + 10);
+      EXPECT_EQ(heap[12], 0);   // the 32-bit signal's neighbour is untouched
+      EXPECT_GT(remote_writes.load(), 0);   // the progress thread told the device to wake its waiters
+    }
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+    EXPECT_TRUE(IsOk(transport.Close()));
+  });
+}
+
+TEST(RemoteTransportTest, RangesOutsideThePeersHeapAreRefusedBeforeAnythingIsSent) {
+  OnTwoTransports(kTimeout, [](int rank, Bootstrap& bootstrap, RemoteTransport& transport, std::vector<char>& heap,
+                               std::atomic<int>&) {
+    const int peer = 1 - rank;
+    const char src[16] = {1, 2, 3};
+    char dst[16] = {};
+    EXPECT_TRUE(HasError(transport.Put(peer, kHeapBytes - 8, src, 16), StatusCode::kInvalidArgument,
+                         "`heap_offset` + `bytes` must lie inside pe " + std::to_string(peer) +
+                             "'s heap of 4096 bytes, but got offset 4088 + 16 bytes (op=put)"));
+    EXPECT_TRUE(HasError(transport.Get(peer, kHeapBytes + 8, dst, 0), StatusCode::kInvalidArgument,
+                         "but got offset 4104 + 0 bytes (op=get)"));
+    EXPECT_TRUE(HasError(transport.Signal(peer, kHeapBytes - 4, SignalWidth::k64, 1, SignalOp::kAdd),
+                         StatusCode::kInvalidArgument, "but got offset 4092 + 8 bytes (op=signal)"));
+    EXPECT_TRUE(HasError(transport.Put(rank, 0, src, 16), StatusCode::kStateError,
+                         "UCX has no endpoint to this pe: op=put pe=" + std::to_string(rank)));
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+    // Nothing of the refused calls arrived.
+    EXPECT_EQ(std::vector<char>(heap.begin(), heap.end()), std::vector<char>(kHeapBytes, 0));
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+    EXPECT_TRUE(IsOk(transport.Close()));
+  });
+}
+
+TEST(RemoteTransportTest, APeerThatClosedFailsTheNextCallInTimeNamingIt) {
+  const auto timeout = std::chrono::milliseconds(3000);
+  OnTwoTransports(timeout, [timeout](int rank, Bootstrap& bootstrap, RemoteTransport& transport, std::vector<char>&,
+                                     std::atomic<int>&) {
+    if (rank == 1) {
+      EXPECT_TRUE(IsOk(transport.Close()));
+    }
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+    if (rank == 0) {
+      const char src[8] = {};
+      const auto start = std::chrono::steady_clock::now();
+      const Status put = transport.Put(1, 0, src, sizeof(src));
+      const auto took = std::chrono::steady_clock::now() - start;
+      EXPECT_FALSE(put.ok());
+      EXPECT_NE(put.message().find("pe=1"), std::string::npos) << put.ToString();
+      EXPECT_LT(took, timeout + std::chrono::seconds(2)) << put.ToString();
+      EXPECT_TRUE(IsOk(transport.Close()));
+    }
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+  });
+}
+
+TEST(RemoteTransportTest, TheHostDeviceReachesAnotherNodeInStreamOrderAndWakesItsWaiters) {
+  UseLoopbackTcp();
+  OnTwoNodes([](int rank, Bootstrap& bootstrap, HostDevice& device) {
+    const int peer = 1 - rank;
+    EXPECT_TRUE(device.reaches_remotely(peer));
+    EXPECT_TRUE(device.signals_remotely(SignalOp::kAdd));
+    EXPECT_EQ(device.remote_transport(), "ucx");
+    EXPECT_EQ(device.remote_absence(), "");
+    Result<void*> data = device.Allocate(4096, 64);
+    Result<void*> signals = device.Allocate(64, 64);
+    ASSERT_TRUE(data.ok() && signals.ok());
+    std::memset(data.value(), 0, 4096);
+    std::memset(signals.value(), 0, 64);
+    auto* flag = static_cast<std::int64_t*>(signals.value());
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+    std::vector<char> src(4096);
+    for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<char>(i * 7 + 3);
+    if (rank == 0) {
+      // On a host stream: the put, then the add that announces it, in stream order.
+      Result<StreamHandle> stream = device.CreateStream();
+      ASSERT_TRUE(stream.ok());
+      EXPECT_TRUE(IsOk(device.Put(data.value(), src.data(), src.size(), peer, stream.value(), nullptr)));
+      EXPECT_TRUE(IsOk(device.Signal(flag, SignalWidth::k64, 2, SignalOp::kAdd, peer, stream.value())));
+      EXPECT_TRUE(IsOk(device.SynchronizeStream(stream.value())));
+      EXPECT_TRUE(IsOk(device.DestroyStream(stream.value())));
+      // Then the default stream: a set the peer waits for after reading this rank's heap.
+      EXPECT_TRUE(IsOk(device.Signal(flag + 1, SignalWidth::k64, 40, SignalOp::kSet, peer, kDefaultStream)));
+    } else {
+      // Woken by the peer's remote atomics: asleep in the futex long before they come.
+      EXPECT_TRUE(IsOk(device.WaitSignal(flag, SignalWidth::k64, CompareOp::kEq, 2, kDefaultStream)));
+      EXPECT_EQ(std::memcmp(data.value(), src.data(), src.size()), 0);
+      EXPECT_TRUE(IsOk(device.WaitSignal(flag + 1, SignalWidth::k64, CompareOp::kGe, 40, kDefaultStream)));
+      std::vector<char> got(4096, 1);
+      EXPECT_TRUE(IsOk(device.Get(got.data(), data.value(), got.size(), peer, kDefaultStream, nullptr)));
+      EXPECT_EQ(got, std::vector<char>(4096, 0));   // rank 0's own copy: nobody wrote it
+    }
+    EXPECT_TRUE(IsOk(device.Free(signals.value())));
+    EXPECT_TRUE(IsOk(device.Free(data.value())));
+  });
+}
+
+#else   // HP_WITH_UCX
+
+TEST(RemoteTransportTest, WithoutUcxTheHostDeviceReachesItsNodeOnlyAndSaysWhy) {
+  OnTwoNodes([](int rank, Bootstrap&, HostDevice& device) {
+    EXPECT_FALSE(device.reaches_remotely(1 - rank));
+    EXPECT_EQ(device.remote_transport(), "none");
+    EXPECT_NE(device.remote_absence().find("pip install hyper-parallel-shmem[ucx]"), std::string::npos)
+        << device.remote_absence();
+  });
+}
+
+TEST(RemoteTransportTest, ABuildWithoutUcxOpensNoneAndNamesTheRemedy) {
+  std::vector<char> heap(64);
+  RemoteTransportArgs args;
+  args.world_size = 2;
+  args.nodes = {0, 1};
+  args.heap = heap.data();
+  args.heap_bytes = heap.size();
+  std::string absence;
+  auto opened = OpenRemoteTransport(args, &absence);
+  ASSERT_TRUE(opened.ok());
+  EXPECT_EQ(opened.value(), nullptr);
+  EXPECT_NE(absence.find("pip install hyper-parallel-shmem[ucx]"), std::string::npos) << absence;
+}
+
+#endif  // HP_WITH_UCX
+
+}  // namespace
+}  // namespace hp::shmem::host
