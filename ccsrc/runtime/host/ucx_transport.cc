@@ -83,8 +83,8 @@ class UcxTransport final : public RemoteTransport {
 
   Status Connect(Bootstrap& bootstrap) override {
     Status local = Exchange(bootstrap);
-    // A rank that failed before the blobs' exchange still takes part in the agreement: nobody waits for it.
-    if (local.ok()) local = ConnectPeers();
+    // Where a peer published nothing, its own failure is the agreement's message: the others connect to nobody.
+    if (local.ok() && peers_published_) local = ConnectPeers();
     return AgreeOnStatus(bootstrap, local, "connecting to the other nodes over UCX");
   }
 
@@ -203,22 +203,26 @@ class UcxTransport final : public RemoteTransport {
     std::uint64_t heap_bytes = 0;
   };
 
-  // Every rank's header, then every rank's worker address and packed heap key, padded to the largest.
+  // Every rank's header, then every rank's worker address and packed heap key, padded to the largest. A rank whose
+  // UCX failed here still takes part in both gathers, publishing nothing (a zero header), so that nobody waits for it
+  // and the failure reaches every rank through Connect's agreement.
   Status Exchange(Bootstrap& bootstrap) {
+    Status local = Status::Ok();
     ucp_worker_attr_t attr{};
     attr.field_mask = UCP_WORKER_ATTR_FIELD_ADDRESS;
     ucs_status_t status = ucp_worker_query(worker_, &attr);
-    if (status != UCS_OK) return DeviceError("querying UCX's worker address failed: status=" + UcsText(status));
+    const bool have_address = status == UCS_OK;
+    if (!have_address) local = DeviceError("querying UCX's worker address failed: status=" + UcsText(status));
     void* rkey = nullptr;
     std::size_t rkey_bytes = 0;
-    // ucp_rkey_pack, not ucp_memh_pack: the latter packs only exported handles in this UCX.
-    status = ucp_rkey_pack(context_, memh_, &rkey, &rkey_bytes);
-    if (status != UCS_OK) {
-      ucp_worker_release_address(worker_, attr.address);
-      return DeviceError("packing the heap's UCX key failed: status=" + UcsText(status));
+    if (local.ok()) {
+      // ucp_rkey_pack, not ucp_memh_pack: the latter packs only exported handles in this UCX.
+      status = ucp_rkey_pack(context_, memh_, &rkey, &rkey_bytes);
+      if (status != UCS_OK) local = DeviceError("packing the heap's UCX key failed: status=" + UcsText(status));
     }
-    const PeerHeader mine{attr.address_length, rkey_bytes, reinterpret_cast<std::uintptr_t>(args_.heap),
-                          args_.heap_bytes};
+    const PeerHeader mine = local.ok() ? PeerHeader{attr.address_length, rkey_bytes,
+                                                    reinterpret_cast<std::uintptr_t>(args_.heap), args_.heap_bytes}
+                                       : PeerHeader{0, 0, 0, 0};
     const auto world = static_cast<std::size_t>(args_.world_size);
     std::vector<PeerHeader> headers(world);
     Status gathered = bootstrap.AllGather(&mine, sizeof(mine), headers.data());
@@ -232,19 +236,23 @@ class UcxTransport final : public RemoteTransport {
     std::vector<char> blob(slot, 0);
     std::vector<char> blobs(slot * world);
     if (gathered.ok()) {
-      std::memcpy(blob.data(), attr.address, attr.address_length);
-      std::memcpy(blob.data() + address_slot, rkey, rkey_bytes);
+      if (local.ok()) {
+        std::memcpy(blob.data(), attr.address, attr.address_length);
+        std::memcpy(blob.data() + address_slot, rkey, rkey_bytes);
+      }
       gathered = bootstrap.AllGather(blob.data(), slot, blobs.data());
     }
-    ucp_rkey_buffer_release(rkey);
-    ucp_worker_release_address(worker_, attr.address);
+    if (rkey != nullptr) ucp_rkey_buffer_release(rkey);
+    if (have_address) ucp_worker_release_address(worker_, attr.address);
     HP_RETURN_IF_ERROR(gathered);
+    HP_RETURN_IF_ERROR(local);
     blobs_ = std::move(blobs);
     address_slot_ = address_slot;
     slot_ = slot;
     for (std::size_t pe = 0; pe < world; ++pe) {
       peers_[pe].heap_base = headers[pe].heap_base;
       peers_[pe].heap_bytes = headers[pe].heap_bytes;
+      peers_published_ = peers_published_ && headers[pe].address_bytes > 0;
     }
     return Status::Ok();
   }
@@ -365,6 +373,7 @@ class UcxTransport final : public RemoteTransport {
   std::vector<char> blobs_;   // the exchanged addresses and keys, until every endpoint is made
   std::size_t address_slot_ = 0;
   std::size_t slot_ = 0;
+  bool peers_published_ = true;   // every rank published its address and key (Exchange)
   std::mutex mu_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
