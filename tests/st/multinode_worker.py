@@ -19,6 +19,8 @@ import traceback
 
 import torch
 import torch.distributed as dist
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tolerances import assert_sums_close  # noqa: E402  (beside this file)
@@ -370,6 +372,224 @@ def case_one_sided_transfers_across_nodes():
     for tensor in (flag32, flag64, buf):
         shmem.free(tensor)
     return remote
+
+
+def _refused_across_nodes(call) -> str:
+    """Runs ``call`` (one-sided, to a PE of the other node) where no transport reaches it: the project's refusal."""
+    try:
+        call()
+    except shmem.ShmemStateError as error:
+        text = str(error)
+        assert "one-sided calls of the host device reach the ranks of this rank's node only" in text, text
+        return text
+    raise AssertionError("a one-sided call to another node went through without a transport")
+
+
+# The seed's examples (examples/symm_producer_consumer.py, symm_push.py, symm_pull.py) run their whole script at import,
+# shutdown included: these cases make the same calls, with the producer and the consumer on different nodes.
+
+def case_example_producer_consumer_across_nodes():
+    """The user API's first example with the producer (rank 0, node 0) and the consumer (rank 2, node 1): the
+    consumer's buffer holds the producer's halves once the signal is set."""
+    producer, consumer = 0, 2
+    assert NODE_OF[producer] != NODE_OF[consumer]
+    remote = _transport_to_other_node()
+    data_buf = symm.empty(4096, dtype=torch.float16)
+    signal = symm.empty(1, dtype=torch.int32)
+    signal.zero_()
+    data_buf.fill_(-1.0)  # not in the example: what a refused put leaves
+    dist.barrier()
+    # The example draws unseeded: seeded here so that the consumer knows what the producer sent.
+    local_data = torch.randn(4096, dtype=torch.float16, generator=torch.Generator().manual_seed(31))
+    produce = lambda: symm.shmem_put_with_signal(  # noqa: E731
+        target=data_buf,
+        target_offset=torch.tensor([0], dtype=torch.int64, device='cpu'),
+        src=local_data,
+        src_offset=torch.tensor([0], dtype=torch.int64, device='cpu'),
+        size=torch.tensor([4096], dtype=torch.int64, device='cpu'),
+        signal=signal,
+        signal_offset=torch.tensor([0], dtype=torch.int64, device='cpu'),
+        signal_value=torch.tensor([1], dtype=torch.int32, device='cpu'),
+        signal_op=0,    # SET
+        target_rank=consumer
+    )
+    result = None
+    if RANK == producer:
+        if remote == "ucx":
+            produce()
+        else:
+            _refused_across_nodes(produce)
+    elif RANK == consumer and remote == "ucx":
+        symm.shmem_wait_for_signal(
+            depend_tensor=data_buf,
+            signal=signal,
+            signal_offset=torch.tensor([0], dtype=torch.int64, device='cpu'),
+            compare_value=torch.tensor([1], dtype=torch.int32, device='cpu'),
+            compare_op=0    # EQ
+        )
+        result = data_buf.sum()  # the data has arrived
+    dist.barrier()
+    received, raised = data_buf.clone(), int(signal)
+    # Checked once every rank is past the collective calls: a failed check fails this case only.
+    symm.free(data_buf)
+    symm.free(signal)
+    if result is not None:
+        assert torch.equal(received, local_data), (received[:8], local_data[:8])
+        assert torch.equal(result, local_data.sum()), (result, local_data.sum())
+        assert raised == 1, raised
+    else:  # nobody else's buffer or signal changed
+        assert torch.equal(received, torch.full((4096,), -1.0, dtype=torch.float16)), received[:8]
+        assert raised == 0, raised
+    return remote if result is None else float(result)
+
+
+def case_example_push_across_nodes():
+    """Push mode: every rank writes its row into every rank of both nodes and raises their signal (ADD 1)."""
+    remote = _transport_to_other_node()
+    ADD, GE = 1, 4
+    assert WORLD == 4  # the example's GE threshold counts every rank of this job
+    row = torch.full((1024,), float(RANK))
+    rows = symm.empty((WORLD, 1024), dtype=torch.float32)     # the receivers' buffer
+    arrived = symm.empty(1, dtype=torch.int64)
+    arrived.zero_()
+    rows.fill_(-1.0)  # not in the example: what a refused put leaves
+    symm.barrier()
+    if remote != "ucx":
+        other = (RANK + 2) % WORLD
+        _refused_across_nodes(lambda: symm.shmem_put_with_signal(rows, RANK * 1024, row, 0, 1024, arrived, 0, 1, ADD,
+                                                                 target_rank=other))
+        expected, expected_count = torch.full((WORLD, 1024), -1.0), 0
+    else:
+        for peer in range(WORLD):   # write into the peer, then signal it: the data is visible before the signal
+            symm.shmem_put_with_signal(rows, RANK * 1024, row, 0, 1024, arrived, 0, 1, ADD, target_rank=peer)
+        symm.shmem_wait_for_signal(rows, arrived, 0, WORLD, GE)
+        expected, expected_count = torch.arange(WORLD, dtype=torch.float32)[:, None].expand(WORLD, 1024), WORLD
+    symm.barrier()   # nobody writes into `rows` any more
+    received, count = rows.clone(), int(arrived)
+    symm.free(rows)
+    symm.free(arrived)
+    assert torch.equal(received, expected), received[:, 0]
+    assert count == expected_count, count
+    return remote
+
+
+def case_example_pull_across_nodes():
+    """Pull mode: every rank stages its row, announces it to every rank of both nodes, then reads every rank's row."""
+    remote = _transport_to_other_node()
+    ADD, GE = 1, 4
+    assert WORLD == 4  # the example's GE threshold counts every rank of this job
+    staged = symm.empty(1024, dtype=torch.float32)             # the senders' buffer
+    ready = symm.empty(1, dtype=torch.int64)
+    ready.zero_()
+    symm.barrier()
+    staged.fill_(float(RANK))
+    pulled = torch.full((WORLD, 1024), -1.0)
+    if remote != "ucx":
+        other = (RANK + 2) % WORLD
+        _refused_across_nodes(lambda: symm.shmem_signal_op(ready, 0, 1, ADD, target_rank=other))
+        _refused_across_nodes(lambda: symm.shmem_get(pulled[other], 0, staged, 0, 1024, target_rank=other))
+        expected, expected_count = torch.full((WORLD, 1024), -1.0), 0
+    else:
+        for peer in range(WORLD):   # announce: my row is staged
+            symm.shmem_signal_op(ready, 0, 1, ADD, target_rank=peer)
+        symm.shmem_wait_for_signal(staged, ready, 0, WORLD, GE)
+        for peer in reversed(range(WORLD)):   # any order the consumer likes
+            symm.shmem_get(pulled[peer], 0, staged, 0, 1024, target_rank=peer)
+        expected, expected_count = torch.arange(WORLD, dtype=torch.float32)[:, None].expand(WORLD, 1024), WORLD
+    symm.barrier()   # nobody reads `staged` any more
+    count = int(ready)
+    symm.free(staged)
+    symm.free(ready)
+    assert torch.equal(pulled, expected), pulled[:, 0]
+    assert count == expected_count, count
+    return remote
+
+
+_SWEEP_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int8, torch.int32, torch.int64)
+_SWEEP_ELEMENTS = 1 << 15  # up to 256 KiB a transfer: past UCX's eager sizes
+_SWEEP_OPS = ("shmem.put", "shmem.get", "symm.shmem_put", "symm.shmem_get")
+
+
+def _draw_transfers(count: int) -> list:
+    """``count`` one-sided transfers: (op, dtype index, heap offset, local offset, size, initiator, peer on the other
+    node). Hypothesis (derandomized) draws the windows and the peer; the op and the initiator take every value in turn
+    (hypothesis' draws lean to a few of them)."""
+    @st.composite
+    def window(draw):
+        size = draw(st.one_of(st.integers(1, 64), st.integers(1, _SWEEP_ELEMENTS)))
+        return (draw(st.sampled_from(range(len(_SWEEP_DTYPES)))), draw(st.integers(0, _SWEEP_ELEMENTS - size)),
+                draw(st.integers(0, _SWEEP_ELEMENTS - size)), size, draw(st.sampled_from(range(WORLD // 2))))
+
+    drawn = []
+
+    @settings(max_examples=count, deadline=None, database=None, derandomize=True, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(window())
+    def collect(one) -> None:
+        drawn.append(one)
+
+    collect()
+    transfers = []
+    for i, (dtype_index, at, local_at, size, which_peer) in enumerate(drawn):
+        initiator = (i // len(_SWEEP_OPS)) % WORLD
+        peers = [r for r in range(WORLD) if NODE_OF[r] != NODE_OF[initiator]]
+        transfers.append((_SWEEP_OPS[i % len(_SWEEP_OPS)], dtype_index, at, local_at, size, initiator,
+                          peers[which_peer % len(peers)]))
+    return transfers
+
+
+def _sweep_values(seed: int, dtype: torch.dtype) -> torch.Tensor:
+    """Small integers: exact in every dtype of the sweep, int8 included."""
+    return torch.randint(-100, 100, (_SWEEP_ELEMENTS,), generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def case_one_sided_offsets_and_sizes_across_nodes():
+    """Put and get of random (offset, size, dtype) windows of a heap tensor between a rank and a rank of the other
+    node, through both APIs: the addressed bytes and nothing else change, on both sides (refused where no transport
+    reaches the other node, and then nothing changes). Rank 0 draws the transfers; every rank runs them all."""
+    remote = _transport_to_other_node()
+    transfers = [_draw_transfers(40) if RANK == 0 else None]
+    dist.broadcast_object_list(transfers, src=0)
+    heaps = [symm.empty(_SWEEP_ELEMENTS, dtype=dtype) for dtype in _SWEEP_DTYPES]
+    outcomes = {"done": 0, "refused": 0}
+    wrong = []
+    for i, (op, dtype_index, at, local_at, size, initiator, peer) in enumerate(transfers[0]):
+        dtype = _SWEEP_DTYPES[dtype_index]
+        heap = heaps[dtype_index]
+        heap.copy_(_sweep_values(100 * i + RANK, dtype))
+        local = _sweep_values(100 * i + WORLD + RANK, dtype)
+        shmem.barrier()
+        done = remote == "ucx"
+        if RANK == initiator:
+            window, local_window = heap[at:at + size], local[local_at:local_at + size]
+            call = {"shmem.put": lambda: shmem.put(window, local_window, pe=peer),
+                    "shmem.get": lambda: shmem.get(local_window, window, pe=peer),
+                    "symm.shmem_put": lambda: symm.shmem_put(heap, at, local, local_at, size, peer),
+                    "symm.shmem_get": lambda: symm.shmem_get(local, local_at, heap, at, size, peer)}[op]
+            if done:
+                call()
+            else:
+                _refused_across_nodes(call)
+            outcomes["done" if done else "refused"] += 1
+        shmem.barrier()  # each transfer completed before it returned
+        expected_heap = _sweep_values(100 * i + RANK, dtype)
+        expected_local = _sweep_values(100 * i + WORLD + RANK, dtype)
+        if done and op.endswith("put") and RANK == peer:
+            expected_heap[at:at + size] = _sweep_values(100 * i + WORLD + initiator, dtype)[local_at:local_at + size]
+        if done and op.endswith("get") and RANK == initiator:
+            expected_local[local_at:local_at + size] = _sweep_values(100 * i + peer, dtype)[at:at + size]
+        for name, seen, expected in (("heap", heap, expected_heap), ("local", local, expected_local)):
+            if not torch.equal(seen, expected):
+                differ = (seen != expected).nonzero().reshape(-1)
+                wrong.append(f"example {i} {op} {dtype} at={at} local_at={local_at} size={size} "
+                             f"{initiator}->{peer}: rank {RANK}'s {name} differs at {differ[:4].tolist()} "
+                             f"({differ.numel()} elements)")
+    shmem.barrier()
+    for heap in heaps:
+        symm.free(heap)
+    assert not wrong, wrong[:5]
+    assert len(transfers[0]) >= 30, len(transfers[0])
+    return outcomes
 
 
 def case_symmetric_memory_collectives_across_nodes():

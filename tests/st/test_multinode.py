@@ -3,7 +3,8 @@
 Each node has its own /dev/shm, hostname and PID namespace; gloo runs across the nodes' loopback addresses. One
 job runs every case of multinode_worker.py (every collective against gloo, groups within and across nodes, the
 user API and fused ops, one-sided calls across nodes (through UCX where it is installed, refused with the remedy
-where not), mismatches within and across nodes, an allocation that differs across
+where not: the primitives, the seed's producer/consumer, push and pull examples, a hypothesis sweep of put/get
+windows), mismatches within and across nodes, an allocation that differs across
 nodes); two more check every collective on 4 nodes x 2 ranks and 2 nodes x 4; another kills a node and checks that
 the other one fails in time, naming the dead ranks.
 """
