@@ -522,3 +522,32 @@ def test_a_failing_rank_ends_the_run_with_its_error() -> None:
     assert result.returncode == 1
     assert "hp-shmem-perf: rank 0 failed: ShmemOutOfMemoryError" in result.stderr
     assert re.search(r"hp-shmem-perf: rank \d failed \(exit status 1\)$", result.stderr.rstrip())
+
+
+# After mpi4py started MPI, the process holds MPICH's own libucs when MPICH's wheel brings one; the package's UCX (the
+# `ucx` extra) then cannot load, and importing the package says why and what to do. Anywhere else it imports.
+_IMPORT_AFTER_MPI = """
+from mpi4py import MPI
+maps = open("/proc/self/maps").read().splitlines()
+print("foreign_libucs", any("libucs.so" in line and "libucx" not in line for line in maps))
+try:
+    import hyper_parallel.core.multicore.shmem
+    print("imported")
+except ImportError as error:
+    print("refused", error)
+"""
+
+
+@needs_mpi
+def test_importing_the_package_after_mpi_either_works_or_names_the_other_ucx() -> None:
+    """The perf tool imports the package before MPI (the test above runs it under mpiexec); a script that does not
+    gets a clear ImportError where MPICH's UCX is loaded and the package's cannot be, and a working import elsewhere."""
+    result = subprocess.run([sys.executable, "-c", _IMPORT_AFTER_MPI], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    foreign = lines[0] == "foreign_libucs True"
+    if foreign and importlib.util.find_spec("libucx") is not None:
+        assert lines[1].startswith("refused UCX's libraries cannot be loaded: another UCX is already loaded in this "
+                                   "process (MPICH's wheel brings its own; import hyper_parallel before mpi4py"), lines
+    else:
+        assert lines[1] == "imported", lines

@@ -66,6 +66,9 @@ def _run_under_mpiexec(config: Config) -> int:
         print(f"{PROG}: error: a run under mpiexec must have mpi4py installed "
               "(pip install mpi4py mpich), but got none", file=sys.stderr)
         return 2
+    # The package first: with the `ucx` extra it loads UCX's libraries, which must come before MPICH's wheel loads its
+    # own older ones when MPI starts (the first libucs in a process serves both).
+    importlib.import_module("hyper_parallel.core.multicore.shmem")
     world = join_mpi_world()
     if config.nproc is not None and config.nproc != world.size:
         if world.rank == 0:
