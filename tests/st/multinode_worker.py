@@ -804,6 +804,13 @@ def _node_death(out_dir: str) -> None:
             record["wait_signal"] = {"raised": "", "ended": time.time()}
         except Exception as error:  # what the test checks
             record["wait_signal"] = {"raised": f"{type(error).__name__}: {error}", "ended": time.time()}
+        # Then a put to the lane peer, lost too (or its connection found broken by the put itself).
+        start = time.monotonic()
+        try:
+            shmem.put(flag, torch.ones(1, dtype=torch.int64), pe=(RANK + 2) % WORLD)
+            record["put"] = {"raised": "", "seconds": time.monotonic() - start}
+        except Exception as error:  # what the test checks
+            record["put"] = {"raised": f"{type(error).__name__}: {error}", "seconds": time.monotonic() - start}
     while not os.path.exists(os.path.join(out_dir, "node1_killed")):
         time.sleep(0.05)
     # The all_to_all first: its cross-node phase runs on one member of each node while the other waits in the node's

@@ -146,6 +146,10 @@ def test_a_dead_node_is_named_by_the_others_in_time(tmp_path) -> None:
             assert lost and set(lost) <= set(dead), wait
             assert f"lost_nodes=[{PER_NODE}] rank={rank} " in wait["raised"], wait
             assert killed_at < wait["ended"] < killed_at + TIMEOUT_SEC / 4, (killed_at, wait)
+            put = record["put"]
+            assert put["raised"].startswith("ShmemDeviceError: "), put
+            assert "put" in put["raised"] and f" pe={rank + PER_NODE} " in put["raised"], put
+            assert put["seconds"] < 1, put
         # Every member of the surviving node fails the all_to_all at once (a closed connection, not the timeout),
         # naming a rank of the dead node: the one whose lane peer died, and its node-mate through the node's sync.
         all_to_all = record["all_to_all"]

@@ -185,8 +185,9 @@ class UcxTransport final : public RemoteTransport {
         peer.rkey = nullptr;
       }
       CloseEndpoint(&peer.ep, lost);
-      CloseEndpoint(&peer.live, /*force=*/true);
     }
+    // Closing a liveness endpoint makes the peer see this rank lost: only once every operations' endpoint is closed.
+    for (Peer& peer : peers_) CloseEndpoint(&peer.live, /*force=*/true);
     if (progress_.joinable()) {
       stopping_.store(true);
       const std::uint64_t one = 1;
@@ -278,7 +279,7 @@ class UcxTransport final : public RemoteTransport {
       params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
       params.address = reinterpret_cast<const ucp_address_t*>(blob);
       // Not UCP_ERR_HANDLING_MODE_PEER: UCX (1.22) then selects no emulated atomics, so signals over TCP would fail.
-      // A failed connection still fails the requests on it, and every wait here is bounded by the timeout.
+      // A failed connection still fails the requests on it; the liveness endpoint below tells why, at once.
       params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
       Peer& peer = peers_[static_cast<std::size_t>(pe)];
       {
