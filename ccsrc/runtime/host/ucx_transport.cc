@@ -11,8 +11,8 @@
 // error callback marks the PE lost. It carries nothing: the operations go on the first endpoint, in the default
 // error mode, since the peer-failure mode makes UCX 1.22 select no emulated atomics over TCP. A peer whose process
 // exits or is killed has its connections closed by its kernel; the progress thread sees that at once, marks the PE
-// lost and wakes the waiters. A machine that vanishes without closing them is found by UCX's keepalive (its
-// UCX_KEEPALIVE_* and UCX_TCP_KEEP* variables), or else by the timeout.
+// lost and wakes the waiters. A machine that vanishes without closing them is left to the TCP keepalive that UCX sets
+// on its sockets (UCX_TCP_KEEP*), or else to the timeout.
 #include <poll.h>
 #include <sched.h>
 #include <sys/eventfd.h>
@@ -104,7 +104,7 @@ class UcxTransport final : public RemoteTransport {
   std::vector<int> lost_pes() const override {
     std::vector<int> lost;
     for (int pe = 0; pe < args_.world_size; ++pe) {
-      if (lost_[static_cast<std::size_t>(pe)].load(std::memory_order_acquire)) lost.push_back(pe);
+      if (Lost(pe)) lost.push_back(pe);
     }
     return lost;
   }
@@ -178,13 +178,12 @@ class UcxTransport final : public RemoteTransport {
     // endpoints of a PE known lost, and every liveness endpoint (it carries nothing), are released without waiting.
     for (int pe = 0; pe < args_.world_size; ++pe) {
       Peer& peer = peers_[static_cast<std::size_t>(pe)];
-      const bool lost = lost_[static_cast<std::size_t>(pe)].load(std::memory_order_acquire);
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (peer.rkey != nullptr) ucp_rkey_destroy(peer.rkey);   // before its endpoint goes
         peer.rkey = nullptr;
       }
-      CloseEndpoint(&peer.ep, lost);
+      CloseEndpoint(&peer.ep, /*force=*/Lost(pe));
     }
     // Closing a liveness endpoint makes the peer see this rank lost: only once every operations' endpoint is closed.
     for (Peer& peer : peers_) CloseEndpoint(&peer.live, /*force=*/true);
