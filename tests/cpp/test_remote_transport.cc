@@ -14,6 +14,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/host/host_device.h"
@@ -199,6 +200,15 @@ TEST(RemoteTransportTest, APeerThatClosedFailsTheNextCallInTimeNamingIt) {
       EXPECT_FALSE(put.ok());
       EXPECT_NE(put.message().find("pe=1"), std::string::npos) << put.ToString();
       EXPECT_LT(took, timeout + std::chrono::seconds(2)) << put.ToString();
+      // The closed connection marks the peer lost (at once, or within the put above): later calls fail at once.
+      const auto lost_by = std::chrono::steady_clock::now() + timeout;
+      while (transport.lost_count() == 0 && std::chrono::steady_clock::now() < lost_by) sched_yield();
+      EXPECT_EQ(transport.lost_pes(), std::vector<int>{1});
+      const auto again = std::chrono::steady_clock::now();
+      EXPECT_TRUE(HasError(transport.Signal(1, 0, SignalWidth::k64, 1, SignalOp::kAdd), StatusCode::kDeviceError,
+                           "pe of another node is gone (its process exited or its node died): op=signal pe=1 "
+                           "pe_node=1 transport=ucx"));
+      EXPECT_LT(std::chrono::steady_clock::now() - again, std::chrono::milliseconds(100));
       EXPECT_TRUE(IsOk(transport.Close()));
     }
     ASSERT_TRUE(IsOk(bootstrap.Barrier()));
@@ -243,6 +253,46 @@ TEST(RemoteTransportTest, TheHostDeviceReachesAnotherNodeInStreamOrderAndWakesIt
     }
     EXPECT_TRUE(IsOk(device.Free(signals.value())));
     EXPECT_TRUE(IsOk(device.Free(data.value())));
+  });
+}
+
+TEST(RemoteTransportTest, AWaitThatAPeerOfAnotherNodeCouldEndFailsAtOnceWhenThatPeerIsGone) {
+  UseLoopbackTcp();
+  OnTwoNodes([](int rank, Bootstrap& bootstrap, HostDevice& device) {
+    Result<void*> signals = device.Allocate(64, 64);
+    ASSERT_TRUE(signals.ok());
+    std::memset(signals.value(), 0, 64);
+    auto* flag = static_cast<std::int64_t*>(signals.value());
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+    using Clock = std::chrono::steady_clock;
+    if (rank == 1) {
+      // Gone while rank 0 sleeps in its wait: its transport closes every connection, as its kernel does for a
+      // process that exits or is killed.
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      EXPECT_TRUE(IsOk(device.Finalize()));
+      return;
+    }
+    const auto start = Clock::now();
+    const Status waited = device.WaitSignal(flag, SignalWidth::k64, CompareOp::kEq, 1, kDefaultStream);
+    const auto took = Clock::now() - start;
+    EXPECT_TRUE(HasError(waited, StatusCode::kDeviceError,
+                         "signal wait failed: pes of another node are gone (their process exited or their node died): "
+                         "lost_pes=[1] lost_nodes=[1] rank=0 "));
+    EXPECT_NE(waited.message().find(" cmp=eq expected=1 observed=0"), std::string::npos) << waited.ToString();
+    EXPECT_LT(took, std::chrono::seconds(3)) << waited.ToString();   // the timeout is 10 s
+    // The next operation to it and the next wait fail at once, naming it; a satisfied wait still succeeds.
+    const auto again = Clock::now();
+    const std::int64_t one = 1;
+    EXPECT_TRUE(HasError(device.Put(flag, &one, sizeof(one), 1, kDefaultStream, nullptr), StatusCode::kDeviceError,
+                         "pe of another node is gone (its process exited or its node died): op=put pe=1 pe_node=1"));
+    EXPECT_TRUE(HasError(device.WaitSignal(flag, SignalWidth::k64, CompareOp::kEq, 1, kDefaultStream),
+                         StatusCode::kDeviceError, "lost_pes=[1] lost_nodes=[1]"));
+    EXPECT_TRUE(IsOk(device.WaitSignal(flag, SignalWidth::k64, CompareOp::kEq, 0, kDefaultStream)));
+    EXPECT_LT(Clock::now() - again, std::chrono::milliseconds(200));
+    // Shutting down after a peer is gone is bounded too.
+    const auto closing = Clock::now();
+    EXPECT_TRUE(IsOk(device.Finalize()));
+    EXPECT_LT(Clock::now() - closing, std::chrono::seconds(2));
   });
 }
 

@@ -3,7 +3,8 @@
 ``python multinode_worker.py cases OUT_DIR`` runs every case of :data:`CASES` in order on every rank (2 nodes x 2
 ranks) and writes ``OUT_DIR/rank<r>.json``: per case, whether it held and what was seen. ``any_shape`` checks every
 collective on any number of nodes and ranks per node. ``node_death`` is the node-death scenario: node 1's ranks
-announce they are ready and wait to be killed, node 0's ranks then call collectives and record how they fail.
+announce they are ready and wait to be killed, node 0's ranks wait for a signal from node 1 (through UCX, where it is
+installed) while it dies, then call collectives, and record how each fails.
 
 References are torch.distributed's own gloo collectives on the same inputs, or values computed in one process.
 """
@@ -786,14 +787,32 @@ def _node_death(out_dir: str) -> None:
     """Node 1 dies (the test kills it) while node 0 carries on: node 0's calls fail in time, naming node 1's ranks."""
     handle = shmem.acquire_shmem()
     team = shmem.root_team()
+    flag = shmem.empty(1, dtype=torch.int64)
+    flag.zero_()
     t = torch.ones(8)
-    team.all_reduce(t)
+    team.all_reduce(t)  # after it, every rank's flag is zero
     if NODE_OF[RANK] != 0:
         open(os.path.join(out_dir, f"ready{RANK}"), "w").close()
         time.sleep(600)  # killed with its node
+    record = {}
+    if _transport_to_other_node() == "ucx":
+        # First a wait for a signal that the lane peer on node 1 was to raise: node 1 dies during it (the test kills
+        # it once this rank announced the wait), and the wait fails at once, naming the lost ranks, not at the timeout.
+        open(os.path.join(out_dir, f"waiting{RANK}"), "w").close()
+        try:
+            shmem.wait_signal(flag, 1, cmp="eq")
+            record["wait_signal"] = {"raised": "", "ended": time.time()}
+        except Exception as error:  # what the test checks
+            record["wait_signal"] = {"raised": f"{type(error).__name__}: {error}", "ended": time.time()}
+        # Then a put to the lane peer, lost too (or its connection found broken by the put itself).
+        start = time.monotonic()
+        try:
+            shmem.put(flag, torch.ones(1, dtype=torch.int64), pe=(RANK + 2) % WORLD)
+            record["put"] = {"raised": "", "seconds": time.monotonic() - start}
+        except Exception as error:  # what the test checks
+            record["put"] = {"raised": f"{type(error).__name__}: {error}", "seconds": time.monotonic() - start}
     while not os.path.exists(os.path.join(out_dir, "node1_killed")):
         time.sleep(0.05)
-    record = {}
     # The all_to_all first: its cross-node phase runs on one member of each node while the other waits in the node's
     # sync; both must fail at once, naming a rank of the dead node. The team is broken after it; the barrier runs on
     # the bootstrap.

@@ -5,8 +5,9 @@ job runs every case of multinode_worker.py (every collective against gloo, group
 user API and fused ops, one-sided calls across nodes (through UCX where it is installed, refused with the remedy
 where not: the primitives, the seed's producer/consumer, push and pull examples, a hypothesis sweep of put/get
 windows), mismatches within and across nodes, an allocation that differs across
-nodes); two more check every collective on 4 nodes x 2 ranks and 2 nodes x 4; another kills a node and checks that
-the other one fails in time, naming the dead ranks.
+nodes); two more check every collective on 4 nodes x 2 ranks and 2 nodes x 4; another kills a node while the other
+one waits for a signal from it (through UCX) and checks that the wait and the collectives after it fail in time,
+naming the dead ranks.
 """
 
 from __future__ import annotations
@@ -112,10 +113,15 @@ def test_a_dead_node_is_named_by_the_others_in_time(tmp_path) -> None:
     with SimulatedJob(NODES, PER_NODE, [WORKER, "node_death", str(tmp_path)], env=_env()) as job:
         job.start()
         deadline = time.monotonic() + 120
-        while not all((tmp_path / f"ready{rank}").exists() for rank in range(PER_NODE, WORLD)):
+        # Node 1 ready to die; with UCX, node 0's ranks waiting for a signal from it.
+        announced = [f"ready{rank}" for rank in range(PER_NODE, WORLD)]
+        announced += [f"waiting{rank}" for rank in range(PER_NODE)] if UCX_INSTALLED else []
+        while not all((tmp_path / name).exists() for name in announced):
             assert time.monotonic() < deadline, f"node 1 never got ready:\n{job.output(0)}\n{job.output(1)}"
             assert all(code is None for code in job.poll()), f"a node ended early:\n{job.output(0)}\n{job.output(1)}"
             time.sleep(0.1)
+        time.sleep(0.5)  # the waits are asleep by now
+        killed_at = time.time()
         job.kill_node(1)
         (tmp_path / "node1_killed").touch()
         # Node 0's ranks record what they saw and leave; torchrun's agent would then wait for node 1's forever.
@@ -129,6 +135,21 @@ def test_a_dead_node_is_named_by_the_others_in_time(tmp_path) -> None:
     dead = [str(rank) for rank in range(PER_NODE, WORLD)]
     for rank in range(PER_NODE):
         record = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        # With UCX, the wait for a signal from the dying node fails as soon as its connections close, naming its
+        # ranks (those whose loss this rank had seen then) and their node.
+        assert ("wait_signal" in record) == UCX_INSTALLED, record
+        if UCX_INSTALLED:
+            wait = record["wait_signal"]
+            assert wait["raised"].startswith("ShmemDeviceError: signal wait failed: pes of another node are gone "),\
+                wait
+            lost = wait["raised"].split("lost_pes=[", 1)[1].split("]", 1)[0].split(",")
+            assert lost and set(lost) <= set(dead), wait
+            assert f"lost_nodes=[{PER_NODE}] rank={rank} " in wait["raised"], wait
+            assert killed_at < wait["ended"] < killed_at + TIMEOUT_SEC / 4, (killed_at, wait)
+            put = record["put"]
+            assert put["raised"].startswith("ShmemDeviceError: "), put
+            assert "put" in put["raised"] and f" pe={rank + PER_NODE} " in put["raised"], put
+            assert put["seconds"] < 1, put
         # Every member of the surviving node fails the all_to_all at once (a closed connection, not the timeout),
         # naming a rank of the dead node: the one whose lane peer died, and its node-mate through the node's sync.
         all_to_all = record["all_to_all"]

@@ -680,16 +680,38 @@ Status HostDevice::DoWaitSignal(void* symmetric_signal, SignalWidth width, Compa
   std::uint32_t* sleepers = &control(rank_)->sleepers;
   if (remote_ == nullptr) return WaitUntil(symmetric_signal, sleepers, done, spin_, Deadline(), describe);
   // A peer of another node raises it through the transport's progress thread, which wakes no futex by itself:
-  // the word is watched (WakeRemoteWaiters) for as long as the wait lasts.
+  // the word is watched (WakeRemoteWaiters) for as long as the wait lasts. A PE of another node that is gone may
+  // have been the one to raise it: the wait ends then too (the transport wakes it), instead of at the timeout.
   {
     std::lock_guard<std::mutex> lock(watched_mu_);
     watched_.insert(symmetric_signal);
     watched_count_.fetch_add(1, std::memory_order_release);
   }
-  const Status waited = WaitUntil(symmetric_signal, sleepers, done, spin_, Deadline(), describe);
-  std::lock_guard<std::mutex> lock(watched_mu_);
-  watched_.erase(watched_.find(symmetric_signal));
-  watched_count_.fetch_sub(1, std::memory_order_release);
+  auto done_or_lost = [&] { return done() || remote_->lost_count() > 0; };
+  Status waited = WaitUntil(symmetric_signal, sleepers, done_or_lost, spin_, Deadline(), describe);
+  {
+    std::lock_guard<std::mutex> lock(watched_mu_);
+    watched_.erase(watched_.find(symmetric_signal));
+    watched_count_.fetch_sub(1, std::memory_order_release);
+  }
+  if (waited.ok() && !done()) {
+    std::string pes;
+    std::vector<int> lost_nodes;
+    for (int pe : remote_->lost_pes()) {
+      pes += (pes.empty() ? "" : ",") + std::to_string(pe);
+      const int node = nodes_[static_cast<std::size_t>(pe)];
+      if (std::find(lost_nodes.begin(), lost_nodes.end(), node) == lost_nodes.end()) lost_nodes.push_back(node);
+    }
+    std::sort(lost_nodes.begin(), lost_nodes.end());
+    std::string nodes;
+    for (int node : lost_nodes) nodes += (nodes.empty() ? "" : ",") + std::to_string(node);
+    const std::size_t offset = static_cast<char*>(symmetric_signal) - bases_[static_cast<std::size_t>(rank_)];
+    return DeviceError("signal wait failed: pes of another node are gone (their process exited or their node died): "
+                       "lost_pes=[" + pes + "] lost_nodes=[" + nodes + "] rank=" + std::to_string(rank_) +
+                       " signal=" + Hex(reinterpret_cast<std::uintptr_t>(symmetric_signal)) +
+                       " heap_offset=" + Hex(offset) + " cmp=" + CompareOpName(cmp) + " expected=" +
+                       std::to_string(value) + " observed=" + std::to_string(observe()));
+  }
   return waited;
 }
 

@@ -28,7 +28,8 @@ struct RemoteTransportArgs {
   std::size_t heap_bytes = 0;
   std::chrono::nanoseconds timeout{0};   // the longest any call waits for its completion
   // Called by the transport's progress thread after it carried out peers' operations on this rank's heap (a remote
-  // atomic on a signal): waiters on this rank's signals must look again, since such a write wakes no futex.
+  // atomic on a signal), and once a PE of another node is found gone (lost_pes): waiters on this rank's signals must
+  // look again, since neither wakes a futex.
   std::function<void()> on_remote_write;
 };
 
@@ -44,6 +45,11 @@ class RemoteTransport {
   virtual Status Connect(Bootstrap& bootstrap) = 0;
   // Whether `pe` is reached through this transport (connected, and on another node). Local and immediate.
   virtual bool reaches(int pe) const = 0;
+  // The PEs of other nodes found gone (their process exited or their node died: their connection broke), in rank
+  // order. Once lost, a PE stays lost: every later call to it fails at once naming it, and a call in flight to it
+  // fails as soon as the loss is seen. lost_count() is the size of lost_pes(), cheap enough for a wait's every check.
+  virtual std::vector<int> lost_pes() const = 0;
+  virtual std::size_t lost_count() const = 0;
 
   // Each completes before it returns (a put is visible on `pe`, a get's bytes are in `dst`), or fails naming `pe`
   // within the timeout. `heap_offset` + `bytes` must lie inside `pe`'s registered heap: checked before anything is
@@ -54,7 +60,8 @@ class RemoteTransport {
   virtual Status Signal(int pe, std::size_t heap_offset, SignalWidth width, std::int64_t value, SignalOp op) = 0;
 
   // Local: closes the endpoints, stops the progress thread, deregisters the heap. The caller makes sure no peer
-  // still targets this rank's heap (the runtime's shutdown passes the bootstrap's barrier first).
+  // still targets this rank's heap (the runtime's shutdown passes the bootstrap's barrier first). Bounded by the
+  // timeout per live peer; the endpoints of lost PEs are released at once.
   virtual Status Close() = 0;
 };
 

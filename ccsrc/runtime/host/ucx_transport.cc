@@ -6,6 +6,13 @@
 // (UCS_THREAD_MODE_SERIALIZED: any UCX build will do). The progress thread is needed: over TCP, a peer's put, get
 // and atomic on this rank's heap are carried out by this rank's progress engine, and nothing completes without it.
 // It sleeps on the worker's event descriptor between events, so an idle rank costs no core.
+//
+// Liveness: a second endpoint per PE of another node, in UCX's peer-failure mode (UCP_ERR_HANDLING_MODE_PEER), whose
+// error callback marks the PE lost. It carries nothing: the operations go on the first endpoint, in the default
+// error mode, since the peer-failure mode makes UCX 1.22 select no emulated atomics over TCP. A peer whose process
+// exits or is killed has its connections closed by its kernel; the progress thread sees that at once, marks the PE
+// lost and wakes the waiters. A machine that vanishes without closing them is left to the TCP keepalive that UCX sets
+// on its sockets (UCX_TCP_KEEP*), or else to the timeout.
 #include <poll.h>
 #include <sched.h>
 #include <sys/eventfd.h>
@@ -42,8 +49,10 @@ std::string UcsText(ucs_status_t status) { return std::string(ucs_status_string(
 
 class UcxTransport final : public RemoteTransport {
  public:
-  explicit UcxTransport(const RemoteTransportArgs& args) : args_(args) {
+  explicit UcxTransport(const RemoteTransportArgs& args)
+      : args_(args), lost_(static_cast<std::size_t>(args.world_size)) {
     peers_.resize(static_cast<std::size_t>(args_.world_size));
+    for (int pe = 0; pe < args_.world_size; ++pe) liveness_args_.push_back({this, pe});
   }
   ~UcxTransport() override { (void)Close(); }
 
@@ -91,6 +100,16 @@ class UcxTransport final : public RemoteTransport {
   bool reaches(int pe) const override {
     return pe >= 0 && pe < args_.world_size && peers_[static_cast<std::size_t>(pe)].ep != nullptr;
   }
+
+  std::vector<int> lost_pes() const override {
+    std::vector<int> lost;
+    for (int pe = 0; pe < args_.world_size; ++pe) {
+      if (Lost(pe)) lost.push_back(pe);
+    }
+    return lost;
+  }
+
+  std::size_t lost_count() const override { return lost_count_.load(std::memory_order_acquire); }
 
   Status Put(int pe, std::size_t heap_offset, const void* src, std::size_t bytes) override {
     HP_RETURN_IF_ERROR(CheckRange(pe, heap_offset, bytes, "put"));
@@ -155,28 +174,19 @@ class UcxTransport final : public RemoteTransport {
   Status Close() override {
     // The endpoints first, while the progress thread still serves the peers closing theirs: a close completes once
     // the peer acknowledged everything sent to it (every operation had completed already: each call waits for its
-    // own). Bounded: a peer that is gone fails or times out the close, which then releases the endpoint anyway.
-    for (Peer& peer : peers_) {
-      if (peer.ep == nullptr) continue;
-      ucs_status_ptr_t closing;
+    // own). Bounded: a peer that is gone fails or times out the close, which then releases the endpoint anyway; the
+    // endpoints of a PE known lost, and every liveness endpoint (it carries nothing), are released without waiting.
+    for (int pe = 0; pe < args_.world_size; ++pe) {
+      Peer& peer = peers_[static_cast<std::size_t>(pe)];
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (peer.rkey != nullptr) ucp_rkey_destroy(peer.rkey);   // before its endpoint goes
         peer.rkey = nullptr;
-        ucp_request_param_t param{};
-        closing = ucp_ep_close_nbx(peer.ep, &param);
-        peer.ep = nullptr;
       }
-      const auto deadline = Clock::now() + args_.timeout;
-      while (UCS_PTR_IS_PTR(closing)) {
-        std::lock_guard<std::mutex> lock(mu_);
-        ucp_worker_progress(worker_);
-        if (ucp_request_check_status(closing) != UCS_INPROGRESS || Clock::now() >= deadline) {
-          ucp_request_free(closing);
-          break;
-        }
-      }
+      CloseEndpoint(&peer.ep, /*force=*/Lost(pe));
     }
+    // Closing a liveness endpoint makes the peer see this rank lost: only once every operations' endpoint is closed.
+    for (Peer& peer : peers_) CloseEndpoint(&peer.live, /*force=*/true);
     if (progress_.joinable()) {
       stopping_.store(true);
       const std::uint64_t one = 1;
@@ -197,7 +207,8 @@ class UcxTransport final : public RemoteTransport {
 
  private:
   struct Peer {
-    ucp_ep_h ep = nullptr;
+    ucp_ep_h ep = nullptr;     // the operations' endpoint (UCX's default error mode)
+    ucp_ep_h live = nullptr;   // the liveness endpoint (peer-failure mode): its failure marks the PE lost
     ucp_rkey_h rkey = nullptr;
     std::uint64_t heap_base = 0;
     std::uint64_t heap_bytes = 0;
@@ -267,7 +278,7 @@ class UcxTransport final : public RemoteTransport {
       params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
       params.address = reinterpret_cast<const ucp_address_t*>(blob);
       // Not UCP_ERR_HANDLING_MODE_PEER: UCX (1.22) then selects no emulated atomics, so signals over TCP would fail.
-      // A failed connection still fails the requests on it, and every wait here is bounded by the timeout.
+      // A failed connection still fails the requests on it; the liveness endpoint below tells why, at once.
       params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
       Peer& peer = peers_[static_cast<std::size_t>(pe)];
       {
@@ -278,17 +289,71 @@ class UcxTransport final : public RemoteTransport {
         peer.ep = ep;
         status = ucp_ep_rkey_unpack(ep, blob + address_slot_, &peer.rkey);
         if (status != UCS_OK) return Failure("connect", pe, status);
+        ucp_ep_params_t liveness = params;
+        liveness.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
+        liveness.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+        liveness.err_handler.cb = &UcxTransport::OnLivenessFailure;
+        liveness.err_handler.arg = &liveness_args_[static_cast<std::size_t>(pe)];
+        status = ucp_ep_create(worker_, &liveness, &peer.live);
+        if (status != UCS_OK) return Failure("connect", pe, status);
       }
       HP_RETURN_IF_ERROR(Flush(pe, "connect"));
+      HP_RETURN_IF_ERROR(Complete(FlushLiveness(pe), "connect", pe));
     }
     blobs_.clear();
     return Status::Ok();
+  }
+
+  // Called by UCX, inside a progress of the worker (under mu_), when the liveness endpoint to a PE fails.
+  static void OnLivenessFailure(void* arg, ucp_ep_h /*ep*/, ucs_status_t /*status*/) {
+    const auto* which = static_cast<const LivenessArg*>(arg);
+    which->transport->MarkLost(which->pe);
+  }
+
+  void MarkLost(int pe) {
+    if (lost_[static_cast<std::size_t>(pe)].exchange(true, std::memory_order_acq_rel)) return;
+    lost_count_.fetch_add(1, std::memory_order_acq_rel);
+    NotifyRemoteWrite();   // waiters look again and see the loss
+  }
+
+  // Closes `*ep` (null afterwards): at once when `force`, else flushed first, at most the timeout.
+  void CloseEndpoint(ucp_ep_h* ep, bool force) {
+    if (*ep == nullptr) return;
+    ucs_status_ptr_t closing;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ucp_request_param_t param{};
+      if (force) {
+        param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      }
+      closing = ucp_ep_close_nbx(*ep, &param);
+      *ep = nullptr;
+    }
+    const auto deadline = Clock::now() + args_.timeout;
+    while (UCS_PTR_IS_PTR(closing)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ucp_worker_progress(worker_);
+      if (ucp_request_check_status(closing) != UCS_INPROGRESS || Clock::now() >= deadline) {
+        ucp_request_free(closing);
+        break;
+      }
+    }
+  }
+
+  bool Lost(int pe) const { return lost_[static_cast<std::size_t>(pe)].load(std::memory_order_acquire); }
+
+  Status LostPeer(const char* op, int pe) const {
+    return DeviceError(std::string("pe of another node is gone (its process exited or its node died): op=") + op +
+                       " pe=" + std::to_string(pe) + " pe_node=" +
+                       std::to_string(args_.nodes[static_cast<std::size_t>(pe)]) + " transport=ucx");
   }
 
   Status CheckRange(int pe, std::size_t heap_offset, std::size_t bytes, const char* op) const {
     if (!reaches(pe)) {
       return StateError(std::string("UCX has no endpoint to this pe: op=") + op + " pe=" + std::to_string(pe));
     }
+    if (Lost(pe)) return LostPeer(op, pe);
     const std::uint64_t heap_bytes = peers_[static_cast<std::size_t>(pe)].heap_bytes;
     if (heap_offset > heap_bytes || bytes > heap_bytes - heap_offset) {
       return InvalidArgument("`heap_offset` + `bytes` must lie inside pe " + std::to_string(pe) + "'s heap of " +
@@ -299,8 +364,15 @@ class UcxTransport final : public RemoteTransport {
   }
 
   Status Failure(const char* op, int pe, ucs_status_t status) const {
+    if (Lost(pe)) return Status(StatusCode::kDeviceError, LostPeer(op, pe).message() + " status=" + UcsText(status));
     return DeviceError(std::string("remote ") + op + " failed: pe=" + std::to_string(pe) +
                        " transport=ucx status=" + UcsText(status));
+  }
+
+  ucs_status_ptr_t FlushLiveness(int pe) {
+    ucp_request_param_t param{};
+    std::lock_guard<std::mutex> lock(mu_);
+    return ucp_ep_flush_nbx(peers_[static_cast<std::size_t>(pe)].live, &param);
   }
 
   Status Flush(int pe, const char* op) {
@@ -329,6 +401,11 @@ class UcxTransport final : public RemoteTransport {
         if (status != UCS_INPROGRESS) {
           ucp_request_free(request);
           return status == UCS_OK ? Status::Ok() : Failure(op, pe, status);
+        }
+        if (Lost(pe)) {   // it will never complete: UCX releases it once it fails or the endpoint goes
+          ucp_request_cancel(worker_, request);
+          ucp_request_free(request);
+          return LostPeer(op, pe);
         }
         if (Clock::now() >= deadline) {
           ucp_request_cancel(worker_, request);
@@ -368,8 +445,16 @@ class UcxTransport final : public RemoteTransport {
     if (args_.on_remote_write) args_.on_remote_write();
   }
 
+  struct LivenessArg {
+    UcxTransport* transport;
+    int pe;
+  };
+
   RemoteTransportArgs args_;
   std::vector<Peer> peers_;
+  std::vector<LivenessArg> liveness_args_;      // the error callbacks' arguments: fixed addresses, one per PE
+  std::vector<std::atomic<bool>> lost_;         // per PE: its liveness endpoint failed
+  std::atomic<std::size_t> lost_count_{0};
   std::vector<char> blobs_;   // the exchanged addresses and keys, until every endpoint is made
   std::size_t address_slot_ = 0;
   std::size_t slot_ = 0;

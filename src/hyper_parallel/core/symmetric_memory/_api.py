@@ -318,6 +318,8 @@ class Api(Generic[TensorT, DTypeT, GroupT]):
         Raises:
             TypeError, ValueError: a bad argument.
             ShmemTimeoutError: the condition did not hold in time (the message has the observed value).
+            ShmemDeviceError: a PE of another node is gone (its process exited or its node died) and the condition
+                does not hold: the message names the lost PEs and their nodes.
         """
         try:
             self.checks.optional_tensor(depend_tensor, "depend_tensor")

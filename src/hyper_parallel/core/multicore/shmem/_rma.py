@@ -146,6 +146,8 @@ def wait_signal(signal_tensor: torch.Tensor, value: int, *, cmp: Optional[str] =
 
     Raises:
         ShmemTimeoutError: the condition did not hold in time (the message has the expected and observed value).
+        ShmemDeviceError: a PE of another node is gone (its process exited or its node died) and the condition
+            does not hold: the message names the lost PEs and their nodes.
         TypeError, ValueError: as :func:`signal`.
     """
     try:
