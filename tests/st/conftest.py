@@ -24,6 +24,27 @@ from harness import World  # noqa: E402
 
 WorldFactory = Callable[..., World]
 
+# Modules whose subject is the runtime's behaviour between processes, which no torch release changes: the agreement
+# protocol, failures, lifecycle and shared-memory segments, the simulated nodes, the perf tool and the harness itself.
+# They are marked `one_torch`: `make test` runs them on its first torch (test-py) and leaves them out of the second
+# (test-torch214), which runs everything that reaches torch's interfaces (the binding, the symmetric-memory backend,
+# the operators, autograd, torch.compile) again.
+ONE_TORCH_MODULES = frozenset({
+    "test_agreement", "test_harness", "test_host_heap", "test_host_segments", "test_lifecycle", "test_mismatch",
+    "test_multinode", "test_perf", "test_reliability", "test_simulated_nodes",
+})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "one_torch: the subject does not depend on torch's version (run on one torch)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not None and module.__name__ in ONE_TORCH_MODULES:
+            item.add_marker(pytest.mark.one_torch)
+
 
 @pytest.fixture(scope="module")
 def world_factory() -> Iterator[WorldFactory]:
