@@ -146,3 +146,33 @@ def test_a_dead_node_is_named_by_the_others_in_time(tmp_path) -> None:
         assert "missing_ranks=[2, 3]" in barrier["raised"], barrier
         assert barrier["seconds"] < TIMEOUT_SEC + 5, record
         assert record["dev_shm"] == [], record
+
+
+@pytest.mark.skipif(not UCX_INSTALLED, reason="one-sided calls across nodes need the package built with UCX")
+def test_perf_times_one_sided_ops_across_nodes_beside_the_transport_floor(tmp_path) -> None:
+    """``hp-shmem-perf --peer across`` on 2 x 2: put, get and put_with_signal from rank 0 to rank 2 (the other node)
+    move every byte right, and the transport's own put/get (the floor column) is timed beside them and moves every
+    byte right too. A tiny sweep: it checks the rows, never the speed."""
+    json_path = tmp_path / "perf.json"
+    args = ["-m", "hyper_parallel.perf", "--op", "put,get,put_with_signal", "--peer", "across", "-b", "8", "-e", "64K",
+            "-f", "8192", "-n", "3", "-w", "1", "-r", "1", "--progress", "off", "--json", str(json_path)]
+    with SimulatedJob(NODES, PER_NODE, args, env=_env()) as job:
+        job.start()
+        results = job.wait(timeout=120, failure_grace=10)
+    failed = [r for r in results if r.returncode != 0]
+    assert not failed, "\n".join(f"--- node {r.node} ---\n{r.output[-6000:]}" for r in failed)
+    document = json.loads(json_path.read_text())
+    settings = document["settings"]
+    assert (settings["peer"], settings["peer_crosses_nodes"], settings["peer_transport"]) == (PER_NODE, True, "ucx")
+    assert (settings["floor"], settings["floor_absent"]) == ("ucx", None)
+    rows = document["rows"]
+    assert [(row["op"], row["size"]) for row in rows] == [
+        (op, size) for op in ("put", "get", "put_with_signal") for size in (8, 65536)]
+    for row in rows:
+        assert row["wrong"] == 0 and row["floor_wrong"] == 0, (row["op"], row["size"], row["wrong"], row["floor_wrong"])
+        assert row["time_us"] > 0 and row["baseline_time_us"] > 0 and row["floor_time_us"] > 0
+        assert row["over_floor"] == pytest.approx(row["time_us"] / row["floor_time_us"])
+        assert row["floor_algbw"] == pytest.approx(row["size"] / row["floor_time_us"] / 1e3)
+    node0 = results[0].output
+    assert "# one-sided ops: rank 0 and rank 2 (on another node, reached through ucx)" in node0
+    assert "ucx floor" in node0
