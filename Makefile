@@ -73,13 +73,13 @@ perf-multinode: install
 	  --baseline gloo -b 8 -e 16M -f 4 -r 5 --ordinary-tensors --json perf-multinode.json
 
 # The one-sided ops across nodes (docs/multinode.md): put, get, put_with_signal and signal_pingpong from rank 0 to the
-# lowest rank of the other node, beside UCX's own put/get (the floor) and gloo, on 2 simulated nodes x PERF_PER_NODE
-# ranks (1 or 2), UCX over TCP on loopback.
+# lowest rank of the other node, beside UCX's own put/get (the floor), gloo and MPICH's one-sided RMA, on 2 simulated
+# nodes x PERF_PER_NODE ranks (1 or 2) under mpiexec (tests/st/simulated_mpi.py), UCX over TCP.
 PERF_PER_NODE ?= 2
-perf-one-sided-multinode: install
-	UCX_TLS=tcp UCX_NET_DEVICES=lo $(PYTHON) tests/st/simulated_nodes.py --nodes 2 --nproc-per-node $(PERF_PER_NODE) \
-	  --timeout 1500 -- -m hyper_parallel.perf --op put,get,put_with_signal,signal_pingpong --peer across -b 8 -e 16M \
-	  -f 4 -r 5 --json perf-one-sided-multinode.json
+perf-one-sided-multinode: install test-deps
+	UCX_TLS=tcp,self $(PYTHON) tests/st/simulated_mpi.py --nodes 2 --nproc-per-node $(PERF_PER_NODE) --timeout 1500 -- \
+	  $(PYTHON) -m hyper_parallel.perf --op put,get,put_with_signal,signal_pingpong --peer across --baseline gloo,mpi \
+	  -b 8 -e 16M -f 8 -r 5 --progress off --json perf-one-sided-multinode.json
 
 # test-deps first: its ccache then serves the first wheel's build too.
 test: test-deps install test-cpp test-cpp-sanitize test-py test-mindspore test-torch214

@@ -204,30 +204,27 @@ class OpSpec:
         return algbw, algbw * self.bus_factor(nranks)
 
 
+def _put_or_get(name: str, summary: str, baseline: str, mpi: str) -> OpSpec:
+    """put or get: one-sided between rank 0 and the peer, a message of the row's size, beside a single-core memcpy,
+    the transport floor and MPI's one-sided RMA."""
+    return OpSpec(name=name, summary=summary, baseline=baseline, mpi=mpi, bus_factor=_unit_factor, min_ranks=2,
+                  memcpy_reference=True, one_sided=True, transport_floor=True)
+
+
 OPS: dict[str, OpSpec] = {
     spec.name: spec
     for spec in (
-        OpSpec(
-            name="put",
+        _put_or_get(
+            "put",
             summary="rank 0 writes into the peer's symmetric buffer (shmem.put, one-sided)",
             baseline="dist.send on rank 0, dist.recv on the peer",
             mpi="MPI_Put + MPI_Win_flush on a window of MPI_Win_allocate (passive target, MPI_Win_lock_all once)",
-            bus_factor=_unit_factor,
-            min_ranks=2,
-            memcpy_reference=True,
-            one_sided=True,
-            transport_floor=True,
         ),
-        OpSpec(
-            name="get",
+        _put_or_get(
+            "get",
             summary="rank 0 reads the peer's symmetric buffer (shmem.get, one-sided)",
             baseline="dist.send on the peer, dist.recv on rank 0",
             mpi="MPI_Get + MPI_Win_flush on a window of MPI_Win_allocate (passive target, MPI_Win_lock_all once)",
-            bus_factor=_unit_factor,
-            min_ranks=2,
-            memcpy_reference=True,
-            one_sided=True,
-            transport_floor=True,
         ),
         OpSpec(
             name="put_with_signal",

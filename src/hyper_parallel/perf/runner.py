@@ -213,7 +213,11 @@ def measure_row(config: Config, spec: OpSpec, info: RankInfo, nbytes: int, progr
             own = spec.baseline_label is not None
             sides.append(Side(config.baseline, case.run_baseline, shmem.barrier if own else dist.barrier))
         if case.mpi is not None:
-            sides.append(Side(MPI, case.run_mpi, case.mpi.comm.Barrier))
+            # One-sided MPI: the target makes MPI's progress only inside an MPI call (over TCP, MPICH's RMA is carried
+            # out by the target's progress engine): every rank ends the loop in MPI_Barrier, so that the target
+            # serves rank 0's operations while it waits there (as osu_put_latency's target waits in MPI).
+            complete = case.mpi.comm.Barrier if spec.one_sided else None
+            sides.append(Side(MPI, case.run_mpi, case.mpi.comm.Barrier, complete))
         if spec.memcpy_reference:
             sides.append(Side(MEMCPY, case.run_memcpy, shmem.barrier))
         if floor:
