@@ -313,7 +313,7 @@ def footer(rows: list[Row]) -> list[str]:
 def write_json(path: str, settings: dict[str, Any], rows: list[Row], tool: str = "hp-shmem-perf") -> None:
     """Writes the run's settings and every row to ``path``.
 
-    Schema: ``{"tool": "hp-shmem-perf", "schema": 5, "settings": {...}, "rows": [Row.to_json(), ...]}``.
+    Schema: ``{"tool": "hp-shmem-perf", "schema": 6, "settings": {...}, "rows": [Row.to_json(), ...]}``.
 
     Args:
         path: the file to (over)write.
