@@ -6,7 +6,7 @@ BUILD_SAN := build/cpp-sanitize
 # bash, for pipefail in `install`'s filtered build log.
 SHELL := /bin/bash
 
-.PHONY: deps test-deps install demo perf perf-multinode perf-mindspore test test-cpp test-cpp-sanitize test-py \
+.PHONY: deps test-deps install demo perf perf-multinode perf-one-sided-multinode perf-mindspore test test-cpp test-cpp-sanitize test-py \
 	test-mindspore mindspore-env torch214-env test-torch214 clean
 
 # What building and installing the package needs, and no more (`make demo` installs only these): torch, scikit-build-core
@@ -71,6 +71,15 @@ perf: install test-deps
 perf-multinode: install
 	$(PYTHON) tests/st/simulated_nodes.py --nodes 2 --nproc-per-node 2 --timeout 1500 -- -m hyper_parallel.perf --op all \
 	  --baseline gloo -b 8 -e 16M -f 4 -r 5 --ordinary-tensors --json perf-multinode.json
+
+# The one-sided ops across nodes (docs/multinode.md): put, get, put_with_signal and signal_pingpong from rank 0 to the
+# lowest rank of the other node, beside UCX's own put/get (the floor), gloo and MPICH's one-sided RMA, on 2 simulated
+# nodes x PERF_PER_NODE ranks (1 or 2) under mpiexec (tests/st/simulated_mpi.py), UCX over TCP.
+PERF_PER_NODE ?= 2
+perf-one-sided-multinode: install test-deps
+	UCX_TLS=tcp,self $(PYTHON) tests/st/simulated_mpi.py --nodes 2 --nproc-per-node $(PERF_PER_NODE) --timeout 1500 -- \
+	  $(PYTHON) -m hyper_parallel.perf --op put,get,put_with_signal,signal_pingpong --peer across --baseline gloo,mpi \
+	  -b 8 -e 16M -f 8 -r 5 --progress off --json perf-one-sided-multinode.json
 
 # test-deps first: its ccache then serves the first wheel's build too.
 test: test-deps install test-cpp test-cpp-sanitize test-py test-mindspore test-torch214

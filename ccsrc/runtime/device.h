@@ -120,6 +120,15 @@ class Device {
   virtual std::string remote_absence() const { return {}; }
   // What carries the calls to the PEs of reaches_remotely, for diagnostics (debug_state's "transports").
   virtual std::string remote_transport() const { return "remote"; }
+  // Perf diagnostics only (the perf tool's floor column): the remote transport's own write (`put`) of `bytes` at
+  // `local` into `symmetric`'s heap offset on `pe`, or read of them into `local`, complete when it returns, with none
+  // of the data plane's streams, chunking or checks: the floor under Put and Get to a PE of reaches_remotely. The
+  // runtime checks `pe` and that `symmetric` lies in this rank's heap. A device without a remote transport refuses.
+  virtual Status RemoteTransportTransfer(bool /*put*/, void* /*symmetric*/, void* /*local*/, std::size_t /*bytes*/,
+                                         int pe) {
+    return StateError(std::string("a remote transport must reach `pe`, but device ") + name() +
+                      " has none: pe=" + std::to_string(pe));
+  }
 
   // Local copies between host memory and this rank's own heap, for the runtime's own records. The heap may be
   // device memory that the host cannot dereference (an NPU's): these are the only way the host reads or writes it.

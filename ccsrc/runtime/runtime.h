@@ -114,6 +114,10 @@ class Runtime {
              StreamHandle stream, KeepAlive keep);
   Status Get(void* dst, const void* symmetric_src, std::size_t dst_bytes, std::size_t src_bytes, int pe,
              StreamHandle stream, KeepAlive keep);
+  // Perf diagnostics only: Device::RemoteTransportTransfer (the transport's own put or get of `bytes` between `local`
+  // and `symmetric`'s heap offset on `pe`), after the state and `pe` checks and `symmetric` checked against this
+  // rank's heap only (no allocation lookup, no stream): the floor that Put and Get to another node stand on.
+  Status RemoteTransportTransfer(bool put, void* symmetric, void* local, std::size_t bytes, int pe);
   Status Signal(const void* symmetric_signal, SignalWidth width, std::int64_t value, SignalOp op, int pe,
                 StreamHandle stream);
   Status WaitSignal(const void* symmetric_signal, SignalWidth width, CompareOp cmp, std::int64_t value,

@@ -61,6 +61,15 @@ Status Runtime::Get(void* dst, const void* symmetric_src, std::size_t dst_bytes,
   }));
 }
 
+Status Runtime::RemoteTransportTransfer(bool put, void* symmetric, void* local, std::size_t bytes, int pe) {
+  OperationScope scope(*this);
+  const char* op = put ? "remote_transport_put" : "remote_transport_get";
+  HP_RETURN_IF_ERROR(RequireInitialized(op));
+  HP_RETURN_IF_ERROR(CheckPe(pe, "pe"));
+  HP_RETURN_IF_ERROR(CheckInOwnHeap(*device_, symmetric, bytes, "symmetric"));
+  return device_->RemoteTransportTransfer(put, symmetric, local, bytes, pe);
+}
+
 Status Runtime::Signal(const void* symmetric_signal, SignalWidth width, std::int64_t value, SignalOp op, int pe,
                        StreamHandle stream) {
   OperationScope scope(*this);

@@ -375,6 +375,27 @@ class SimulatedJob:
             raise SimulatedNodesError("a simulated job is polled after start()")
         return [p.poll() for p in self._procs]
 
+    def namespace_pid(self, k: int) -> int:
+        """Return the host PID of node ``k``'s PID 1: ``nsenter -t PID -m -u -p`` runs a command inside the node
+        (its /dev/shm, hostname and processes), as MPI's launcher does (simulated_mpi.py).
+
+        Raises:
+            SimulatedNodesError: The job has not been started, or node ``k`` is not running.
+            IndexError: There is no node ``k``.
+        """
+        if not self._procs:
+            raise SimulatedNodesError(f"a simulated node's PID 1 is looked up after start(): node={k}")
+        proc = self._procs[k]
+        try:
+            with open(f"/proc/{proc.pid}/task/{proc.pid}/children", encoding="ascii") as f:
+                children = f.read().split()
+        except OSError:
+            children = []
+        if proc.poll() is not None or not children:
+            raise SimulatedNodesError(f"a simulated node's PID 1 is looked up while it runs: node={node_name(k)} "
+                                      f"returncode={proc.poll()}")
+        return int(children[0])
+
     def kill_node(self, k: int) -> None:
         """Kill node ``k`` like a machine that dies: SIGKILL to its ``unshare`` process.
 

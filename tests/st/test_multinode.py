@@ -7,7 +7,8 @@ where not: the primitives, the seed's producer/consumer, push and pull examples,
 windows), mismatches within and across nodes, an allocation that differs across
 nodes); two more check every collective on 4 nodes x 2 ranks and 2 nodes x 4; another kills a node while the other
 one waits for a signal from it (through UCX) and checks that the wait and the collectives after it fail in time,
-naming the dead ranks.
+naming the dead ranks; and a short hp-shmem-perf run under mpiexec (simulated_mpi.py) checks the one-sided rows
+across the nodes beside the UCX floor and MPI's RMA.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import importlib.util
 import json
 import os
 import re
+import sys
 import time
 
 import pytest
 
+from simulated_mpi import mpiexec_path, run_mpiexec
 from simulated_nodes import SimulatedJob, unshare_refusal
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multinode_worker.py")
@@ -167,3 +170,39 @@ def test_a_dead_node_is_named_by_the_others_in_time(tmp_path) -> None:
         assert "missing_ranks=[2, 3]" in barrier["raised"], barrier
         assert barrier["seconds"] < TIMEOUT_SEC + 5, record
         assert record["dev_shm"] == [], record
+
+
+@pytest.mark.skipif(not UCX_INSTALLED, reason="one-sided calls across nodes need the package built with UCX")
+@pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None or mpiexec_path() is None,
+                    reason="mpi4py and mpiexec are not installed (pip install mpi4py mpich)")
+def test_perf_times_one_sided_ops_across_nodes_beside_the_floor_and_mpi_rma(tmp_path) -> None:
+    """``hp-shmem-perf --peer across --baseline gloo,mpi`` on 2 x 2 under mpiexec (simulated_mpi.py): put, get and
+    put_with_signal from rank 0 to rank 2 (the other node) move every byte right; the transport's own put/get (the
+    floor column) and MPI's one-sided RMA across the nodes are timed beside them and move every byte right too. A
+    tiny sweep: it checks the rows, never the speed."""
+    json_path = tmp_path / "perf.json"
+    program = [sys.executable, "-m", "hyper_parallel.perf", "--op", "put,get,put_with_signal", "--peer", "across",
+               "--baseline", "gloo,mpi", "-b", "8", "-e", "64K", "-f", "8192", "-n", "3", "-w", "1", "-r", "1",
+               "--progress", "off", "--json", str(json_path)]
+    # MPICH's UCX fails with UCX_NET_DEVICES=lo (simulated_mpi.py); tcp and self serve both UCX users.
+    env = {key: value for key, value in _env().items() if key != "UCX_NET_DEVICES"}
+    result = run_mpiexec(NODES, PER_NODE, program, timeout=120, env={**env, "UCX_TLS": "tcp,self"})
+    assert result.returncode == 0, result.stdout[-6000:]
+    document = json.loads(json_path.read_text())
+    settings = document["settings"]
+    assert (settings["peer"], settings["peer_crosses_nodes"], settings["peer_transport"]) == (PER_NODE, True, "ucx")
+    assert (settings["floor"], settings["floor_absent"], settings["mpi"]) == ("ucx", None, True)
+    rows = document["rows"]
+    assert [(row["op"], row["size"]) for row in rows] == [
+        (op, size) for op in ("put", "get", "put_with_signal") for size in (8, 65536)]
+    for row in rows:
+        assert row["wrong"] == 0 and row["floor_wrong"] == 0, (row["op"], row["size"], row["wrong"], row["floor_wrong"])
+        assert row["time_us"] > 0 and row["baseline_time_us"] > 0 and row["floor_time_us"] > 0
+        assert row["over_floor"] == pytest.approx(row["time_us"] / row["floor_time_us"])
+        assert row["floor_algbw"] == pytest.approx(row["size"] / row["floor_time_us"] / 1e3)
+        if row["op"] == "put_with_signal":  # no MPI side
+            assert row["mpi_time_us"] is None
+        else:
+            assert row["mpi_wrong"] == 0 and row["mpi_time_us"] > 0, row["op"]
+    assert "# one-sided ops: rank 0 and rank 2 (on another node, reached through ucx)" in result.stdout
+    assert "ucx floor" in result.stdout

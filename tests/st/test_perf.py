@@ -125,10 +125,16 @@ def test_every_op_reports_every_format_with_no_wrong_elements(tmp_path) -> None:
             assert [int(row[0]) for row in rows] == [spec.fixed_bytes], op
             assert rows[0][2] == spec.fixed_type
     assert result.stdout.count("# Out of bounds values : 0 OK") == len(EVERY_OP)
+    # One node: the one-sided ops' peer is rank 1 through shared memory, and there is no transport floor.
+    assert "# one-sided ops: rank 0 and rank 1 (on rank 0's node, reached through node)" in result.stdout
+    assert "# transport floor: absent: the peer (rank 1) is on rank 0's node" in result.stdout
 
     document = json.loads(json_path.read_text())
-    assert document["tool"] == "hp-shmem-perf" and document["schema"] == 5
+    assert document["tool"] == "hp-shmem-perf" and document["schema"] == 6
     settings = document["settings"]
+    assert (settings["peer"], settings["peer_crosses_nodes"], settings["peer_transport"], settings["floor"]) == (
+        1, False, "node", None)
+    assert settings["floor_absent"].startswith("the peer (rank 1) is on rank 0's node")
     assert (settings["ops"], settings["nranks"], settings["type"], settings["iterations"], settings["baseline"]) == (
         EVERY_OP, 2, "float", 2, "gloo")
     assert [entry["op"] for entry in document["rows"]] == [op for op, (_, rows) in blocks.items() for _ in rows]
@@ -152,6 +158,7 @@ def test_every_op_reports_every_format_with_no_wrong_elements(tmp_path) -> None:
         else:
             assert entry["memcpy_time_us"] is None and entry["memcpy_fraction"] is None
         assert [entry[key] for key in ("mpi_time_us", "mpi_wrong", "mpi_speedup")] == [None] * 3  # MPI not asked for
+        assert [entry[key] for key in ("floor_time_us", "floor_wrong", "over_floor")] == [None] * 3  # one node
     assert plot_path.read_bytes()[:8] == PNG_MAGIC
 
 
@@ -335,7 +342,8 @@ def test_without_baseline_or_check_the_gloo_columns_go(tmp_path) -> None:
 # MPI beside gloo, under mpiexec.
 # --------------------------------------------------------------------------
 
-MPI_OPS = ["barrier", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "signal_pingpong", "put"]
+MPI_OPS = ["barrier", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "signal_pingpong", "put",
+           "get", "put_with_signal"]
 
 
 @needs_mpi
@@ -369,7 +377,7 @@ def test_mpi_is_timed_beside_gloo_under_mpiexec_with_no_wrong_elements(tmp_path)
     assert result.stdout.count("# Avg bus bandwidth of MPI : ") == len([op for op in MPI_OPS if OPS[op].mpi])
 
     document = json.loads(json_path.read_text())
-    assert document["schema"] == 5
+    assert document["schema"] == 6
     assert document["settings"]["mpi"] is True and document["settings"]["mpi_library"].startswith("MPICH")
     assert document["settings"]["nranks"] == 2
     for entry in document["rows"]:

@@ -13,7 +13,7 @@ import torch
 
 from hyper_parallel.perf.cases import CASES, InPlaceCase, count_wrong, input_pattern
 from hyper_parallel.perf import config as config_module
-from hyper_parallel.perf.config import build_parser, config_from_args, parse_config, run_heap_size
+from hyper_parallel.perf.config import build_parser, config_from_args, parse_config, resolve_peer, run_heap_size
 from hyper_parallel.perf.mpi import under_mpiexec
 from hyper_parallel.perf.ops import OPS, InPlace
 from hyper_parallel.perf.progress import render_bar
@@ -79,6 +79,7 @@ def test_bus_factors_are_nccl_tests_definitions(nranks: int) -> None:
         "send_recv": 1.0,
         "put": 1.0,
         "get": 1.0,
+        "put_with_signal": 1.0,
         "signal_pingpong": 1.0,
         "barrier": 1.0,
         # the fused ops are sized like the collective they contain
@@ -201,7 +202,8 @@ def test_the_collectives_have_nccl_tests_in_place_group() -> None:
     assert in_place == {
         "all_gather": InPlace.SUPPORTED, "all_reduce": InPlace.SUPPORTED, "reduce_scatter": InPlace.SUPPORTED,
         "all_to_all": InPlace.SUPPORTED,
-        "put": InPlace.ABSENT, "get": InPlace.ABSENT, "signal_pingpong": InPlace.ABSENT, "barrier": InPlace.ABSENT,
+        "put": InPlace.ABSENT, "get": InPlace.ABSENT, "put_with_signal": InPlace.ABSENT,
+        "signal_pingpong": InPlace.ABSENT, "barrier": InPlace.ABSENT,
         "send_recv": InPlace.ABSENT, "fused_all_gather_matmul": InPlace.ABSENT,
         "fused_matmul_reduce_scatter": InPlace.ABSENT, "moe_dispatch": InPlace.ABSENT, "moe_combine": InPlace.ABSENT,
         "symm_mem_one_shot_all_reduce": InPlace.ABSENT, "symm_mem_two_shot_all_reduce": InPlace.ABSENT,
@@ -245,11 +247,11 @@ def test_op_lists_keep_their_order_and_all_means_the_whole_table() -> None:
 
 @pytest.mark.parametrize(
     "argv, message",
-    [(["--op", "scatter"], "`--op` must be all or a comma-separated list of put, get, signal_pingpong, barrier, "
+    [(["--op", "scatter"], "`--op` must be all or a comma-separated list of put, get, put_with_signal, signal_pingpong, barrier, "
                            "all_gather, all_reduce, reduce_scatter, all_to_all, send_recv, fused_all_gather_matmul, "
                            "fused_matmul_reduce_scatter, moe_dispatch, moe_combine, symm_mem_one_shot_all_reduce, "
                            "symm_mem_two_shot_all_reduce, but got 'scatter'"),
-     (["--op", "put,all"], "`--op` must be all or a comma-separated list of put, get, signal_pingpong, barrier, "
+     (["--op", "put,all"], "`--op` must be all or a comma-separated list of put, get, put_with_signal, signal_pingpong, barrier, "
                            "all_gather, all_reduce, reduce_scatter, all_to_all, send_recv, fused_all_gather_matmul, "
                            "fused_matmul_reduce_scatter, moe_dispatch, moe_combine, symm_mem_one_shot_all_reduce, "
                            "symm_mem_two_shot_all_reduce, but got 'all'"),
@@ -268,9 +270,9 @@ def test_op_lists_keep_their_order_and_all_means_the_whole_table() -> None:
      (["--baseline", "gloo,none"], "`--baseline` must be none or a comma-separated list of gloo, mpi, "
                                    "but got 'none'"),
      (["--baseline", "mpi"], "`--baseline mpi` must come with gloo (`--baseline gloo,mpi`), but got 'mpi'"),
-     (["--op", "put,fused_all_gather_matmul", "--baseline", "gloo,mpi"],
-      "`--baseline mpi` must come with `--op` barrier, all_gather, all_reduce, reduce_scatter, all_to_all, "
-      "send_recv, moe_dispatch, moe_combine, but got put,fused_all_gather_matmul"),
+     (["--op", "put_with_signal,fused_all_gather_matmul", "--baseline", "gloo,mpi"],
+      "`--baseline mpi` must come with `--op` put, get, barrier, all_gather, all_reduce, reduce_scatter, all_to_all, "
+      "send_recv, moe_dispatch, moe_combine, but got put_with_signal,fused_all_gather_matmul"),
      (["--baseline", "gloo,mpi", "-d", "bfloat16"], "`--baseline mpi` must have a `-d` that numpy has, "
                                                     "but got bfloat16"),
      (["--progress", "yes"], "`--progress` must be one of auto, on, off, but got 'yes'"),
@@ -363,7 +365,7 @@ def test_mpi_is_timed_in_addition_to_gloo_and_is_a_setting() -> None:
     assert (parse_config(["--baseline", "none"]).baseline, parse_config(["--baseline", "none"]).mpi) == (None, False)
     assert parse_config(["--baseline", "gloo,gloo"]).baseline == "gloo"
     assert [name for name, op in OPS.items() if op.mpi is not None] == [
-        "barrier", "all_gather", "all_reduce", "reduce_scatter", "all_to_all", "send_recv", "moe_dispatch",
+        "put", "get", "barrier", "all_gather", "all_reduce", "reduce_scatter", "all_to_all", "send_recv", "moe_dispatch",
         "moe_combine"]
 
 
@@ -390,6 +392,44 @@ def test_mpi_without_mpi4py_is_refused(monkeypatch: pytest.MonkeyPatch, capsys: 
 )
 def test_under_mpiexec_reads_the_launchers_variables(environ: dict[str, str], expected: bool) -> None:
     assert under_mpiexec(environ) is expected
+
+
+def test_one_sided_ops_run_against_the_peer_and_put_get_pws_have_a_transport_floor() -> None:
+    one_sided = [name for name, op in OPS.items() if op.one_sided]
+    assert one_sided == ["put", "get", "put_with_signal", "signal_pingpong"]
+    assert [name for name, op in OPS.items() if op.transport_floor] == ["put", "get", "put_with_signal"]
+    assert not any(OPS[name].takes_ordinary_tensors for name in one_sided)  # peers address their buffers
+    pws = OPS["put_with_signal"]
+    assert (pws.sized, pws.min_ranks, pws.mpi, pws.needs_symmetric_memory, pws.in_all) == (True, 2, None, True, True)
+    assert pws.bandwidths(1000, 1e-6, 4) == (1.0, 1.0)  # the message over the time, whatever the world
+
+
+def test_peer_is_a_rank_or_the_lowest_rank_on_another_node() -> None:
+    assert parse_config([]).peer == "1" and parse_config([]).settings(2)["peer_requested"] == "1"
+    assert parse_config(["--peer", "across"]).peer == "across"
+    assert parse_config(["--peer", "3", "--nproc", "4"]).peer == "3"
+    assert resolve_peer("across", [0, 0, 2, 2]) == 2
+    assert resolve_peer("across", [0, 1, 1]) == 1
+    assert resolve_peer("1", [0, 0, 2, 2]) == 1 and resolve_peer("3", [0, 0, 2, 2]) == 3
+    with pytest.raises(ValueError, match=r"`--peer across` must have a rank on another node than rank 0's, "
+                                         r"but got nodes=\[0, 0\]"):
+        resolve_peer("across", [0, 0])
+    with pytest.raises(ValueError, match="`--peer` must be a rank from 1 to 1, but got 2"):
+        resolve_peer("2", [0, 0])
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["--peer", "0"], "`--peer` must be across or a rank of at least 1, but got '0'"),
+     (["--peer", "next"], "`--peer` must be across or a rank of at least 1, but got 'next'"),
+     (["--peer", "-1"], "`--peer` must be across or a rank of at least 1, but got '-1'"),
+     (["--peer", "2", "--nproc", "2"], "`--peer` must be a rank below `--nproc` (2), but got 2")],
+)
+def test_bad_peers_exit_like_argparse(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(argv)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.rstrip().endswith(f"hp-shmem-perf: error: {message}")
 
 
 def test_settings_are_plain_values() -> None:
@@ -507,6 +547,29 @@ def _mpi_row(**overrides) -> Row:
     return _collective_row(**fields)
 
 
+def test_floor_group_sits_before_memcpy_with_our_time_over_it(tmp_path) -> None:
+    table = Table("gloo", memcpy=True, mpi=True, floor="ucx")
+    groups, titles, units = table.header()
+    assert groups[1:].split()[-6:] == ["MPI", "ucx", "floor", "memcpy,", "1", "core"]
+    assert titles[1:].split()[-7:] == ["time", "algbw", "#wrong", "ours/", "time", "algbw", "ours/"]
+    assert units[1:].split()[-6:] == ["(us)", "(GB/s)", "floor", "(us)", "(GB/s)", "memcpy"]
+    row = _row(floor_time_us=3907.75, floor_algbw=17.17, floor_wrong=0, mpi_time_us=9000.0, mpi_algbw=7.46,
+               mpi_busbw=7.46, mpi_wrong=0)
+    assert row.over_floor == pytest.approx(2.0)
+    line = table.line(row)
+    assert line.split()[-7:] == ["3907.8", "17.17", "0", "2.0x", "4996.3", "13.43", "64%"]
+    assert len(line) == len(titles) == len(units)
+    assert footer([row, _row(floor_time_us=1.0, floor_algbw=1.0, floor_wrong=3, mpi_busbw=1.0)])[0] == \
+        "# Out of bounds values : 3 FAILED"
+    assert _row().over_floor is None and "floor" not in Table("gloo", memcpy=True).header()[0]
+    path = tmp_path / "floor.json"
+    write_json(str(path), {"peer": 2, "peer_crosses_nodes": True, "peer_transport": "ucx", "floor": "ucx"}, [row])
+    document = json.loads(path.read_text())
+    assert document["schema"] == 6 and document["settings"]["peer_crosses_nodes"] is True
+    assert (document["rows"][0]["floor_time_us"], document["rows"][0]["floor_wrong"]) == (3907.75, 0)
+    assert document["rows"][0]["over_floor"] == pytest.approx(2.0)
+
+
 def test_mpi_group_follows_the_baseline_with_a_speedup_for_each_of_ours() -> None:
     table = Table("gloo", memcpy=False, in_place=True, mpi=True)
     groups, titles, units = table.header()
@@ -597,7 +660,7 @@ def test_json_has_settings_and_every_row(tmp_path) -> None:
     path = tmp_path / "rows.json"
     write_json(str(path), {"op": "put", "nranks": 2}, [_row(), _row(size=8)])
     document = json.loads(path.read_text())
-    assert document["tool"] == "hp-shmem-perf" and document["schema"] == 5
+    assert document["tool"] == "hp-shmem-perf" and document["schema"] == 6
     assert document["settings"] == {"op": "put", "nranks": 2}
     first = document["rows"][0]
     assert first["size"] == 67108864 and first["wrong"] == 0

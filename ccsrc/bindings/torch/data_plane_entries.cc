@@ -63,6 +63,23 @@ void OneSided(py::handle dst_arg, py::handle src_arg, py::handle pe_arg, StreamH
   ThrowIfError((R().*Transfer)(dst_ptr, src_ptr, ByteSize(dst), ByteSize(src), pe, OnStream(stream), std::move(keep)));
 }
 
+// The perf tool's floor (Runtime::RemoteTransportTransfer): `symmetric`'s bytes on `pe` written from `local` (`put`)
+// or read into it, through the remote transport alone.
+void RemoteTransportTransfer(bool put, py::handle symmetric_arg, py::handle local_arg, py::handle pe_arg) {
+  const at::Tensor& symmetric = TensorArg(symmetric_arg, "symmetric");
+  const at::Tensor& local = TensorArg(local_arg, "local");
+  const int pe = PeArg(pe_arg);
+  if (ByteSize(local) != ByteSize(symmetric)) {
+    throw StatusError(InvalidArgument("`local` must have as many bytes as `symmetric` (" +
+                                      std::to_string(ByteSize(symmetric)) + "), but got " +
+                                      std::to_string(ByteSize(local))));
+  }
+  void* symmetric_ptr = DataPointer(symmetric, "symmetric");
+  void* local_ptr = DataPointer(local, "local");
+  py::gil_scoped_release nogil;
+  ThrowIfError(R().RemoteTransportTransfer(put, symmetric_ptr, local_ptr, ByteSize(symmetric), pe));
+}
+
 void Signal(py::handle signal_arg, py::handle value_arg, py::handle pe_arg, int op, StreamHandle stream) {
   HP_PROFILED_RANGE("signal");
   const at::Tensor& signal = TensorArg(signal_arg, "signal_tensor");
@@ -110,6 +127,8 @@ void RegisterDataPlane(py::module_& m) {
   m.def("peer_tensor", &PeerTensorOf, py::arg("tensor"), py::arg("pe"));
   m.def("put", &OneSided<&Runtime::Put>, py::arg("dst"), py::arg("src"), py::arg("pe"), py::arg("stream"));
   m.def("get", &OneSided<&Runtime::Get>, py::arg("dst"), py::arg("src"), py::arg("pe"), py::arg("stream"));
+  m.def("remote_transport_transfer", &RemoteTransportTransfer, py::arg("put"), py::arg("symmetric"), py::arg("local"),
+        py::arg("pe"));
   m.def("signal", &Signal, py::arg("signal"), py::arg("value"), py::arg("pe"), py::arg("op"), py::arg("stream"));
   m.def("wait_signal", &WaitSignal, py::arg("signal"), py::arg("value"), py::arg("cmp"), py::arg("stream"));
   m.def("reduce", &Reduce, py::arg("dst"), py::arg("src"), py::arg("op"), py::arg("pes"), py::arg("stream"));

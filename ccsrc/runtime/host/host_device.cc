@@ -482,6 +482,16 @@ Status HostDevice::Get(void* dst, const void* symmetric_src, std::size_t bytes, 
   });
 }
 
+Status HostDevice::RemoteTransportTransfer(bool put, void* symmetric, void* local, std::size_t bytes, int pe) {
+  if (!IsRemote(pe)) {
+    return StateError("`pe` must lie on another node and be reached by a remote transport, but got pe=" +
+                      std::to_string(pe) + " (transport=" + (remote_ != nullptr ? "node" : "none") +
+                      (remote_absence_.empty() ? "" : " reason=" + remote_absence_) + ")");
+  }
+  const std::size_t offset = HeapOffset(symmetric);
+  return put ? remote_->Put(pe, offset, local, bytes) : remote_->Get(pe, offset, local, bytes);
+}
+
 Status HostDevice::Copy(void* dst, const void* src, std::size_t bytes, StreamHandle stream, KeepAlive keep) {
   if (!heap_) return StateError("host device is not initialised: op=Copy");
   if (bytes == 0) return Status::Ok();

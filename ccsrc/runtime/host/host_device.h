@@ -65,6 +65,8 @@ class HostDevice final : public Device {
   bool signals_remotely(SignalOp /*op*/) const override { return true; }   // set and add: remote atomics
   std::string remote_absence() const override { return remote_absence_; }
   std::string remote_transport() const override { return remote_ != nullptr ? remote_->name() : "none"; }
+  // RemoteTransport::Put or Get itself (remote_transport.h), for a PE that IsRemote.
+  Status RemoteTransportTransfer(bool put, void* symmetric, void* local, std::size_t bytes, int pe) override;
   Status CopyToHeap(void* symmetric_dst, const void* host_src, std::size_t bytes) override;
   Status CopyFromHeap(void* host_dst, const void* symmetric_src, std::size_t bytes) override;
   std::size_t max_transfer_bytes() const override { return 0; }

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from hyper_parallel.core.multicore import shmem
+from hyper_parallel.core.multicore.shmem._debug import remote_transport_transfer
 from hyper_parallel.perf.mpi import MpiSide
 from hyper_parallel.perf.ops import OPS, InPlace, OpSpec
 
@@ -52,6 +53,7 @@ class RankInfo(NamedTuple):
         ordinary_tensors: ``--ordinary-tensors``: every form of ours of the collectives runs on ordinary torch
             tensors.
         moe_hidden, moe_topk, moe_experts, moe_routing, moe_align: the MoE ops' ``--moe-*`` settings.
+        peer: rank 0's partner in the one-sided ops (``--peer``, resolved against the nodes).
     """
 
     rank: int
@@ -67,6 +69,7 @@ class RankInfo(NamedTuple):
     moe_experts: int = 4
     moe_routing: str = "uniform"
     moe_align: int = 1
+    peer: int = 1
 
 
 def symmetric_memory_api(op_name: str) -> ModuleType:
@@ -346,10 +349,23 @@ class LowPrecisionCase(InPlaceCase):
 
 
 class _OneSidedCase(Case):
-    """Rank 0 moves the row's bytes between its memory and rank 1's; every other rank idles."""
+    """Rank 0 moves the row's bytes between its memory and its peer's (``RankInfo.peer``); every other rank idles.
 
-    source_rank: ClassVar[int]  # whose data is moved
-    dest_rank: ClassVar[int]
+    ``run_floor`` times the remote transport's own transfer of the same bytes between the same buffers (the floor
+    column, where the peer is reached through one).
+    """
+
+    writes: ClassVar[bool]  # rank 0 writes into the peer (put) or reads from it (get)
+
+    @property
+    def source_rank(self) -> int:
+        """Whose data is moved."""
+        return 0 if self.writes else self.info.peer
+
+    @property
+    def dest_rank(self) -> int:
+        """Where it lands."""
+        return self.info.peer if self.writes else 0
 
     def setup(self) -> None:
         self.src, self.base_src = self.input_pair(self.count)
@@ -361,38 +377,132 @@ class _OneSidedCase(Case):
         elif self.info.rank == self.dest_rank:
             dist.recv(self.base_dst, self.source_rank)
 
-    def run_memcpy(self) -> None:
+    def run_floor(self) -> None:
+        """One transfer of the remote transport alone (rank 0): the same bytes, buffers and peer as ours."""
         if self.info.rank == 0:
-            self.base_dst.copy_(self.base_src)
+            if self.writes:
+                remote_transport_transfer(True, self.dst, self.src, self.info.peer)
+            else:
+                remote_transport_transfer(False, self.src, self.dst, self.info.peer)
 
     def wrong_elements(self) -> int:
         return super().wrong_elements() if self.info.rank == self.dest_rank else 0
 
 
-class PutCase(_OneSidedCase):
-    """``put``: rank 0 writes its symmetric ``src`` into rank 1's ``dst``."""
+class _PutGetCase(_OneSidedCase):
+    """put and get: beside a single-core memcpy of the same bytes, and MPI's one-sided RMA.
+
+    The MPI side works on a window of ``MPI_Win_allocate`` of the row's bytes on every rank, locked once for the whole
+    row (``MPI_Win_lock_all``): the window's memory is MPI's, as the symmetric heap is ours, so that MPICH may use its
+    shared memory or registered memory. (A window of ``MPI_Win_create`` on gloo's tensors needs the target's MPI
+    progress: a passive target that is not in an MPI call makes every flush wait for it.)
+    """
+
+    def run_memcpy(self) -> None:
+        if self.info.rank == 0:
+            self.base_dst.copy_(self.base_src)
+
+    def setup_mpi(self) -> None:
+        from mpi4py import MPI
+
+        nbytes = self.count * self.base_src.element_size()
+        self.window = MPI.Win.Allocate(nbytes, disp_unit=1, comm=self.mpi.comm)
+        # The window's memory as a tensor: the put's destination (compared with gloo's), or the get's source (the
+        # peer's inputs, written by ``fill``).
+        self.window_tensor = torch.frombuffer(self.window.tomemory(), dtype=self.info.dtype, count=self.count) \
+            if self.count else torch.zeros(0, dtype=self.info.dtype)
+        self.window.Lock_all()
+        if self.writes:
+            self.mpi_outputs.append((self.window_tensor, self.base_dst))
+            self.mpi_source = self.base_src.numpy()
+        else:
+            self.mpi_received = self.mpi_output(self.base_dst)
+            self.mpi_target = self.mpi_received.numpy()
+
+    def fill(self) -> None:
+        super().fill()
+        if self.mpi is not None:
+            self.window.Sync()  # the window's memory is also written through the tensor (the separate model)
+            if not self.writes:
+                self.window_tensor.copy_(self.base_src)
+            self.window.Sync()
+            self.mpi.comm.Barrier()  # the peer's window holds what it must before rank 0 reads or writes it
+
+    def run_mpi(self) -> None:
+        if self.info.rank == 0:
+            if self.writes:
+                self.window.Put(self.mpi_source, self.info.peer)
+            else:
+                self.window.Get(self.mpi_target, self.info.peer)
+            self.window.Flush(self.info.peer)
+
+    def wrong_elements_mpi(self) -> int:
+        self.window.Sync()
+        self.mpi.comm.Barrier()  # rank 0's flushes are complete on every target before anyone compares
+        self.window.Sync()
+        return super().wrong_elements_mpi() if self.info.rank == self.dest_rank else 0
+
+    def close(self) -> None:
+        if self.mpi is not None:
+            self.window.Unlock_all()
+            del self.window_tensor  # the window's memory goes with it
+            self.window.Free()
+        super().close()
+
+
+class PutCase(_PutGetCase):
+    """``put``: rank 0 writes its symmetric ``src`` into the peer's ``dst``."""
 
     spec = OPS["put"]
-    source_rank, dest_rank = 0, 1
+    writes = True
 
     def run_ours(self) -> None:
         if self.info.rank == 0:
-            shmem.put(self.dst, self.src, 1)
+            shmem.put(self.dst, self.src, self.info.peer)
 
 
-class GetCase(_OneSidedCase):
-    """``get``: rank 0 reads rank 1's symmetric ``src`` into its own ``dst``."""
+class GetCase(_PutGetCase):
+    """``get``: rank 0 reads the peer's symmetric ``src`` into its own ``dst``."""
 
     spec = OPS["get"]
-    source_rank, dest_rank = 1, 0
+    writes = False
 
     def run_ours(self) -> None:
         if self.info.rank == 0:
-            shmem.get(self.dst, self.src, 1)
+            shmem.get(self.dst, self.src, self.info.peer)
+
+
+class PutWithSignalCase(_OneSidedCase):
+    """``put_with_signal``: rank 0 writes its symmetric ``src`` into the peer's ``dst`` and sets the peer's signal to
+    the call's epoch (``symm.shmem_put_with_signal``, signal op set), both on the peer when the call returns.
+
+    Every rank counts the epochs (every rank runs every operation), so the peer checks its signal against its own
+    count. The floor is the transport's put of the data alone.
+    """
+
+    spec = OPS["put_with_signal"]
+    writes = True
+    _SIGNAL_SET = 0  # the user API's signal_op for set
+
+    def setup(self) -> None:
+        super().setup()
+        self.signal = self.buffers.empty(1, torch.int64)
+        self.epoch = 0
+
+    def run_ours(self) -> None:
+        self.epoch += 1
+        if self.info.rank == 0:
+            self.symm.shmem_put_with_signal(self.dst, 0, self.src, 0, self.count, self.signal, 0, self.epoch,
+                                            self._SIGNAL_SET, self.info.peer)
+
+    def wrong_elements(self) -> int:
+        if self.info.rank != self.dest_rank:
+            return 0
+        return super().wrong_elements() + int(int(self.signal.item()) != self.epoch)
 
 
 class SignalPingPongCase(Case):
-    """``signal_pingpong``: rank 0 raises rank 1's signal, rank 1 waits for it and raises rank 0's.
+    """``signal_pingpong``: rank 0 raises the peer's signal, the peer waits for it and raises rank 0's.
 
     Signals carry increasing epochs (never reset); gloo passes the same epochs in one-element messages.
     """
@@ -407,32 +517,32 @@ class SignalPingPongCase(Case):
         self.base_message = torch.zeros(1, dtype=torch.int64)
 
     def run_ours(self) -> None:
-        rank = self.info.rank
-        if rank > 1:
+        rank, peer = self.info.rank, self.info.peer
+        if rank not in (0, peer):
             return
         self.epoch += 1
         if rank == 0:
-            shmem.signal(self.signal, self.epoch, 1)
+            shmem.signal(self.signal, self.epoch, peer)
             shmem.wait_signal(self.signal, self.epoch, cmp="ge")
         else:
             shmem.wait_signal(self.signal, self.epoch, cmp="ge")
             shmem.signal(self.signal, self.epoch, 0)
 
     def run_baseline(self) -> None:
-        rank = self.info.rank
-        if rank > 1:
+        rank, peer = self.info.rank, self.info.peer
+        if rank not in (0, peer):
             return
         self.base_epoch += 1
         if rank == 0:
             self.base_message.fill_(self.base_epoch)
-            dist.send(self.base_message, 1)
-            dist.recv(self.base_message, 1)
+            dist.send(self.base_message, peer)
+            dist.recv(self.base_message, peer)
         else:
             dist.recv(self.base_message, 0)
             dist.send(self.base_message, 0)
 
     def wrong_elements(self) -> int:
-        if self.info.rank > 1:
+        if self.info.rank not in (0, self.info.peer):
             return 0
         return int(int(self.signal.item()) != self.epoch) + int(int(self.base_message.item()) != self.base_epoch)
 
@@ -990,6 +1100,7 @@ CASES: dict[str, type[Case]] = {
     for case in (
         PutCase,
         GetCase,
+        PutWithSignalCase,
         SignalPingPongCase,
         BarrierCase,
         AllGatherCase,
@@ -1014,3 +1125,5 @@ assert all(hasattr(case, "run_memcpy") == case.spec.memcpy_reference
            for case in CASES.values()), "exactly the ops with a memcpy reference time one"
 assert all(hasattr(case, "run_mpi") == hasattr(case, "setup_mpi") == (case.spec.mpi is not None)
            for case in CASES.values()), "exactly the ops with an MPI side run one"
+assert all(hasattr(case, "run_floor") == case.spec.transport_floor
+           for case in CASES.values()), "exactly the ops with a transport floor time one"

@@ -22,6 +22,7 @@ PROG = "hp-shmem-perf"
 BASELINES = ("gloo", "mpi")  # --baseline: a comma-separated list of these, or none
 PROGRESS_MODES = ("auto", "on", "off")
 MOE_ROUTINGS = ("uniform", "skewed")  # --moe-routing
+PEER_ACROSS = "across"  # --peer: the lowest rank on another node than rank 0's
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,8 @@ class Config:
             each), the experts each token goes to (``--moe-topk``), the experts per rank (``--moe-experts``), how
             tokens choose them (``--moe-routing``: uniform, or skewed towards the first experts) and the alignment of
             each expert's region in dispatch's output (``--moe-align`` rows).
+        peer: ``--peer``: the one-sided ops' partner of rank 0, a rank number (``"1"``) or ``"across"`` (the lowest
+            rank on another node than rank 0's, found once the runtime knows the nodes).
     """
 
     ops: tuple[OpSpec, ...]
@@ -80,6 +83,7 @@ class Config:
     moe_experts: int = 4
     moe_routing: str = "uniform"
     moe_align: int = 1
+    peer: str = "1"
 
     @property
     def element_bytes(self) -> int:
@@ -138,6 +142,7 @@ class Config:
             "moe_experts": self.moe_experts,
             "moe_routing": self.moe_routing,
             "moe_align": self.moe_align,
+            "peer_requested": self.peer,
         }
 
 
@@ -205,6 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--moe-align", dest="moe_align", type=int, default=1, metavar="A",
                         help="moe_dispatch: each expert's region of the output starts at a multiple of A rows "
                              "(all_to_all_vdev_2d's major_align; default 1)")
+    parser.add_argument("--peer", default="1", metavar="RANK|across",
+                        help="one-sided ops (put, get, put_with_signal, signal_pingpong): rank 0's partner, a rank, or "
+                             "across: the lowest rank on another node than rank 0's (default 1)")
     parser.add_argument("--low-precision", dest="low_precision", default=None, metavar="DTYPE",
                         help="all_reduce and reduce_scatter: also time ours in place travelling in DTYPE "
                              f"({', '.join(LOW_PRECISION_BYTES)}), beside full precision (default: off)")
@@ -287,6 +295,16 @@ def _check_low_precision(name: str, ops: tuple[OpSpec, ...], dtype: str, redop: 
         raise ValueError(f"`--low-precision` must be narrower than a floating-point `-d` ({dtype}), but got {name}")
 
 
+def _check_peer(text: str, nproc: Optional[int]) -> None:
+    """Raises ValueError unless ``--peer`` is ``across`` or a rank other than 0 (below ``--nproc`` when given)."""
+    if text == PEER_ACROSS:
+        return
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"`--peer` must be {PEER_ACROSS} or a rank of at least 1, but got {text!r}")
+    if nproc is not None and int(text) >= nproc:
+        raise ValueError(f"`--peer` must be a rank below `--nproc` ({nproc}), but got {text}")
+
+
 def config_from_args(args: argparse.Namespace) -> Config:
     """Checks the parsed flags against each other.
 
@@ -321,6 +339,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     _at_least("--moe-experts", args.moe_experts, 1)
     _at_least("--moe-align", args.moe_align, 1)
     moe_routing = _choice("--moe-routing", args.moe_routing, MOE_ROUTINGS)
+    _check_peer(args.peer, args.nproc)
     for op in ops:
         if op.sum_only and redop != "sum":
             raise ValueError(f"`-o` must be sum for {op.name} (torch's all-reduce sums only), but got {redop!r}")
@@ -363,6 +382,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         moe_experts=args.moe_experts,
         moe_routing=moe_routing,
         moe_align=args.moe_align,
+        peer=args.peer,
     )
 
 
@@ -382,6 +402,31 @@ def parse_config(argv: Optional[Sequence[str]] = None) -> Config:
     except ValueError as error:
         parser.error(str(error))
         raise  # parser.error exits; this keeps type checkers content
+
+
+def resolve_peer(requested: str, nodes: Sequence[int]) -> int:
+    """The one-sided ops' partner of rank 0 for ``--peer``, given the node of every rank (the same on every rank).
+
+    Args:
+        requested: ``--peer``: a rank (``"1"``) or ``"across"``.
+        nodes: ``debug_state()["nodes"]``: the node of every rank.
+
+    Returns:
+        The peer's rank: the one asked for, or the lowest rank on another node than rank 0's.
+
+    Raises:
+        ValueError: the rank is not in the world, or no rank lies on another node than rank 0's.
+    """
+    if requested == PEER_ACROSS:
+        across = [rank for rank, node in enumerate(nodes) if node != nodes[0]]
+        if not across:
+            raise ValueError(f"`--peer {PEER_ACROSS}` must have a rank on another node than rank 0's, but got "
+                             f"nodes={list(nodes)}")
+        return across[0]
+    peer = int(requested)
+    if not 1 <= peer < len(nodes):
+        raise ValueError(f"`--peer` must be a rank from 1 to {len(nodes) - 1}, but got {peer}")
+    return peer
 
 
 def run_heap_size(runtime_config: dict, needed: int) -> Optional[int]:

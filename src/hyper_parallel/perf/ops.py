@@ -14,6 +14,7 @@ all_gather                   the whole output (n inputs)                 (n - 1)
 reduce_scatter               the whole input (n outputs)                 (n - 1) / n
 all_to_all                   the whole send buffer (n blocks)            (n - 1) / n
 send_recv, put, get          the message                                 1
+put_with_signal              the message (its 8-byte signal not counted) 1
 signal_pingpong              the 8-byte signal                           1
 barrier                      0                                           1
 fused_all_gather_matmul      the gathered matrix: (n x m) x k elements   (n - 1) / n
@@ -41,6 +42,15 @@ copy per chunk); with ``--baseline gloo,mpi`` MPI's ``Alltoall`` of the splits a
 out the same way. Combine sends the tokens back with the splits dispatch left (no host read). torch's one-shot and
 two-shot all-reduce through that backend (``symm_mem_one_shot_all_reduce``, ``symm_mem_two_shot_all_reduce``) have this
 library's ``symm.shmem_allreduce`` (in place) as their baseline: torch's API against the user API, on one engine.
+
+The one-sided ops (put, get, put_with_signal, signal_pingpong) run between rank 0 and its peer (``--peer``: rank 1, a
+rank number, or ``across``: the lowest rank on another node than rank 0's). Where the peer lies on another node and
+the host device reaches it through a network transport (``debug_state()["transports"]``: ``ucx``), put, get and
+put_with_signal also time the transport's floor (``OpSpec.transport_floor``): ``RemoteTransport::Put``/``Get`` itself
+(UCX's put or get, then its endpoint flush) on the same endpoints and heap, without the runtime's checks, streams or
+tensors, reached through the runtime's perf-only entry ``remote_transport_transfer``. With ``--baseline gloo,mpi``,
+put and get also time MPI's one-sided RMA on a window of ``MPI_Win_allocate`` (passive target: ``MPI_Win_lock_all``
+once, then ``MPI_Put``/``MPI_Get`` and ``MPI_Win_flush`` per operation).
 
 The collectives also have nccl-tests' in-place group of columns (:class:`InPlace`): all_gather, all_reduce and
 reduce_scatter and all_to_all run in place as well. With ``--baseline gloo,mpi`` the collectives, barrier and
@@ -106,9 +116,12 @@ class OpSpec:
         in_all: whether ``--op all`` runs it.
         low_precision: whether ``--low-precision`` adds a group of columns: the op run in place in that dtype.
         mpi: what the MPI columns run (``--baseline gloo,mpi``, through mpi4py on gloo's ordinary tensors), or None
-            for the ops that have no MPI columns (the one-sided ops and the fused ones).
+            for the ops that have no MPI columns (put_with_signal, signal_pingpong, the fused ops).
         routed: an MoE op: its size is tokens routed to experts (``--moe-*``), whole tokens with all their top-k rows.
         sum_only: it reduces with 'sum' only (torch's all-reduce of its symmetric-memory API).
+        one_sided: it runs between rank 0 and the peer of ``--peer``; the other ranks idle.
+        transport_floor: its rows also time the remote transport's own put or get of the same bytes (the floor
+            column), where the peer is reached through one.
     """
 
     name: str
@@ -132,6 +145,8 @@ class OpSpec:
     mpi: str | None = None
     routed: bool = False
     sum_only: bool = False
+    one_sided: bool = False
+    transport_floor: bool = False
 
     @property
     def fused(self) -> bool:
@@ -147,7 +162,7 @@ class OpSpec:
     def takes_ordinary_tensors(self) -> bool:
         """Whether ``--ordinary-tensors`` applies: the sized collectives (they take any tensor), not the one-sided
         or fused ops, whose buffers peers address."""
-        return self.mpi is not None and self.sized and not self.routed
+        return self.mpi is not None and self.sized and not self.routed and not self.one_sided
 
     def element_count(self, nbytes: int, element_bytes: int, nranks: int, row_elements: int = 1) -> int:
         """The elements a row of about ``nbytes`` moves, rounded down as nccl-tests rounds it.
@@ -189,34 +204,49 @@ class OpSpec:
         return algbw, algbw * self.bus_factor(nranks)
 
 
+def _put_or_get(name: str, summary: str, baseline: str, mpi: str) -> OpSpec:
+    """put or get: one-sided between rank 0 and the peer, a message of the row's size, beside a single-core memcpy,
+    the transport floor and MPI's one-sided RMA."""
+    return OpSpec(name=name, summary=summary, baseline=baseline, mpi=mpi, bus_factor=_unit_factor, min_ranks=2,
+                  memcpy_reference=True, one_sided=True, transport_floor=True)
+
+
 OPS: dict[str, OpSpec] = {
     spec.name: spec
     for spec in (
-        OpSpec(
-            name="put",
-            summary="rank 0 writes into rank 1's symmetric buffer (one-sided)",
-            baseline="dist.send on rank 0, dist.recv on rank 1",
-            bus_factor=_unit_factor,
-            min_ranks=2,
-            memcpy_reference=True,
+        _put_or_get(
+            "put",
+            summary="rank 0 writes into the peer's symmetric buffer (shmem.put, one-sided)",
+            baseline="dist.send on rank 0, dist.recv on the peer",
+            mpi="MPI_Put + MPI_Win_flush on a window of MPI_Win_allocate (passive target, MPI_Win_lock_all once)",
+        ),
+        _put_or_get(
+            "get",
+            summary="rank 0 reads the peer's symmetric buffer (shmem.get, one-sided)",
+            baseline="dist.send on the peer, dist.recv on rank 0",
+            mpi="MPI_Get + MPI_Win_flush on a window of MPI_Win_allocate (passive target, MPI_Win_lock_all once)",
         ),
         OpSpec(
-            name="get",
-            summary="rank 0 reads rank 1's symmetric buffer (one-sided)",
-            baseline="dist.send on rank 1, dist.recv on rank 0",
+            name="put_with_signal",
+            summary="rank 0's symm.shmem_put_with_signal to the peer: the data, then the peer's signal set to the "
+                    "call's epoch; time: rank 0's call, which returns once both are on the peer (the peer idles)",
+            baseline="dist.send of the same bytes on rank 0, dist.recv on the peer",
             bus_factor=_unit_factor,
             min_ranks=2,
-            memcpy_reference=True,
+            needs_symmetric_memory=True,
+            one_sided=True,
+            transport_floor=True,
         ),
         OpSpec(
             name="signal_pingpong",
-            summary="rank 0 signals rank 1, which waits and signals back; time is half the round trip",
+            summary="rank 0 signals the peer, which waits and signals back; time is half the round trip",
             baseline="a one-element dist.send/dist.recv ping-pong",
             bus_factor=_unit_factor,
             fixed_bytes=8,
             fixed_type="int64",
             min_ranks=2,
             time_divisor=2,
+            one_sided=True,
         ),
         OpSpec(
             name="barrier",

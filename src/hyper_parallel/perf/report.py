@@ -11,9 +11,10 @@ from typing import Any, Callable, NamedTuple, Optional, TextIO
 
 from hyper_parallel.perf.ops import OPS, InPlace, OpSpec
 
-SCHEMA_VERSION = 5  # 2: the in_place_* fields; all_reduce's out-of-place row is a copy, then the reduction
+SCHEMA_VERSION = 6  # 2: the in_place_* fields; all_reduce's out-of-place row is a copy, then the reduction
 # 3: the low_precision_* fields (--low-precision); 4: the mpi_* fields (--baseline gloo,mpi); 5: all_reduce's
-# out-of-place row is the engine's out-of-place all_reduce (no copy)
+# out-of-place row is the engine's out-of-place all_reduce (no copy); 6: the floor_* fields (the remote transport's own
+# put or get) and the peer's route in the settings
 
 
 @dataclass(frozen=True)
@@ -25,8 +26,9 @@ class Row:
     single-core copy (None for ops without a memcpy reference); ``low_precision_*`` ours in place travelling in
     ``--low-precision`` (None without it), whose ``low_precision_wrong`` counts elements beyond the documented
     error bound; ``mpi_*`` MPI's, out of place (None without ``--baseline gloo,mpi`` and for the ops that have no
-    MPI side), whose ``mpi_wrong`` counts its elements that differ from gloo's. The ``wrong`` fields are None when
-    the check was off.
+    MPI side), whose ``mpi_wrong`` counts its elements that differ from gloo's; ``floor_*`` the remote transport's
+    own put or get of the same bytes (None where the op has no floor or no network transport reaches the peer),
+    whose ``floor_wrong`` counts the elements it moved wrongly. The ``wrong`` fields are None when the check was off.
     """
 
     op: str
@@ -55,6 +57,9 @@ class Row:
     mpi_algbw: Optional[float] = None
     mpi_busbw: Optional[float] = None
     mpi_wrong: Optional[int] = None
+    floor_time_us: Optional[float] = None
+    floor_algbw: Optional[float] = None
+    floor_wrong: Optional[int] = None
 
     @property
     def speedup(self) -> Optional[float]:
@@ -86,12 +91,18 @@ class Row:
         """Our bandwidth as a fraction of the single-core memcpy's (the memcpy's time over ours)."""
         return _time_ratio(self.memcpy_time_us, self.time_us)
 
+    @property
+    def over_floor(self) -> Optional[float]:
+        """Our time over the transport floor's (1: ours costs nothing on top of the transport)."""
+        return _time_ratio(self.time_us, self.floor_time_us)
+
     def to_json(self) -> dict[str, Any]:
         """Every field, plus ``speedup``, ``in_place_speedup``, ``low_precision_gain``, ``memcpy_fraction``,
-        ``mpi_speedup`` and ``mpi_in_place_speedup``."""
+        ``mpi_speedup``, ``mpi_in_place_speedup`` and ``over_floor``."""
         return {**asdict(self), "speedup": self.speedup, "in_place_speedup": self.in_place_speedup,
                 "low_precision_gain": self.low_precision_gain, "memcpy_fraction": self.memcpy_fraction,
-                "mpi_speedup": self.mpi_speedup, "mpi_in_place_speedup": self.mpi_in_place_speedup}
+                "mpi_speedup": self.mpi_speedup, "mpi_in_place_speedup": self.mpi_in_place_speedup,
+                "over_floor": self.over_floor}
 
 
 def _time_ratio(numerator_us: Optional[float], denominator_us: Optional[float]) -> Optional[float]:
@@ -195,6 +206,13 @@ _MPI_SPEEDUPS = [
     _MPI_SPEEDUP._replace(unit="(out)", width=9),
     Column("speedup", "(in)", 9, _in_place(_ratio, "mpi_in_place_speedup")),
 ]
+# The remote transport's own put or get, and our time over it.
+_FLOOR = [
+    Column("time", "(us)", 9, _in_place(format_time_us, "floor_time_us")),
+    Column("algbw", "(GB/s)", 7, _in_place(_fixed2, "floor_algbw")),
+    Column("#wrong", "", 9, _in_place(_wrong, "floor_wrong")),
+    Column("ours/", "floor", 7, _in_place(_ratio, "over_floor")),
+]
 _MEMCPY = [
     Column("time", "(us)", 9, lambda row: format_time_us(row.memcpy_time_us)),
     Column("algbw", "(GB/s)", 7, lambda row: _fixed2(row.memcpy_algbw)),
@@ -216,10 +234,12 @@ class Table:
             so.
         mpi: whether rows carry MPI's group (``--baseline gloo,mpi``, an op with an MPI side): after the
             baseline's, with a speedup for each of our groups as the baseline has.
+        floor: the name of the remote transport whose own put or get the rows carry (``"ucx"``), or None.
     """
 
     def __init__(self, baseline: Optional[str], memcpy: bool, in_place: bool = False,
-                 low_precision: Optional[str] = None, ordinary_tensors: bool = False, mpi: bool = False) -> None:
+                 low_precision: Optional[str] = None, ordinary_tensors: bool = False, mpi: bool = False,
+                 floor: Optional[str] = None) -> None:
         self.groups: list[tuple[str, list[Column]]] = [("", _LEADING)]
         ordinary = ", ordinary" if ordinary_tensors else ""
         in_place_name = f"shmem, in-place{ordinary}"
@@ -239,6 +259,8 @@ class Table:
                 self.groups.append(("MPI, out-of-place", _MPI + _MPI_SPEEDUPS))
             else:
                 self.groups.append(("MPI", _MPI + [_MPI_SPEEDUP]))
+        if floor is not None:
+            self.groups.append((f"{floor} floor", _FLOOR))
         if memcpy:
             self.groups.append(("memcpy, 1 core", _MEMCPY))
 
@@ -267,7 +289,7 @@ def footer(rows: list[Row]) -> list[str]:
     """nccl-tests' closing lines: wrong values (out of place, in place, low precision, MPI) and the average bus
     bandwidth (ours out of place, ours in place where the op has that form, the baseline's, MPI's)."""
     wrong = sum((row.wrong or 0) + (row.in_place_wrong or 0) + (row.low_precision_wrong or 0) + (row.mpi_wrong or 0)
-                for row in rows)
+                + (row.floor_wrong or 0) for row in rows)
     checked = any(row.wrong is not None for row in rows)
     lines = [f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}" if checked
              else "# Out of bounds values : N/A (check off)"]
@@ -291,7 +313,7 @@ def footer(rows: list[Row]) -> list[str]:
 def write_json(path: str, settings: dict[str, Any], rows: list[Row], tool: str = "hp-shmem-perf") -> None:
     """Writes the run's settings and every row to ``path``.
 
-    Schema: ``{"tool": "hp-shmem-perf", "schema": 5, "settings": {...}, "rows": [Row.to_json(), ...]}``.
+    Schema: ``{"tool": "hp-shmem-perf", "schema": 6, "settings": {...}, "rows": [Row.to_json(), ...]}``.
 
     Args:
         path: the file to (over)write.
@@ -336,6 +358,8 @@ def _series(rows: list[Row], baseline: Optional[str]) -> list[_Series]:
         series.append(_Series(baseline, "C1", lambda row: row.baseline_busbw, lambda row: row.baseline_time_us))
     if any(row.mpi_time_us is not None for row in rows):
         series.append(_Series("MPI", "C5", lambda row: row.mpi_busbw, lambda row: row.mpi_time_us))
+    if rows and rows[0].floor_time_us is not None:
+        series.append(_Series("transport floor", "C6", lambda row: row.floor_algbw, lambda row: row.floor_time_us))
     if rows and rows[0].memcpy_time_us is not None:
         series.append(_Series("memcpy, 1 core", "C2", lambda row: row.memcpy_algbw, lambda row: row.memcpy_time_us))
     return series
@@ -473,7 +497,19 @@ class Reporter:
             + (f"  low precision {settings['low_precision']}" if settings.get("low_precision") else "")
             + ("  ordinary tensors" if settings.get("ordinary_tensors") else ""),
             "# time: the median over repeats of the slowest rank's time per operation",
-        ])
+        ] + self._route_lines())
+
+    def _route_lines(self) -> list[str]:
+        """The one-sided ops' peer and its route, where the run has one."""
+        settings = self.settings
+        if "peer" not in settings:
+            return []
+        crosses = "another node" if settings["peer_crosses_nodes"] else "rank 0's node"
+        lines = [f"# one-sided ops: rank 0 and rank {settings['peer']} (on {crosses}, reached through "
+                 f"{settings['peer_transport']})"]
+        if settings.get("floor_absent"):
+            lines.append(f"# transport floor: absent: {settings['floor_absent']}")
+        return lines
 
     def start_op(self, op: OpSpec) -> None:
         """Prints an op's heading and column header."""
@@ -482,8 +518,9 @@ class Reporter:
         low_precision = self.settings.get("low_precision") if op.low_precision else None
         ordinary = bool(self.settings.get("ordinary_tensors")) and op.takes_ordinary_tensors
         mpi = bool(self.settings.get("mpi")) and op.mpi is not None
+        floor = self.settings.get("floor") if op.transport_floor else None
         self._table = Table(baseline, op.memcpy_reference, in_place=has_in_place, low_precision=low_precision,
-                            ordinary_tensors=ordinary, mpi=mpi)
+                            ordinary_tensors=ordinary, mpi=mpi, floor=floor)
         self._op_rows = []
         lines = ["#", f"# {op.name}: {op.summary}"]
         if ordinary:
@@ -501,6 +538,10 @@ class Reporter:
         if mpi:
             moves = f", on gloo's input tensors; #wrong: its elements that differ from gloo's" if op.sized else ""
             lines.append(f"# MPI{', out of place' if has_in_place else ''}: {op.mpi}{moves}")
+        if floor is not None:
+            lines.append(f"# {floor} floor: the transport's own {'get' if op.name == 'get' else 'put'} of the same bytes "
+                         "(RemoteTransport::Put/Get: the operation, then the endpoint's flush), no runtime checks, "
+                         "streams or tensors; ours/floor: our time over it")
         self._print(lines + self._table.header())
 
     def add(self, row: Row) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from datetime import timedelta
-from typing import Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
@@ -27,7 +27,7 @@ from hyper_parallel.perf.cases import (
     RankInfo,
     symmetric_memory_api,
 )
-from hyper_parallel.perf.config import Config, run_heap_size
+from hyper_parallel.perf.config import Config, resolve_peer, run_heap_size
 from hyper_parallel.perf.launch import STORE_ENV
 from hyper_parallel.perf.mpi import MpiSide, comm_world, library_version, mpi_side
 from hyper_parallel.perf.ops import OpSpec
@@ -37,6 +37,8 @@ from hyper_parallel.perf.timing import Side, measure, slowest_rank, time_per_ope
 from hyper_parallel.perf.units import format_size
 
 OURS, IN_PLACE, MEMCPY, MPI = "ours", "in_place", "memcpy", "mpi"  # the sides' names (the baseline's is its own)
+FLOOR = "floor"  # the remote transport's own put or get (OpSpec.transport_floor)
+NETWORK_TRANSPORTS = ("ucx",)  # debug_state()["transports"] values that are a transport to another node
 LOW_PRECISION = "low_precision"
 _MIB = 1 << 20
 
@@ -75,15 +77,62 @@ def init_process_group() -> None:
         dist.init_process_group("gloo", timeout=timeout)
 
 
-def _check(case: Case, low_precision: bool = False) -> list[int]:
+class PeerRoute(NamedTuple):
+    """How rank 0 reaches the one-sided ops' peer (the same on every rank: rank 0's view, broadcast).
+
+    Attributes:
+        peer: the peer's rank.
+        crosses_nodes: whether it lies on another node than rank 0.
+        transport: what carries rank 0's one-sided calls to it (``debug_state()["transports"]``: ``node``, ``ucx``,
+            ``none``).
+        floor_absent: why the transport floor column is absent ("" when it is timed).
+    """
+
+    peer: int
+    crosses_nodes: bool
+    transport: str
+    floor_absent: str
+
+    def settings(self) -> dict[str, Any]:
+        """The route as the JSON's settings and the table's header have it."""
+        return {"peer": self.peer, "peer_crosses_nodes": self.crosses_nodes, "peer_transport": self.transport,
+                "floor": self.transport if not self.floor_absent else None, "floor_absent": self.floor_absent or None}
+
+
+def peer_route(requested: str) -> PeerRoute:
+    """Resolves ``--peer`` against the runtime's nodes and rank 0's transports (collective over gloo).
+
+    Raises:
+        PerfSetupError: the peer cannot be resolved, or it lies on another node that no transport reaches (on every
+            rank alike).
+    """
+    state = shmem.debug_state()
+    try:
+        peer = resolve_peer(requested, state["nodes"])
+    except ValueError as error:
+        raise PerfSetupError(str(error)) from None
+    crosses = state["nodes"][peer] != state["nodes"][0]
+    views = [state["transports"][peer]]
+    dist.broadcast_object_list(views, src=0)
+    transport = views[0]
+    if crosses and transport not in NETWORK_TRANSPORTS:
+        raise PerfSetupError(f"`--peer` must be reached from rank 0 by a transport across nodes for the one-sided "
+                             f"ops, but got transport={transport} peer={peer} (a package built without UCX: pip "
+                             f"install hyper-parallel-shmem[ucx], then build it again)")
+    absent = "" if transport in NETWORK_TRANSPORTS else \
+        f"the peer (rank {peer}) is on rank 0's node: reached through shared memory ({transport}), no network"
+    return PeerRoute(peer=peer, crosses_nodes=crosses, transport=transport, floor_absent=absent)
+
+
+def _check(case: Case, low_precision: bool = False, floor: bool = False) -> list[int]:
     """This rank's wrong elements (collective): ours out of place against gloo on the same inputs, then, where the
     op runs in place, ours in place against the same gloo output, then (``low_precision``) ours in place in low
     precision against the exact result within the documented bound, then (a case with an MPI side) MPI against
-    the same gloo output.
+    the same gloo output, then (``floor``) the transport's own transfer into the same outputs.
 
     Returns:
         ``[out-of-place wrong]``, ``[out-of-place wrong, in-place wrong]``, or those and the low-precision wrong;
-        MPI's wrong last where the case has an MPI side.
+        then the floor's wrong (``floor``); MPI's wrong last where the case has an MPI side.
     """
     case.fill()
     shmem.barrier()  # no rank writes into a peer's buffers before that peer has filled them
@@ -108,6 +157,13 @@ def _check(case: Case, low_precision: bool = False) -> list[int]:
         case.run_ours_low_precision()
         shmem.barrier()
         wrong.append(case.wrong_elements_low_precision())
+    if floor:
+        for ours, _ in case.outputs:  # gloo's outputs stay as they are: the floor's result must equal them too
+            ours.zero_()
+        shmem.barrier()
+        case.run_floor()
+        shmem.barrier()
+        wrong.append(case.wrong_elements())
     return wrong + mpi_wrong
 
 
@@ -118,7 +174,7 @@ def _sum_over_ranks(values: list[int]) -> list[int]:
 
 
 def measure_row(config: Config, spec: OpSpec, info: RankInfo, nbytes: int, progress: Progress,
-                mpi: Optional[MpiSide] = None) -> Optional[Row]:
+                mpi: Optional[MpiSide] = None, route: Optional[PeerRoute] = None) -> Optional[Row]:
     """Measures one op at one size on every rank (collective).
 
     Args:
@@ -128,6 +184,7 @@ def measure_row(config: Config, spec: OpSpec, info: RankInfo, nbytes: int, progr
         nbytes: the requested size; it is rounded down as nccl-tests rounds it.
         progress: advanced once per timed round.
         mpi: MPI's side (``--baseline gloo,mpi``), timed and checked for the ops that have one; None: no MPI.
+        route: how rank 0 reaches the one-sided ops' peer; the transport floor is timed where it has one.
 
     Returns:
         The row (the same on every rank), or None when the size rounds down to nothing.
@@ -142,8 +199,9 @@ def measure_row(config: Config, spec: OpSpec, info: RankInfo, nbytes: int, progr
     row_bytes = count * config.element_bytes if spec.sized else spec.fixed_bytes
     case = CASES[spec.name](info, count, mpi)
     low_precision = info.low_precision is not None and isinstance(case, LowPrecisionCase)
+    floor = spec.transport_floor and route is not None and not route.floor_absent
     try:
-        wrong = _check(case, low_precision) if config.check else []
+        wrong = _check(case, low_precision, floor) if config.check else []
         sides = [Side(OURS, case.run_ours, shmem.barrier)]
         if isinstance(case, InPlaceCase):
             sides.append(Side(IN_PLACE, case.run_ours_in_place, shmem.barrier))
@@ -155,9 +213,15 @@ def measure_row(config: Config, spec: OpSpec, info: RankInfo, nbytes: int, progr
             own = spec.baseline_label is not None
             sides.append(Side(config.baseline, case.run_baseline, shmem.barrier if own else dist.barrier))
         if case.mpi is not None:
-            sides.append(Side(MPI, case.run_mpi, case.mpi.comm.Barrier))
+            # One-sided MPI: the target makes MPI's progress only inside an MPI call (over TCP, MPICH's RMA is carried
+            # out by the target's progress engine): every rank ends the loop in MPI_Barrier, so that the target
+            # serves rank 0's operations while it waits there (as osu_put_latency's target waits in MPI).
+            complete = case.mpi.comm.Barrier if spec.one_sided else None
+            sides.append(Side(MPI, case.run_mpi, case.mpi.comm.Barrier, complete))
         if spec.memcpy_reference:
             sides.append(Side(MEMCPY, case.run_memcpy, shmem.barrier))
+        if floor:
+            sides.append(Side(FLOOR, case.run_floor, shmem.barrier))
         slowest = slowest_rank(measure(sides, config.iterations, config.warmup, config.repeat, progress.advance))
         wrong = _sum_over_ranks(wrong) if wrong else []
     finally:
@@ -188,6 +252,9 @@ def measure_row(config: Config, spec: OpSpec, info: RankInfo, nbytes: int, progr
         fields.update(mpi_wrong=wrong[-1] if wrong else None)
     if MEMCPY in times:
         fields.update(zip(("memcpy_time_us", "memcpy_algbw"), timed(MEMCPY)))
+    if FLOOR in times:
+        fields.update(zip(("floor_time_us", "floor_algbw"), timed(FLOOR)))
+        fields.update(floor_wrong=(wrong[-2] if MPI in times else wrong[-1]) if wrong else None)
     return Row(op=spec.name, size=row_bytes, count=count, type=config.dtype_label(spec), redop=config.redop_label(spec),
                time_us=time_us, algbw=algbw, busbw=busbw, **fields)
 
@@ -232,22 +299,27 @@ def run_rank(config: Config) -> list[Row]:
     steps = sum(len(config.sizes(spec)) for spec in config.ops) * config.repeat
     progress_on = rank == 0 and (config.progress == "on" or (config.progress == "auto" and sys.stderr.isatty()))
     progress = Progress(total=steps, enabled=progress_on)
+    shmem.acquire(heap_size_bytes=run_heap_size(shmem.read_config(), heap_bytes(config, nranks)))
+    route = peer_route(config.peer) if any(spec.one_sided for spec in config.ops) else None
+    if route is not None:
+        info = info._replace(peer=route.peer)
     reporter = None
     if rank == 0:
         settings = config.settings(nranks)
         if config.mpi:
             settings["mpi_library"] = library_version()
+        if route is not None:
+            settings.update(route.settings())
         reporter = Reporter(settings, config.json_path, config.plot_path, sys.stdout, before_line=progress.clear)
         reporter.start()
 
-    shmem.acquire(heap_size_bytes=run_heap_size(shmem.read_config(), heap_bytes(config, nranks)))
     rows = []
     for spec in config.ops:
         if reporter is not None:
             reporter.start_op(spec)
         for nbytes in config.sizes(spec):
             progress.set_label(f"{spec.name} {format_size(nbytes)}B")
-            row = measure_row(config, spec, info, nbytes, progress, mpi)
+            row = measure_row(config, spec, info, nbytes, progress, mpi, route)
             if row is None:
                 continue
             rows.append(row)
