@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Optional
 
-from hyper_parallel.core.multicore import errors, runtime_logs
+from hyper_parallel.core.multicore import errors, runtime_logs, ucx_libraries
 
 LIBRARY_NAME = "libhp_shmem_c.so"
 ABI_VERSION = 4   # HP_SHMEM_ABI_VERSION of the header this module was written against
@@ -129,8 +129,10 @@ def library() -> ctypes.CDLL:
 
     Raises:
         ShmemStateError: the library is missing (an installation without it) or of another ABI version.
+        ImportError: UCX's libraries, which a build with UCX links, cannot load beside another UCX of this process.
     """
     path = library_path()
+    ucx_libraries.load()   # a build with UCX links libucp
     try:
         lib = ctypes.CDLL(path)
     except OSError as error:
