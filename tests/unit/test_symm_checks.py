@@ -261,6 +261,22 @@ def test_windows_fast_path_answers_as_the_full_checks(target_kind, src_kind, tar
     assert run(CHECKS, False) == run(_FULL, True)
 
 
+def test_windows_fast_path_answers_as_the_full_checks_at_every_edge():
+    """Every int window of every pair of readable tensors up to one past each end (hypothesis samples the rest)."""
+    kinds = ("float4", "float2x3", "double4", "float16_empty")
+    edges = range(-1, 8)
+    for target_kind in kinds:
+        for src_kind in kinds:
+            target, src = _TENSORS[target_kind](), _TENSORS[src_kind]()
+            for target_offset in edges:
+                for src_offset in edges:
+                    for size in edges:
+                        fast = _outcome(lambda: CHECKS.windows(target, target_offset, src, src_offset, size))
+                        full = _outcome(lambda: _FULL.windows(target, _Index(target_offset), src, _Index(src_offset),
+                                                              _Index(size)))
+                        assert fast == full, (target_kind, src_kind, target_offset, src_offset, size)
+
+
 @given(st.sampled_from(sorted(_TENSORS)), _INDICES)
 def test_signal_fast_path_answers_as_the_full_checks(signal_kind, offset):
     signal = _TENSORS[signal_kind]()
