@@ -158,10 +158,12 @@ def test_a_freed_tensor_and_every_view_of_it_are_told_from_a_live_tensor_over_th
     tensors.synchronize()
     before = {"slice": x[1:3], "row": x[2], "flat": x.reshape(-1)[5:9], "transposed": x.T, "int32": x.view(ms.int32)}
     assert all(tensors.freed(v) is None for v in (x, *before.values()))
+    assert tensors.readable_numel(x) == 16 and tensors.readable_numel(before["slice"]) == 8
     tensors.invalidate([(x, array)], allocation_id=41, lifecycle=3)
     after = {"slice": x[0:1], "flat": x.reshape(-1)}
     for name, view in {"x": x, **before, **after}.items():
         assert tensors.freed(view) == "allocation_id=41 lifecycle=3", name
+        assert tensors.readable_numel(view) is None, name   # the primitives' fast path leaves it to the checks
         with pytest.raises(ShmemStateError) as info:
             tensors.check_tensor(view, "tensor")
         assert str(info.value) == ("tensor of a freed symmetric allocation: argument=tensor (symmetric allocation was "
@@ -173,6 +175,7 @@ def test_a_freed_tensor_and_every_view_of_it_are_told_from_a_live_tensor_over_th
     # The same memory handed out again: the new tensor and its views are live, the old ones stay freed.
     y, y_array = tensors.wrap(address, (16,), ms.float32)
     assert tensors.freed(y) is None and tensors.freed(y[3:7]) is None
+    assert tensors.readable_numel(y) == 16
     assert tensors.freed(before["row"]) == "allocation_id=41 lifecycle=3"
     # Freed again, with views of both allocations alive: a view is named by both (its storage cannot tell which).
     tensors.invalidate([(y, y_array)], allocation_id=42, lifecycle=3)

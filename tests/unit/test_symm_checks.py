@@ -198,3 +198,95 @@ def test_view_bytes():
     with pytest.raises(ValueError, match=r"^`sizes` and `storage_offset` must lie inside the tensor \(24 bytes\), "
                                          r"but got bytes \[8, 28\)$"):
         checks.view_bytes(2, 5, 4, 24)
+
+
+# The primitives' fast path (Checks.windows, Checks.signal, Checks.integer take the common call without the full
+# checks): against the full checks alone (tensor facts whose readable_numel never answers, indices given as an int
+# subclass), every call returns the same arguments or raises the same class and message.
+class _FullChecksOnlyFacts:
+    """torch's tensor facts, but readable_numel never answers: the checks take their full path."""
+
+    def __getattr__(self, name):
+        return getattr(torch_tensors, name)
+
+    @staticmethod
+    def readable_numel(value):
+        del value
+        return None
+
+
+_FULL = Checks(_FullChecksOnlyFacts())
+
+
+class _Index(int):
+    """An int the fast path does not take (not exactly int): the full checks see it."""
+
+
+_TENSORS = {
+    "float4": lambda: torch.zeros(4), "float2x3": lambda: torch.zeros(2, 3), "double4": lambda: torch.zeros(4).double(),
+    "int64x8": lambda: torch.zeros(8, dtype=torch.int64), "int32x1": lambda: torch.zeros(1, dtype=torch.int32),
+    "scalar_int64": lambda: torch.tensor(3), "float16_empty": lambda: torch.zeros(0),
+    "transposed": lambda: torch.zeros(2, 2).t(), "meta": lambda: torch.zeros(4, device="meta"),
+    "list": lambda: [1.0], "none": lambda: None,
+}
+_INDICES = st.one_of(st.integers(-2, 9), st.sampled_from([True, 1.0, "1", None]),
+                     st.sampled_from(["tensor1", "tensor2", "float_tensor"]))
+
+
+def _index(value, full):
+    if value == "tensor1":
+        return torch.tensor([1])
+    if value == "tensor2":
+        return torch.tensor([1, 2])
+    if value == "float_tensor":
+        return torch.tensor(1.0)
+    return _Index(value) if full and type(value) is int else value
+
+
+def _outcome(call):
+    try:
+        result = call()
+    except (TypeError, ValueError) as error:
+        return type(error), str(error)
+    return tuple(id(r) if isinstance(r, torch.Tensor) else int(r) for r in result)
+
+
+@given(st.sampled_from(sorted(_TENSORS)), st.sampled_from(sorted(_TENSORS)), _INDICES, _INDICES, _INDICES)
+def test_windows_fast_path_answers_as_the_full_checks(target_kind, src_kind, target_offset, src_offset, size):
+    target, src = _TENSORS[target_kind](), _TENSORS[src_kind]()
+
+    def run(checks_, full):
+        return _outcome(lambda: checks_.windows(target, _index(target_offset, full), src, _index(src_offset, full),
+                                                _index(size, full)))
+    assert run(CHECKS, False) == run(_FULL, True)
+
+
+def test_windows_fast_path_answers_as_the_full_checks_at_every_edge():
+    """Every int window of every pair of readable tensors up to one past each end (hypothesis samples the rest)."""
+    kinds = ("float4", "float2x3", "double4", "float16_empty")
+    edges = range(-1, 8)
+    for target_kind in kinds:
+        for src_kind in kinds:
+            target, src = _TENSORS[target_kind](), _TENSORS[src_kind]()
+            for target_offset in edges:
+                for src_offset in edges:
+                    for size in edges:
+                        fast = _outcome(lambda: CHECKS.windows(target, target_offset, src, src_offset, size))
+                        full = _outcome(lambda: _FULL.windows(target, _Index(target_offset), src, _Index(src_offset),
+                                                              _Index(size)))
+                        assert fast == full, (target_kind, src_kind, target_offset, src_offset, size)
+
+
+@given(st.sampled_from(sorted(_TENSORS)), _INDICES)
+def test_signal_fast_path_answers_as_the_full_checks(signal_kind, offset):
+    signal = _TENSORS[signal_kind]()
+    assert _outcome(lambda: CHECKS.signal(signal, _index(offset, False))) == \
+        _outcome(lambda: _FULL.signal(signal, _index(offset, True)))
+
+
+def test_readable_numel_answers_only_for_tensors_that_pass_the_tensor_checks():
+    assert torch_tensors.readable_numel(torch.zeros(2, 3)) == 6
+    assert torch_tensors.readable_numel(torch.zeros(0)) == 0
+    for refused in (torch.zeros(2, 2).t(), torch.zeros(2, device="meta"), [1.0], None, 3,
+                    torch.zeros(2, 2).to_sparse()):
+        assert torch_tensors.readable_numel(refused) is None

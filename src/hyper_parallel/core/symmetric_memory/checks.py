@@ -10,6 +10,11 @@ the same class and message on both frameworks; only the framework's own names (`
 
 Every check runs before anything is written, so that a bad argument changes nothing.
 
+The primitives' checks (:meth:`Checks.windows`, :meth:`Checks.signal`, :meth:`Checks.integer`) first try the common
+call: Python ints and tensors the runtime reads as they are, whose every check holds. Any other call (a tensor
+index, a subclass, a check that fails) takes the full checks in their order, so that the first broken contract is
+the one reported; the fast path only skips checks that hold.
+
 The tensor facts the checks ask for:
 
 =================================  =================================================================================
@@ -20,6 +25,9 @@ The tensor facts the checks ask for:
 ``ndim(tensor)``                   its number of dimensions
 ``tolist(tensor)``                 its elements as Python values
 ``check_tensor(tensor, name)``     the framework's own contract of a tensor the runtime reads (device, dtype)
+``readable_numel(value)``          the element count of a tensor that passes :meth:`Checks.tensor` (a tensor of
+                                   the framework that meets ``check_tensor`` and is contiguous), else None; it
+                                   never raises (the primitives' fast path: see above)
 ``is_integer_dtype(dtype)``        whether ``dtype`` holds integers (not bool)
 ``is_floating_dtype(dtype)``       whether ``dtype`` is floating point
 ``is_reducible_dtype(dtype)``      whether the reduction kernels take ``dtype``
@@ -195,6 +203,8 @@ class Checks:
         Raises:
             TypeError: neither an int nor a one-element integer tensor.
         """
+        if type(value) is int:   # the common call (never a tensor, never a bool)
+            return value
         f = self.facts
         if f.is_tensor(value):
             if f.numel(value) != 1 or not f.is_integer_dtype(value.dtype):
@@ -210,6 +220,8 @@ class Checks:
             TypeError: neither an int nor a one-element integer tensor.
             ValueError: a negative value.
         """
+        if type(value) is int and value >= 0:   # the common call
+            return value
         result = self.integer(value, name)
         if result < 0:
             raise ShmemValueError(f"`{name}` must be non-negative, but got {result}")
@@ -269,6 +281,14 @@ class Checks:
             TypeError: non-tensors, differing dtypes, bad counts.
             ValueError: a window past its tensor's end, a tensor the runtime cannot read.
         """
+        readable_numel = self.facts.readable_numel
+        target_numel = readable_numel(target)
+        if target_numel is not None and type(size) is int and type(target_offset) is int and \
+                type(src_offset) is int and 0 <= size and 0 <= target_offset and target_offset + size <= target_numel:
+            src_numel = readable_numel(src)
+            if src_numel is not None and 0 <= src_offset and src_offset + size <= src_numel and \
+                    src.dtype == target.dtype:   # the common call: every check below holds
+                return target, target_offset, src, src_offset, size
         target = self.tensor(target, "target")
         src = self.tensor(src, "src")
         self.same_dtype(src, "src", target, "target")
@@ -286,6 +306,11 @@ class Checks:
             TypeError: not a tensor of a signal dtype, a bad offset.
             ValueError: the offset past the tensor's end.
         """
+        f = self.facts
+        numel = f.readable_numel(signal)
+        if numel is not None and type(signal_offset) is int and 0 <= signal_offset < numel and \
+                f.is_signal_dtype(signal.dtype):   # the common call: every check below holds
+            return signal, signal_offset
         signal = self.tensor(signal, "signal")
         if not self.facts.is_signal_dtype(signal.dtype):
             raise ShmemTypeError(f"`signal` must have dtype {self.facts.signal_dtype_names}, but got {signal.dtype}")

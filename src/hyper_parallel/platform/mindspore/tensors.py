@@ -189,6 +189,22 @@ def freed(tensor: ms.Tensor) -> Optional[str]:
     return " or ".join(names)
 
 
+def readable_numel(value: object) -> Optional[int]:
+    """The element count of a tensor the runtime reads as it is (a MindSpore tensor of a dtype it carries, not over a
+    freed allocation, contiguous: what :func:`check_tensor` and the shared checks ask), else None; never raises (the
+    full checks then say why).
+
+    Returns:
+        The element count, or None.
+    """
+    try:
+        if isinstance(value, ms.Tensor) and value.dtype in DTYPES and value.is_contiguous() and freed(value) is None:
+            return numel(value)
+    except Exception:   # noqa: BLE001  (a tensor that refuses a question: the full checks report it)
+        pass
+    return None
+
+
 # The dtypes the fused ops' matmuls take (as on torch).
 _MATMUL_DTYPES = (ms.float32, ms.float16, ms.bfloat16, ms.float64)
 

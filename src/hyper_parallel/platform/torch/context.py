@@ -253,8 +253,10 @@ def is_symmetric(t: torch.Tensor, name: str = "tensor") -> bool:
     Raises:
         ShmemStateError: the tensor's allocation was freed.
     """
+    return _state is not None and in_heap(address(t, name))
+
+
+def in_heap(ptr: int) -> bool:
+    """Whether an address lies in the symmetric heap (False while the handler holds no runtime)."""
     st = _state
-    if st is None:
-        return False
-    ptr = address(t, name)
-    return st.heap_base <= ptr < st.heap_end
+    return st is not None and st.heap_base <= ptr < st.heap_end

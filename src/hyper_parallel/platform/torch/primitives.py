@@ -56,58 +56,65 @@ def shutdown() -> None:
 
 
 def _flat(t: torch.Tensor, at: int, n: int) -> torch.Tensor:
+    """Elements ``[at, at + n)`` of a contiguous tensor, as a 1-D view (what the operators take)."""
     return t.view(-1)[at:at + n]
+
+
+def _window(t: torch.Tensor, at: int, n: int) -> torch.Tensor:
+    """Elements ``[at, at + n)`` of a contiguous tensor as the runtime face takes them (it reads their address and
+    byte count): the tensor itself when they are all of it, else one view where the tensor is 1-D (each view built
+    is the costliest step of a small eager call)."""
+    if at == 0 and n == t.numel():
+        return t
+    return t[at:at + n] if t.dim() == 1 else t.view(-1)[at:at + n]
 
 
 def put(target: torch.Tensor, target_at: int, src: torch.Tensor, src_at: int, n: int, rank: int,
         group: Optional[dist.ProcessGroup]) -> None:
     """``shmem_put`` on checked windows."""
-    target, src = _flat(target, target_at, n), _flat(src, src_at, n)
     if _direct():
-        _put(target, src, rank, group)
+        _put(_window(target, target_at, n), _window(src, src_at, n), rank, group)
     else:
-        _ops().put_(target, src, rank, groups.name(group))
+        _ops().put_(_flat(target, target_at, n), _flat(src, src_at, n), rank, groups.name(group))
 
 
 def get(target: torch.Tensor, target_at: int, src: torch.Tensor, src_at: int, n: int, rank: int,
         group: Optional[dist.ProcessGroup]) -> None:
     """``shmem_get`` on checked windows."""
-    target, src = _flat(target, target_at, n), _flat(src, src_at, n)
     if _direct():
-        _get(target, src, rank, group)
+        _get(_window(target, target_at, n), _window(src, src_at, n), rank, group)
     else:
-        _ops().get_(target, src, rank, groups.name(group))
+        _ops().get_(_flat(target, target_at, n), _flat(src, src_at, n), rank, groups.name(group))
 
 
 def signal(signal: torch.Tensor, offset: int, value: int, op: str, rank: int,
            group: Optional[dist.ProcessGroup]) -> None:
     """``shmem_signal_op`` on a checked element."""
-    signal = _flat(signal, offset, 1)
     if _direct():
-        _signal(signal, value, op, rank, group)
+        _signal(_window(signal, offset, 1), value, op, rank, group)
     else:
-        _ops().signal_(signal, value, op, rank, groups.name(group))
+        _ops().signal_(_flat(signal, offset, 1), value, op, rank, groups.name(group))
 
 
 def wait_signal(depend_tensor: Optional[torch.Tensor], signal: torch.Tensor, offset: int, value: int,
                 cmp: str) -> None:
     """``shmem_wait_for_signal`` on a checked element."""
-    signal = _flat(signal, offset, 1)
     if _direct():
-        _wait_for_signal_op(depend_tensor, signal, value, cmp)
+        _wait_for_signal_op(depend_tensor, _window(signal, offset, 1), value, cmp)
     else:
-        _ops().wait_for_signal(depend_tensor, signal, value, cmp)
+        _ops().wait_for_signal(depend_tensor, _flat(signal, offset, 1), value, cmp)
 
 
 def put_with_signal(target: torch.Tensor, target_at: int, src: torch.Tensor, src_at: int, n: int,
                     signal: torch.Tensor, offset: int, value: int, op: str, rank: int,
                     group: Optional[dist.ProcessGroup]) -> None:
     """``shmem_put_with_signal`` on checked windows."""
-    target, src, signal = _flat(target, target_at, n), _flat(src, src_at, n), _flat(signal, offset, 1)
     if _direct():
-        _put_with_signal(target, src, signal, value, op, rank, group)
+        _put_with_signal(_window(target, target_at, n), _window(src, src_at, n), _window(signal, offset, 1), value,
+                         op, rank, group)
     else:
-        _ops().put_with_signal_(target, src, signal, value, op, rank, groups.name(group))
+        _ops().put_with_signal_(_flat(target, target_at, n), _flat(src, src_at, n), _flat(signal, offset, 1), value,
+                                op, rank, groups.name(group))
 
 
 def barrier(group: Optional[dist.ProcessGroup]) -> None:
@@ -130,7 +137,8 @@ def _pe(target_rank: int, group: Optional[dist.ProcessGroup]) -> int:
 
 
 def _require_symmetric(t: torch.Tensor, name: str) -> None:
-    checks.require_symmetric(context.is_symmetric(t, name), name, context.address(t, name))
+    address = context.address(t, name)
+    checks.require_symmetric(context.in_heap(address), name, address)
 
 
 def _put(target: torch.Tensor, src: torch.Tensor, rank: int, group: Optional[dist.ProcessGroup]) -> None:

@@ -6,6 +6,7 @@ handler answers the same questions in :mod:`hyper_parallel.platform.mindspore.te
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Optional
 
 import torch
 
@@ -53,6 +54,21 @@ def check_tensor(tensor: torch.Tensor, name: str) -> None:
     """
     if tensor.device != DEVICE:
         raise ShmemValueError(f"`{name}` must be a tensor on {DEVICE} (the SHMEM device), but got {tensor.device}")
+
+
+def readable_numel(value: object) -> Optional[int]:
+    """The element count of a tensor the runtime reads as it is (a tensor on the SHMEM device, contiguous: what
+    :func:`check_tensor` and the shared checks ask), else None; never raises (the full checks then say why).
+
+    Returns:
+        ``value.numel()``, or None.
+    """
+    try:
+        if isinstance(value, torch.Tensor) and value.device == DEVICE and value.is_contiguous():
+            return value.numel()
+    except Exception:   # noqa: BLE001  (a tensor that refuses a question: the full checks report it)
+        pass
+    return None
 
 
 def is_integer_dtype(dtype: torch.dtype) -> bool:
