@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -62,6 +63,12 @@ class UcxTransport final : public RemoteTransport {
     ucp_config_t* config = nullptr;
     ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
     if (status != UCS_OK) return "reading UCX's configuration failed: " + UcsText(status);
+    // PutWithSignal's fence: UCX's default ("auto", with its v2 protocols) fences the whole worker, a flush of every
+    // endpoint before the next operation, which costs put_with_signal a second round trip; the endpoint-based mode
+    // orders the operations of the one endpoint, which is what the fence must do here. UCX_FENCE_MODE still decides.
+    if (std::getenv("UCX_FENCE_MODE") == nullptr && ucp_config_modify(config, "FENCE_MODE", "ep_based") != UCS_OK) {
+      HP_LOG(kDebug, "this UCX has no endpoint-based fence mode: put_with_signal's fence is UCX's default");
+    }
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
     // WAKEUP: the worker's event descriptor, on which the progress thread sleeps.
