@@ -200,6 +200,19 @@ int hp_shmem_signal(void* symmetric_signal, int signal_bytes, int64_t value, int
   });
 }
 
+int hp_shmem_put_with_signal(void* symmetric_dst, const void* src, size_t dst_bytes, size_t src_bytes,
+                             void* symmetric_signal, int signal_bytes, int64_t value, int signal_op, int pe) {
+  return Call([&]() -> Status {
+    HP_RETURN_IF_ERROR(NonNullData(symmetric_dst, dst_bytes, "symmetric_dst"));
+    HP_RETURN_IF_ERROR(NonNullData(src, src_bytes, "src"));
+    HP_RETURN_IF_ERROR(NonNull(symmetric_signal, "symmetric_signal"));
+    HP_ASSIGN_OR_RETURN(const SignalWidth width, hp::shmem::capi::SignalWidthArg(signal_bytes));
+    HP_ASSIGN_OR_RETURN(const SignalOp op, hp::shmem::capi::SignalOpArg(signal_op));
+    return R().PutWithSignal(symmetric_dst, src, dst_bytes, src_bytes, symmetric_signal, width, value, op, pe,
+                             kDefaultStream, nullptr);
+  });
+}
+
 int hp_shmem_wait_signal(const void* symmetric_signal, int signal_bytes, int compare_op, int64_t value) {
   return Call([&]() -> Status {
     HP_RETURN_IF_ERROR(NonNull(symmetric_signal, "symmetric_signal"));

@@ -150,6 +150,11 @@ HP_SHMEM_API int hp_shmem_get(void* dst, const void* symmetric_src, size_t dst_b
 /* `signal_bytes` 4 or 8: an int32 or int64 signal, naturally aligned, inside an allocation. Ordered after this
  * rank's earlier puts to `pe`. */
 HP_SHMEM_API int hp_shmem_signal(void* symmetric_signal, int signal_bytes, int64_t value, int signal_op, int pe);
+/* hp_shmem_put, then hp_shmem_signal on the same `pe`, as one operation: the data is visible on `pe` before the
+ * signal is, and every check of both halves passes before anything is written. Across nodes one round trip. */
+HP_SHMEM_API int hp_shmem_put_with_signal(void* symmetric_dst, const void* src, size_t dst_bytes, size_t src_bytes,
+                                          void* symmetric_signal, int signal_bytes, int64_t value, int signal_op,
+                                          int pe);
 HP_SHMEM_API int hp_shmem_wait_signal(const void* symmetric_signal, int signal_bytes, int compare_op, int64_t value);
 /* Collective over the root's ranks of this node: every earlier put is visible everywhere after it. */
 HP_SHMEM_API int hp_shmem_barrier(void);

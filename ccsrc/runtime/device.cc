@@ -2,6 +2,8 @@
 // that do not arbitrate (device.h).
 #include "runtime/device.h"
 
+#include <utility>
+
 #include "runtime/logging.h"
 
 namespace hp::shmem {
@@ -36,6 +38,13 @@ const char* GiveUpReasonName(GiveUpReason reason) {
     case GiveUpReason::kFailed: return "failed";
   }
   return "?";
+}
+
+Status Device::PutWithSignal(void* symmetric_dst, const void* src, std::size_t bytes, void* symmetric_signal,
+                             SignalWidth width, std::int64_t value, SignalOp op, int pe, StreamHandle stream,
+                             KeepAlive keep) {
+  if (bytes > 0) HP_RETURN_IF_ERROR(Put(symmetric_dst, src, bytes, pe, stream, std::move(keep)));
+  return Signal(symmetric_signal, width, value, op, pe, stream);
 }
 
 namespace {

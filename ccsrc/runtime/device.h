@@ -168,6 +168,14 @@ class Device {
   // carries the visibility of every write before it (the team's dissemination barrier relies on it).
   virtual Status Signal(void* symmetric_signal, SignalWidth width, std::int64_t value, SignalOp op, int pe,
                         StreamHandle stream) = 0;
+  // Put, then Signal, to the same `pe` on `stream`: `bytes` of `src` land at `symmetric_dst`'s offset on `pe` and are
+  // visible there (with everything enqueued on `stream` before) before the new signal value is. Completes in stream
+  // order, as one operation (on kDefaultStream, before it returns). Zero bytes signal only. The default enqueues Put,
+  // then Signal; a device with a transport that orders the two on the wire overrides it to wait once for both (the
+  // host device, to a PE of another node). The caller checked both halves.
+  virtual Status PutWithSignal(void* symmetric_dst, const void* src, std::size_t bytes, void* symmetric_signal,
+                               SignalWidth width, std::int64_t value, SignalOp op, int pe, StreamHandle stream,
+                               KeepAlive keep);
   // Waits until the local signal compares true against `value`, at most the configured timeout.
   virtual Status WaitSignal(void* symmetric_signal, SignalWidth width, CompareOp cmp, std::int64_t value,
                             StreamHandle stream) = 0;

@@ -120,6 +120,11 @@ class Runtime {
   Status RemoteTransportTransfer(bool put, void* symmetric, void* local, std::size_t bytes, int pe);
   Status Signal(const void* symmetric_signal, SignalWidth width, std::int64_t value, SignalOp op, int pe,
                 StreamHandle stream);
+  // Put, then Signal on the same `pe`, as one operation (Device::PutWithSignal): the data is visible on `pe` before
+  // the signal is. Every check of both halves (Put's and Signal's) passes before anything is written.
+  Status PutWithSignal(const void* symmetric_dst, const void* src, std::size_t dst_bytes, std::size_t src_bytes,
+                       const void* symmetric_signal, SignalWidth width, std::int64_t value, SignalOp op, int pe,
+                       StreamHandle stream, KeepAlive keep);
   Status WaitSignal(const void* symmetric_signal, SignalWidth width, CompareOp cmp, std::int64_t value,
                     StreamHandle stream);
   Status Barrier(StreamHandle stream);

@@ -3,6 +3,8 @@
 #include "runtime/runtime.h"
 
 #include <algorithm>
+#include <utility>
+
 #include "runtime/logging.h"
 #include "runtime/transfer.h"
 
@@ -78,6 +80,26 @@ Status Runtime::Signal(const void* symmetric_signal, SignalWidth width, std::int
   HP_RETURN_IF_ERROR(Record(CheckOnNode(pe, "signal", /*remote_ok=*/device_->signals_remotely(op))));
   HP_RETURN_IF_ERROR(Record(CheckSignal(symmetric_signal, width)));
   return Record(device_->Signal(const_cast<void*>(symmetric_signal), width, value, op, pe, stream));
+}
+
+Status Runtime::PutWithSignal(const void* symmetric_dst, const void* src, std::size_t dst_bytes, std::size_t src_bytes,
+                              const void* symmetric_signal, SignalWidth width, std::int64_t value, SignalOp op, int pe,
+                              StreamHandle stream, KeepAlive keep) {
+  OperationScope scope(*this);
+  // Put's checks, then Signal's, all before anything is written.
+  HP_RETURN_IF_ERROR(Record(CheckTransfer("put_with_signal", pe, dst_bytes, src_bytes, symmetric_dst, "dst")));
+  HP_RETURN_IF_ERROR(Record(CheckOnNode(pe, "put_with_signal", /*remote_ok=*/device_->signals_remotely(op))));
+  HP_RETURN_IF_ERROR(Record(CheckSignal(symmetric_signal, width)));
+  auto* to = static_cast<char*>(const_cast<void*>(symmetric_dst));
+  const auto* from = static_cast<const char*>(src);
+  // Every chunk but the last is a Put; the last carries the signal (zero bytes: the signal alone).
+  const std::size_t max_chunk = device_->max_transfer_bytes();
+  const std::size_t head = max_chunk == 0 || dst_bytes <= max_chunk ? 0 : (dst_bytes - 1) / max_chunk * max_chunk;
+  HP_RETURN_IF_ERROR(Record(TransferChunks(head, [&](std::size_t offset, std::size_t n) {
+    return device_->Put(to + offset, from + offset, n, pe, stream, keep);
+  })));
+  return Record(device_->PutWithSignal(to + head, from + head, dst_bytes - head, const_cast<void*>(symmetric_signal),
+                                       width, value, op, pe, stream, std::move(keep)));
 }
 
 Status Runtime::WaitSignal(const void* symmetric_signal, SignalWidth width, CompareOp cmp, std::int64_t value,

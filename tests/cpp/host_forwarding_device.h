@@ -49,6 +49,10 @@ class HostForwardingDevice : public Device {
                 StreamHandle stream) override {
     return host_.Signal(signal, width, value, op, pe, stream);
   }
+  Status PutWithSignal(void* dst, const void* src, std::size_t bytes, void* signal, SignalWidth width,
+                       std::int64_t value, SignalOp op, int pe, StreamHandle stream, KeepAlive keep) override {
+    return host_.PutWithSignal(dst, src, bytes, signal, width, value, op, pe, stream, std::move(keep));
+  }
   Status WaitSignal(void* signal, SignalWidth width, CompareOp cmp, std::int64_t value,
                     StreamHandle stream) override {
     return host_.WaitSignal(signal, width, cmp, value, stream);

@@ -495,6 +495,14 @@ TEST_P(CapiWorld, DataPlaneFromInitToShutdown) {
     REQUIRE_OK(hp_shmem_put(data.address, nullptr, 0, 0, next));
     REQUIRE_OK(hp_shmem_barrier());
 
+    // put_with_signal: both as one call, the data visible once the signal is.
+    for (int i = 0; i < kCount; ++i) mine[static_cast<std::size_t>(i)] = static_cast<float>(me.rank * 1000 - i);
+    REQUIRE_OK(hp_shmem_put_with_signal(data.address, mine.data(), data.bytes, data.bytes, signal.address, 8,
+                                        -(me.rank + 1), /*set*/ 0, next));
+    REQUIRE_OK(hp_shmem_wait_signal(signal.address, 8, /*eq*/ 0, -(prev + 1)));
+    for (int i = 0; i < kCount; ++i) REQUIRE(values[i] == static_cast<float>(prev * 1000 - i));
+    REQUIRE_OK(hp_shmem_barrier());
+
     // Reduce every rank's copy into local memory, in the order of `pes`.
     for (int i = 0; i < kCount; ++i) values[i] = static_cast<float>(me.rank + 1);
     REQUIRE_OK(hp_shmem_barrier());
@@ -741,6 +749,10 @@ TEST(Capi, ArgumentErrorsHaveExactMessagesAndChangeNothing) {
                   hp_shmem_signal(a.address, 2, 1, 0, 1));
     REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`signal_op` must be one of 0 (set), 1 (add), but got 2",
                   hp_shmem_signal(a.address, 8, 1, 2, 1));
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`signal_bytes` must be 4 (int32) or 8 (int64), but got 2",
+                  hp_shmem_put_with_signal(a.address, a.address, 4, 4, a.address, 2, 1, 0, 1));
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`symmetric_signal` must be a non-null pointer, but got NULL",
+                  hp_shmem_put_with_signal(a.address, a.address, 4, 4, nullptr, 8, 1, 0, 1));
     REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT,
                   "`compare_op` must be one of 0 (eq), 1 (ne), 2 (gt), 3 (ge), 4 (lt), 5 (le), but got 6",
                   hp_shmem_wait_signal(a.address, 8, 6, 1));

@@ -513,6 +513,52 @@ TEST(HostDeviceTest, SignalsWakeWaitersOnOtherRanks) {
   });
 }
 
+TEST(HostDeviceTest, PutWithSignalWithinANodeShowsTheDataBeforeTheSignal) {
+  RunRanks(2, [](int rank, Bootstrap& bootstrap) {
+    HostDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(bootstrap), bootstrap)));
+    Result<void*> data = device.Allocate(4096, 64);
+    Result<void*> signals = device.Allocate(64, 64);
+    ASSERT_TRUE(data.ok() && signals.ok());
+    std::memset(data.value(), 0, 4096);
+    std::memset(signals.value(), 0, 64);
+    auto* round = static_cast<std::int64_t*>(signals.value());
+    auto* count = static_cast<std::int32_t*>(At(signals.value(), 8));
+    ASSERT_TRUE(IsOk(device.Barrier(kDefaultStream)));
+    constexpr int kRounds = 50;
+    if (rank == 0) {
+      // Each round's bytes differ, so that a signal seen before its data would find the last round's.
+      Result<StreamHandle> stream = device.CreateStream();
+      ASSERT_TRUE(stream.ok());
+      std::vector<char> src(4096);
+      for (int k = 1; k <= kRounds; ++k) {
+        std::memset(src.data(), k, src.size());
+        const StreamHandle on = k % 2 == 0 ? kDefaultStream : stream.value();
+        EXPECT_TRUE(IsOk(device.PutWithSignal(data.value(), src.data(), src.size(), round, SignalWidth::k64, k,
+                                              SignalOp::kSet, 1, on, nullptr)));
+        EXPECT_TRUE(IsOk(device.SynchronizeStream(on)));
+        // The peer read this round before the next one overwrites it.
+        EXPECT_TRUE(IsOk(device.WaitSignal(count, SignalWidth::k32, CompareOp::kEq, k, kDefaultStream)));
+      }
+      EXPECT_TRUE(IsOk(device.DestroyStream(stream.value())));
+    } else {
+      for (int k = 1; k <= kRounds; ++k) {
+        EXPECT_TRUE(IsOk(device.WaitSignal(round, SignalWidth::k64, CompareOp::kEq, k, kDefaultStream)));
+        const auto* bytes = static_cast<const unsigned char*>(data.value());
+        EXPECT_TRUE(bytes[0] == k && bytes[4095] == k) << "round " << k << ": " << int(bytes[0]);
+        // Zero bytes: the signal alone (an add).
+        EXPECT_TRUE(IsOk(device.PutWithSignal(data.value(), nullptr, 0, count, SignalWidth::k32, 1, SignalOp::kAdd,
+                                              0, kDefaultStream, nullptr)));
+      }
+    }
+    ASSERT_TRUE(IsOk(device.Barrier(kDefaultStream)));
+    EXPECT_EQ(*count, rank == 0 ? kRounds : 0);
+    EXPECT_TRUE(IsOk(device.Free(signals.value())));
+    EXPECT_TRUE(IsOk(device.Free(data.value())));
+    EXPECT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
 TEST(HostDeviceTest, BarrierTimeoutNamesEveryMissingRank) {
   RunRanks(4, [](int rank, Bootstrap& bootstrap) {
     HostDevice device;

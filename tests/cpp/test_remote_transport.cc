@@ -161,6 +161,56 @@ TEST(RemoteTransportTest, PutGetAndBothSignalOpsReachTheOtherNodesHeap) {
   });
 }
 
+// What the peer's progress thread wrote into `heap` at `offset`, read as the waiter reads a signal.
+std::int64_t LoadSignal(const std::vector<char>& heap, std::size_t offset) {
+  return __atomic_load_n(reinterpret_cast<const std::int64_t*>(heap.data() + offset), __ATOMIC_ACQUIRE);
+}
+
+TEST(RemoteTransportTest, PutWithSignalShowsTheDataOnThePeerBeforeTheSignal) {
+  OnTwoTransports(kTimeout, [](int rank, Bootstrap& bootstrap, RemoteTransport& transport, std::vector<char>& heap,
+                               std::atomic<int>&) {
+    const int peer = 1 - rank;
+    constexpr int kRounds = 40;
+    constexpr std::size_t kData = 1024;   // [1024, 4096): the data; 0: the round (set); 8: a 32-bit count (add)
+    if (rank == 0) {
+      std::vector<char> src(kHeapBytes - kData);
+      for (int k = 1; k <= kRounds; ++k) {
+        // Each round's bytes differ, so that a signal seen before its data would find the last round's.
+        std::memset(src.data(), k, src.size());
+        EXPECT_TRUE(IsOk(transport.PutWithSignal(peer, kData, src.data(), src.size(), 0, SignalWidth::k64, k,
+                                                 SignalOp::kSet)));
+        // Complete on return: the peer's copy holds both already.
+        ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+        ASSERT_TRUE(IsOk(bootstrap.Barrier()));   // the peer checked this round
+      }
+      // Zero bytes send the signal alone; a 32-bit add.
+      EXPECT_TRUE(IsOk(transport.PutWithSignal(peer, kData, src.data(), 0, 8, SignalWidth::k32, 5, SignalOp::kAdd)));
+      EXPECT_TRUE(IsOk(transport.PutWithSignal(peer, kData, src.data(), 16, 8, SignalWidth::k32, -2,
+                                               SignalOp::kAdd)));
+    } else {
+      for (int k = 1; k <= kRounds; ++k) {
+        // Watches the signal while the put is in flight: whenever it shows this round, so must the data.
+        const auto deadline = std::chrono::steady_clock::now() + kTimeout;
+        while (LoadSignal(heap, 0) != k && std::chrono::steady_clock::now() < deadline) sched_yield();
+        ASSERT_EQ(LoadSignal(heap, 0), k);
+        const auto* bytes = reinterpret_cast<const unsigned char*>(heap.data());
+        EXPECT_TRUE(bytes[kData] == k && bytes[kHeapBytes - 1] == k) << "round " << k << ": " << int(bytes[kData]);
+        ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+        ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+      }
+    }
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+    if (rank == 1) {
+      std::int32_t count = 0;
+      std::memcpy(&count, heap.data() + 8, sizeof(count));
+      EXPECT_EQ(count, 5 - 2);
+      EXPECT_EQ(static_cast<unsigned char>(heap[kData + 15]), kRounds);   // the last call's 16 bytes
+    }
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+    EXPECT_TRUE(IsOk(transport.Close()));
+  });
+}
+
 TEST(RemoteTransportTest, RangesOutsideThePeersHeapAreRefusedBeforeAnythingIsSent) {
   OnTwoTransports(kTimeout, [](int rank, Bootstrap& bootstrap, RemoteTransport& transport, std::vector<char>& heap,
                                std::atomic<int>&) {
@@ -174,6 +224,15 @@ TEST(RemoteTransportTest, RangesOutsideThePeersHeapAreRefusedBeforeAnythingIsSen
                          "but got offset 4104 + 0 bytes (op=get)"));
     EXPECT_TRUE(HasError(transport.Signal(peer, kHeapBytes - 4, SignalWidth::k64, 1, SignalOp::kAdd),
                          StatusCode::kInvalidArgument, "but got offset 4092 + 8 bytes (op=signal)"));
+    // put_with_signal: either half outside the heap refuses the whole, its data included.
+    EXPECT_TRUE(HasError(transport.PutWithSignal(peer, kHeapBytes - 8, src, 16, 0, SignalWidth::k64, 1,
+                                                 SignalOp::kSet),
+                         StatusCode::kInvalidArgument, "but got offset 4088 + 16 bytes (op=put_with_signal)"));
+    EXPECT_TRUE(HasError(transport.PutWithSignal(peer, 0, src, 16, kHeapBytes - 2, SignalWidth::k32, 1,
+                                                 SignalOp::kAdd),
+                         StatusCode::kInvalidArgument, "but got offset 4094 + 4 bytes (op=put_with_signal)"));
+    EXPECT_TRUE(HasError(transport.PutWithSignal(rank, 0, src, 16, 0, SignalWidth::k64, 1, SignalOp::kSet),
+                         StatusCode::kStateError, "UCX has no endpoint to this pe: op=put_with_signal pe="));
     EXPECT_TRUE(HasError(transport.Put(rank, 0, src, 16), StatusCode::kStateError,
                          "UCX has no endpoint to this pe: op=put pe=" + std::to_string(rank)));
     ASSERT_TRUE(IsOk(bootstrap.Barrier()));
@@ -208,6 +267,10 @@ TEST(RemoteTransportTest, APeerThatClosedFailsTheNextCallInTimeNamingIt) {
       EXPECT_TRUE(HasError(transport.Signal(1, 0, SignalWidth::k64, 1, SignalOp::kAdd), StatusCode::kDeviceError,
                            "pe of another node is gone (its process exited or its node died): op=signal pe=1 "
                            "pe_node=1 transport=ucx"));
+      EXPECT_TRUE(HasError(transport.PutWithSignal(1, 0, src, sizeof(src), 8, SignalWidth::k64, 1, SignalOp::kSet),
+                           StatusCode::kDeviceError,
+                           "pe of another node is gone (its process exited or its node died): op=put_with_signal "
+                           "pe=1 pe_node=1 transport=ucx"));
       EXPECT_LT(std::chrono::steady_clock::now() - again, std::chrono::milliseconds(100));
       EXPECT_TRUE(IsOk(transport.Close()));
     }
@@ -240,12 +303,17 @@ TEST(RemoteTransportTest, TheHostDeviceReachesAnotherNodeInStreamOrderAndWakesIt
       EXPECT_TRUE(IsOk(device.Signal(flag, SignalWidth::k64, 2, SignalOp::kAdd, peer, stream.value())));
       EXPECT_TRUE(IsOk(device.SynchronizeStream(stream.value())));
       EXPECT_TRUE(IsOk(device.DestroyStream(stream.value())));
-      // Then the default stream: a set the peer waits for after reading this rank's heap.
+      // Then the default stream: put_with_signal (one operation), then a set the peer waits for after reading
+      // this rank's heap.
+      EXPECT_TRUE(IsOk(device.PutWithSignal(static_cast<char*>(data.value()) + 64, src.data() + 64, 64, flag + 2,
+                                            SignalWidth::k64, 9, SignalOp::kSet, peer, kDefaultStream, nullptr)));
       EXPECT_TRUE(IsOk(device.Signal(flag + 1, SignalWidth::k64, 40, SignalOp::kSet, peer, kDefaultStream)));
     } else {
       // Woken by the peer's remote atomics: asleep in the futex long before they come.
       EXPECT_TRUE(IsOk(device.WaitSignal(flag, SignalWidth::k64, CompareOp::kEq, 2, kDefaultStream)));
       EXPECT_EQ(std::memcmp(data.value(), src.data(), src.size()), 0);
+      EXPECT_TRUE(IsOk(device.WaitSignal(flag + 2, SignalWidth::k64, CompareOp::kEq, 9, kDefaultStream)));
+      EXPECT_EQ(std::memcmp(static_cast<char*>(data.value()) + 64, src.data() + 64, 64), 0);
       EXPECT_TRUE(IsOk(device.WaitSignal(flag + 1, SignalWidth::k64, CompareOp::kGe, 40, kDefaultStream)));
       std::vector<char> got(4096, 1);
       EXPECT_TRUE(IsOk(device.Get(got.data(), data.value(), got.size(), peer, kDefaultStream, nullptr)));

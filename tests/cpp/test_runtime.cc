@@ -904,6 +904,25 @@ TEST(RuntimeTest, DataPlaneArgumentChecks) {
     EXPECT_TRUE(HasError(runtime.WaitSignal(Address(buffer, 4092), SignalWidth::k64, CompareOp::kEq, 0, kDefaultStream),
                          StatusCode::kInvalidArgument, "`signal_tensor` must lie inside its symmetric allocation"));
     EXPECT_EQ(runtime.Snapshot().latest_failure.rfind("INVALID_ARGUMENT: `signal_tensor` must lie inside", 0), 0u);
+    // put_with_signal: a broken half of either kind refuses the whole, the data included.
+    EXPECT_TRUE(IsError(runtime.PutWithSignal(Address(buffer), local.data(), 16, 16, Address(buffer, 64),
+                                              SignalWidth::k64, 1, SignalOp::kSet, 2, kDefaultStream, nullptr),
+                        StatusCode::kInvalidArgument, "`pe` must be in [0, 2), but got 2"));
+    EXPECT_TRUE(IsError(runtime.PutWithSignal(Address(buffer), local.data(), 16, 8, Address(buffer, 64),
+                                              SignalWidth::k64, 1, SignalOp::kSet, 1, kDefaultStream, nullptr),
+                        StatusCode::kInvalidArgument, "`src` must have as many bytes as `dst` (16), but got 8"));
+    EXPECT_TRUE(HasError(runtime.PutWithSignal(Address(buffer, 4000), local.data(), 200, 200, Address(buffer, 64),
+                                               SignalWidth::k64, 1, SignalOp::kSet, 1, kDefaultStream, nullptr),
+                         StatusCode::kInvalidArgument, "`dst` must lie inside its symmetric allocation"));
+    EXPECT_TRUE(HasError(runtime.PutWithSignal(Address(buffer), local.data(), 16, 16, local.data(), SignalWidth::k64, 1,
+                                               SignalOp::kSet, 1, kDefaultStream, nullptr),
+                         StatusCode::kInvalidArgument, "`signal_tensor` must be a symmetric tensor"));
+    EXPECT_TRUE(HasError(runtime.PutWithSignal(Address(buffer), local.data(), 16, 16, Address(buffer, 4092),
+                                               SignalWidth::k64, 1, SignalOp::kAdd, 1, kDefaultStream, nullptr),
+                         StatusCode::kInvalidArgument, "`signal_tensor` must lie inside its symmetric allocation"));
+    EXPECT_TRUE(HasError(runtime.PutWithSignal(Address(buffer), local.data(), 16, 16, Address(buffer, 68),
+                                               SignalWidth::k64, 1, SignalOp::kAdd, 1, kDefaultStream, nullptr),
+                         StatusCode::kInvalidArgument, "`signal_tensor` must be aligned to 8 bytes"));
     // Nothing was written by any rejected call.
     EXPECT_TRUE(IsOk(runtime.Barrier(kDefaultStream)));
     EXPECT_EQ(std::memcmp(Address(buffer), before.data(), 4096), 0);
@@ -931,11 +950,19 @@ TEST(RuntimeTest, SignalsAcrossRanks) {
       EXPECT_TRUE(IsOk(runtime.Signal(wide, SignalWidth::k64, big, SignalOp::kSet, 0, kDefaultStream)));
       EXPECT_TRUE(IsOk(runtime.Signal(wide, SignalWidth::k64, -(std::int64_t{1} << 41), SignalOp::kAdd, 0,
                                       kDefaultStream)));
+      // put_with_signal: 32 bytes into rank 0's copy, announced by a set of another 32-bit signal.
+      const std::vector<unsigned char> bytes(32, 0xC3);
+      EXPECT_TRUE(IsOk(runtime.PutWithSignal(Address(signals, 32), bytes.data(), 32, 32, Address(signals, 16),
+                                             SignalWidth::k32, 100, SignalOp::kSet, 0, kDefaultStream, nullptr)));
     } else {
       EXPECT_TRUE(IsOk(runtime.WaitSignal(narrow, SignalWidth::k32, CompareOp::kGe, 3, kDefaultStream)));
       EXPECT_TRUE(IsOk(runtime.WaitSignal(wide, SignalWidth::k64, CompareOp::kLt, 0, kDefaultStream)));
       EXPECT_EQ(*narrow, 3);
       EXPECT_EQ(*wide, big - (std::int64_t{1} << 41));
+      EXPECT_TRUE(IsOk(runtime.WaitSignal(Address(signals, 16), SignalWidth::k32, CompareOp::kEq, 100,
+                                          kDefaultStream)));
+      EXPECT_EQ(*static_cast<unsigned char*>(Address(signals, 32)), 0xC3);
+      EXPECT_EQ(*static_cast<unsigned char*>(Address(signals, 63)), 0xC3);
     }
     ASSERT_TRUE(IsOk(runtime.Barrier(kDefaultStream)));
     if (rank == 1) {

@@ -89,9 +89,10 @@ def _case_runtime_face() -> set:
 def test_every_call_of_the_user_api_is_a_range_eagerly(world_factory) -> None:
     sender, receiver = run_case(world_factory(2, _ENV), _case_user_api_eager, timeout=120)
     for seen in (sender, receiver):
-        # put_with_signal is its put and its signal.
+        # put_with_signal is one runtime operation, a range of its own.
         for name in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier", "put", "get",
-                     "wait_signal", "signal", "fused_all_gather_matmul", "fused_matmul_reduce_scatter"):
+                     "put_with_signal", "wait_signal", "signal", "fused_all_gather_matmul",
+                     "fused_matmul_reduce_scatter"):
             assert name in seen, (name, sorted(seen))
     assert "send" in sender and "recv" in receiver, (sorted(sender), sorted(receiver))
 

@@ -90,6 +90,24 @@ void Signal(py::handle signal_arg, py::handle value_arg, py::handle pe_arg, int 
   ThrowIfError(R().Signal(ptr, WidthOf(signal), value, static_cast<SignalOp>(op), pe, OnStream(stream)));
 }
 
+// Runtime::PutWithSignal: put's arguments and checks, then signal's, as one operation.
+void PutWithSignal(py::handle dst_arg, py::handle src_arg, py::handle signal_arg, py::handle value_arg,
+                   py::handle pe_arg, int op, StreamHandle stream) {
+  HP_PROFILED_RANGE("put_with_signal");
+  const at::Tensor& dst = TensorArg(dst_arg, "dst");
+  const at::Tensor& src = TensorArg(src_arg, "src");
+  const at::Tensor& signal = TensorArg(signal_arg, "signal_tensor");
+  const std::int64_t value = SignalValueArg(signal, value_arg);
+  const int pe = PeArg(pe_arg);
+  void* dst_ptr = DataPointer(dst, "dst");
+  const void* src_ptr = DataPointer(src, "src");
+  void* signal_ptr = DataPointer(signal, "signal_tensor");
+  KeepAlive keep = Keep(stream, dst, src);
+  py::gil_scoped_release nogil;
+  ThrowIfError(R().PutWithSignal(dst_ptr, src_ptr, ByteSize(dst), ByteSize(src), signal_ptr, WidthOf(signal), value,
+                                 static_cast<SignalOp>(op), pe, OnStream(stream), std::move(keep)));
+}
+
 void WaitSignal(py::handle signal_arg, py::handle value_arg, int cmp, StreamHandle stream) {
   HP_PROFILED_RANGE("wait_signal");
   const at::Tensor& signal = TensorArg(signal_arg, "signal_tensor");
@@ -130,6 +148,8 @@ void RegisterDataPlane(py::module_& m) {
   m.def("remote_transport_transfer", &RemoteTransportTransfer, py::arg("put"), py::arg("symmetric"), py::arg("local"),
         py::arg("pe"));
   m.def("signal", &Signal, py::arg("signal"), py::arg("value"), py::arg("pe"), py::arg("op"), py::arg("stream"));
+  m.def("put_with_signal", &PutWithSignal, py::arg("dst"), py::arg("src"), py::arg("signal"), py::arg("value"),
+        py::arg("pe"), py::arg("op"), py::arg("stream"));
   m.def("wait_signal", &WaitSignal, py::arg("signal"), py::arg("value"), py::arg("cmp"), py::arg("stream"));
   m.def("reduce", &Reduce, py::arg("dst"), py::arg("src"), py::arg("op"), py::arg("pes"), py::arg("stream"));
   m.def("barrier", &Barrier, py::arg("stream"));

@@ -674,6 +674,24 @@ Status HostDevice::Signal(void* symmetric_signal, SignalWidth width, std::int64_
   return Submit(stream, [=] { return DoSignal(symmetric_signal, width, value, op, pe); });
 }
 
+Status HostDevice::PutWithSignal(void* symmetric_dst, const void* src, std::size_t bytes, void* symmetric_signal,
+                                 SignalWidth width, std::int64_t value, SignalOp op, int pe, StreamHandle stream,
+                                 KeepAlive keep) {
+  if (IsRemote(pe)) {
+    const std::size_t offset = HeapOffset(symmetric_dst);
+    const std::size_t signal_offset = HeapOffset(symmetric_signal);
+    return Submit(stream, [=, keep = std::move(keep)] {
+      FullFence();   // as DoSignal: every earlier write into this node's heaps is visible before the signal is
+      return remote_->PutWithSignal(pe, offset, src, bytes, signal_offset, width, value, op);
+    });
+  }
+  char* remote = Remote(symmetric_dst, pe);
+  return Submit(stream, [=, keep = std::move(keep)] {
+    if (bytes > 0) std::memcpy(remote, src, bytes);
+    return DoSignal(symmetric_signal, width, value, op, pe);   // its fence publishes the bytes first
+  });
+}
+
 Status HostDevice::DoWaitSignal(void* symmetric_signal, SignalWidth width, CompareOp cmp, std::int64_t value) {
   auto observe = [symmetric_signal, width]() -> std::int64_t {
     return width == SignalWidth::k32 ? LoadAcquire(static_cast<const std::int32_t*>(symmetric_signal))

@@ -81,6 +81,11 @@ class HostDevice final : public Device {
              KeepAlive keep) override;
   Status Signal(void* symmetric_signal, SignalWidth width, std::int64_t value, SignalOp op, int pe,
                 StreamHandle stream) override;
+  // To a PE of another node, the transport's PutWithSignal (one round trip); within the node, memcpy then the
+  // signal, as Put then Signal.
+  Status PutWithSignal(void* symmetric_dst, const void* src, std::size_t bytes, void* symmetric_signal,
+                       SignalWidth width, std::int64_t value, SignalOp op, int pe, StreamHandle stream,
+                       KeepAlive keep) override;
   Status WaitSignal(void* symmetric_signal, SignalWidth width, CompareOp cmp, std::int64_t value,
                     StreamHandle stream) override;
   Status Reduce(void* dst, const void* symmetric_src, std::size_t count, DataType dtype, ReduceOp op,

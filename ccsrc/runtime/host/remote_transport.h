@@ -58,6 +58,11 @@ class RemoteTransport {
   virtual Status Get(int pe, std::size_t heap_offset, void* dst, std::size_t bytes) = 0;
   // Atomically sets (swap) or adds `value` to the signal of `width` at `heap_offset` on `pe`.
   virtual Status Signal(int pe, std::size_t heap_offset, SignalWidth width, std::int64_t value, SignalOp op) = 0;
+  // Put, then Signal, as one operation with one completion: the signal is ordered after the data on the wire (the
+  // peer never sees the new signal before the bytes), and the call waits once for both (a single round trip instead
+  // of Put's and Signal's two). Both ranges are checked before anything is sent; zero bytes send the signal alone.
+  virtual Status PutWithSignal(int pe, std::size_t heap_offset, const void* src, std::size_t bytes,
+                               std::size_t signal_offset, SignalWidth width, std::int64_t value, SignalOp op) = 0;
 
   // Local: closes the endpoints, stops the progress thread, deregisters the heap. The caller makes sure no peer
   // still targets this rank's heap (the runtime's shutdown passes the bootstrap's barrier first). Bounded by the

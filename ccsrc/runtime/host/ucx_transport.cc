@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -62,6 +63,12 @@ class UcxTransport final : public RemoteTransport {
     ucp_config_t* config = nullptr;
     ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
     if (status != UCS_OK) return "reading UCX's configuration failed: " + UcsText(status);
+    // PutWithSignal's fence: UCX's default ("auto", with its v2 protocols) fences the whole worker, a flush of every
+    // endpoint before the next operation, which costs put_with_signal a second round trip; the endpoint-based mode
+    // orders the operations of the one endpoint, which is what the fence must do here. UCX_FENCE_MODE still decides.
+    if (std::getenv("UCX_FENCE_MODE") == nullptr && ucp_config_modify(config, "FENCE_MODE", "ep_based") != UCS_OK) {
+      HP_LOG(kDebug, "this UCX has no endpoint-based fence mode: put_with_signal's fence is UCX's default");
+    }
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
     // WAKEUP: the worker's event descriptor, on which the progress thread sleeps.
@@ -140,35 +147,43 @@ class UcxTransport final : public RemoteTransport {
   }
 
   Status Signal(int pe, std::size_t heap_offset, SignalWidth width, std::int64_t value, SignalOp op) override {
-    const auto bytes = static_cast<std::size_t>(width);
-    HP_RETURN_IF_ERROR(CheckRange(pe, heap_offset, bytes, "signal"));
-    const Peer& peer = peers_[static_cast<std::size_t>(pe)];
-    // UCX may read the operand and write the reply after the call returns, until the request completes: per thread,
-    // so that a request cancelled after a timeout never writes into a stack frame that is gone.
-    thread_local std::int64_t operand64;
-    thread_local std::int32_t operand32;
-    thread_local std::int64_t reply64;
-    thread_local std::int32_t reply32;
-    operand64 = value;
-    operand32 = static_cast<std::int32_t>(value);
-    const bool wide = width == SignalWidth::k64;
-    ucp_request_param_t param{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
-    param.datatype = ucp_dt_make_contig(bytes);
-    if (op == SignalOp::kSet) {   // a swap: UCX has no atomic store; the old value lands in the reply and is dropped
-      param.op_attr_mask |= UCP_OP_ATTR_FIELD_REPLY_BUFFER;
-      param.reply_buffer = wide ? static_cast<void*>(&reply64) : static_cast<void*>(&reply32);
-    }
+    HP_RETURN_IF_ERROR(CheckRange(pe, heap_offset, static_cast<std::size_t>(width), "signal"));
     ucs_status_ptr_t atomic;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      atomic = ucp_atomic_op_nbx(peer.ep, op == SignalOp::kSet ? UCP_ATOMIC_OP_SWAP : UCP_ATOMIC_OP_ADD,
-                                 wide ? static_cast<const void*>(&operand64) : static_cast<const void*>(&operand32),
-                                 1, peer.heap_base + heap_offset, peer.rkey, &param);
+      atomic = PostSignal(pe, heap_offset, width, value, op);
     }
     HP_RETURN_IF_ERROR(Complete(atomic, "signal", pe));
     // A posted add completes locally at once: the flush makes it done on the peer before the call returns.
     return op == SignalOp::kAdd ? Flush(pe, "signal") : Status::Ok();
+  }
+
+  Status PutWithSignal(int pe, std::size_t heap_offset, const void* src, std::size_t bytes, std::size_t signal_offset,
+                       SignalWidth width, std::int64_t value, SignalOp op) override {
+    HP_RETURN_IF_ERROR(CheckRange(pe, heap_offset, bytes, "put_with_signal"));
+    HP_RETURN_IF_ERROR(CheckRange(pe, signal_offset, static_cast<std::size_t>(width), "put_with_signal"));
+    const Peer& peer = peers_[static_cast<std::size_t>(pe)];
+    ucp_request_param_t param{};
+    ucs_status_ptr_t flush;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (bytes > 0) {
+        ucs_status_ptr_t put = ucp_put_nbx(peer.ep, src, bytes, peer.heap_base + heap_offset, peer.rkey, &param);
+        if (UCS_PTR_IS_ERR(put)) return Failure("put_with_signal", pe, UCS_PTR_STATUS(put));
+        if (put != nullptr) ucp_request_free(put);   // the flush below completes it, or reports its failure
+        // UCX orders no two operations on an endpoint by itself (the put and the atomic may travel on different
+        // lanes): the fence makes the atomic take effect only after the put did, so the peer never sees the new
+        // signal before the data.
+        const ucs_status_t fenced = ucp_worker_fence(worker_);
+        if (fenced != UCS_OK) return Failure("put_with_signal", pe, fenced);
+      }
+      ucs_status_ptr_t atomic = PostSignal(pe, signal_offset, width, value, op);
+      if (UCS_PTR_IS_ERR(atomic)) return Failure("put_with_signal", pe, UCS_PTR_STATUS(atomic));
+      if (atomic != nullptr) ucp_request_free(atomic);   // the flush completes it too
+      flush = ucp_ep_flush_nbx(peer.ep, &param);
+    }
+    // One wait: the flush completes once the put and the atomic are done on the peer.
+    return Complete(flush, "put_with_signal", pe);
   }
 
   Status Close() override {
@@ -367,6 +382,31 @@ class UcxTransport final : public RemoteTransport {
     if (Lost(pe)) return Status(StatusCode::kDeviceError, LostPeer(op, pe).message() + " status=" + UcsText(status));
     return DeviceError(std::string("remote ") + op + " failed: pe=" + std::to_string(pe) +
                        " transport=ucx status=" + UcsText(status));
+  }
+
+  // Posts a signal's atomic on `pe`'s endpoint (mu_ held): a swap for set (UCX has no atomic store; the old value
+  // lands in a reply buffer and is dropped), an add for add. The caller completes or flushes it.
+  ucs_status_ptr_t PostSignal(int pe, std::size_t heap_offset, SignalWidth width, std::int64_t value, SignalOp op) {
+    const Peer& peer = peers_[static_cast<std::size_t>(pe)];
+    // UCX may read the operand and write the reply after the call returns, until the request completes: per thread,
+    // so that a request cancelled after a timeout never writes into a stack frame that is gone.
+    thread_local std::int64_t operand64;
+    thread_local std::int32_t operand32;
+    thread_local std::int64_t reply64;
+    thread_local std::int32_t reply32;
+    operand64 = value;
+    operand32 = static_cast<std::int32_t>(value);
+    const bool wide = width == SignalWidth::k64;
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
+    param.datatype = ucp_dt_make_contig(static_cast<std::size_t>(width));
+    if (op == SignalOp::kSet) {
+      param.op_attr_mask |= UCP_OP_ATTR_FIELD_REPLY_BUFFER;
+      param.reply_buffer = wide ? static_cast<void*>(&reply64) : static_cast<void*>(&reply32);
+    }
+    return ucp_atomic_op_nbx(peer.ep, op == SignalOp::kSet ? UCP_ATOMIC_OP_SWAP : UCP_ATOMIC_OP_ADD,
+                             wide ? static_cast<const void*>(&operand64) : static_cast<const void*>(&operand32), 1,
+                             peer.heap_base + heap_offset, peer.rkey, &param);
   }
 
   ucs_status_ptr_t FlushLiveness(int pe) {

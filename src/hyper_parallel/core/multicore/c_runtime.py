@@ -85,6 +85,8 @@ _SIGNATURES = {
     "hp_shmem_put": [_P, _P, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int],
     "hp_shmem_get": [_P, _P, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int],
     "hp_shmem_signal": [_P, ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int],
+    "hp_shmem_put_with_signal": [_P, _P, ctypes.c_size_t, ctypes.c_size_t, _P, ctypes.c_int, ctypes.c_int64,
+                                 ctypes.c_int, ctypes.c_int],
     "hp_shmem_wait_signal": [_P, ctypes.c_int, ctypes.c_int, ctypes.c_int64],
     "hp_shmem_barrier": [],
     "hp_shmem_team_create": [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.POINTER(_Bootstrap),
@@ -339,6 +341,13 @@ def get(dst: int, src: int, dst_bytes: int, src_bytes: int, pe: int) -> None:
 def signal(address: int, width: int, value: int, op: str, pe: int) -> None:
     """SETs or ADDs ``value`` to the int32/int64 (``width`` 4/8) signal on ``pe``, after this rank's puts."""
     _call("signal", "hp_shmem_signal", address, width, value, _code("signal_ops", op), pe)
+
+
+def put_with_signal(dst: int, src: int, nbytes: int, signal: int, width: int, value: int, op: str, pe: int) -> None:
+    """Writes local ``src`` into ``pe``'s copy of the symmetric ``dst``, then SETs or ADDs ``value`` to the
+    int32/int64 (``width`` 4/8) signal on ``pe``: one operation, the data visible before the signal."""
+    _call("put_with_signal", "hp_shmem_put_with_signal", dst, src, nbytes, nbytes, signal, width, value,
+          _code("signal_ops", op), pe)
 
 
 def wait_signal(address: int, width: int, cmp: str, value: int) -> None:

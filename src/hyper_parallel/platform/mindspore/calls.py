@@ -320,8 +320,8 @@ class CAbiCalls:
         pe = self._pe(rank, name, "shmem_put_with_signal")
         nbytes = n * int(target.itemsize)
         tensors.synchronize()
-        c_runtime.put(self._address(target, target_at), self._address(src, src_at), nbytes, nbytes, pe)
-        c_runtime.signal(self._address(signal, offset), int(signal.itemsize), value, op, pe)
+        c_runtime.put_with_signal(self._address(target, target_at), self._address(src, src_at), nbytes,
+                                  self._address(signal, offset), int(signal.itemsize), value, op, pe)
 
     def barrier(self, name: str) -> None:
         """A barrier of group ``name`` (creating its team on its first collective)."""

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from hyper_parallel.core.multicore import shmem
+from hyper_parallel.core.multicore.shmem._rma import put_with_signal as _runtime_put_with_signal
 from hyper_parallel.core.symmetric_memory import checks
 from hyper_parallel.platform.torch import context, groups
 
@@ -160,9 +161,8 @@ def _put_with_signal(target: torch.Tensor, src: torch.Tensor, signal: torch.Tens
                      group: Optional[dist.ProcessGroup]) -> None:
     _require_symmetric(target, "target")
     _require_symmetric(signal, "signal")
-    pe = _pe(rank, group)  # every check before anything is written
-    shmem.put(target, src, pe)
-    shmem.signal(signal, value, pe, op=op)
+    # One runtime operation: every check of both halves before anything is written; across nodes one round trip.
+    _runtime_put_with_signal(target, src, signal, value, _pe(rank, group), op=op)
 
 
 def _put_op(target: torch.Tensor, src: torch.Tensor, target_rank: int, group_name: str) -> None:

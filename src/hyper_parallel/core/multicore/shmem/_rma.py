@@ -131,6 +131,33 @@ def signal(signal_tensor: Optional[torch.Tensor] = None, value: Optional[int] = 
         raise
 
 
+def put_with_signal(dst: torch.Tensor, src: torch.Tensor, signal_tensor: torch.Tensor, value: int, pe: int, *,
+                    op: str = "set") -> None:
+    """:func:`put`, then :func:`signal` on the same ``pe``, as one runtime operation: the data is visible on ``pe``
+    before the signal is, and to a PE of another node the call waits once for both (one round trip).
+
+    Not part of the runtime face's public names: the frameworks' handlers of ``shmem_put_with_signal`` call it.
+
+    Args:
+        dst: as :func:`put`.
+        src: as :func:`put`.
+        signal_tensor: as :func:`signal`.
+        value: as :func:`signal`.
+        pe: the target rank inside the root.
+        op: ``"set"`` (the default) or ``"add"``.
+
+    Raises:
+        TypeError, ValueError, ShmemStateError: as :func:`put` and :func:`signal`; every check of both passes before
+            anything is written.
+        ShmemDeviceError, ShmemTimeoutError: the target of another node is gone, or did not complete in time.
+    """
+    try:
+        C.put_with_signal(dst, src, signal_tensor, value, pe, check_choice("op", op, _SIGNAL_OPS), current_handle())
+    except Exception as error:
+        attach_fields(error, "put_with_signal")
+        raise
+
+
 def wait_signal(signal_tensor: torch.Tensor, value: int, *, cmp: Optional[str] = None,
                 comparison: Optional[str] = None) -> None:
     """Waits until the local signal compares true against ``value``.
