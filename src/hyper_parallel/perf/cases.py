@@ -22,7 +22,6 @@ import torch
 import torch.distributed as dist
 
 from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.multicore.shmem._debug import remote_transport_transfer
 from hyper_parallel.perf.mpi import MpiSide
 from hyper_parallel.perf.ops import OPS, InPlace, OpSpec
 
@@ -381,9 +380,9 @@ class _OneSidedCase(Case):
         """One transfer of the remote transport alone (rank 0): the same bytes, buffers and peer as ours."""
         if self.info.rank == 0:
             if self.writes:
-                remote_transport_transfer(True, self.dst, self.src, self.info.peer)
+                shmem.remote_transport_transfer(True, self.dst, self.src, self.info.peer)
             else:
-                remote_transport_transfer(False, self.src, self.dst, self.info.peer)
+                shmem.remote_transport_transfer(False, self.src, self.dst, self.info.peer)
 
     def wrong_elements(self) -> int:
         return super().wrong_elements() if self.info.rank == self.dest_rank else 0

@@ -16,7 +16,6 @@ import torch
 import torch.distributed as dist
 
 from hyper_parallel.core.multicore import shmem
-from hyper_parallel.core.multicore.shmem._rma import put_with_signal as _runtime_put_with_signal
 from hyper_parallel.core.symmetric_memory import checks
 from hyper_parallel.platform.torch import context, groups
 
@@ -162,7 +161,7 @@ def _put_with_signal(target: torch.Tensor, src: torch.Tensor, signal: torch.Tens
     _require_symmetric(target, "target")
     _require_symmetric(signal, "signal")
     # One runtime operation: every check of both halves before anything is written; across nodes one round trip.
-    _runtime_put_with_signal(target, src, signal, value, _pe(rank, group), op=op)
+    shmem.put_with_signal(target, src, signal, value, _pe(rank, group), op=op)
 
 
 def _put_op(target: torch.Tensor, src: torch.Tensor, target_rank: int, group_name: str) -> None:

@@ -17,7 +17,13 @@ reference count as handles), ``host_barrier()``, ``barrier(blocking=...)``, ``si
 ``wait_signal(..., comparison=...)``, upstream's ``debug_state()`` keys and its error fields.
 """
 
-from hyper_parallel.core.multicore.shmem._debug import DebugState, Failure, StateName, debug_state
+from hyper_parallel.core.multicore.shmem._debug import (
+    DebugState,
+    Failure,
+    StateName,
+    debug_state,
+    remote_transport_transfer,
+)
 from hyper_parallel.core.multicore.shmem._lifecycle import (
     Handle,
     device_available,
@@ -26,7 +32,16 @@ from hyper_parallel.core.multicore.shmem._lifecycle import (
 )
 from hyper_parallel.core.multicore.shmem._memory import empty, free, peer_tensor
 from hyper_parallel.core.multicore.shmem._references import acquire, acquire_shmem, host_barrier, release
-from hyper_parallel.core.multicore.shmem._rma import all_gather, barrier, get, put, reduce, signal, wait_signal
+from hyper_parallel.core.multicore.shmem._rma import (
+    all_gather,
+    barrier,
+    get,
+    put,
+    put_with_signal,
+    reduce,
+    signal,
+    wait_signal,
+)
 from hyper_parallel.core.multicore.shmem._streams import Stream, current_stream, default_stream, stream
 from hyper_parallel.core.multicore.shmem._teams import CALL_ROLES, COLLECTIVES, REDUCE_OPS, Team, plain_eager, root_team
 from hyper_parallel.core.multicore.errors import (
@@ -75,9 +90,11 @@ __all__ = [
     "peer_tensor",
     "plain_eager",
     "put",
+    "put_with_signal",
     "read_config",
     "reduce",
     "release",
+    "remote_transport_transfer",
     "signal",
     "stream",
     "wait_signal",

@@ -136,7 +136,7 @@ def put_with_signal(dst: torch.Tensor, src: torch.Tensor, signal_tensor: torch.T
     """:func:`put`, then :func:`signal` on the same ``pe``, as one runtime operation: the data is visible on ``pe``
     before the signal is, and to a PE of another node the call waits once for both (one round trip).
 
-    Not part of the runtime face's public names: the frameworks' handlers of ``shmem_put_with_signal`` call it.
+    The frameworks' handlers of the user API's ``shmem_put_with_signal`` call it.
 
     Args:
         dst: as :func:`put`.
