@@ -79,7 +79,7 @@ PERF_PER_NODE ?= 2
 perf-one-sided-multinode: install test-deps
 	UCX_TLS=tcp,self $(PYTHON) tests/st/simulated_mpi.py --nodes 2 --nproc-per-node $(PERF_PER_NODE) --timeout 1500 -- \
 	  $(PYTHON) -m hyper_parallel.perf --op put,get,put_with_signal,signal_pingpong --peer across --baseline gloo,mpi \
-	  -b 8 -e 16M -f 8 -r 5 --progress off --json perf-one-sided-multinode.json
+	  -b 8 -e 16M -f 8 -n 200 -w 20 -r 7 --progress off --json perf-one-sided-multinode.json
 
 # test-deps first: its ccache then serves the first wheel's build too.
 test: test-deps install test-cpp test-cpp-sanitize test-py test-mindspore test-torch214
