@@ -4,12 +4,21 @@
 #include "runtime/runtime.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "runtime/interrupt.h"
 #include "runtime/logging.h"
 #include "runtime/transfer.h"
 
 namespace hp::shmem {
+
+namespace {
+// How long Shutdown lets the calls that are only passing through leave before it counts those in flight: a call
+// that entered just before `closing_` was set, or that `closing_` is refusing right now, is counted until it returns,
+// within moments; a wait or a copy stays, and is refused.
+constexpr std::chrono::milliseconds kShutdownDrainGrace{250};
+}  // namespace
 
 const char* LifecycleStateName(LifecycleState state) {
   switch (state) {
@@ -269,6 +278,10 @@ Status Runtime::Shutdown(Bootstrap& bootstrap) {
     }
   } reopen{closing_};
   QuiesceBeforeCollective();
+  const auto drained_by = std::chrono::steady_clock::now() + kShutdownDrainGrace;
+  while (in_flight_.load() != 0 && std::chrono::steady_clock::now() < drained_by) {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
   // 2. Every rank learns every rank's live allocations and calls in flight, and all refuse alike.
   const std::vector<AllocationInfo> live = registry_.Active();
   CheckRecord mine{};
