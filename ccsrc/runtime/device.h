@@ -14,6 +14,7 @@
 #include "ops/reduce_op.h"
 #include "ops/wire_format.h"
 #include "runtime/bootstrap.h"
+#include "runtime/peer_losses.h"
 #include "runtime/status.h"
 
 namespace hp::shmem {
@@ -120,6 +121,10 @@ class Device {
   virtual std::string remote_absence() const { return {}; }
   // What carries the calls to the PEs of reaches_remotely, for diagnostics (debug_state's "transports").
   virtual std::string remote_transport() const { return "remote"; }
+  // The PEs of reaches_remotely found gone since Init (their process exited or their node died), for diagnostics:
+  // debug_state's "transports" says "lost" for them. Null where the device watches no remote peer. The record may
+  // outlive the device (the runtime reads it without its lock).
+  virtual std::shared_ptr<const PeerLosses> peer_losses() const { return nullptr; }
   // Perf diagnostics only (the perf tool's floor column): the remote transport's own write (`put`) of `bytes` at
   // `local` into `symmetric`'s heap offset on `pe`, or read of them into `local`, complete when it returns, with none
   // of the data plane's streams, chunking or checks: the floor under Put and Get to a PE of reaches_remotely. The

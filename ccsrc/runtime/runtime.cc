@@ -155,7 +155,7 @@ Status Runtime::Init(const Config& config, std::unique_ptr<Device> device, Boots
     std::lock_guard<std::mutex> identity_lock(identity_mu_);
     identity_ = Identity{rank_, world_size_, device_->name(), device_->heap_base(), device_->heap_size(),
                          device_->ReservedBytes(control_), config_, device_->reaches_peer_memory(), nodes_,
-                         Transports()};
+                         Transports(), device_->peer_losses()};
   }
   state_.store(LifecycleState::kInitialized);
   HP_LOG(kInfo, "shmem runtime initialised: lifecycle=" + std::to_string(lifecycle_.load()) + " device=" + device_->name() +
@@ -375,6 +375,9 @@ DebugSnapshot Runtime::Snapshot() const {
   snapshot.reaches_peer_memory = identity.reaches_peer_memory;
   snapshot.nodes = identity.nodes;
   snapshot.transports = identity.transports;
+  if (identity.losses != nullptr) {
+    for (int pe : identity.losses->pes()) snapshot.transports[static_cast<std::size_t>(pe)] = "lost";
+  }
   snapshot.allocated = registry_.allocated_bytes();
   const std::size_t used = snapshot.allocated + identity.internal_reserved;
   snapshot.remaining = snapshot.heap_size > used ? snapshot.heap_size - used : 0;

@@ -59,7 +59,8 @@ struct DebugSnapshot {
   bool reaches_peer_memory = false;   // the device reads peers' ordinary tensors in place (Device::reaches_peer_memory)
   std::vector<int> nodes;             // the node of every PE (Device::nodes)
   // What carries this rank's one-sided calls to every PE: "self", "node" (the device's mapped memory), the device's
-  // remote transport (Device::remote_transport, e.g. "ucx") or "none".
+  // remote transport (Device::remote_transport, e.g. "ucx"), "lost" (a PE it reached whose process or node is gone
+  // since: Device::peer_losses) or "none".
   std::vector<std::string> transports;
 };
 
@@ -305,6 +306,7 @@ class Runtime {
     bool reaches_peer_memory = false;
     std::vector<int> nodes;
     std::vector<std::string> transports;
+    std::shared_ptr<const PeerLosses> losses;   // Device::peer_losses: turns a PE's transport into "lost"
   };
   mutable std::mutex identity_mu_;
   Identity identity_;

@@ -261,8 +261,9 @@ TEST(RemoteTransportTest, APeerThatClosedFailsTheNextCallInTimeNamingIt) {
       EXPECT_LT(took, timeout + std::chrono::seconds(2)) << put.ToString();
       // The closed connection marks the peer lost (at once, or within the put above): later calls fail at once.
       const auto lost_by = std::chrono::steady_clock::now() + timeout;
-      while (transport.lost_count() == 0 && std::chrono::steady_clock::now() < lost_by) sched_yield();
-      EXPECT_EQ(transport.lost_pes(), std::vector<int>{1});
+      const std::shared_ptr<const PeerLosses> losses = transport.losses();
+      while (losses->count() == 0 && std::chrono::steady_clock::now() < lost_by) sched_yield();
+      EXPECT_EQ(losses->pes(), std::vector<int>{1});
       const auto again = std::chrono::steady_clock::now();
       EXPECT_TRUE(HasError(transport.Signal(1, 0, SignalWidth::k64, 1, SignalOp::kAdd), StatusCode::kDeviceError,
                            "pe of another node is gone (its process exited or its node died): op=signal pe=1 "
@@ -357,10 +358,17 @@ TEST(RemoteTransportTest, AWaitThatAPeerOfAnotherNodeCouldEndFailsAtOnceWhenThat
                          StatusCode::kDeviceError, "lost_pes=[1] lost_nodes=[1]"));
     EXPECT_TRUE(IsOk(device.WaitSignal(flag, SignalWidth::k64, CompareOp::kEq, 0, kDefaultStream)));
     EXPECT_LT(Clock::now() - again, std::chrono::milliseconds(200));
+    // The device's record of the loss (debug_state's "lost") names it, and outlives the device's shutdown.
+    const std::shared_ptr<const PeerLosses> losses = device.peer_losses();
+    ASSERT_NE(losses, nullptr);
+    EXPECT_TRUE(losses->lost(1));
+    EXPECT_FALSE(losses->lost(0));
     // Shutting down after a peer is gone is bounded too.
     const auto closing = Clock::now();
     EXPECT_TRUE(IsOk(device.Finalize()));
     EXPECT_LT(Clock::now() - closing, std::chrono::seconds(2));
+    EXPECT_EQ(device.peer_losses(), nullptr);
+    EXPECT_EQ(losses->pes(), std::vector<int>{1});
   });
 }
 
@@ -370,6 +378,7 @@ TEST(RemoteTransportTest, WithoutUcxTheHostDeviceReachesItsNodeOnlyAndSaysWhy) {
   OnTwoNodes([](int rank, Bootstrap&, HostDevice& device) {
     EXPECT_FALSE(device.reaches_remotely(1 - rank));
     EXPECT_EQ(device.remote_transport(), "none");
+    EXPECT_EQ(device.peer_losses(), nullptr);
     EXPECT_NE(device.remote_absence().find("pip install hyper-parallel-shmem[ucx]"), std::string::npos)
         << device.remote_absence();
   });

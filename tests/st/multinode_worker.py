@@ -811,6 +811,7 @@ def _node_death(out_dir: str) -> None:
             record["put"] = {"raised": "", "seconds": time.monotonic() - start}
         except Exception as error:  # what the test checks
             record["put"] = {"raised": f"{type(error).__name__}: {error}", "seconds": time.monotonic() - start}
+        record["transports"] = list(shmem.debug_state()["transports"])
     while not os.path.exists(os.path.join(out_dir, "node1_killed")):
         time.sleep(0.05)
     # The all_to_all first: its cross-node phase runs on one member of each node while the other waits in the node's

@@ -153,6 +153,11 @@ def test_a_dead_node_is_named_by_the_others_in_time(tmp_path) -> None:
             assert put["raised"].startswith("ShmemDeviceError: "), put
             assert "put" in put["raised"] and f" pe={rank + PER_NODE} " in put["raised"], put
             assert put["seconds"] < 1, put
+            # debug_state() says which ranks are gone: every rank the wait named, and no rank of this node.
+            transports = record["transports"]
+            assert all(transports[int(pe)] == "lost" for pe in lost), (lost, transports)
+            assert transports[:PER_NODE] == ["node" if r != rank else "self" for r in range(PER_NODE)], transports
+            assert set(transports[PER_NODE:]) <= {"lost", "ucx"}, transports
         # Every member of the surviving node fails the all_to_all at once (a closed connection, not the timeout),
         # naming a rank of the dead node: the one whose lane peer died, and its node-mate through the node's sync.
         all_to_all = record["all_to_all"]

@@ -245,7 +245,8 @@ class Backend {
   // Collective over the root: frees, on every rank, the allocations every rank has let go of.
   void Flush(const SymmMemTeam& root) {
     Runtime& runtime = Runtime::Instance();
-    const std::size_t listed = 2 * root.pes.size();   // Agree takes at most 2n + 1 values
+    // The count and 2n offsets fit in Agree's count row, which travels with the fingerprint: one sync per round.
+    const std::size_t listed = 2 * root.pes.size();
     for (;;) {
       std::vector<Pending> mine;
       {

@@ -715,7 +715,8 @@ Status HostDevice::DoWaitSignal(void* symmetric_signal, SignalWidth width, Compa
     watched_.insert(symmetric_signal);
     watched_count_.fetch_add(1, std::memory_order_release);
   }
-  auto done_or_lost = [&] { return done() || remote_->lost_count() > 0; };
+  const PeerLosses& losses = *remote_->losses();
+  auto done_or_lost = [&] { return done() || losses.count() > 0; };
   Status waited = WaitUntil(symmetric_signal, sleepers, done_or_lost, spin_, Deadline(), describe);
   {
     std::lock_guard<std::mutex> lock(watched_mu_);
@@ -725,7 +726,7 @@ Status HostDevice::DoWaitSignal(void* symmetric_signal, SignalWidth width, Compa
   if (waited.ok() && !done()) {
     std::string pes;
     std::vector<int> lost_nodes;
-    for (int pe : remote_->lost_pes()) {
+    for (int pe : losses.pes()) {
       pes += (pes.empty() ? "" : ",") + std::to_string(pe);
       const int node = nodes_[static_cast<std::size_t>(pe)];
       if (std::find(lost_nodes.begin(), lost_nodes.end(), node) == lost_nodes.end()) lost_nodes.push_back(node);

@@ -65,6 +65,9 @@ class HostDevice final : public Device {
   bool signals_remotely(SignalOp /*op*/) const override { return true; }   // set and add: remote atomics
   std::string remote_absence() const override { return remote_absence_; }
   std::string remote_transport() const override { return remote_ != nullptr ? remote_->name() : "none"; }
+  std::shared_ptr<const PeerLosses> peer_losses() const override {
+    return remote_ != nullptr ? remote_->losses() : nullptr;
+  }
   // RemoteTransport::Put or Get itself (remote_transport.h), for a PE that IsRemote.
   Status RemoteTransportTransfer(bool put, void* symmetric, void* local, std::size_t bytes, int pe) override;
   Status CopyToHeap(void* symmetric_dst, const void* host_src, std::size_t bytes) override;

@@ -16,6 +16,7 @@
 
 #include "runtime/bootstrap.h"
 #include "runtime/device.h"
+#include "runtime/peer_losses.h"
 #include "runtime/status.h"
 
 namespace hp::shmem::host {
@@ -45,11 +46,10 @@ class RemoteTransport {
   virtual Status Connect(Bootstrap& bootstrap) = 0;
   // Whether `pe` is reached through this transport (connected, and on another node). Local and immediate.
   virtual bool reaches(int pe) const = 0;
-  // The PEs of other nodes found gone (their process exited or their node died: their connection broke), in rank
-  // order. Once lost, a PE stays lost: every later call to it fails at once naming it, and a call in flight to it
-  // fails as soon as the loss is seen. lost_count() is the size of lost_pes(), cheap enough for a wait's every check.
-  virtual std::vector<int> lost_pes() const = 0;
-  virtual std::size_t lost_count() const = 0;
+  // The PEs of other nodes found gone (their process exited or their node died: their connection broke). Once lost,
+  // a PE stays lost: every later call to it fails at once naming it, and a call in flight to it fails as soon as the
+  // loss is seen. Never null; the record outlives the transport for whoever holds it (the runtime's diagnostics).
+  virtual std::shared_ptr<const PeerLosses> losses() const = 0;
 
   // Each completes before it returns (a put is visible on `pe`, a get's bytes are in `dst`), or fails naming `pe`
   // within the timeout. `heap_offset` + `bytes` must lie inside `pe`'s registered heap: checked before anything is

@@ -51,7 +51,7 @@ std::string UcsText(ucs_status_t status) { return std::string(ucs_status_string(
 class UcxTransport final : public RemoteTransport {
  public:
   explicit UcxTransport(const RemoteTransportArgs& args)
-      : args_(args), lost_(static_cast<std::size_t>(args.world_size)) {
+      : args_(args), losses_(std::make_shared<PeerLosses>(args.world_size)) {
     peers_.resize(static_cast<std::size_t>(args_.world_size));
     for (int pe = 0; pe < args_.world_size; ++pe) liveness_args_.push_back({this, pe});
   }
@@ -108,15 +108,7 @@ class UcxTransport final : public RemoteTransport {
     return pe >= 0 && pe < args_.world_size && peers_[static_cast<std::size_t>(pe)].ep != nullptr;
   }
 
-  std::vector<int> lost_pes() const override {
-    std::vector<int> lost;
-    for (int pe = 0; pe < args_.world_size; ++pe) {
-      if (Lost(pe)) lost.push_back(pe);
-    }
-    return lost;
-  }
-
-  std::size_t lost_count() const override { return lost_count_.load(std::memory_order_acquire); }
+  std::shared_ptr<const PeerLosses> losses() const override { return losses_; }
 
   Status Put(int pe, std::size_t heap_offset, const void* src, std::size_t bytes) override {
     HP_RETURN_IF_ERROR(CheckRange(pe, heap_offset, bytes, "put"));
@@ -326,8 +318,7 @@ class UcxTransport final : public RemoteTransport {
   }
 
   void MarkLost(int pe) {
-    if (lost_[static_cast<std::size_t>(pe)].exchange(true, std::memory_order_acq_rel)) return;
-    lost_count_.fetch_add(1, std::memory_order_acq_rel);
+    if (!losses_->Mark(pe)) return;
     NotifyRemoteWrite();   // waiters look again and see the loss
   }
 
@@ -356,7 +347,7 @@ class UcxTransport final : public RemoteTransport {
     }
   }
 
-  bool Lost(int pe) const { return lost_[static_cast<std::size_t>(pe)].load(std::memory_order_acquire); }
+  bool Lost(int pe) const { return losses_->lost(pe); }
 
   Status LostPeer(const char* op, int pe) const {
     return DeviceError(std::string("pe of another node is gone (its process exited or its node died): op=") + op +
@@ -493,8 +484,7 @@ class UcxTransport final : public RemoteTransport {
   RemoteTransportArgs args_;
   std::vector<Peer> peers_;
   std::vector<LivenessArg> liveness_args_;      // the error callbacks' arguments: fixed addresses, one per PE
-  std::vector<std::atomic<bool>> lost_;         // per PE: its liveness endpoint failed
-  std::atomic<std::size_t> lost_count_{0};
+  std::shared_ptr<PeerLosses> losses_;          // a PE is lost once its liveness endpoint failed
   std::vector<char> blobs_;   // the exchanged addresses and keys, until every endpoint is made
   std::size_t address_slot_ = 0;
   std::size_t slot_ = 0;

@@ -201,7 +201,8 @@ def project(raw: dict, root_ranks: Sequence[int], reference_count: int) -> Debug
       node of every root rank, numbered by the node's lowest rank: the ranks whose heaps this device maps; one
       node per machine on the host device, found by which ranks can open each other's shared memory) and transports
       (what carries this rank's one-sided calls to every root rank: "self", "node" for the mapped memory of its
-      node, the device's transport to other nodes, e.g. "ucx", or "none" where one-sided calls do not reach);
+      node, the device's transport to other nodes, e.g. "ucx", "lost" for a rank of another node whose process
+      or node has gone since, or "none" where one-sided calls do not reach);
     * upstream hyper-parallel's: state (:class:`StateName` compares equal to ``"Ready"``, ``"Uninitialized"``,
       ``"Finalized"`` too), reference_count (acquire_shmem handles and shmem.acquire() references alike),
       root_rank, root_size, device_index, device_model, soc_name (None on the host device: there is no NPU),
