@@ -41,28 +41,8 @@ Status CollectiveEngine::OpenDeferred(Fingerprint fingerprint, const std::vector
   ++team_.epoch;
   const int parity = static_cast<int>(team_.epoch & 1);
   fingerprint.epoch = static_cast<std::uint64_t>(SignalValue(team_.epoch));
-  Fingerprint* row = team_.FingerprintRow(parity, team_.me);
-  std::int64_t* count_row = team_.CountRow(Parity(), team_.me);
-  char* said = team_.Statement(parity, team_.me);
-  // 1. This rank's statement, count row and fingerprint row, staged from host memory in stream order into its own
-  //    tables, then put into every peer's: the row last, so that a member that reads it reads the rest.
-  Status published;
-  if (statement != nullptr) {
-    const std::vector<char> text = StatementBytes(*statement);
-    published = device_.StageFromHost(said, text.data(), text.size(), stream_);
-  }
-  if (published.ok() && counts != nullptr) {
-    published = device_.StageFromHost(count_row, counts->data(), counts->size() * sizeof(std::int64_t), stream_);
-  }
-  if (published.ok()) published = device_.StageFromHost(row, &fingerprint, sizeof(fingerprint), stream_);
-  for (int r = 1; r < n && published.ok(); ++r) {
-    const int peer = (team_.me + r) % n;
-    if (statement != nullptr) published = Put(said, said, kStatementBytes, peer);
-    if (published.ok() && counts != nullptr) {
-      published = Put(count_row, count_row, counts->size() * sizeof(std::int64_t), peer);
-    }
-    if (published.ok()) published = Put(row, row, sizeof(Fingerprint), peer);
-  }
+  // 1. This rank's call, staged from host memory in stream order into its own tables, then put into every peer's.
+  const Status published = PublishCall(fingerprint, counts, statement, /*in_stream_order=*/true);
   if (!published.ok()) return Broken(published, "publish the call", Next::kUnknown);
   // 2. The sync, on the stream.
   const Status arrived = Arrive();

@@ -267,28 +267,26 @@ Result<std::vector<Fingerprint>> CollectiveEngine::Open(Fingerprint fingerprint,
   return std::vector<Fingerprint>{};
 }
 
-Result<std::vector<Fingerprint>> CollectiveEngine::OpenNow(Fingerprint fingerprint,
-                                                           const std::vector<std::int64_t>* counts,
-                                                           const std::string* statement) {
+Status CollectiveEngine::PublishCall(const Fingerprint& fingerprint, const std::vector<std::int64_t>* counts,
+                                     const std::string* statement, bool in_stream_order) {
   const int n = team_.size();
-  ++team_.epoch;
   const int parity = static_cast<int>(team_.epoch & 1);
-  fingerprint.epoch = static_cast<std::uint64_t>(SignalValue(team_.epoch));
-  // 1. This rank's statement (a refusal's text), count row and fingerprint row enter its own table by a local copy,
-  //    then every peer's (the heap may be device memory: they travel heap to heap). The row goes last: a member that
-  //    sees it sees the rest.
   Fingerprint* row = team_.FingerprintRow(parity, team_.me);
   std::int64_t* count_row = team_.CountRow(Parity(), team_.me);
   char* said = team_.Statement(parity, team_.me);
+  // Into this rank's own tables from host memory: now, or where the stream reaches it.
+  auto own = [&](void* symmetric_dst, const void* host_src, std::size_t bytes) {
+    return in_stream_order ? device_.StageFromHost(symmetric_dst, host_src, bytes, stream_)
+                           : device_.CopyToHeap(symmetric_dst, host_src, bytes);
+  };
   Status published;
   if (statement != nullptr) {
     const std::vector<char> text = StatementBytes(*statement);
-    published = device_.CopyToHeap(said, text.data(), text.size());
+    published = own(said, text.data(), text.size());
   }
-  if (published.ok() && counts != nullptr) {
-    published = device_.CopyToHeap(count_row, counts->data(), counts->size() * sizeof(std::int64_t));
-  }
-  if (published.ok()) published = device_.CopyToHeap(row, &fingerprint, sizeof(fingerprint));
+  if (published.ok() && counts != nullptr) published = own(count_row, counts->data(), counts->size() * sizeof(std::int64_t));
+  if (published.ok()) published = own(row, &fingerprint, sizeof(fingerprint));
+  // Then into every peer's, heap to heap (the heap may be device memory).
   for (int r = 1; r < n && published.ok(); ++r) {
     const int peer = (team_.me + r) % n;
     if (statement != nullptr) published = Put(said, said, kStatementBytes, peer);
@@ -297,6 +295,18 @@ Result<std::vector<Fingerprint>> CollectiveEngine::OpenNow(Fingerprint fingerpri
     }
     if (published.ok()) published = Put(row, row, sizeof(Fingerprint), peer);
   }
+  return published;
+}
+
+Result<std::vector<Fingerprint>> CollectiveEngine::OpenNow(Fingerprint fingerprint,
+                                                           const std::vector<std::int64_t>* counts,
+                                                           const std::string* statement) {
+  const int n = team_.size();
+  ++team_.epoch;
+  const int parity = static_cast<int>(team_.epoch & 1);
+  fingerprint.epoch = static_cast<std::uint64_t>(SignalValue(team_.epoch));
+  // 1. This rank's call, copied into its own tables now, then put into every peer's.
+  const Status published = PublishCall(fingerprint, counts, statement, /*in_stream_order=*/false);
   if (!published.ok()) {
     --team_.epoch;   // GiveUpNext gives this sync up
     (void)GiveUpNext(GiveUpReason::kFailed, std::string(op_name()) + " could not publish its call: " + published.message());
