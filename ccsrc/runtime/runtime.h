@@ -183,9 +183,10 @@ class Runtime {
   // member checks every member's call: a negative split, a chunk outside `input`, an `output` too small for what the
   // peers send (naming the rank, the expert and both sizes) fail the call on every member with the same
   // kInvalidArgument before anything is written. Then every member pulls its chunks out of the peers'
-  // symmetric `input` (one Get per chunk, straight into place, and a closing barrier), or, where a member's `input`
-  // is an ordinary tensor, the engine's all_to_all moves them through host staging (devices that arbitrate only:
-  // elsewhere an ordinary `input` is refused on every member).
+  // symmetric `input` (one Get per chunk, straight into place, and a closing barrier). Where a member's `input` is an
+  // ordinary tensor, the engine's all_to_all moves the chunks through host staging on a device that arbitrates (its
+  // memory is the host's); elsewhere each ordinary member's chunks pass through its copy of the team's staging area,
+  // a window at a time (a Copy in, a sync, the receivers' Gets, a sync), every byte moved on the device.
   Status MoeExchange(const MoeExchangeArgs& args, StreamHandle stream, KeepAlive keep);
   // This rank refuses the call `collective` for `refusal`, a check of its own that failed above the runtime (a freed
   // tensor, a destroyed group): it enters the call's first sync so that every member fails with `refusal`, naming

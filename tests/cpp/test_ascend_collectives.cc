@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -95,17 +96,18 @@ TEST_P(AscendCollectivesTest, EveryCollectiveOnEveryPathWithStrictChecks) {
   testutil::RunEveryCollective(AscendBackend(/*strict=*/true), GetParam());
 }
 
-// MoE dispatch and combine: split tables in NPU memory, read and written through the device; symmetric inputs only.
+// MoE dispatch and combine: split tables in NPU memory, read and written through the device; inputs symmetric or
+// ordinary (staged through the team's staging area on the device).
 TEST_P(AscendCollectivesTest, MoeDispatchAndCombineRoundTrip) {
-  testutil::RunMoeRoundTrip(AscendBackend(), GetParam(), /*ordinary=*/false);
+  testutil::RunMoeRoundTrip(AscendBackend(), GetParam());
 }
 
 TEST_P(AscendCollectivesTest, MoeReceiveBufferTooSmallFailsOnEveryRankBeforeAnythingIsWritten) {
   testutil::RunMoeTooSmall(AscendBackend(), GetParam());
 }
 
-TEST_P(AscendCollectivesTest, MoeBadSplitsAndOrdinaryInputsFailOnEveryRank) {
-  testutil::RunMoeBadCalls(AscendBackend(), GetParam(), /*refuses_ordinary=*/true);
+TEST_P(AscendCollectivesTest, MoeBadSplitsOfOneRankFailOnEveryRank) {
+  testutil::RunMoeBadCalls(AscendBackend(), GetParam());
 }
 
 TEST_P(AscendCollectivesTest, MoeRanksThatDisagreeAboutTheCallAllRaiseAMismatchBeforeAnythingIsWritten) {
@@ -113,6 +115,16 @@ TEST_P(AscendCollectivesTest, MoeRanksThatDisagreeAboutTheCallAllRaiseAMismatchB
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, AscendCollectivesTest, ::testing::Values(2, 3, 4, 8, 16));
+
+// MoE on ordinary NPU tensors (every rank's, or some ranks' beside symmetric ones): every byte moves on the
+// device (the fakes refuse host memory where CANN does), compared with a reference computed in the test.
+class AscendMoeTest : public AscendCollectivesTest {};
+
+TEST_P(AscendMoeTest, OrdinaryInputsDispatchAndCombineAgainstTheReference) {
+  testutil::RunMoeOrdinaryInputs(AscendBackend(), GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, AscendMoeTest, ::testing::Values(2, 3, 4, 8));
 
 // Deferred checks find a mismatch after the call ran: every member raises it at its next call, naming both calls.
 TEST(AscendDeferredChecksTest, AMismatchIsRaisedByEveryMembersNextCall) {
@@ -227,36 +239,46 @@ void RunOnStreamsOfTwoFourAndEightRanks(Body&& body) {
 // A MoE dispatch reads its split table back to the host once and agrees on every member's call in one sync (its
 // rows staged through the team's staging: Agree synchronizes the stream at its sync and after pulling the rows), so
 // a warm call synchronizes its stream three times whatever the experts and ranks (sharing the rows through the count
-// row, 2n + 1 values per sync, took 9 at 2 ranks and 8 experts, 28 at 32 experts: one per sync).
+// row, 2n + 1 values per sync, took 9 at 2 ranks and 8 experts, 28 at 32 experts: one per sync). Ordinary inputs
+// stage through the team's staging on the stream: no synchronization, blocking copy or allocation more than
+// symmetric ones take.
 TEST(AscendCostTest, MoeAgreesOnEveryMembersCallInOneSyncWhateverTheExpertsAndRanks) {
   RunOnStreamsOfTwoFourAndEightRanks([](const testutil::CollectiveBackend& backend, int world, int rank,
                                         Runtime& runtime, std::uint64_t t, StreamHandle s) {
-    for (int experts : {1, 8, 32}) {
-      SCOPED_TRACE("ranks=" + std::to_string(world) + " experts=" + std::to_string(experts));
-      const std::size_t nsplits = static_cast<std::size_t>(world) * static_cast<std::size_t>(experts);
-      // One row to every expert of every rank: each rank receives nsplits rows.
-      testutil::DeviceFloats input(backend, runtime, nsplits * testutil::moe::kRowFloats, true);
-      testutil::DeviceFloats output(backend, runtime, nsplits * testutil::moe::kRowFloats, true);
-      const testutil::DeviceInts in_splits(backend, std::vector<std::int64_t>(nsplits, 1));
-      const testutil::DeviceInts out_table(backend, std::vector<std::int64_t>(2 * nsplits, -1));
-      const MoeExchangeArgs x = testutil::moe::Args("moe_dispatch", t, MoeDirection::kDispatch, experts, input,
-                                                    output, in_splits, nullptr, out_table, nsplits);
-      ASSERT_TRUE(testutil::IsOk(runtime.MoeExchange(x, s, nullptr)));   // warm
-      ASSERT_TRUE(testutil::IsOk(runtime.SynchronizeStream(s)));
-      fakes::FakeCann::ResetCounters();
-      ASSERT_TRUE(testutil::IsOk(runtime.MoeExchange(x, s, nullptr)));
-      const fakes::FakeCounters cost = fakes::FakeCann::Counters();
-      EXPECT_EQ(cost.stream_synchronizations, 3u);
-      ASSERT_TRUE(testutil::IsOk(runtime.SynchronizeStream(s)));
-      const std::vector<std::int64_t> out = out_table.Get();
-      EXPECT_EQ(out, [&] {
-        std::vector<std::int64_t> expected(2 * nsplits, 1);
-        for (std::size_t i = 0; i < nsplits; ++i) expected[nsplits + i] = static_cast<std::int64_t>(i);
-        return expected;
-      }());
-      if (rank == 0) {
-        std::printf("[ cost ] ranks=%d moe_dispatch experts=%-3d stream_synchronizations=%zu device_tasks=%zu\n",
-                    world, experts, cost.stream_synchronizations, cost.device_tasks);
+    std::map<int, fakes::FakeCounters> symmetric_cost;   // by experts
+    for (bool symmetric : {true, false}) {
+      for (int experts : {1, 8, 32}) {
+        SCOPED_TRACE("ranks=" + std::to_string(world) + " experts=" + std::to_string(experts) +
+                     " symmetric=" + std::to_string(symmetric));
+        const std::size_t nsplits = static_cast<std::size_t>(world) * static_cast<std::size_t>(experts);
+        // One row to every expert of every rank: each rank receives nsplits rows.
+        testutil::DeviceFloats input(backend, runtime, nsplits * testutil::moe::kRowFloats, symmetric);
+        testutil::DeviceFloats output(backend, runtime, nsplits * testutil::moe::kRowFloats, symmetric);
+        const testutil::DeviceInts in_splits(backend, std::vector<std::int64_t>(nsplits, 1));
+        const testutil::DeviceInts out_table(backend, std::vector<std::int64_t>(2 * nsplits, -1));
+        const MoeExchangeArgs x = testutil::moe::Args("moe_dispatch", t, MoeDirection::kDispatch, experts, input,
+                                                      output, in_splits, nullptr, out_table, nsplits);
+        ASSERT_TRUE(testutil::IsOk(runtime.MoeExchange(x, s, nullptr)));   // warm
+        ASSERT_TRUE(testutil::IsOk(runtime.SynchronizeStream(s)));
+        fakes::FakeCann::ResetCounters();
+        ASSERT_TRUE(testutil::IsOk(runtime.MoeExchange(x, s, nullptr)));
+        const fakes::FakeCounters cost = fakes::FakeCann::Counters();
+        EXPECT_EQ(cost.stream_synchronizations, 3u);
+        EXPECT_EQ(cost.device_mallocs, 0u);
+        if (symmetric) symmetric_cost[experts] = cost;
+        EXPECT_EQ(cost.blocking_copies, symmetric_cost[experts].blocking_copies);
+        ASSERT_TRUE(testutil::IsOk(runtime.SynchronizeStream(s)));
+        const std::vector<std::int64_t> out = out_table.Get();
+        EXPECT_EQ(out, [&] {
+          std::vector<std::int64_t> expected(2 * nsplits, 1);
+          for (std::size_t i = 0; i < nsplits; ++i) expected[nsplits + i] = static_cast<std::int64_t>(i);
+          return expected;
+        }());
+        if (rank == 0) {
+          std::printf("[ cost ] ranks=%d moe_dispatch experts=%-3d %s stream_synchronizations=%zu device_tasks=%zu\n",
+                      world, experts, symmetric ? "symmetric" : "ordinary ", cost.stream_synchronizations,
+                      cost.device_tasks);
+        }
       }
     }
   });

@@ -830,11 +830,11 @@ TEST(DeviceFactoryTest, TheConfigurationChoosesTheDevice) {
 }
 
 // MoE dispatch and combine (moe_cases.h), on both data paths: pulled out of symmetric inputs, or through the
-// engine's all_to_all (rank 0's ordinary input).
+// engine's all_to_all (ordinary inputs).
 class HostMoeTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(HostMoeTest, DispatchLaysOutExpertMajorAndCombineRestoresEveryToken) {
-  testutil::RunMoeRoundTrip(HostBackend(), GetParam(), /*ordinary=*/true);
+  testutil::RunMoeRoundTrip(HostBackend(), GetParam());
 }
 
 TEST_P(HostMoeTest, AReceiveBufferTooSmallFailsOnEveryRankBeforeAnythingIsWritten) {
@@ -842,11 +842,15 @@ TEST_P(HostMoeTest, AReceiveBufferTooSmallFailsOnEveryRankBeforeAnythingIsWritte
 }
 
 TEST_P(HostMoeTest, BadSplitsOfOneRankFailOnEveryRank) {
-  testutil::RunMoeBadCalls(HostBackend(), GetParam(), /*refuses_ordinary=*/false);
+  testutil::RunMoeBadCalls(HostBackend(), GetParam());
 }
 
 TEST_P(HostMoeTest, RanksThatDisagreeAboutTheCallAllRaiseAMismatchBeforeAnythingIsWritten) {
   testutil::RunMoeMismatch(HostBackend(), GetParam());
+}
+
+TEST_P(HostMoeTest, OrdinaryInputsDispatchAndCombineAgainstTheReference) {
+  testutil::RunMoeOrdinaryInputs(HostBackend(), GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, HostMoeTest, ::testing::Values(2, 3, 4, 8));

@@ -19,7 +19,6 @@ enum class Verdict : std::int64_t {
   kNegativeSplit = 1,   // a = split index, b = value
   kOutsideInput = 2,    // a = split index, b = end row, c = input rows
   kOutputTooSmall = 3,  // a = global expert (one expert per rank: the sending rank), b = rows needed, c = output rows
-  kOrdinaryInput = 4,   // an ordinary `input` on a device that cannot stage it
 };
 
 struct Finding {
@@ -42,7 +41,7 @@ std::int64_t AlignUp(std::int64_t rows, std::int64_t align) {
   return std::max(aligned, align);
 }
 
-std::string DescribeFinding(const MoeExchangeArgs& x, const Finding& f, int rank, int experts, const char* device) {
+std::string DescribeFinding(const MoeExchangeArgs& x, const Finding& f, int rank, int experts) {
   const std::string on_rank = " on rank " + std::to_string(rank);
   switch (f.verdict) {
     case Verdict::kNegativeSplit:
@@ -60,9 +59,6 @@ std::string DescribeFinding(const MoeExchangeArgs& x, const Finding& f, int rank
              " rows its peers send (the overflow starts at " + where + "), but got " + std::to_string(f.c) +
              " rows (every rank raises; nothing was written)";
     }
-    case Verdict::kOrdinaryInput:
-      return std::string(x.op) + ": `input` must be symmetric memory on every rank on the " + device +
-             " device (its host stages no ordinary tensor), but got an ordinary tensor" + on_rank;
     case Verdict::kOk:
       break;
   }
@@ -202,7 +198,6 @@ Status Runtime::MoeExchange(const MoeExchangeArgs& x, StreamHandle stream, KeepA
       own = {Verdict::kOutsideInput, static_cast<std::int64_t>(t), SaturatingAdd(start, split), x.input_rows};
     }
   }
-  if (own.verdict == Verdict::kOk && heap_offset < 0 && !device_->arbitrates()) own = {Verdict::kOrdinaryInput};
   mine[kVerdict] = static_cast<std::int64_t>(own.verdict);
   mine[1] = own.a;
   mine[2] = own.b;
@@ -245,7 +240,7 @@ Status Runtime::MoeExchange(const MoeExchangeArgs& x, StreamHandle stream, KeepA
     const auto& row = rows[static_cast<std::size_t>(r)];
     if (row[kVerdict] == 0) continue;
     const Finding found{static_cast<Verdict>(row[kVerdict]), row[1], row[2], row[3]};
-    return Record(InvalidArgument(DescribeFinding(x, found, r, ne, device_->name())));
+    return Record(InvalidArgument(DescribeFinding(x, found, r, ne)));
   }
   Layout layout;
   for (int q = 0; q < n; ++q) {
@@ -253,7 +248,7 @@ Status Runtime::MoeExchange(const MoeExchangeArgs& x, StreamHandle stream, KeepA
     if (l.first_overflow >= 0) {
       const Finding found{Verdict::kOutputTooSmall, l.first_overflow, l.needed,
                           rows[static_cast<std::size_t>(q)][kOutputRows]};
-      return Record(InvalidArgument(DescribeFinding(x, found, q, ne, device_->name())));
+      return Record(InvalidArgument(DescribeFinding(x, found, q, ne)));
     }
     if (q == me) layout = std::move(l);
   }
@@ -283,7 +278,93 @@ Status Runtime::MoeExchange(const MoeExchangeArgs& x, StreamHandle stream, KeepA
     return TeamBarrier(x.team, stream, x.role);
   }
 
-  // 4b. The engine's all_to_all (a device that arbitrates: its memory is the host's, so the chunks stage in host
+  // 4b. A device that does not arbitrate (an NPU: its host addresses none of its memory, and peers reach only its
+  // heap) moves every byte on the device, in stream order. A symmetric source's chunks are pulled straight out of its
+  // `input` (as in 4a) and this rank's own are copied into place; an ordinary source stages the chunks it sends to
+  // its peers through its own copy of the team's staging area. Those chunks, in its split table's order, are one
+  // stream of bytes cut into windows of the staging size: window k of every source is copied into its staging
+  // between two syncs (the first: every peer has read the window before, or Agree's rows) and pulled by its
+  // receivers before the next window's, and a closing sync keeps the inputs and the staging until all have read them.
+  if (!device_->arbitrates()) {
+    auto found = LiveTeam(x.team, x.op);
+    if (!found.ok()) return Record(found.status());
+    char* const staging = found.value()->Staging();
+    const std::size_t window = found.value()->staging_bytes();
+    const std::size_t row_bytes = x.row_bytes;
+    auto receiver_of = [&](std::size_t t) { return dispatch ? static_cast<int>(t / ne) : static_cast<int>(t % n); };
+    // Where each chunk of an ordinary source starts in its stream (its own chunks take no room), and how many
+    // windows the longest stream takes: the same on every member, from the rows they agreed on.
+    std::vector<std::vector<std::size_t>> starts(static_cast<std::size_t>(n));
+    std::size_t windows = 0;
+    for (int s = 0; s < n; ++s) {
+      const auto& row = rows[static_cast<std::size_t>(s)];
+      if (row[kHeapOffset] >= 0) continue;
+      auto& at = starts[static_cast<std::size_t>(s)];
+      at.resize(nsplits);
+      std::size_t length = 0;
+      for (std::size_t t = 0; t < nsplits; ++t) {
+        at[t] = length;
+        if (receiver_of(t) != s) length += static_cast<std::size_t>(row[kHeader + t]) * row_bytes;
+      }
+      windows = std::max(windows, (length + window - 1) / window);
+    }
+    // Source `s`'s table entry of the receiving chunk i.
+    auto sent_as = [&](std::size_t i) {
+      return dispatch ? static_cast<std::size_t>(me) * ne + i / n : (i % ne) * n + static_cast<std::size_t>(me);
+    };
+    const char* heap = reinterpret_cast<const char*>(device_->heap_base());
+    for (std::size_t i = 0; i < nsplits; ++i) {
+      const int s = source_of(i);
+      const std::int64_t source_offset = rows[static_cast<std::size_t>(s)][kHeapOffset];
+      if (layout.splits[i] == 0 || (s != me && source_offset < 0)) continue;   // staged below
+      char* to = output + static_cast<std::size_t>(layout.offsets[i]) * row_bytes;
+      const std::size_t from = static_cast<std::size_t>(layout.from[i]) * row_bytes;
+      const std::size_t bytes = static_cast<std::size_t>(layout.splits[i]) * row_bytes;
+      if (s == me) {
+        HP_RETURN_IF_ERROR(Record(device_->Copy(to, input + from, bytes, stream, keep)));
+        continue;
+      }
+      const char* symmetric = heap + source_offset + from;
+      const int pe = view.pes[static_cast<std::size_t>(s)];
+      HP_RETURN_IF_ERROR(Record(TransferChunks(bytes, [&](std::size_t at, std::size_t part) {
+        return device_->Get(to + at, symmetric + at, part, pe, stream, keep);
+      })));
+    }
+    for (std::size_t k = 0; k < windows; ++k) {
+      const std::size_t low = k * window;
+      const std::size_t high = low + window;
+      HP_RETURN_IF_ERROR(TeamBarrier(x.team, stream, x.role));
+      if (heap_offset < 0) {
+        for (std::size_t t = 0; t < nsplits; ++t) {
+          if (receiver_of(t) == me) continue;
+          const std::size_t begin = starts[static_cast<std::size_t>(me)][t];
+          const std::size_t lo = std::max(begin, low);
+          const std::size_t hi = std::min(begin + static_cast<std::size_t>(splits[t]) * row_bytes, high);
+          if (lo >= hi) continue;
+          const char* from = input + static_cast<std::size_t>(mine[kHeader + nsplits + t]) * row_bytes + (lo - begin);
+          HP_RETURN_IF_ERROR(Record(device_->Copy(staging + (lo - low), from, hi - lo, stream, keep)));
+        }
+      }
+      HP_RETURN_IF_ERROR(TeamBarrier(x.team, stream, x.role));
+      for (std::size_t i = 0; i < nsplits; ++i) {
+        const int s = source_of(i);
+        if (layout.splits[i] == 0 || s == me || rows[static_cast<std::size_t>(s)][kHeapOffset] >= 0) continue;
+        const std::size_t begin = starts[static_cast<std::size_t>(s)][sent_as(i)];
+        const std::size_t lo = std::max(begin, low);
+        const std::size_t hi = std::min(begin + static_cast<std::size_t>(layout.splits[i]) * row_bytes, high);
+        if (lo >= hi) continue;
+        char* to = output + static_cast<std::size_t>(layout.offsets[i]) * row_bytes + (lo - begin);
+        const char* from = staging + (lo - low);
+        const int pe = view.pes[static_cast<std::size_t>(s)];
+        HP_RETURN_IF_ERROR(Record(TransferChunks(hi - lo, [&](std::size_t at, std::size_t part) {
+          return device_->Get(to + at, from + at, part, pe, stream, keep);
+        })));
+      }
+    }
+    return TeamBarrier(x.team, stream, x.role);
+  }
+
+  // 4c. The engine's all_to_all (a device that arbitrates: its memory is the host's, so the chunks stage in host
   // memory): each member's chunks for a receiver in one part (expert after expert), received source after source.
   auto send_staging = std::make_shared<std::vector<char>>();
   std::vector<std::pair<const void*, std::size_t>> parts;

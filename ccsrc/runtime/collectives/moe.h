@@ -28,7 +28,9 @@ namespace hp::shmem {
 enum class MoeDirection { kDispatch, kCombine };
 
 // One exchange's arguments. Every buffer is memory this rank's device addresses (the split tables too: on an NPU they
-// are device memory, read through the device); `input` may lie in the symmetric heap or outside it.
+// are device memory, read through the device); `input` may lie in the symmetric heap or outside it, on any member
+// (an ordinary one stages through host memory where the device's memory is the host's, else through the team's
+// symmetric staging area, on the device's stream).
 struct MoeExchangeArgs {
   const char* op = "moe_dispatch";   // names the call in messages
   std::uint64_t team = 0;
