@@ -28,7 +28,7 @@ extern "C" {
 #define HP_SHMEM_API __attribute__((visibility("default")))
 
 /* Bumped on every incompatible change; a caller checks it before anything else. */
-#define HP_SHMEM_ABI_VERSION 4
+#define HP_SHMEM_ABI_VERSION 5
 
 /* The runtime's StatusCode values (runtime/status.h), asserted equal there. */
 typedef enum {

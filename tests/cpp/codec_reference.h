@@ -24,6 +24,12 @@ namespace hp::shmem::testutil {
 inline constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// Every wire format, and every dtype the codec encodes from and decodes into.
+inline constexpr ops::LowFormat kEveryLowFormat[] = {ops::LowFormat::kFloat8E4M3Fn, ops::LowFormat::kFloat8E5M2,
+                                                     ops::LowFormat::kFloat16, ops::LowFormat::kBFloat16};
+inline constexpr DataType kCodecDtypes[] = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
+                                            DataType::kBFloat16};
+
 inline std::uint32_t Bits(float value) {
   std::uint32_t bits;
   std::memcpy(&bits, &value, sizeof(bits));

@@ -21,10 +21,6 @@ namespace {
 
 using namespace testutil;  // NOLINT(build/namespaces): the shared test helpers
 
-const LowFormat kFormats[] = {LowFormat::kFloat8E4M3Fn, LowFormat::kFloat8E5M2, LowFormat::kFloat16,
-                              LowFormat::kBFloat16};
-const DataType kDtypes[] = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16};
-
 struct EdgeRow {
   const char* name;
   double (*value)(std::size_t i, std::size_t row_elems);   // element i of a row
@@ -120,7 +116,7 @@ void ExpectRows(HostIsa isa, LowFormat format, DataType dtype, std::size_t rows,
     }
   }
   ASSERT_EQ(wire.back(), 0xA5) << what;
-  for (DataType out_dtype : kDtypes) {
+  for (DataType out_dtype : kCodecDtypes) {
     std::vector<unsigned char> out(rows * row_elems * DtypeSize(out_dtype) + 8, 0x5A);
     ASSERT_TRUE(HostDecodeRows(isa, format, wire.data(), rows, row_elems, out_dtype, out.data())) << what;
     for (std::size_t r = 0; r < rows; ++r) {
@@ -139,8 +135,8 @@ void ExpectRows(HostIsa isa, LowFormat format, DataType dtype, std::size_t rows,
 
 TEST(HostCodecRowsTest, EdgeRowsEncodeAndDecodeLikeTheReference) {
   for (HostIsa isa : AvailableIsas()) {
-    for (LowFormat format : kFormats) {
-      for (DataType dtype : kDtypes) {
+    for (LowFormat format : kEveryLowFormat) {
+      for (DataType dtype : kCodecDtypes) {
         for (std::size_t row_elems : {std::size_t{1}, std::size_t{7}, kScaleBlock, kScaleBlock + 1,
                                       std::size_t{300}}) {
           ASSERT_NO_FATAL_FAILURE(ExpectRows(isa, format, dtype, kEdgeCount, row_elems));
@@ -152,7 +148,7 @@ TEST(HostCodecRowsTest, EdgeRowsEncodeAndDecodeLikeTheReference) {
 
 TEST(HostCodecRowsTest, EmptyRowsAndNoRows) {
   for (HostIsa isa : AvailableIsas()) {
-    for (LowFormat format : kFormats) {
+    for (LowFormat format : kEveryLowFormat) {
       ASSERT_NO_FATAL_FAILURE(ExpectRows(isa, format, DataType::kFloat32, 3, 0));   // fp8: the scale 1 alone
       ASSERT_NO_FATAL_FAILURE(ExpectRows(isa, format, DataType::kFloat32, 0, 5));
     }

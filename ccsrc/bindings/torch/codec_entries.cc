@@ -283,49 +283,38 @@ void CheckWireRows(const at::Tensor& wire, const char* wire_name, ops::LowFormat
   }
 }
 
-// MoE rows (ops/host/codec.h, HostEncodeRows): the rows (first dimension) of `src` into the wire rows `dst`.
-void EncodeRows(py::handle src_arg, py::handle dst_arg, const std::string& format_name) {
+// MoE rows (ops/host/codec.h, HostEncodeRows): the rows (first dimension) of the values `wide` to or from their
+// wire rows `wire`, encoding (`wide` is `src`, `wire` is `dst`) or decoding (`wire` is `src`, `wide` is `out`).
+void CodeRows(py::handle wide_arg, py::handle wire_arg, const std::string& format_name, bool encode) {
   const ops::LowFormat format = LowFormatByName(format_name);
-  const at::Tensor& src = CpuTensorArg(src_arg, "src");
-  const DataType src_dtype = CodecFloatArg(src, "src");
-  const at::Tensor& dst = CpuTensorArg(dst_arg, "dst");
-  const auto [rows, row_elems] = RowShape(src, "src");
-  CheckWireRows(dst, "dst", format, rows, row_elems, "src");
-  CheckDisjoint(src, "src", dst, "dst");
-  const void* src_ptr = DataPointer(src, "src");
-  void* dst_ptr = DataPointer(dst, "dst");
+  const char* wide_name = encode ? "src" : "out";
+  const char* wire_name = encode ? "dst" : "src";
+  const at::Tensor& wide = CpuTensorArg(wide_arg, wide_name);
+  const DataType dtype = CodecFloatArg(wide, wide_name);
+  const at::Tensor& wire = CpuTensorArg(wire_arg, wire_name);
+  const auto [rows, row_elems] = RowShape(wide, wide_name);
+  CheckWireRows(wire, wire_name, format, rows, row_elems, wide_name);
+  CheckDisjoint(wide, wide_name, wire, wire_name);
+  void* wide_ptr = DataPointer(wide, wide_name);
+  void* wire_ptr = DataPointer(wire, wire_name);
   bool done;
   {
     py::gil_scoped_release nogil;
-    done = ops::HostEncodeRows(format, src_dtype, src_ptr, rows, row_elems, dst_ptr);
+    done = encode ? ops::HostEncodeRows(format, dtype, wide_ptr, rows, row_elems, wire_ptr)
+                  : ops::HostDecodeRows(format, wire_ptr, rows, row_elems, dtype, wide_ptr);
   }
-  if (!done) throw StatusError(Internal("the host codec refused checked arguments: encode_rows"));
-}
-
-// The wire rows `src` decoded into the rows (first dimension) of `out`.
-void DecodeRows(py::handle src_arg, py::handle out_arg, const std::string& format_name) {
-  const ops::LowFormat format = LowFormatByName(format_name);
-  const at::Tensor& out = CpuTensorArg(out_arg, "out");
-  const DataType out_dtype = CodecFloatArg(out, "out");
-  const at::Tensor& src = CpuTensorArg(src_arg, "src");
-  const auto [rows, row_elems] = RowShape(out, "out");
-  CheckWireRows(src, "src", format, rows, row_elems, "out");
-  CheckDisjoint(src, "src", out, "out");
-  const void* src_ptr = DataPointer(src, "src");
-  void* out_ptr = DataPointer(out, "out");
-  bool done;
-  {
-    py::gil_scoped_release nogil;
-    done = ops::HostDecodeRows(format, src_ptr, rows, row_elems, out_dtype, out_ptr);
-  }
-  if (!done) throw StatusError(Internal("the host codec refused checked arguments: decode_rows"));
+  if (!done) throw StatusError(Internal("the host codec refused checked arguments: rows"));
 }
 
 }  // namespace
 
 void RegisterCodec(py::module_& m) {
-  m.def("encode_rows", &EncodeRows, py::arg("src"), py::arg("dst"), py::arg("format"));
-  m.def("decode_rows", &DecodeRows, py::arg("src"), py::arg("out"), py::arg("format"));
+  m.def("encode_rows", [](py::handle src, py::handle dst, const std::string& format) {
+    CodeRows(src, dst, format, true);
+  }, py::arg("src"), py::arg("dst"), py::arg("format"));
+  m.def("decode_rows", [](py::handle src, py::handle out, const std::string& format) {
+    CodeRows(out, src, format, false);
+  }, py::arg("src"), py::arg("out"), py::arg("format"));
   m.def("wire_row_bytes", [](const std::string& format, std::size_t row_elems) {
     return ops::WireRowBytes(LowFormatByName(format), row_elems);
   }, py::arg("format"), py::arg("row_elems"));
