@@ -1,6 +1,7 @@
 #include "capi/arguments.h"
 
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "capi/call.h"
@@ -131,6 +132,22 @@ Result<ElementType> ElementTypeArg(const hp_shmem_element_type* type) {
     element.reduce_type = dtype;
   }
   return element;
+}
+
+Result<ops::LowFormat> LowWireArg(int wire) {
+  if (wire >= HP_SHMEM_WIRE_FLOAT8_E4M3FN && wire <= HP_SHMEM_WIRE_BFLOAT16) {
+    HP_ASSIGN_OR_RETURN(const std::optional<ops::LowFormat> format, WireFromNumber(wire));
+    if (format.has_value()) return *format;
+  }
+  return InvalidArgument("`wire` must be one of 1 (float8_e4m3fn), 2 (float8_e5m2), 3 (float16), 4 (bfloat16), but "
+                         "got " + std::to_string(wire));
+}
+
+Result<DataType> CodecDtypeArg(int dtype) {
+  HP_ASSIGN_OR_RETURN(const DataType type, DtypeArg(dtype));
+  if (IsFloatingPoint(type)) return type;
+  return TypeError("`dtype` must be one of 0 (float32), 1 (float64), 2 (float16), 3 (bfloat16), but got " +
+                   std::to_string(dtype) + " (" + DataTypeName(type) + ")");
 }
 
 }  // namespace hp::shmem::capi

@@ -5,6 +5,7 @@
 
 #include "capi/hp_shmem.h"
 #include "ops/reduce_op.h"
+#include "ops/wire_format.h"
 #include "runtime/collectives/engine.h"
 #include "runtime/device.h"
 #include "runtime/status.h"
@@ -22,5 +23,9 @@ Result<SignalOp> SignalOpArg(int op);
 Result<CompareOp> CompareOpArg(int op);
 Result<SignalWidth> SignalWidthArg(int signal_bytes);
 Result<ElementType> ElementTypeArg(const hp_shmem_element_type* type);
+// A low-precision wire format (an hp_shmem_wire other than HP_SHMEM_WIRE_FULL).
+Result<ops::LowFormat> LowWireArg(int wire);
+// A dtype the codec encodes from and decodes into: float32, float64, float16 or bfloat16.
+Result<DataType> CodecDtypeArg(int dtype);
 
 }  // namespace hp::shmem::capi

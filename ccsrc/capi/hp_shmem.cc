@@ -17,6 +17,7 @@
 #include "capi/arguments.h"
 #include "capi/c_bootstrap.h"
 #include "capi/call.h"
+#include "ops/host/codec.h"
 #include "ops/reduce_op.h"
 #include "ops/wire_format.h"
 #include "runtime/collectives/engine.h"
@@ -390,6 +391,41 @@ int hp_shmem_moe_exchange(uint64_t team, int direction, int experts, const void*
     x.out_offsets = out_offsets;
     x.role = call_role;
     return R().MoeExchange(x, kDefaultStream, nullptr);
+  });
+}
+
+int hp_shmem_wire_row_bytes(int wire, size_t row_elems, size_t* bytes) {
+  return Call([&]() -> Status {
+    HP_ASSIGN_OR_RETURN(const hp::shmem::ops::LowFormat format, hp::shmem::capi::LowWireArg(wire));
+    HP_RETURN_IF_ERROR(NonNull(bytes, "bytes"));
+    *bytes = hp::shmem::ops::WireRowBytes(format, row_elems);
+    return Status::Ok();
+  });
+}
+
+int hp_shmem_encode_rows(int wire, int dtype, const void* src, size_t rows, size_t row_elems, void* dst) {
+  return Call([&]() -> Status {
+    HP_ASSIGN_OR_RETURN(const hp::shmem::ops::LowFormat format, hp::shmem::capi::LowWireArg(wire));
+    HP_ASSIGN_OR_RETURN(const DataType type, hp::shmem::capi::CodecDtypeArg(dtype));
+    HP_RETURN_IF_ERROR(NonNullData(src, rows * row_elems * hp::shmem::DataTypeSize(type), "src"));
+    HP_RETURN_IF_ERROR(NonNullData(dst, rows * hp::shmem::ops::WireRowBytes(format, row_elems), "dst"));
+    if (!hp::shmem::ops::HostEncodeRows(format, type, src, rows, row_elems, dst)) {
+      return hp::shmem::Internal("the host codec refused checked arguments: encode_rows");
+    }
+    return Status::Ok();
+  });
+}
+
+int hp_shmem_decode_rows(int wire, const void* src, size_t rows, size_t row_elems, int dtype, void* out) {
+  return Call([&]() -> Status {
+    HP_ASSIGN_OR_RETURN(const hp::shmem::ops::LowFormat format, hp::shmem::capi::LowWireArg(wire));
+    HP_ASSIGN_OR_RETURN(const DataType type, hp::shmem::capi::CodecDtypeArg(dtype));
+    HP_RETURN_IF_ERROR(NonNullData(src, rows * hp::shmem::ops::WireRowBytes(format, row_elems), "src"));
+    HP_RETURN_IF_ERROR(NonNullData(out, rows * row_elems * hp::shmem::DataTypeSize(type), "out"));
+    if (!hp::shmem::ops::HostDecodeRows(format, src, rows, row_elems, type, out)) {
+      return hp::shmem::Internal("the host codec refused checked arguments: decode_rows");
+    }
+    return Status::Ok();
   });
 }
 

@@ -28,7 +28,7 @@ extern "C" {
 #define HP_SHMEM_API __attribute__((visibility("default")))
 
 /* Bumped on every incompatible change; a caller checks it before anything else. */
-#define HP_SHMEM_ABI_VERSION 4
+#define HP_SHMEM_ABI_VERSION 5
 
 /* The runtime's StatusCode values (runtime/status.h), asserted equal there. */
 typedef enum {
@@ -194,6 +194,18 @@ HP_SHMEM_API int hp_shmem_moe_exchange(uint64_t team, int direction, int experts
                                        int64_t input_rows, void* output, int64_t output_rows, size_t row_bytes,
                                        const int64_t* in_splits, const int64_t* in_offsets, int64_t major_align,
                                        int64_t* out_splits, int64_t* out_offsets, int role);
+/* The MoE row codec (ops/host/codec.h, HostEncodeRows): what a handler sends for dispatch and combine in a
+ * low-precision `wire` (an hp_shmem_wire other than HP_SHMEM_WIRE_FULL). Local, on the calling thread, on host memory;
+ * no lifecycle needed. A wire row of `row_elems` values takes hp_shmem_wire_row_bytes bytes: float16 and bfloat16
+ * the plain cast (round to nearest even), fp8 the row's float32 power-of-two scale then one code per value (torch's
+ * rounding). hp_shmem_encode_rows encodes `rows` x `row_elems` values of `dtype` (an hp_shmem_dtype: float32,
+ * float64, float16 or bfloat16) at `src` into `dst`; hp_shmem_decode_rows decodes them into `out` of `dtype`. The
+ * buffers are contiguous and must not overlap. */
+HP_SHMEM_API int hp_shmem_wire_row_bytes(int wire, size_t row_elems, size_t* bytes);
+HP_SHMEM_API int hp_shmem_encode_rows(int wire, int dtype, const void* src, size_t rows, size_t row_elems,
+                                      void* dst);
+HP_SHMEM_API int hp_shmem_decode_rows(int wire, const void* src, size_t rows, size_t row_elems, int dtype,
+                                      void* out);
 /* Point to point; `type` travels with the message: a receiver of another dtype or size refuses it (its recv fails,
  * and the sender's next send or recv with it). */
 HP_SHMEM_API int hp_shmem_send(uint64_t team, const void* data, size_t bytes, const hp_shmem_element_type* type,

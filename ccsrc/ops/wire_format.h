@@ -26,6 +26,12 @@ constexpr std::size_t LowFormatBytes(LowFormat format) { return LowFormatScaled(
 // than the format ("" when they may, else the rule that is broken, for a message).
 const char* LowFormatRefusal(LowFormat format, DataType dtype, ReduceOp op);
 
+// Bytes of one MoE wire row of `row_elems` values (ops/host/codec.h, HostEncodeRows): the fp8 formats' float32
+// scale of the row, then one code per value.
+constexpr std::size_t WireRowBytes(LowFormat format, std::size_t row_elems) {
+  return (LowFormatScaled(format) ? sizeof(float) : 0) + row_elems * LowFormatBytes(format);
+}
+
 // Values per scale.
 constexpr std::size_t kScaleBlock = 128;
 // The scales a run of `count` values has.

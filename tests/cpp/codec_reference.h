@@ -24,6 +24,12 @@ namespace hp::shmem::testutil {
 inline constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// Every wire format, and every dtype the codec encodes from and decodes into.
+inline constexpr ops::LowFormat kEveryLowFormat[] = {ops::LowFormat::kFloat8E4M3Fn, ops::LowFormat::kFloat8E5M2,
+                                                     ops::LowFormat::kFloat16, ops::LowFormat::kBFloat16};
+inline constexpr DataType kCodecDtypes[] = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
+                                            DataType::kBFloat16};
+
 inline std::uint32_t Bits(float value) {
   std::uint32_t bits;
   std::memcpy(&bits, &value, sizeof(bits));
@@ -176,13 +182,14 @@ struct Encoded {
   std::vector<std::uint8_t> bytes;
 };
 
-// Every value is rounded to float32 first; the scale comes from a float32 division and frexp.
+// Every value is rounded to float32 first; the scale comes from a float32 division and frexp. One scale per
+// `block_values` values (the collectives' kScaleBlock; a MoE row's length for HostEncodeRows).
 inline Encoded ReferenceEncode(ops::LowFormat format, DataType dtype, const std::vector<unsigned char>& src,
-                               std::size_t count) {
-  Encoded encoded{std::vector<float>(ops::ScaleCount(count)), std::vector<std::uint8_t>(count)};
-  for (std::size_t block = 0; block * ops::kScaleBlock < count; ++block) {
-    const std::size_t start = block * ops::kScaleBlock;
-    const std::size_t end = std::min(count, start + ops::kScaleBlock);
+                               std::size_t count, std::size_t block_values = ops::kScaleBlock) {
+  Encoded encoded{std::vector<float>((count + block_values - 1) / block_values), std::vector<std::uint8_t>(count)};
+  for (std::size_t block = 0; block * block_values < count; ++block) {
+    const std::size_t start = block * block_values;
+    const std::size_t end = std::min(count, start + block_values);
     float absmax = 0.0f;
     bool finite = true;
     for (std::size_t i = start; i < end; ++i) {

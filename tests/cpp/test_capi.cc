@@ -974,4 +974,37 @@ TEST(Capi, ConfigurationIsReadByTheRuntime) {
   }));
 }
 
+// The MoE row codec through the C ABI, without a lifecycle: an fp8 row is its scale then its codes, a bfloat16 row
+// the cast; bad wires and dtypes are refused with their messages and nothing is written.
+TEST(Capi, RowCodecEncodesAndDecodesWithoutALifecycle) {
+  ExpectAllRanksPass(RunRanks(1, [](Rank&) {
+    std::size_t row_bytes = 0;
+    REQUIRE_OK(hp_shmem_wire_row_bytes(HP_SHMEM_WIRE_FLOAT8_E4M3FN, 3, &row_bytes));
+    REQUIRE(row_bytes == 7);
+    REQUIRE_OK(hp_shmem_wire_row_bytes(HP_SHMEM_WIRE_BFLOAT16, 3, &row_bytes));
+    REQUIRE(row_bytes == 6);
+    const float rows[6] = {1.0f, -2.0f, 448.0f, 0.0f, 0.0f, 0.0f};
+    unsigned char wire[14];
+    REQUIRE_OK(hp_shmem_encode_rows(HP_SHMEM_WIRE_FLOAT8_E4M3FN, HP_SHMEM_FLOAT32, rows, 2, 3, wire));
+    float scale = 0.0f;
+    std::memcpy(&scale, wire, sizeof(scale));
+    REQUIRE(scale == 2.0f);   // frexp(448 / 448) = 0.5 * 2**1
+    std::memcpy(&scale, wire + 7, sizeof(scale));
+    REQUIRE(scale == 1.0f);   // an all-zero row
+    double back[6] = {};
+    REQUIRE_OK(hp_shmem_decode_rows(HP_SHMEM_WIRE_FLOAT8_E4M3FN, wire, 2, 3, HP_SHMEM_FLOAT64, back));
+    for (int i = 0; i < 6; ++i) REQUIRE(back[i] == static_cast<double>(rows[i]));
+    unsigned char untouched[14];
+    std::memset(untouched, 0xA5, sizeof(untouched));
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT,
+                  "`wire` must be one of 1 (float8_e4m3fn), 2 (float8_e5m2), 3 (float16), 4 (bfloat16), but got 0",
+                  hp_shmem_encode_rows(HP_SHMEM_WIRE_FULL, HP_SHMEM_FLOAT32, rows, 2, 3, untouched));
+    REQUIRE_ERROR(HP_SHMEM_TYPE_ERROR,
+                  "`dtype` must be one of 0 (float32), 1 (float64), 2 (float16), 3 (bfloat16), but got 6 (int32)",
+                  hp_shmem_encode_rows(HP_SHMEM_WIRE_FLOAT16, HP_SHMEM_INT32, rows, 2, 3, untouched));
+    for (unsigned char byte : untouched) REQUIRE(byte == 0xA5);
+    REQUIRE_OK(hp_shmem_encode_rows(HP_SHMEM_WIRE_FLOAT16, HP_SHMEM_FLOAT32, nullptr, 0, 3, nullptr));
+  }));
+}
+
 }  // namespace

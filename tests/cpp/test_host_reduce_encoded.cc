@@ -28,9 +28,6 @@ namespace {
 
 using namespace testutil;  // NOLINT(build/namespaces): the shared test helpers
 
-const LowFormat kFormats[] = {LowFormat::kFloat8E4M3Fn, LowFormat::kFloat8E5M2, LowFormat::kFloat16,
-                              LowFormat::kBFloat16};
-const DataType kOutDtypes[] = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16};
 const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg};
 // Tails, exactly one block, just past it, and many blocks (the kernels may work in blocks of 128 or 1024).
 const std::size_t kCounts[] = {1, 127, kScaleBlock, kScaleBlock + 1, 1000, 4097};
@@ -295,8 +292,8 @@ void ExpectReducesLikeReference(const Case& c, const std::vector<unsigned char>&
 // `out`, with 0 to 3), both ops, with and without reencoding, on every variant: the same inputs for each variant.
 void ExpectEveryLayoutMatchesTheReference(Spread spread, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
-  for (LowFormat format : kFormats) {
-    for (DataType out_dtype : kOutDtypes) {
+  for (LowFormat format : kEveryLowFormat) {
+    for (DataType out_dtype : kCodecDtypes) {
       for (std::size_t count : kCounts) {
         for (Own own_mode : {Own::kNone, Own::kSeparate, Own::kInPlace}) {
           for (int nsources = own_mode == Own::kNone ? 1 : 0; nsources <= 3; ++nsources) {
@@ -337,8 +334,8 @@ TEST(HostReduceEncodedTest, CountZeroReturnsTrueAndWritesNothing) {
   const std::uint8_t codes[kGuardBytes] = {};   // valid pointers, never read
   const EncodedRun sources[3] = {{&scale, codes}, {&scale, codes}, {&scale, codes}};
   for (HostIsa isa : AvailableIsas()) {
-    for (LowFormat format : kFormats) {
-      for (DataType out_dtype : kOutDtypes) {
+    for (LowFormat format : kEveryLowFormat) {
+      for (DataType out_dtype : kCodecDtypes) {
         for (Own own_mode : {Own::kNone, Own::kSeparate, Own::kInPlace}) {
           for (int nsources = own_mode == Own::kNone ? 1 : 0; nsources <= 3; ++nsources) {
             for (ReduceOp op : kOps) {
@@ -383,7 +380,7 @@ TEST(HostReduceEncodedTest, InfOrNanInAnFp8SourceBlockMakesThatWholeBlockNan) {
     ASSERT_TRUE(std::isnan(with_specials.scales[1]) && std::isnan(with_specials.scales[2]) &&
                 std::isnan(with_specials.scales[4]) && !std::isnan(with_specials.scales[0]) &&
                 !std::isnan(with_specials.scales[3]));
-    for (DataType out_dtype : kOutDtypes) {
+    for (DataType out_dtype : kCodecDtypes) {
       const std::vector<unsigned char> own = ModerateValues(out_dtype, count, rng);
       for (const std::vector<Encoded>& sources : {std::vector<Encoded>{with_specials, finite},
                                                   std::vector<Encoded>{finite, with_specials}}) {
@@ -493,7 +490,7 @@ TEST(HostReduceEncodedTest, EveryFp8CodeWithExtremeScalesMatchesTheReference) {
           every.bytes[i] = static_cast<std::uint8_t>(i);
           shuffled.bytes[i] = static_cast<std::uint8_t>(i * 7 + 3);   // every byte again, in another order
         }
-        for (DataType out_dtype : kOutDtypes) {
+        for (DataType out_dtype : kCodecDtypes) {
           const std::vector<unsigned char> own = ModerateValues(out_dtype, count, rng);
           for (Own own_mode : {Own::kNone, Own::kSeparate}) {
             for (const std::vector<Encoded>& sources : {std::vector<Encoded>{every},
@@ -590,7 +587,7 @@ TEST(HostReduceEncodedTest, Float64ResultRoundsToFloat32BeforeTheSixteenBitCast)
 // scales are the reference's, `out` holds their decoding, and nothing around them is written.
 TEST(HostReduceEncodedTest, ReencodingAtEveryOffsetWritesTheCodesWholeAndAlone) {
   std::mt19937_64 rng(53);
-  for (LowFormat format : kFormats) {
+  for (LowFormat format : kEveryLowFormat) {
     const bool scaled = LowFormatScaled(format);
     const std::size_t code_size = CodeSize(format);
     for (std::size_t count : {std::size_t{1}, std::size_t{17}, kScaleBlock + 1, std::size_t{1000}}) {
@@ -663,7 +660,7 @@ TEST(HostReduceEncodedTest, RefusesWhatItDoesNotComputeAndWritesNothing) {
     int nsources;
   };
   std::vector<Refused> refused;
-  for (LowFormat format : kFormats) {
+  for (LowFormat format : kEveryLowFormat) {
     refused.push_back({"no term", format, DataType::kFloat32, ReduceOp::kSum, nullptr, 0});
     refused.push_back({"no term (avg)", format, DataType::kFloat64, ReduceOp::kAvg, nullptr, 0});
     refused.push_back({"max", format, DataType::kFloat32, ReduceOp::kMax, own, 1});

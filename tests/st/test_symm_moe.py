@@ -21,12 +21,13 @@ _ENV = {"HYPER_PARALLEL_SHMEM_HEAP_SIZE": "64M", "HYPER_PARALLEL_SHMEM_TIMEOUT_S
 _EXPERTS, _HIDDEN, _CAPACITY, _ALIGN = 2, 4, 48, 2
 
 
-def _step(x: torch.Tensor, splits: torch.Tensor, weight: torch.Tensor, group) -> torch.Tensor:
-    """Dispatch, an expert's elementwise work, combine back: the loss of this rank's tokens."""
+def _step(x: torch.Tensor, splits: torch.Tensor, weight: torch.Tensor, group, wire=None) -> torch.Tensor:
+    """Dispatch (its rows in the wire format ``wire``, or in full precision), an expert's elementwise work, combine
+    back: the loss of this rank's tokens."""
     n = dist.get_world_size(group)
     table = torch.zeros((2, n * _EXPERTS), dtype=torch.int64)
     routed = symm.shmem_moe_dispatch(torch.zeros((_CAPACITY, _HIDDEN)), x, splits, table, group=group,
-                                     major_align=_ALIGN)
+                                     major_align=_ALIGN, low_precision_dtype=wire)
     worked = torch.tanh(routed * weight)
     back = symm.shmem_moe_combine(torch.zeros_like(x), worked, table, torch.zeros_like(table), group=group,
                                   major_align=_ALIGN)
@@ -59,6 +60,13 @@ def _case_compiled_step_matches_eager(backends: list) -> None:
             torch.testing.assert_close(leaf2.grad, leaf.grad, rtol=0, atol=0)
             # the rows past the routed ones were sent nowhere: no gradient but the plain one
             assert torch.equal(leaf2.grad[rows:], torch.zeros(3, _HIDDEN)), backend
+        # fp8 rows: the compiled op calls the runtime's row codec as eager does, to the same bits
+        torch._dynamo.reset()
+        with torch.no_grad():
+            eager_fp8 = _step(x, splits, weight, None, "float8_e4m3fn")
+            compiled = torch.compile(_step, fullgraph=True, backend="eager")
+            torch.testing.assert_close(compiled(x, splits, weight, None, "float8_e4m3fn"), eager_fp8, rtol=0, atol=0)
+        assert not torch.equal(eager_fp8, eager)   # the rows did travel in fp8
         torch._dynamo.reset()
 
 

@@ -246,9 +246,78 @@ void Decode(py::handle src_arg, py::handle out_arg, bool accumulate) {
   if (!done) throw StatusError(Internal("the host codec refused checked arguments: decode"));
 }
 
+// A wire format by name (the low-precision formats' names, as torch spells the dtypes).
+ops::LowFormat LowFormatByName(const std::string& name) {
+  std::string names;
+  for (int f = 0; f < ops::kLowFormats; ++f) {
+    const auto format = static_cast<ops::LowFormat>(f);
+    if (name == ops::LowFormatName(format)) return format;
+    names += (f > 0 ? ", " : "") + std::string(ops::LowFormatName(format));
+  }
+  throw StatusError(InvalidArgument("`format` must be one of " + names + ", but got " + name));
+}
+
+// Rows of a tensor of at least one dimension: its first dimension, and the values of each row.
+std::pair<std::size_t, std::size_t> RowShape(const at::Tensor& tensor, const char* name) {
+  if (tensor.dim() < 1) {
+    throw StatusError(InvalidArgument(std::string("`") + name + "` must have at least one dimension (its rows), "
+                                      "but got a 0-d tensor"));
+  }
+  std::size_t row_elems = 1;
+  for (std::int64_t d = 1; d < tensor.dim(); ++d) row_elems *= static_cast<std::size_t>(tensor.size(d));
+  return {static_cast<std::size_t>(tensor.size(0)), row_elems};
+}
+
+// The wire rows of `rows` (uint8, rows x WireRowBytes) whose values `wide` (named `wide_name`) holds.
+void CheckWireRows(const at::Tensor& wire, const char* wire_name, ops::LowFormat format, std::size_t rows,
+                   std::size_t row_elems, const char* wide_name) {
+  if (wire.scalar_type() != at::kByte) {
+    throw StatusError(TypeError(std::string("`") + wire_name + "` must have dtype torch.uint8, but got " +
+                                DtypeName(wire.scalar_type())));
+  }
+  const std::size_t expected = rows * ops::WireRowBytes(format, row_elems);
+  if (static_cast<std::size_t>(wire.numel()) != expected) {
+    throw StatusError(InvalidArgument(std::string("`") + wire_name + "` must have " + std::to_string(expected) +
+                                      " bytes (" + std::to_string(rows) + " rows of `" + wide_name + "` in " +
+                                      ops::LowFormatName(format) + "), but got " + std::to_string(wire.numel())));
+  }
+}
+
+// MoE rows (ops/host/codec.h, HostEncodeRows): the rows (first dimension) of the values `wide` to or from their
+// wire rows `wire`, encoding (`wide` is `src`, `wire` is `dst`) or decoding (`wire` is `src`, `wide` is `out`).
+void CodeRows(py::handle wide_arg, py::handle wire_arg, const std::string& format_name, bool encode) {
+  const ops::LowFormat format = LowFormatByName(format_name);
+  const char* wide_name = encode ? "src" : "out";
+  const char* wire_name = encode ? "dst" : "src";
+  const at::Tensor& wide = CpuTensorArg(wide_arg, wide_name);
+  const DataType dtype = CodecFloatArg(wide, wide_name);
+  const at::Tensor& wire = CpuTensorArg(wire_arg, wire_name);
+  const auto [rows, row_elems] = RowShape(wide, wide_name);
+  CheckWireRows(wire, wire_name, format, rows, row_elems, wide_name);
+  CheckDisjoint(wide, wide_name, wire, wire_name);
+  void* wide_ptr = DataPointer(wide, wide_name);
+  void* wire_ptr = DataPointer(wire, wire_name);
+  bool done;
+  {
+    py::gil_scoped_release nogil;
+    done = encode ? ops::HostEncodeRows(format, dtype, wide_ptr, rows, row_elems, wire_ptr)
+                  : ops::HostDecodeRows(format, wire_ptr, rows, row_elems, dtype, wide_ptr);
+  }
+  if (!done) throw StatusError(Internal("the host codec refused checked arguments: rows"));
+}
+
 }  // namespace
 
 void RegisterCodec(py::module_& m) {
+  m.def("encode_rows", [](py::handle src, py::handle dst, const std::string& format) {
+    CodeRows(src, dst, format, true);
+  }, py::arg("src"), py::arg("dst"), py::arg("format"));
+  m.def("decode_rows", [](py::handle src, py::handle out, const std::string& format) {
+    CodeRows(out, src, format, false);
+  }, py::arg("src"), py::arg("out"), py::arg("format"));
+  m.def("wire_row_bytes", [](const std::string& format, std::size_t row_elems) {
+    return ops::WireRowBytes(LowFormatByName(format), row_elems);
+  }, py::arg("format"), py::arg("row_elems"));
   m.def("encode", &Encode, py::arg("src"), py::arg("dst"));
   m.def("decode", &Decode, py::arg("src"), py::arg("out"), py::arg("accumulate"));
   m.def("reduce_encoded", &ReduceEncoded, py::arg("out"), py::arg("own"), py::arg("sources"), py::arg("op"),

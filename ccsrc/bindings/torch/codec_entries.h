@@ -6,7 +6,8 @@
 
 namespace hp::shmem::torch_binding {
 
-// Adds encode, decode, reduce_encoded and scale_block to `m`.
+// Adds encode, decode, reduce_encoded, scale_block and the MoE row codec (encode_rows, decode_rows,
+// wire_row_bytes) to `m`.
 void RegisterCodec(pybind11::module_& m);
 
 }  // namespace hp::shmem::torch_binding

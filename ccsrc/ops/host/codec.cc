@@ -47,4 +47,32 @@ bool HostReduceEncoded(LowFormat format, DataType out_dtype, ReduceOp op, const 
   return HostReduceEncoded(BestHostIsa(), format, out_dtype, op, own, sources, nsources, count, out, reencode);
 }
 
+bool HostEncodeRows(HostIsa isa, LowFormat format, DataType src_dtype, const void* src, std::size_t rows,
+                    std::size_t row_elems, void* dst) {
+  if (!HostIsaAvailable(isa)) return false;
+#if defined(HP_OPS_HAVE_AVX2_F16C)
+  if (isa == HostIsa::kAvx2F16c) return EncodeRowsAvx2F16c(format, src_dtype, src, rows, row_elems, dst);
+#endif
+  return EncodeRowsPortable(format, src_dtype, src, rows, row_elems, dst);
+}
+
+bool HostEncodeRows(LowFormat format, DataType src_dtype, const void* src, std::size_t rows, std::size_t row_elems,
+                    void* dst) {
+  return HostEncodeRows(BestHostIsa(), format, src_dtype, src, rows, row_elems, dst);
+}
+
+bool HostDecodeRows(HostIsa isa, LowFormat format, const void* src, std::size_t rows, std::size_t row_elems,
+                    DataType out_dtype, void* out) {
+  if (!HostIsaAvailable(isa)) return false;
+#if defined(HP_OPS_HAVE_AVX2_F16C)
+  if (isa == HostIsa::kAvx2F16c) return DecodeRowsAvx2F16c(format, src, rows, row_elems, out_dtype, out);
+#endif
+  return DecodeRowsPortable(format, src, rows, row_elems, out_dtype, out);
+}
+
+bool HostDecodeRows(LowFormat format, const void* src, std::size_t rows, std::size_t row_elems, DataType out_dtype,
+                    void* out) {
+  return HostDecodeRows(BestHostIsa(), format, src, rows, row_elems, out_dtype, out);
+}
+
 }  // namespace hp::shmem::ops

@@ -84,4 +84,24 @@ bool HostReduceEncoded(HostIsa isa, LowFormat format, DataType out_dtype, Reduce
                        const EncodedRun* sources, int nsources, std::size_t count, void* out,
                        MutableEncodedRun reencode);
 
+// MoE rows (the wire of dispatch and combine, whose chunks are whole rows): `rows` rows of `row_elems` values of
+// `src_dtype` (as HostEncode takes), contiguous, into `rows` wire rows of WireRowBytes(format, row_elems) bytes
+// each. float16 and bfloat16 rows are HostEncode's plain cast. An fp8 row is its float32 scale (native byte order,
+// at the row's first byte, unaligned), then its codes: the row is encoded as one block of HostEncode (its scale is
+// BlockScale's rule over the whole row; a row holding inf or NaN is all NaN bytes with a NaN scale), however long.
+// An empty row (row_elems 0) is its scale alone, 1. The codes are written like HostEncode's (non-temporal stores,
+// fenced). `src` and `dst` must not overlap. Returns false, writing nothing, for another dtype, an unknown format or
+// a variant the CPU lacks.
+bool HostEncodeRows(LowFormat format, DataType src_dtype, const void* src, std::size_t rows, std::size_t row_elems,
+                    void* dst);
+bool HostEncodeRows(HostIsa isa, LowFormat format, DataType src_dtype, const void* src, std::size_t rows,
+                    std::size_t row_elems, void* dst);
+// HostEncodeRows undone: each value of `out` (`rows` x `row_elems` of `out_dtype`, contiguous) is its code's exact
+// value, as HostDecode overwriting computes it (fp8: the code times its row's scale, in float32). `src` and `out`
+// must not overlap. Returns false, writing nothing, for another dtype, an unknown format or a variant the CPU lacks.
+bool HostDecodeRows(LowFormat format, const void* src, std::size_t rows, std::size_t row_elems, DataType out_dtype,
+                    void* out);
+bool HostDecodeRows(HostIsa isa, LowFormat format, const void* src, std::size_t rows, std::size_t row_elems,
+                    DataType out_dtype, void* out);
+
 }  // namespace hp::shmem::ops

@@ -37,4 +37,14 @@ bool ReduceEncodedAvx2F16c(LowFormat format, DataType out_dtype, ReduceOp op, co
   return ReduceEncoded<F16cHalf>(format, out_dtype, op, own, sources, nsources, count, out, reencode);
 }
 
+bool EncodeRowsAvx2F16c(LowFormat format, DataType src_dtype, const void* src, std::size_t rows,
+                        std::size_t row_elems, void* dst) {
+  return EncodeRows<F16cHalf>(format, src_dtype, src, rows, row_elems, dst);
+}
+
+bool DecodeRowsAvx2F16c(LowFormat format, const void* src, std::size_t rows, std::size_t row_elems,
+                        DataType out_dtype, void* out) {
+  return DecodeRows<F16cHalf>(format, src, rows, row_elems, out_dtype, out);
+}
+
 }  // namespace hp::shmem::ops

@@ -33,4 +33,14 @@ bool ReduceEncodedPortable(LowFormat format, DataType out_dtype, ReduceOp op, co
   return ReduceEncoded<PortableHalf>(format, out_dtype, op, own, sources, nsources, count, out, reencode);
 }
 
+bool EncodeRowsPortable(LowFormat format, DataType src_dtype, const void* src, std::size_t rows,
+                        std::size_t row_elems, void* dst) {
+  return EncodeRows<PortableHalf>(format, src_dtype, src, rows, row_elems, dst);
+}
+
+bool DecodeRowsPortable(LowFormat format, const void* src, std::size_t rows, std::size_t row_elems,
+                        DataType out_dtype, void* out) {
+  return DecodeRows<PortableHalf>(format, src, rows, row_elems, out_dtype, out);
+}
+
 }  // namespace hp::shmem::ops

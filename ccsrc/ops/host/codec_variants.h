@@ -13,6 +13,10 @@ bool DecodePortable(LowFormat format, EncodedRun src, std::size_t count, DataTyp
 bool ReduceEncodedPortable(LowFormat format, DataType out_dtype, ReduceOp op, const void* own,
                            const EncodedRun* sources, int nsources, std::size_t count, void* out,
                            MutableEncodedRun reencode);
+bool EncodeRowsPortable(LowFormat format, DataType src_dtype, const void* src, std::size_t rows,
+                        std::size_t row_elems, void* dst);
+bool DecodeRowsPortable(LowFormat format, const void* src, std::size_t rows, std::size_t row_elems,
+                        DataType out_dtype, void* out);
 #if defined(HP_OPS_HAVE_AVX2_F16C)
 bool EncodeAvx2F16c(LowFormat format, DataType src_dtype, const void* src, std::size_t count, MutableEncodedRun dst);
 bool DecodeAvx2F16c(LowFormat format, EncodedRun src, std::size_t count, DataType out_dtype, void* out,
@@ -20,6 +24,10 @@ bool DecodeAvx2F16c(LowFormat format, EncodedRun src, std::size_t count, DataTyp
 bool ReduceEncodedAvx2F16c(LowFormat format, DataType out_dtype, ReduceOp op, const void* own,
                            const EncodedRun* sources, int nsources, std::size_t count, void* out,
                            MutableEncodedRun reencode);
+bool EncodeRowsAvx2F16c(LowFormat format, DataType src_dtype, const void* src, std::size_t rows,
+                        std::size_t row_elems, void* dst);
+bool DecodeRowsAvx2F16c(LowFormat format, const void* src, std::size_t rows, std::size_t row_elems,
+                        DataType out_dtype, void* out);
 #endif
 
 }  // namespace hp::shmem::ops

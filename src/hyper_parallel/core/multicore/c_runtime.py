@@ -22,7 +22,7 @@ from typing import Optional
 from hyper_parallel.core.multicore import errors, runtime_logs, ucx_libraries
 
 LIBRARY_NAME = "libhp_shmem_c.so"
-ABI_VERSION = 4   # HP_SHMEM_ABI_VERSION of the header this module was written against
+ABI_VERSION = 5   # HP_SHMEM_ABI_VERSION of the header this module was written against
 
 
 class _Bootstrap(ctypes.Structure):
@@ -104,6 +104,9 @@ _SIGNATURES = {
                             ctypes.POINTER(_ElementType), ctypes.c_int],
     "hp_shmem_moe_exchange": [ctypes.c_uint64, ctypes.c_int, ctypes.c_int, _P, ctypes.c_int64, _P, ctypes.c_int64,
                               ctypes.c_size_t, _P, _P, ctypes.c_int64, _P, _P, ctypes.c_int],
+    "hp_shmem_wire_row_bytes": [ctypes.c_int, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],
+    "hp_shmem_encode_rows": [ctypes.c_int, ctypes.c_int, _P, ctypes.c_size_t, ctypes.c_size_t, _P],
+    "hp_shmem_decode_rows": [ctypes.c_int, _P, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, _P],
     "hp_shmem_send": [ctypes.c_uint64, _P, ctypes.c_size_t, ctypes.POINTER(_ElementType), ctypes.c_int],
     "hp_shmem_recv": [ctypes.c_uint64, _P, ctypes.c_size_t, ctypes.POINTER(_ElementType), ctypes.c_int],
     "hp_shmem_refuse": [ctypes.c_uint64, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int],
@@ -428,6 +431,27 @@ def moe_exchange(team: int, direction: str, experts: int, data: int, data_rows: 
     code = {"dispatch": 0, "combine": 1}[direction]
     _call("moe_" + direction, "hp_shmem_moe_exchange", team, code, experts, data, data_rows, output, output_rows,
           row_bytes, in_splits, in_offsets, major_align, out_splits, out_offsets, _code("call_roles", role))
+
+
+def wire_row_bytes(wire: str, row_elems: int) -> int:
+    """Bytes of one MoE wire row of ``row_elems`` values in the wire format ``wire`` (the runtime's row codec:
+    ``2 * row_elems`` for float16 and bfloat16, ``4 + row_elems`` for the fp8 formats: the row's scale, then its
+    codes)."""
+    size = ctypes.c_size_t(0)
+    _call("wire_row_bytes", "hp_shmem_wire_row_bytes", _wire(wire), row_elems, ctypes.byref(size))
+    return size.value
+
+
+def encode_rows(wire: str, dtype: str, data: int, rows: int, row_elems: int, out: int) -> None:
+    """Encodes ``rows`` x ``row_elems`` values of ``dtype`` (a floating dtype's name) at ``data`` into the MoE wire
+    rows at ``out`` (:func:`wire_row_bytes` each), on the calling thread: the runtime's row codec, the one torch's
+    handler calls too."""
+    _call("encode_rows", "hp_shmem_encode_rows", _wire(wire), _code("dtypes", dtype), data, rows, row_elems, out)
+
+
+def decode_rows(wire: str, data: int, rows: int, row_elems: int, dtype: str, out: int) -> None:
+    """Decodes ``rows`` MoE wire rows at ``data`` into ``rows`` x ``row_elems`` values of ``dtype`` at ``out``."""
+    _call("decode_rows", "hp_shmem_decode_rows", _wire(wire), data, rows, row_elems, _code("dtypes", dtype), out)
 
 
 def send(team: int, data: int, nbytes: int, element: ElementType, peer: int) -> None:

@@ -380,28 +380,35 @@ class CAbiCalls:
 
     def moe_into(self, output: Any, data: Any, in_splits: Any, in_offsets: Optional[Any], out_table: Any,
                  direction: str, major_align: int, name: str, role: str, wire: Optional[str] = None) -> Any:
-        """MoE dispatch or combine on checked arguments (no autograd); ``wire``: float16 or bfloat16 rows (a plain
-        cast each way), or None."""
+        """MoE dispatch or combine on checked arguments (no autograd); ``wire``: a low-precision wire format the rows
+        travel in (the runtime's row codec encodes them before the exchange and decodes them after it, as on
+        torch), or None."""
         team = self._team(name, "shmem_moe_" + direction)
         experts = tensors.numel(in_splits) // len(team.pes)
-        send, receive = data, output
-        if wire is not None and len(team.pes) > 1:
-            if _WIRE_WIDTH[wire] != 2:
-                raise ShmemValueError(f"`low_precision_dtype` must be float16 or bfloat16 for MoE rows on mindspore "
-                                      f"(fp8 needs a per-row scale kernel), but got {wire}")
-            low = tensors.low_dtype(wire)
-            send = tensors.contiguous(data.astype(low))
-            receive = tensors.new_flat(tensors.numel(output), low).reshape(tuple(output.shape))
         rows_in, rows_out = int(data.shape[0]), int(output.shape[0])
-        row_bytes = int(send.itemsize) * (tensors.numel(send) // rows_in if rows_in else _row_numel(send))
-        tensors.synchronize()
+        row_elems = _row_numel(data)
+        low = wire is not None and len(team.pes) > 1
+        if low:
+            source = tensors.contiguous(data)
+            row_bytes = c_runtime.wire_row_bytes(wire, row_elems)
+            send, receive = tensors.new_bytes(rows_in * row_bytes), tensors.new_bytes(rows_out * row_bytes)
+            decoded = tensors.new_empty(tuple(output.shape), output)
+            tensors.synchronize()
+            c_runtime.encode_rows(wire, tensors.dtype_info(source.dtype).name, tensors.address(source), rows_in,
+                                  row_elems, tensors.address(send))
+        else:
+            send, receive = data, output
+            row_bytes = int(data.itemsize) * row_elems
+            tensors.synchronize()
         c_runtime.moe_exchange(team.id, direction, experts, tensors.address(send), rows_in, tensors.address(receive),
                                rows_out, row_bytes, tensors.address(in_splits),
                                None if in_offsets is None else tensors.address(in_offsets), major_align,
                                tensors.address(out_table), tensors.address(out_table) + 8 * tensors.numel(in_splits),
                                role)
-        if receive is not output:
-            tensors.copy_into(output, receive.astype(output.dtype))
+        if low:
+            c_runtime.decode_rows(wire, tensors.address(receive), rows_out, row_elems,
+                                  tensors.dtype_info(output.dtype).name, tensors.address(decoded))
+            tensors.copy_into(output, decoded)
         return output
 
     def all_gather_into(self, output: Any, data: Any, name: str, role: str) -> Any:

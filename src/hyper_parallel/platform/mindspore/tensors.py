@@ -225,11 +225,6 @@ def dtype_name(dtype: Any) -> Any:
 # --------------------------------------------------------------------------
 
 
-def low_dtype(name: str) -> Any:
-    """The MindSpore dtype of the 16-bit wire format ``name`` ("float16" or "bfloat16")."""
-    return {"float16": ms.float16, "bfloat16": ms.bfloat16}[name]
-
-
 def numel(tensor: ms.Tensor) -> int:
     """The tensor's element count."""
     return int(tensor.size)
@@ -310,6 +305,11 @@ def matmul_dtype_names() -> list:
 def new_flat(count: int, dtype: Any) -> ms.Tensor:
     """A new 1-D tensor of ``count`` elements (zeros)."""
     return ops.zeros((count,), dtype)
+
+
+def new_bytes(count: int) -> ms.Tensor:
+    """A new 1-D uint8 tensor of ``count`` bytes (zeros): a buffer of the runtime's encoded rows."""
+    return new_flat(count, ms.uint8)
 
 
 def new_empty(shape: Sequence[int], like: ms.Tensor) -> ms.Tensor:

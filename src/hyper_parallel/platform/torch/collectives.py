@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from hyper_parallel.core.multicore import shmem
 from hyper_parallel.core.multicore.errors import ShmemValueError
+from hyper_parallel.core.multicore.shmem import codec
 from hyper_parallel.core.symmetric_memory import checks
 from hyper_parallel.platform.torch import context, groups, low_precision, tensors
 
@@ -351,10 +352,14 @@ def _moe(team: shmem.Team, direction: str, output: torch.Tensor, data: torch.Ten
     if wire in (low_precision.FULL, low_precision.DEFAULT) or team.size == 1:
         team.moe_exchange(direction, data, output, in_splits, in_offsets, out_table, experts, major_align, role)
         return
-    send = low_precision.encode_rows(data, wire)
+    # The runtime's row codec works on host memory: an accelerator's rows are encoded and decoded through the host.
+    send = codec.encode_rows(data.detach().contiguous().cpu(), wire)
     receive = send.new_zeros((output.shape[0], send.shape[1]))
+    if data.device.type != "cpu":
+        send, receive = send.to(data.device), receive.to(data.device)
     team.moe_exchange(direction, send, receive, in_splits, in_offsets, out_table, experts, major_align, role)
-    output.copy_(low_precision.decode_rows(receive, wire, output))
+    decoded = torch.empty(output.shape, dtype=output.dtype)
+    output.copy_(codec.decode_rows(receive.cpu(), wire, decoded))
 
 
 def _send_op(tensor: torch.Tensor, dst: int, group_name: str) -> torch.Tensor:

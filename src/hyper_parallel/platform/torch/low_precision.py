@@ -198,30 +198,6 @@ def chosen(wire_value: str, dtype: torch.dtype, op: str) -> Optional[str]:
     return None if wire_value == FULL else wire_value
 
 
-def encode_rows(rows: torch.Tensor, name: str) -> torch.Tensor:
-    """The rows (dim 0) of ``rows`` in the wire format ``name``, one uint8 row each, for MoE dispatch and combine,
-    whose chunks are whole rows: float16 and bfloat16 are the plain cast; an fp8 row starts with its float32 scale
-    (the power of two closest above ``absmax / fp8_max`` of the row, exponent at least -126), then its codes."""
-    low = LOW_PRECISION_DTYPES[name]
-    flat = rows.reshape(rows.shape[0], -1)
-    if low.itemsize == 2:
-        return flat.to(low).view(torch.uint8)
-    values = flat.float()
-    absmax = values.abs().amax(dim=1, keepdim=True) if values.shape[1] else values.new_zeros((values.shape[0], 1))
-    scale = torch.exp2(torch.ceil(torch.log2(absmax / torch.finfo(low).max)).clamp(min=-126.0))
-    return torch.cat([scale.view(torch.uint8), (values / scale).to(low).view(torch.uint8)], dim=1)
-
-
-def decode_rows(wire_rows: torch.Tensor, name: str, like: torch.Tensor) -> torch.Tensor:
-    """:func:`encode_rows` undone: the rows in ``like``'s dtype and shape."""
-    low = LOW_PRECISION_DTYPES[name]
-    if low.itemsize == 2:
-        return wire_rows.view(low).to(like.dtype).view(like.shape)
-    scale = wire_rows[:, :4].contiguous().view(torch.float32)
-    codes = wire_rows[:, 4:].contiguous().view(low)
-    return (codes.float() * scale).to(like.dtype).view(like.shape)
-
-
 # The bound's constants (module docstring): unit roundoff and the underflow term per cast, of each low dtype and
 # of the 16-bit tensor dtypes' own final rounding.
 _UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float8_e4m3fn: 2.0**-4,

@@ -123,3 +123,68 @@ def reduce_encoded(out: torch.Tensor, own: Optional[torch.Tensor], sources: Sequ
         ShmemStateError: a tensor of a freed symmetric allocation.
     """
     C.reduce_encoded(out, own, sources, check_choice("op", op, _REDUCE_OPS), reencode)
+
+
+def wire_row_bytes(name: str, row_elems: int) -> int:
+    """Bytes of one MoE wire row of ``row_elems`` values in the wire format ``name``.
+
+    Args:
+        name: float16, bfloat16, float8_e4m3fn or float8_e5m2.
+        row_elems: values per row.
+
+    Returns:
+        ``2 * row_elems`` for float16 and bfloat16; ``4 + row_elems`` for the fp8 formats (the row's scale, then
+        its codes).
+
+    Raises:
+        ValueError: an unknown format.
+    """
+    return int(C.wire_row_bytes(name, row_elems))
+
+
+def encode_rows(src: torch.Tensor, name: str) -> torch.Tensor:
+    """The rows of ``src`` (its first dimension) in the MoE wire format ``name``: one uint8 wire row each.
+
+    The runtime's row codec (``ccsrc/ops/host/codec.h``, ``HostEncodeRows``; MindSpore's handler calls the same
+    through the C ABI). float16 and bfloat16 rows are the plain cast (round to nearest even); an fp8 row is its
+    float32 scale, then its codes: the scale is a block's (module docstring) with the whole row as the block, and
+    the codes are torch's cast of the values divided by it. A row holding inf or NaN decodes to NaN.
+
+    Args:
+        src: a contiguous CPU tensor of at least one dimension, of float32, float64, float16 or bfloat16.
+        name: float16, bfloat16, float8_e4m3fn or float8_e5m2.
+
+    Returns:
+        A new uint8 tensor of ``(src.shape[0], wire_row_bytes(name, row_elems))``.
+
+    Raises:
+        TypeError: ``src`` of another dtype.
+        ValueError: an unknown format, ``src`` 0-d, not on the CPU or not contiguous.
+    """
+    rows = src.shape[0] if src.dim() else 0
+    row_elems = src.numel() // rows if rows else int(torch.Size(src.shape[1:]).numel())
+    wire = torch.empty((rows, wire_row_bytes(name, row_elems)), dtype=torch.uint8)
+    C.encode_rows(src, wire, name)
+    return wire
+
+
+def decode_rows(wire: torch.Tensor, name: str, out: torch.Tensor) -> torch.Tensor:
+    """:func:`encode_rows` undone: the wire rows ``wire`` decoded into the rows of ``out`` (each value exact: a
+    16-bit code widened, an fp8 code times its row's scale in float32, then rounded once into ``out``'s dtype).
+
+    Args:
+        wire: a contiguous uint8 CPU tensor of ``out.shape[0]`` wire rows.
+        name: the format ``wire`` is in.
+        out: a contiguous CPU tensor of at least one dimension, of float32, float64, float16 or bfloat16, apart
+            from ``wire``.
+
+    Returns:
+        ``out``.
+
+    Raises:
+        TypeError: a tensor of the wrong dtype.
+        ValueError: an unknown format, sizes that do not match, a tensor not on the CPU or not contiguous,
+            overlapping tensors. Nothing is written.
+    """
+    C.decode_rows(wire, out, name)
+    return out
