@@ -37,12 +37,11 @@ std::string DescribeMessage(const MailboxHeader& header) {
 
 Status CollectiveEngine::OpenDeferred(Fingerprint fingerprint, const std::vector<std::int64_t>* counts,
                                       const std::string* statement) {
-  const int n = team_.size();
-  ++team_.epoch;
-  const int parity = static_cast<int>(team_.epoch & 1);
-  fingerprint.epoch = static_cast<std::uint64_t>(SignalValue(team_.epoch));
-  // 1. This rank's call, staged from host memory in stream order into its own tables, then put into every peer's.
+  // 1. This rank's call, numbered and staged from host memory in stream order into its own tables, then put into
+  //    every peer's.
   const Status published = PublishCall(fingerprint, counts, statement, /*in_stream_order=*/true);
+  const int n = team_.size();
+  const int parity = static_cast<int>(team_.epoch & 1);
   if (!published.ok()) return Broken(published, "publish the call", Next::kUnknown);
   // 2. The sync, on the stream.
   const Status arrived = Arrive();

@@ -137,11 +137,12 @@ class CollectiveEngine {
   // for a deferred check.
   Status OpenDeferred(Fingerprint fingerprint, const std::vector<std::int64_t>* counts = nullptr,
                       const std::string* statement = nullptr);
-  // The first sync's publication (Open, OpenDeferred): this rank's statement (a refusal's text), count row and
-  // fingerprint row into its own tables at the current epoch's parity, copied now or staged where the stream reaches
-  // them (`in_stream_order`), then put into every peer's. The row goes last: a member that sees it sees the rest.
-  Status PublishCall(const Fingerprint& fingerprint, const std::vector<std::int64_t>* counts,
-                     const std::string* statement, bool in_stream_order);
+  // The first sync's publication (Open, OpenDeferred): numbers the sync (the team's next epoch, into `fingerprint`),
+  // then puts this rank's statement (a refusal's text), count row and fingerprint row into its own tables at that
+  // epoch's parity, copied now or staged where the stream reaches them (`in_stream_order`), then into every peer's.
+  // The row goes last: a member that sees it sees the rest.
+  Status PublishCall(Fingerprint& fingerprint, const std::vector<std::int64_t>* counts, const std::string* statement,
+                     bool in_stream_order);
   // The check of one call as it reads back: OK, a refusal, or a mismatch (which breaks the team: its members may have
   // run different numbers of syncs since).
   Status CompareCall(const DeferredCheck& check, const std::vector<char>& table, const std::vector<std::int64_t>& counts);

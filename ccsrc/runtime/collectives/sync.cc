@@ -267,9 +267,11 @@ Result<std::vector<Fingerprint>> CollectiveEngine::Open(Fingerprint fingerprint,
   return std::vector<Fingerprint>{};
 }
 
-Status CollectiveEngine::PublishCall(const Fingerprint& fingerprint, const std::vector<std::int64_t>* counts,
+Status CollectiveEngine::PublishCall(Fingerprint& fingerprint, const std::vector<std::int64_t>* counts,
                                      const std::string* statement, bool in_stream_order) {
   const int n = team_.size();
+  ++team_.epoch;
+  fingerprint.epoch = static_cast<std::uint64_t>(SignalValue(team_.epoch));
   const int parity = static_cast<int>(team_.epoch & 1);
   Fingerprint* row = team_.FingerprintRow(parity, team_.me);
   std::int64_t* count_row = team_.CountRow(Parity(), team_.me);
@@ -301,12 +303,10 @@ Status CollectiveEngine::PublishCall(const Fingerprint& fingerprint, const std::
 Result<std::vector<Fingerprint>> CollectiveEngine::OpenNow(Fingerprint fingerprint,
                                                            const std::vector<std::int64_t>* counts,
                                                            const std::string* statement) {
-  const int n = team_.size();
-  ++team_.epoch;
-  const int parity = static_cast<int>(team_.epoch & 1);
-  fingerprint.epoch = static_cast<std::uint64_t>(SignalValue(team_.epoch));
-  // 1. This rank's call, copied into its own tables now, then put into every peer's.
+  // 1. This rank's call, numbered and copied into its own tables now, then put into every peer's.
   const Status published = PublishCall(fingerprint, counts, statement, /*in_stream_order=*/false);
+  const int n = team_.size();
+  const int parity = static_cast<int>(team_.epoch & 1);
   if (!published.ok()) {
     --team_.epoch;   // GiveUpNext gives this sync up
     (void)GiveUpNext(GiveUpReason::kFailed, std::string(op_name()) + " could not publish its call: " + published.message());
