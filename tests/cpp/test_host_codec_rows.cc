@@ -64,7 +64,7 @@ std::vector<std::uint8_t> ReferenceRows(LowFormat format, DataType dtype, const 
       const Encoded encoded = row_elems == 0 ? Encoded{{1.0f}, {}}
                                              : ReferenceEncode(format, dtype, values, row_elems, row_elems);
       std::memcpy(row, encoded.scales.data(), sizeof(float));
-      std::memcpy(row + sizeof(float), encoded.bytes.data(), row_elems);
+      if (row_elems > 0) std::memcpy(row + sizeof(float), encoded.bytes.data(), row_elems);   // no null source
     } else {
       for (std::size_t i = 0; i < row_elems; ++i) {
         const std::uint16_t code = ReferenceEncodePlainOne(format, ValueAt(dtype, src, r * row_elems + i));
