@@ -67,9 +67,10 @@ perf: install test-deps
 	  --json perf.json --plot docs/perf.png
 
 # The README's rows across nodes: 2 simulated nodes x 2 ranks of this machine (tests/st/simulated_nodes.py: needs root
-# or CAP_SYS_ADMIN for the namespaces), ours beside gloo (docs/multinode.md).
+# or CAP_SYS_ADMIN for the namespaces), ours beside gloo (docs/multinode.md); UCX over TCP on loopback, where the
+# package has UCX (the simulated nodes share one kernel: UCX's shared-memory transports would find no peer).
 perf-multinode: install
-	$(PYTHON) tests/st/simulated_nodes.py --nodes 2 --nproc-per-node 2 --timeout 1500 -- -m hyper_parallel.perf --op all \
+	UCX_TLS=tcp,self $(PYTHON) tests/st/simulated_nodes.py --nodes 2 --nproc-per-node 2 --timeout 1500 -- -m hyper_parallel.perf --op all \
 	  --baseline gloo -b 8 -e 16M -f 4 -r 5 --ordinary-tensors --json perf-multinode.json
 
 # The one-sided ops across nodes (docs/multinode.md): put, get, put_with_signal and signal_pingpong from rank 0 to the

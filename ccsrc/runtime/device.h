@@ -135,6 +135,20 @@ class Device {
                       " has none: pe=" + std::to_string(pe));
   }
 
+  // Two-sided messages to a PE of reaches_remotely, for the phase across nodes of the teams that span nodes (their
+  // lane exchange, run by the framework handler): sends `send_bytes` of host memory at `send` to `pe` as one message
+  // under `tag` (null `send`: none) and receives the next message `pe` sent to this rank under `tag` into host memory
+  // at `receive`, at most `receive_capacity` bytes (null `receive`: none), its length in `*received`. Not collective
+  // (the two PEs each call it); both directions are posted at once, so two PEs never wait for each other's order, and
+  // messages from one PE under one tag arrive in the order they were sent. Not ordered with any stream; synchronous:
+  // complete when it returns, or failed naming `pe` within the timeout (a PE found gone fails it at once). A message
+  // longer than `receive_capacity` fails the call. A device without a remote transport refuses.
+  virtual Status ExchangeMessages(int pe, std::uint64_t /*tag*/, const void* /*send*/, std::size_t /*send_bytes*/,
+                                  void* /*receive*/, std::size_t /*receive_capacity*/, std::size_t* /*received*/) {
+    return StateError(std::string("a remote transport must reach `pe`, but device ") + name() +
+                      " has none: op=exchange_messages pe=" + std::to_string(pe));
+  }
+
   // Local copies between host memory and this rank's own heap, for the runtime's own records. The heap may be
   // device memory that the host cannot dereference (an NPU's): these are the only way the host reads or writes it.
   // Synchronous, and not ordered with stream work: the caller makes sure nothing enqueued touches the range.

@@ -243,6 +243,87 @@ TEST(RemoteTransportTest, RangesOutsideThePeersHeapAreRefusedBeforeAnythingIsSen
   });
 }
 
+// `bytes` bytes that tell the message apart: its `seed`, then a pattern of the seed.
+std::vector<char> Message(std::size_t bytes, int seed) {
+  std::vector<char> message(bytes);
+  for (std::size_t i = 0; i < bytes; ++i) message[i] = static_cast<char>(seed * 31 + i * 7);
+  return message;
+}
+
+TEST(RemoteTransportTest, ExchangeMessagesCarriesEachTagsMessagesInOrderBothWays) {
+  OnTwoTransports(kTimeout, [](int rank, Bootstrap& bootstrap, RemoteTransport& transport, std::vector<char>&,
+                               std::atomic<int>&) {
+    const int peer = 1 - rank;
+    // Both ways at once, empty, small (UCX's eager protocol) then 1 MiB (its rendezvous), each rank calling in the
+    // same order: no rank waits for the other's order. (An empty message still needs a pointer: null is none.)
+    for (const std::size_t bytes : {std::size_t{0}, std::size_t{100}, std::size_t{1} << 20}) {
+      std::vector<char> mine = Message(bytes + 1, rank);
+      mine.pop_back();
+      std::vector<char> theirs(bytes + 64, 0);
+      std::size_t received = 12345;
+      ASSERT_TRUE(IsOk(transport.ExchangeMessages(peer, 5, mine.data(), bytes, theirs.data(), theirs.size(),
+                                                  &received)));
+      EXPECT_EQ(received, bytes);
+      theirs.resize(bytes);
+      std::vector<char> expected = Message(bytes + 1, peer);
+      expected.pop_back();
+      EXPECT_EQ(theirs, expected) << bytes;
+    }
+    // One way only, under two tags: rank 0 sends under 7 then 8 (twice); rank 1 takes tag 8's first. Each tag keeps
+    // its own order, whatever the other does.
+    if (rank == 0) {
+      for (const int seed : {70, 80, 81}) {
+        const std::vector<char> message = Message(16, seed);
+        ASSERT_TRUE(IsOk(transport.ExchangeMessages(peer, seed / 10, message.data(), 16, nullptr, 0, nullptr)));
+      }
+    } else {
+      for (const int seed : {80, 81, 70}) {
+        std::vector<char> got(16, 0);
+        std::size_t received = 0;
+        ASSERT_TRUE(IsOk(transport.ExchangeMessages(peer, seed / 10, nullptr, 0, got.data(), 16, &received)));
+        EXPECT_EQ(received, 16u);
+        EXPECT_EQ(got, Message(16, seed)) << seed;
+      }
+    }
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+    // Bad requests fail before anything is sent: a tag too wide, this rank's own node.
+    const char byte = 1;
+    EXPECT_TRUE(HasError(transport.ExchangeMessages(peer, std::uint64_t{1} << 40, &byte, 1, nullptr, 0, nullptr),
+                         StatusCode::kInvalidArgument, "`tag` must be below 2^40, but got 1099511627776"));
+    EXPECT_TRUE(HasError(transport.ExchangeMessages(rank, 5, &byte, 1, nullptr, 0, nullptr), StatusCode::kStateError,
+                         "UCX has no endpoint to this pe: op=exchange_messages pe=" + std::to_string(rank)));
+    // A message longer than the receive's room fails the receive, naming the sender.
+    std::vector<char> small(8);
+    const std::vector<char> longer = Message(32, rank);
+    const Status truncated = transport.ExchangeMessages(peer, 9, longer.data(), longer.size(), small.data(),
+                                                        small.size(), nullptr);
+    EXPECT_EQ(truncated.code(), StatusCode::kDeviceError) << truncated.ToString();
+    EXPECT_NE(truncated.message().find("remote exchange_messages (receive) failed: pe=" + std::to_string(peer)),
+              std::string::npos) << truncated.ToString();
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+    EXPECT_TRUE(IsOk(transport.Close()));
+  });
+}
+
+TEST(RemoteTransportTest, AMessageThatNeverComesTimesOutNamingThePeer) {
+  const auto timeout = std::chrono::milliseconds(500);
+  OnTwoTransports(timeout, [timeout](int rank, Bootstrap& bootstrap, RemoteTransport& transport, std::vector<char>&,
+                                     std::atomic<int>&) {
+    if (rank == 0) {
+      std::vector<char> room(64);
+      const auto start = std::chrono::steady_clock::now();
+      EXPECT_TRUE(HasError(transport.ExchangeMessages(1, 3, nullptr, 0, room.data(), room.size(), nullptr),
+                           StatusCode::kTimeout,
+                           "remote exchange_messages (receive) timed out: pe=1 transport=ucx timeout_sec=0.5"));
+      const auto took = std::chrono::steady_clock::now() - start;
+      EXPECT_GE(took, timeout);
+      EXPECT_LT(took, timeout + std::chrono::seconds(2));
+    }
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+    EXPECT_TRUE(IsOk(transport.Close()));
+  });
+}
+
 TEST(RemoteTransportTest, APeerThatClosedFailsTheNextCallInTimeNamingIt) {
   const auto timeout = std::chrono::milliseconds(3000);
   OnTwoTransports(timeout, [timeout](int rank, Bootstrap& bootstrap, RemoteTransport& transport, std::vector<char>&,
@@ -271,6 +352,11 @@ TEST(RemoteTransportTest, APeerThatClosedFailsTheNextCallInTimeNamingIt) {
       EXPECT_TRUE(HasError(transport.PutWithSignal(1, 0, src, sizeof(src), 8, SignalWidth::k64, 1, SignalOp::kSet),
                            StatusCode::kDeviceError,
                            "pe of another node is gone (its process exited or its node died): op=put_with_signal "
+                           "pe=1 pe_node=1 transport=ucx"));
+      std::vector<char> room(8);
+      EXPECT_TRUE(HasError(transport.ExchangeMessages(1, 3, src, sizeof(src), room.data(), room.size(), nullptr),
+                           StatusCode::kDeviceError,
+                           "pe of another node is gone (its process exited or its node died): op=exchange_messages "
                            "pe=1 pe_node=1 transport=ucx"));
       EXPECT_LT(std::chrono::steady_clock::now() - again, std::chrono::milliseconds(100));
       EXPECT_TRUE(IsOk(transport.Close()));
@@ -320,6 +406,18 @@ TEST(RemoteTransportTest, TheHostDeviceReachesAnotherNodeInStreamOrderAndWakesIt
       EXPECT_TRUE(IsOk(device.Get(got.data(), data.value(), got.size(), peer, kDefaultStream, nullptr)));
       EXPECT_EQ(got, std::vector<char>(4096, 0));   // rank 0's own copy: nobody wrote it
     }
+    // The lane exchange's messages, both ways; this rank itself is no PE of another node.
+    const std::vector<char> mine = Message(300, rank);
+    std::vector<char> theirs(300);
+    std::size_t received = 0;
+    EXPECT_TRUE(IsOk(device.ExchangeMessages(peer, 11, mine.data(), mine.size(), theirs.data(), theirs.size(),
+                                             &received)));
+    EXPECT_EQ(received, 300u);
+    EXPECT_EQ(theirs, Message(300, peer));
+    EXPECT_TRUE(HasError(device.ExchangeMessages(rank, 11, mine.data(), 1, nullptr, 0, nullptr),
+                         StatusCode::kStateError,
+                         "`pe` must lie on another node and be reached by a remote transport, but got pe=" +
+                             std::to_string(rank) + " (op=exchange_messages transport=node)"));
     EXPECT_TRUE(IsOk(device.Free(signals.value())));
     EXPECT_TRUE(IsOk(device.Free(data.value())));
   });
@@ -381,6 +479,9 @@ TEST(RemoteTransportTest, WithoutUcxTheHostDeviceReachesItsNodeOnlyAndSaysWhy) {
     EXPECT_EQ(device.peer_losses(), nullptr);
     EXPECT_NE(device.remote_absence().find("pip install hyper-parallel-shmem[ucx]"), std::string::npos)
         << device.remote_absence();
+    const char byte = 1;
+    EXPECT_TRUE(HasError(device.ExchangeMessages(1 - rank, 1, &byte, 1, nullptr, 0, nullptr), StatusCode::kStateError,
+                         "(op=exchange_messages transport=none reason=this build of hyper-parallel-shmem has no UCX"));
   });
 }
 

@@ -176,7 +176,41 @@ def case_all_to_all_v_matches_reference():
     team.all_to_all(sends, receive, counts)
     expected = torch.cat([sent(s, RANK) for s in range(WORLD)])
     assert torch.equal(receive, expected), (receive.tolist(), expected.tolist())
+    # Parts past the 64 KiB that ride in a message's header: they cross nodes as messages of their own.
+    def large(s: int, d: int) -> torch.Tensor:
+        return torch.arange(20000 + 1000 * ((s + d) % 3), dtype=torch.float32) + 1e5 * s + 1e3 * d
+    receive = torch.empty(sum(large(s, RANK).numel() for s in range(WORLD)))
+    team.all_to_all([large(RANK, d) for d in range(WORLD)], receive, [large(s, RANK).numel() for s in range(WORLD)])
+    assert torch.equal(receive, torch.cat([large(s, RANK) for s in range(WORLD)]))
+    # In place: the parts are views of the receive buffer, which fills while they are being sent.
+    def block(s: int, d: int) -> torch.Tensor:
+        return torch.arange(20000, dtype=torch.float32) + 1e5 * s + 1e3 * d
+    buffer = torch.cat([block(RANK, d) for d in range(WORLD)])
+    team.all_to_all(list(buffer.split(20000)), buffer, [20000] * WORLD)
+    assert torch.equal(buffer, torch.cat([block(s, RANK) for s in range(WORLD)]))
     return counts
+
+
+def case_all_to_all_counts_that_disagree_across_nodes_raise_on_the_receiver():
+    """Rank 0 expects one element more from rank 2 (the other node) than rank 2 sends: rank 0 raises, naming both
+    counts, once every part is in; the others receive theirs, and the team stays usable."""
+    team = shmem.root_team()
+    sends = [torch.full((2,), float(10 * RANK + d)) for d in range(WORLD)]
+    counts = [3 if RANK == 0 and s == 2 else 2 for s in range(WORLD)]
+    receive = torch.empty(sum(counts))
+    raised = ""
+    try:
+        team.all_to_all(sends, receive, counts)
+    except shmem.ShmemMismatchError as error:
+        raised = str(error)
+    if RANK == 0:
+        assert "ranks disagree on an all_to_all's counts: rank=0 expects 3 elements from rank=2, which sends 2" in \
+            raised, raised
+    else:
+        assert raised == "", raised
+        assert torch.equal(receive, torch.cat([torch.full((2,), float(10 * s + RANK)) for s in range(WORLD)]))
+    _still_usable(team)
+    return raised
 
 
 def case_barrier_orders_every_rank():
@@ -188,6 +222,31 @@ def case_barrier_orders_every_rank():
     shmem.barrier()
     dist.all_gather_object(arrived, int(marker))
     return arrived == [r + 1 for r in range(WORLD)]
+
+
+def case_root_barrier_waits_for_a_late_rank_of_another_node():
+    """The last rank comes 0.3 s late and, with UCX, first writes its rank into every other rank's symmetric word
+    (each put complete when it returns): no rank leaves the root barrier before it came, and every write is there
+    after it, over the runtime's transport or the root ProcessGroup alike."""
+    word = shmem.empty(1, dtype=torch.int64)
+    word.zero_()
+    shmem.barrier()
+    remote = _transport_to_other_node() == "ucx"
+    if RANK == WORLD - 1:
+        time.sleep(0.3)
+        if remote:
+            for pe in range(WORLD - 1):
+                shmem.put(word, torch.tensor([WORLD - 1]), pe=pe)
+    start = time.monotonic()
+    shmem.barrier()
+    waited = time.monotonic() - start
+    seen = int(word)
+    shmem.barrier()
+    shmem.free(word)
+    if RANK != WORLD - 1:
+        assert waited > 0.2, waited
+        assert seen == (WORLD - 1 if remote else 0), seen
+    return True
 
 
 def case_send_recv_within_and_across_nodes():
@@ -778,9 +837,10 @@ def _any_shape(out_dir: str) -> None:
             team.recv(y, 0)
             if not torch.equal(y, torch.arange(4.0)):
                 wrong.append("send_recv")
+        link = team.link_across_nodes
         shmem.barrier()
     with open(os.path.join(out_dir, f"rank{RANK}.json"), "w") as f:
-        json.dump({"wrong": wrong}, f)
+        json.dump({"wrong": wrong, "link": link}, f)
 
 
 def _node_death(out_dir: str) -> None:
@@ -815,8 +875,8 @@ def _node_death(out_dir: str) -> None:
     while not os.path.exists(os.path.join(out_dir, "node1_killed")):
         time.sleep(0.05)
     # The all_to_all first: its cross-node phase runs on one member of each node while the other waits in the node's
-    # sync; both must fail at once, naming a rank of the dead node. The team is broken after it; the barrier runs on
-    # the bootstrap.
+    # sync; both must fail at once, naming a rank of the dead node. The team is broken after it; the root barrier
+    # (its own step across nodes) then names the dead ranks.
     sends = [torch.full((2,), float(RANK)) for _ in range(WORLD)]
     for name, call in (("all_to_all", lambda: team.all_to_all(sends, torch.empty(2 * WORLD), [2] * WORLD)),
                        ("all_reduce", lambda: team.all_reduce(torch.ones(8))),

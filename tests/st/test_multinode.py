@@ -100,16 +100,28 @@ def test_a_mismatch_inside_one_node_reaches_the_other_node(case_results: dict) -
         assert messages[rank] in messages[:PER_NODE], (rank, messages)
 
 
-@pytest.mark.parametrize("nodes, per_node", [(4, 2), (2, 4)])
-def test_every_collective_on_more_nodes_or_more_ranks_per_node(tmp_path, nodes: int, per_node: int) -> None:
-    """4 nodes exchange with 3 lane peers each; 4 ranks per node run 4 lanes (8 ranks on this machine's cores)."""
-    with SimulatedJob(nodes, per_node, [WORKER, "any_shape", str(tmp_path)], env=_env()) as job:
+# UCX_TLS naming no transport UCX has: UCX cannot serve, the runtime reaches no other node, and a team's phase across
+# nodes runs over its ProcessGroup (gloo) instead of the runtime's transport.
+NO_UCX_TRANSPORT = "no_such_transport"
+
+
+@pytest.mark.parametrize("nodes, per_node, link", [(4, 2, "ucx"), (2, 4, "ucx"), (2, 2, "gloo")])
+def test_every_collective_on_more_nodes_or_more_ranks_per_node(tmp_path, nodes: int, per_node: int,
+                                                               link: str) -> None:
+    """4 nodes exchange with 3 lane peers each; 4 ranks per node run 4 lanes (8 ranks on this machine's cores); the
+    phase across nodes over the runtime's transport where the package has UCX, and over gloo where UCX cannot
+    serve."""
+    env = _env() if link == "ucx" else dict(_env(), UCX_TLS=NO_UCX_TRANSPORT)
+    with SimulatedJob(nodes, per_node, [WORKER, "any_shape", str(tmp_path)], env=env) as job:
         job.start()
         results = job.wait(timeout=240, failure_grace=10)
     failed = [r for r in results if r.returncode != 0]
     assert not failed, "\n".join(f"--- node {r.node} ---\n{r.output[-6000:]}" for r in failed)
+    expected_link = link if UCX_INSTALLED else "gloo"
     for rank in range(nodes * per_node):
-        assert json.loads((tmp_path / f"rank{rank}.json").read_text())["wrong"] == [], rank
+        record = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert record["wrong"] == [], rank
+        assert record["link"] == expected_link, (rank, record)
 
 
 def test_a_dead_node_is_named_by_the_others_in_time(tmp_path) -> None:
@@ -170,8 +182,10 @@ def test_a_dead_node_is_named_by_the_others_in_time(tmp_path) -> None:
         all_reduce = record["all_reduce"]
         assert "cross-node phase failed: op=all_to_all" in all_reduce["raised"], all_reduce
         assert all_reduce["seconds"] < TIMEOUT_SEC / 2, record
+        # The root's barrier meets the other node's ranks over the runtime's transport (UCX), else over gloo.
         barrier = record["barrier"]
-        assert barrier["raised"].startswith("ShmemTimeoutError: bootstrap "), barrier
+        across = "barrier across nodes failed: op=barrier " if UCX_INSTALLED else "bootstrap "
+        assert barrier["raised"].startswith(f"ShmemTimeoutError: {across}"), barrier
         assert "missing_ranks=[2, 3]" in barrier["raised"], barrier
         assert barrier["seconds"] < TIMEOUT_SEC + 5, record
         assert record["dev_shm"] == [], record

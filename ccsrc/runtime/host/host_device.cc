@@ -482,14 +482,23 @@ Status HostDevice::Get(void* dst, const void* symmetric_src, std::size_t bytes, 
   });
 }
 
+Status HostDevice::RequireRemote(int pe, const char* op) const {
+  if (IsRemote(pe)) return Status::Ok();
+  return StateError("`pe` must lie on another node and be reached by a remote transport, but got pe=" +
+                    std::to_string(pe) + " (op=" + op + " transport=" + (remote_ != nullptr ? "node" : "none") +
+                    (remote_absence_.empty() ? "" : " reason=" + remote_absence_) + ")");
+}
+
 Status HostDevice::RemoteTransportTransfer(bool put, void* symmetric, void* local, std::size_t bytes, int pe) {
-  if (!IsRemote(pe)) {
-    return StateError("`pe` must lie on another node and be reached by a remote transport, but got pe=" +
-                      std::to_string(pe) + " (transport=" + (remote_ != nullptr ? "node" : "none") +
-                      (remote_absence_.empty() ? "" : " reason=" + remote_absence_) + ")");
-  }
+  HP_RETURN_IF_ERROR(RequireRemote(pe, put ? "remote_transport_put" : "remote_transport_get"));
   const std::size_t offset = HeapOffset(symmetric);
   return put ? remote_->Put(pe, offset, local, bytes) : remote_->Get(pe, offset, local, bytes);
+}
+
+Status HostDevice::ExchangeMessages(int pe, std::uint64_t tag, const void* send, std::size_t send_bytes,
+                                    void* receive, std::size_t receive_capacity, std::size_t* received) {
+  HP_RETURN_IF_ERROR(RequireRemote(pe, "exchange_messages"));
+  return remote_->ExchangeMessages(pe, tag, send, send_bytes, receive, receive_capacity, received);
 }
 
 Status HostDevice::Copy(void* dst, const void* src, std::size_t bytes, StreamHandle stream, KeepAlive keep) {

@@ -70,6 +70,9 @@ class HostDevice final : public Device {
   }
   // RemoteTransport::Put or Get itself (remote_transport.h), for a PE that IsRemote.
   Status RemoteTransportTransfer(bool put, void* symmetric, void* local, std::size_t bytes, int pe) override;
+  // RemoteTransport::ExchangeMessages, for a PE that IsRemote.
+  Status ExchangeMessages(int pe, std::uint64_t tag, const void* send, std::size_t send_bytes, void* receive,
+                          std::size_t receive_capacity, std::size_t* received) override;
   Status CopyToHeap(void* symmetric_dst, const void* host_src, std::size_t bytes) override;
   Status CopyFromHeap(void* host_dst, const void* symmetric_src, std::size_t bytes) override;
   std::size_t max_transfer_bytes() const override { return 0; }
@@ -168,6 +171,8 @@ class HostDevice final : public Device {
   bool IsRemote(int pe) const {
     return remote_ != nullptr && nodes_[static_cast<std::size_t>(pe)] != nodes_[static_cast<std::size_t>(rank_)];
   }
+  // IsRemote(pe), or the refusal of `op`: the PE lies on this node or no transport reaches it (and why).
+  Status RequireRemote(int pe, const char* op) const;
   std::size_t HeapOffset(const void* local) const {
     return static_cast<std::size_t>(static_cast<const char*>(local) - bases_[static_cast<std::size_t>(rank_)]);
   }

@@ -69,10 +69,17 @@ class UcxTransport final : public RemoteTransport {
     if (std::getenv("UCX_FENCE_MODE") == nullptr && ucp_config_modify(config, "FENCE_MODE", "ep_based") != UCS_OK) {
       HP_LOG(kDebug, "this UCX has no endpoint-based fence mode: put_with_signal's fence is UCX's default");
     }
+    // ExchangeMessages' long messages: UCX's default rendezvous ("auto") reads them with a get, which over TCP is
+    // emulated by the sender's progress engine and runs at a third of gloo's speed here; the receiver's put request
+    // (put_zcopy) runs faster than gloo (docs/multinode.md). UCX_RNDV_SCHEME still decides.
+    if (std::getenv("UCX_RNDV_SCHEME") == nullptr && ucp_config_modify(config, "RNDV_SCHEME", "put_zcopy") != UCS_OK) {
+      HP_LOG(kDebug, "this UCX has no put_zcopy rendezvous: long messages take UCX's default");
+    }
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
-    // WAKEUP: the worker's event descriptor, on which the progress thread sleeps.
-    params.features = UCP_FEATURE_RMA | UCP_FEATURE_AMO32 | UCP_FEATURE_AMO64 | UCP_FEATURE_WAKEUP;
+    // WAKEUP: the worker's event descriptor, on which the progress thread sleeps. TAG: ExchangeMessages.
+    params.features =
+        UCP_FEATURE_RMA | UCP_FEATURE_AMO32 | UCP_FEATURE_AMO64 | UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
     status = ucp_init(&params, config, &context_);
     ucp_config_release(config);
     if (status != UCS_OK) return "ucp_init failed: " + UcsText(status);
@@ -176,6 +183,46 @@ class UcxTransport final : public RemoteTransport {
     }
     // One wait: the flush completes once the put and the atomic are done on the peer.
     return Complete(flush, "put_with_signal", pe);
+  }
+
+  Status ExchangeMessages(int pe, std::uint64_t tag, const void* send, std::size_t send_bytes, void* receive,
+                          std::size_t receive_capacity, std::size_t* received) override {
+    HP_RETURN_IF_ERROR(CheckRange(pe, 0, 0, "exchange_messages"));
+    if (tag >> kMessageTagBits != 0) {
+      return InvalidArgument("`tag` must be below 2^" + std::to_string(kMessageTagBits) + ", but got " +
+                             std::to_string(tag));
+    }
+    // UCX matches a message by its tag alone: the sender's PE rides in the low bits, so that a receive takes only
+    // what `pe` sent.
+    const auto message_tag = [tag](int sender) { return tag << kSenderBits | static_cast<std::uint64_t>(sender); };
+    ucp_tag_recv_info_t info{};
+    ucp_request_param_t receive_param{};
+    receive_param.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
+    receive_param.recv_info.tag_info = &info;
+    ucp_request_param_t send_param{};
+    ucs_status_ptr_t receiving = nullptr;
+    ucs_status_ptr_t sending = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      // The receive first: a message that arrives meanwhile lands in place instead of in UCX's unexpected queue.
+      if (receive != nullptr) {
+        receiving = ucp_tag_recv_nbx(worker_, receive, receive_capacity, message_tag(pe), ~ucp_tag_t{0},
+                                     &receive_param);
+      }
+      // The send even where the receive failed at once (a message already here, longer than the room): the peer
+      // waits for it.
+      if (send != nullptr) {
+        sending = ucp_tag_send_nbx(peers_[static_cast<std::size_t>(pe)].ep, send, send_bytes,
+                                   message_tag(args_.rank), &send_param);
+      }
+    }
+    // Both run until both are done: a receive that fails must not leave a send that UCX still reads.
+    const Status receive_done = Complete(receiving, "exchange_messages (receive)", pe, &info);
+    const Status send_done = Complete(sending, "exchange_messages (send)", pe);
+    HP_RETURN_IF_ERROR(receive_done);
+    HP_RETURN_IF_ERROR(send_done);
+    if (received != nullptr) *received = receive != nullptr ? info.length : 0;
+    return Status::Ok();
   }
 
   Status Close() override {
@@ -417,8 +464,8 @@ class UcxTransport final : public RemoteTransport {
   }
 
   // Waits for `request` (progressing the worker itself), at most the timeout; a request still running then is
-  // cancelled and the failure names the PE.
-  Status Complete(ucs_status_ptr_t request, const char* op, int pe) {
+  // cancelled and the failure names the PE. A tag receive's message (its length) lands in `info`.
+  Status Complete(ucs_status_ptr_t request, const char* op, int pe, ucp_tag_recv_info_t* info = nullptr) {
     if (request == nullptr) return Status::Ok();
     if (UCS_PTR_IS_ERR(request)) return Failure(op, pe, UCS_PTR_STATUS(request));
     const auto start = Clock::now();
@@ -428,7 +475,8 @@ class UcxTransport final : public RemoteTransport {
       {
         std::lock_guard<std::mutex> lock(mu_);
         progressed = ucp_worker_progress(worker_) != 0;
-        const ucs_status_t status = ucp_request_check_status(request);
+        const ucs_status_t status =
+            info != nullptr ? ucp_tag_recv_request_test(request, info) : ucp_request_check_status(request);
         if (status != UCS_INPROGRESS) {
           ucp_request_free(request);
           return status == UCS_OK ? Status::Ok() : Failure(op, pe, status);
@@ -475,6 +523,9 @@ class UcxTransport final : public RemoteTransport {
   void NotifyRemoteWrite() const {
     if (args_.on_remote_write) args_.on_remote_write();
   }
+
+  // The low bits of a message's UCX tag: its sender's PE (ExchangeMessages).
+  static constexpr int kSenderBits = 64 - kMessageTagBits;
 
   struct LivenessArg {
     UcxTransport* transport;

@@ -2,9 +2,10 @@
 
 The runtime checks every symmetric allocation and free against the ranks of its node (each node maps its own
 ranks' heaps only), and its barrier counts them. When the root spans nodes, this module extends each to the whole
-job over the root
-ProcessGroup, bounded by ``HYPER_PARALLEL_SHMEM_TIMEOUT_SEC``: a symmetric tensor lies at the same heap offset on
-every rank of the job, and a rank whose call differs makes every rank raise, with nothing changed.
+job, bounded by ``HYPER_PARALLEL_SHMEM_TIMEOUT_SEC``: allocation and free over the root ProcessGroup (a symmetric
+tensor lies at the same heap offset on every rank of the job, and a rank whose call differs makes every rank raise,
+with nothing changed); the barrier over the runtime's transport to other nodes where it has one (one message each way
+with every PE of the other nodes), else over the root ProcessGroup.
 """
 
 from __future__ import annotations
@@ -108,14 +109,54 @@ def free(root: _Root, tensor: torch.Tensor, release: Callable[[], None]) -> None
 
 
 def barrier(root: _Root, node_barrier: Callable[[], None]) -> Optional[str]:
-    """A barrier of the whole job: this node's, then every rank's over the root group, then this node's again.
+    """A barrier of the whole job: this node's, then a step that meets every other node's ranks, then this node's
+    again.
 
     Returns:
-        None, or the message of the cross-node step's timeout (naming the ranks that did not come).
+        None, or the message of the cross-node step's failure (naming the ranks that did not come).
     """
     node_barrier()
-    gathered = _all_gather_bytes(root.group, b"\0", "barrier")
-    if isinstance(gathered, str):
-        return gathered
+    transport = root.remote_transport(range(len(root.ranks)))
+    if transport is not None:
+        failed = _meet_other_nodes(root, transport)
+        if failed:
+            return failed
+    else:
+        gathered = _all_gather_bytes(root.group, b"\0", "barrier")
+        if isinstance(gathered, str):
+            return gathered
     node_barrier()
     return None
+
+
+# The root barrier's messages on the runtime's transport: a tag below those of the teams that span nodes (which pick
+# theirs from 2^30 up, _hierarchy).
+_BARRIER_TAG = 1
+
+
+def _meet_other_nodes(root: _Root, transport: str) -> Optional[str]:
+    """One message each way with every PE of the other nodes, over the runtime's transport, in ascending PE order:
+    every pair of ranks meets in the same order on both sides (no cycle of waits).
+
+    Returns:
+        None once every one answered; otherwise the failure, naming the ranks that did not. A PE whose node is gone
+        fails at once and the others are still met; a timeout ends the step (each further PE would cost one more).
+    """
+    mine = torch.zeros(1, dtype=torch.uint8)
+    theirs = torch.empty(1, dtype=torch.uint8)
+    node = root.nodes[root.rank]
+    missing, first = [], ""
+    for pe, pe_node in enumerate(root.nodes):
+        if pe_node == node:
+            continue
+        try:
+            C.exchange_messages(pe, _BARRIER_TAG, mine, theirs)
+        except RuntimeError as error:
+            missing.append(root.ranks[pe])
+            first = first or (str(error).splitlines() or [type(error).__name__])[0]
+            if isinstance(error, ShmemTimeoutError):
+                break
+    if not missing:
+        return None
+    return (f"barrier across nodes failed: op=barrier missing_ranks={missing} "
+            f"timeout_sec={C.read_config()['timeout_sec']:g} ({transport}: {first})")

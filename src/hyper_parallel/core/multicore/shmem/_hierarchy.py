@@ -2,8 +2,8 @@
 
 Symmetric memory is node-local on the host device: each node maps its own ranks' heaps only. A team whose members
 live on several nodes therefore runs each collective in phases. The node-local phases are single calls into the
-runtime's engine, on the team's *node team*: the members on this node. The phase across nodes runs over
-torch.distributed, on *lanes*. Lane i is the i-th member of every node (members ordered by group rank): each
+runtime's engine, on the team's *node team*: the members on this node. The phase across nodes runs point to point
+(over a *link*, below), on *lanes*. Lane i is the i-th member of every node (members ordered by group rank): each
 member exchanges only with its lane, so every member of a node carries its share of the traffic in parallel, as
 NCCL's and DeepEP's hierarchical algorithms do:
 
@@ -11,9 +11,11 @@ NCCL's and DeepEP's hierarchical algorithms do:
 all_reduce            node reduce_scatter -> lane exchange of this member's part, reduced -> node all_gather
 reduce_scatter        node reduce_scatter of the parts regrouped by lane -> lane exchange, reduced
 all_gather            lane exchange -> node all_gather -> regrouped into group-rank order
-all_to_all            node all_to_all (each part to the member in its receiver's lane) -> lane exchange
+all_to_all            node all_to_all (each part to the member in its receiver's lane) -> lane exchange; over the
+                      runtime's link: node all_to_all of this node's parts -> one message each way with every
+                      member of the other nodes, straight between the caller's tensors
 barrier               node barrier -> lane exchange -> node barrier
-send / recv           the engine within a node; point to point over the team's ProcessGroup across nodes
+send / recv           the engine within a node; point to point over the link across nodes
 ====================  =====================================================================================
 
 Every collective first agrees on the call within the node (a fingerprinted sync of the engine). The lane exchange
@@ -24,10 +26,17 @@ so that the other nodes raise at once instead of waiting. Each receive across no
 for. Reductions across nodes add the lane's parts in node order on every member of the lane, so every member ends
 with the same bits. Low precision encodes the parts that cross nodes too (``codec``), where it saves the most.
 
-The traffic across nodes is point to point on the team's own ProcessGroup, under two tags the members agree on
-when the team is made (one for the lanes, one for send/recv): gloo connects every pair of a group once, so lanes
-need no groups of their own. (torch 2.13's ``new_group(use_local_synchronization=True)`` names a group after the
-number of groups each member has made so far, so groups made by the members of different teams would not meet.)
+The traffic across nodes is point to point, under two tags the members agree on when the team is made (one for
+the lanes, one for send/recv), over one of two links:
+
+- the runtime's own transport to other nodes (the host device's UCX, ``debug_state()["transports"]``), when it
+  reaches every member of the other nodes: two-sided messages (``exchange_messages``) on the connections the
+  one-sided calls use, which see a dead node at once;
+- otherwise the team's own ProcessGroup (gloo's point to point): gloo connects every pair of a group once, so lanes
+  need no groups of their own. (torch 2.13's ``new_group(use_local_synchronization=True)`` names a group after the
+  number of groups each member has made so far, so groups made by the members of different teams would not meet.)
+
+Every member of a team picks the same link: the runtime's transport connects every rank or none (agreed at init).
 
 A team that spans nodes needs the same number of members on every node (lanes pair them up), and runs its
 collectives on the calling thread: the current stream's work is waited for first.
@@ -38,7 +47,7 @@ from __future__ import annotations
 import time
 import zlib
 from datetime import timedelta
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -188,6 +197,75 @@ class NodeLayout:
         self.position = {g: (k, i) for k, members in enumerate(self.members) for i, g in enumerate(members)}
 
 
+class _LinkFailure(Exception):
+    """A transfer across nodes that failed or timed out: the first line of the link's own message."""
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
+class _GroupLink:
+    """Transfers across nodes over the team's ProcessGroup: gloo's point to point, between global ranks."""
+
+    name = "gloo"
+
+    def __init__(self, group: dist.ProcessGroup, global_ranks: Sequence[int]) -> None:
+        self._group = group
+        self._global = global_ranks
+
+    def transfer(self, member: int, tag: int, send: Optional[torch.Tensor], receive: Optional[torch.Tensor],
+                 deadline: float, send_first: Optional[bool] = None) -> None:
+        """Sends ``send`` to group rank ``member`` and receives its message into ``receive`` (either may be None),
+        both posted at once, or one after the other (``send_first`` True or False: on gloo a send that finds its
+        receive posted is a single hand-off), each waited for until the deadline.
+
+        Raises:
+            _LinkFailure: a transfer failed (gloo refuses to post on a connection it saw close) or timed out.
+        """
+        rank = self._global[member]
+        posts = []
+        if send is not None:
+            posts.append(lambda: dist.isend(send, dst=rank, group=self._group, tag=tag))
+        if receive is not None:
+            posts.append(lambda: dist.irecv(receive, src=rank, group=self._group, tag=tag))
+        if send_first is False:
+            posts.reverse()
+        steps = [posts] if send_first is None else [[post] for post in posts]
+        try:
+            for step in steps:
+                for work in [post() for post in step]:
+                    work.wait(timeout=timedelta(seconds=max(deadline - time.monotonic(), 0.05)))
+        except RuntimeError as error:
+            raise _LinkFailure(_first_line(error)) from None
+
+
+class _RuntimeLink:
+    """Transfers across nodes over the runtime's own transport (``C.exchange_messages``), between PEs: each call
+    posts both directions at once and completes within the runtime's timeout, or fails at once once the peer's
+    connection broke."""
+
+    def __init__(self, name: str, pes: Sequence[int]) -> None:
+        self.name = name
+        self._pes = pes
+
+    def transfer(self, member: int, tag: int, send: Optional[torch.Tensor], receive: Optional[torch.Tensor],
+                 deadline: float, send_first: Optional[bool] = None) -> None:
+        """As :meth:`_GroupLink.transfer`; the order and the deadline are the transport's own (one timeout)."""
+        del deadline, send_first
+        try:
+            C.exchange_messages(self._pes[member], tag, send, receive)
+        except RuntimeError as error:
+            raise _LinkFailure(_first_line(error)) from None
+
+
+def _link(group: dist.ProcessGroup, pes: Sequence[int], global_ranks: Sequence[int],
+          root: _Root) -> Union[_GroupLink, _RuntimeLink]:
+    """The runtime's transport where it reaches every member of the other nodes, else the ProcessGroup."""
+    transport = root.remote_transport(pes)
+    return _GroupLink(group, global_ranks) if transport is None else _RuntimeLink(transport, pes)
+
+
 class Hierarchy:
     """The parts of a team that spans nodes: its node team (a runtime team of this node's members) and its lane.
 
@@ -213,9 +291,8 @@ class Hierarchy:
         node_members = layout.members[layout.node]
         all_gather, barrier = _bootstrap(group, "team_create", members=node_members)
         self.node_team = C.team_create([pes[g] for g in node_members], layout.local, all_gather, barrier)
-        self._group = group
         self._global = tuple(root.ranks[pe] for pe in pes)  # global rank of each group rank
-        self._lane_ranks = tuple(self._global[g] for g in layout.lane)
+        self.link = _link(group, tuple(pes), self._global, root)
         self.broken = ""
 
     def release(self) -> None:
@@ -236,48 +313,53 @@ class Hierarchy:
         if handle != DEFAULT_HANDLE:
             C.synchronize_stream(handle)  # the phases run on this thread, after the stream's work
 
-    def _step(self, missing: dict, node: int, deadline: float, post) -> None:
-        """Posts transfers with the lane's member on ``node`` (``post`` returns their works) and waits for them until
-        the deadline; a member whose transfer fails (gloo refuses to post on a connection it saw close) or times out
-        is ``missing``."""
+    def _step(self, missing: dict, index: int, member: int, deadline: float, send: Optional[torch.Tensor],
+              receive: Optional[torch.Tensor], send_first: Optional[bool] = None) -> None:
+        """Sends ``send`` to ``member`` (a group rank) and receives its message into ``receive``
+        (:meth:`_GroupLink.transfer`); a member whose transfer fails or times out is ``missing[index]``."""
         try:
-            for work in post():
-                work.wait(timeout=timedelta(seconds=max(deadline - time.monotonic(), 0.05)))
-        except RuntimeError as error:
-            missing[node] = str(error).splitlines()[0] if str(error) else type(error).__name__
+            self.link.transfer(member, self._tag, send, receive, deadline, send_first)
+        except _LinkFailure as failure:
+            missing[index] = str(failure)
 
-    def _raise_missing(self, missing: dict, op: str, give_up: bool) -> None:
-        """Raises, naming the lane members that did not answer, if any; the team is broken from then on.
+    def _raise_missing(self, missing: dict, members: Sequence[int], op: str, give_up: bool) -> None:
+        """Raises, naming the members (``members[index]`` for each index ``missing``) that did not answer, if any;
+        the team is broken from then on.
 
         With ``give_up``, this member also gives up its node team's next sync, naming them: a node-mate waiting there
         (or arriving there with its next call) fails at once with that message, instead of waiting the whole timeout
         for this member and then naming it.
         """
         if missing:
-            ranks = sorted(self._lane_ranks[k] for k in missing)
+            ranks = sorted(self._global[members[index]] for index in missing)
             first = next(iter(missing.values()))
             self.broken = (f"cross-node phase failed: op={op} missing_ranks={ranks} "
-                           f"timeout_sec={self._timeout_sec:g} (gloo: {first})")
+                           f"timeout_sec={self._timeout_sec:g} ({self.link.name}: {first})")
             if give_up:
                 C.give_up(self.node_team, self.broken)
             raise ShmemTimeoutError(self.broken)
 
     def exchange(self, op: str, call: tuple, sends: Sequence[Optional[torch.Tensor]], status: int = _OK,
-                 into: Optional[Sequence[Optional[torch.Tensor]]] = None) -> list:
-        """Sends ``sends[k]`` to this lane's member on node k and receives one payload from each of them.
+                 into: Optional[Sequence[Optional[torch.Tensor]]] = None,
+                 peers: Optional[Sequence[int]] = None) -> list:
+        """Sends ``sends[k]`` to this lane's member on node k and receives one payload from each of them (or, with
+        ``peers``, to and from member ``peers[k]``).
 
         Args:
             op: the operation, for messages.
             call: the call's fingerprint (collective, reduce op + 1, wire, peer, element count, dtype id, role).
-            sends: per node, a contiguous tensor (its bytes travel) or None (nothing); this node's entry is unused.
+            sends: per node (per entry of ``peers``), a contiguous tensor (its bytes travel) or None (nothing); the
+                entries of this node's members are unused.
             status: _OK, or _FAILED: this member's part of the call failed, and ``sends`` holds its error
                 (:func:`_error_payload`).
-            into: per node, a flat uint8 tensor for its payload where the caller knows its size (a payload of that
-                size lands there), or None.
+            into: per node (per entry of ``peers``), a flat uint8 tensor for its payload where the caller knows its
+                size (a payload of that size lands there), or None.
+            peers: group ranks, ascending: the members to exchange with, those of this node skipped (every member of
+                the other nodes: each pair meets once, in the same order on both sides). None: this lane.
 
         Returns:
-            Per node, the received bytes (a uint8 tensor: ``into``'s where the payload fit it), None at this node's
-            index.
+            Per node (per entry of ``peers``), the received bytes (a uint8 tensor: ``into``'s where the payload fit
+            it), None at the entries of this node's members.
 
         Raises:
             ShmemTimeoutError: a lane member did not answer in time, or its connection failed (named); this member
@@ -288,28 +370,27 @@ class Hierarchy:
         """
         layout = self.layout
         deadline = time.monotonic() + self._timeout_sec
-        peers = [k for k in range(layout.count) if k != layout.node]
+        members = layout.lane if peers is None else peers
+        others = [k for k, g in enumerate(members) if layout.position[g][0] != layout.node]
         header_bytes = _HEADER_WORDS * 8
-        received: list = [None] * layout.count
+        received: list = [None] * len(members)
         headers: dict = {}
         missing: dict = {}
         # Pair by pair in ascending order of the lower node: every pair of nodes meets in the same order on both sides
         # (no cycle of waits). The headers go first, the lower node's first: a send that finds its receive already
         # posted is a single hand-off (posting both directions at once costs twice as much on gloo). A payload up to
         # _EAGER_BYTES rides in its header's message; longer ones then cross in both directions at once.
-        for k in peers:
-            rank = self._lane_ranks[k]
+        for k in others:
+            member = members[k]
             payload = None if sends[k] is None else _bytes(sends[k])
             nbytes = 0 if payload is None else payload.numel()
             header = _bytes(torch.tensor([status, *call, nbytes], dtype=torch.int64))
             first = torch.cat([header, payload]) if 0 < nbytes <= _EAGER_BYTES else header
-            # Room for a header and an eager payload: gloo takes a message shorter than the buffer (and aborts the
-            # process on a longer one); the header says how long the payload is.
+            # Room for a header and an eager payload: both links take a message shorter than the buffer (gloo aborts
+            # the process on a longer one); the header says how long the payload is.
             inbox = torch.empty(header_bytes + _EAGER_BYTES, dtype=torch.uint8)
-            send = lambda: [dist.isend(first, dst=rank, group=self._group, tag=self._tag)]  # noqa: E731
-            recv = lambda: [dist.irecv(inbox, src=rank, group=self._group, tag=self._tag)]  # noqa: E731
-            for post in (send, recv) if layout.node < k else (recv, send):
-                self._step(missing, k, deadline, post)
+            self._step(missing, k, member, deadline, first, inbox,
+                       send_first=layout.node < layout.position[member][0])
             if k in missing:
                 continue
             headers[k] = inbox[:header_bytes].view(torch.int64)
@@ -323,54 +404,53 @@ class Hierarchy:
                     received[k] = target.copy_(received[k])
             else:
                 received[k] = torch.empty(theirs, dtype=torch.uint8) if target is None else target
-            long_ones = []
-            if theirs > _EAGER_BYTES:
-                long_ones.append(lambda: dist.irecv(received[k], src=rank, group=self._group, tag=self._tag))
-            if nbytes > _EAGER_BYTES:
-                long_ones.append(lambda: dist.isend(payload, dst=rank, group=self._group, tag=self._tag))
-            if long_ones:
-                self._step(missing, k, deadline, lambda: [post() for post in long_ones])
-        self._raise_missing(missing, op, give_up=status == _OK)
-        for k in peers:  # every payload is in: the channels stay aligned whatever is raised now
+            long_send = payload if nbytes > _EAGER_BYTES else None
+            long_receive = received[k] if theirs > _EAGER_BYTES else None
+            if long_send is not None or long_receive is not None:
+                self._step(missing, k, member, deadline, long_send, long_receive)
+        self._raise_missing(missing, members, op, give_up=status == _OK)
+        for k in others:  # every payload is in: the channels stay aligned whatever is raised now
             theirs = headers[k].tolist()
-            rank = self._lane_ranks[k]
             if theirs[0] != _OK:
                 raise _lane_error(received[k])
             if status == _OK and tuple(theirs[1:8]) != tuple(call):
                 raise ShmemMismatchError(f"ranks disagree on a collective across nodes: "
-                                         f"rank={self._lane_ranks[layout.node]} {_describe(call)}, "
-                                         f"rank={rank} {_describe(theirs[1:8])}")
+                                         f"rank={self._global[self._me_group()]} {_describe(call)}, "
+                                         f"rank={self._global[members[k]]} {_describe(theirs[1:8])}")
         return received
 
-    def _fail_lane(self, op: str, call: tuple, error: BaseException) -> None:
-        """Tells the lane that this member's part of the call failed with ``error`` (the lane raises it too, with its
-        class and message); never masks ``error``."""
+    def _fail_lane(self, op: str, call: tuple, error: BaseException, peers: Optional[Sequence[int]] = None) -> None:
+        """Tells the lane (or ``peers``, as :meth:`exchange` takes them) that this member's part of the call failed
+        with ``error`` (they raise it too, with its class and message); never masks ``error``."""
         if self.broken:
             return
+        size = self.layout.count if peers is None else len(peers)
         try:
-            self.exchange(op, call, [_error_payload(error)] * self.layout.count, _FAILED)
+            self.exchange(op, call, [_error_payload(error)] * size, _FAILED, peers=peers)
         except Exception:  # the lane's own failure: `error` is what this member reports
             pass
 
-    def _node_phase(self, op: str, call: tuple, fn, *args, lane_follows: bool = True) -> None:
+    def _node_phase(self, op: str, call: tuple, fn, *args, lane_follows: bool = True,
+                    peers: Optional[Sequence[int]] = None) -> None:
         """One node-local engine call ``fn(node team, *args, role)`` (the role is the call's). On failure the lane
-        hears of it before the error propagates, when the lane exchange of the call is still to come
-        (``lane_follows``); after it, the other nodes have passed their exchange, and this node's members fail
-        alike in the engine."""
+        (or ``peers``, as :meth:`exchange` takes them) hears of it before the error propagates, when the exchange
+        of the call is still to come (``lane_follows``); after it, the other nodes have passed their exchange, and
+        this node's members fail alike in the engine."""
         try:
             fn(self.node_team, *args, call[_ROLE])
         except Exception as error:
             if lane_follows:
-                self._fail_lane(op, call, error)
+                self._fail_lane(op, call, error, peers)
             raise
 
     def _agree_on_node(self, op: str, call: tuple, collective: str, dtype: Optional[torch.dtype], count: int,
-                       reduce_op: int = 0, wire: int = 0, peer: int = -1) -> None:
+                       reduce_op: int = 0, wire: int = 0, peer: int = -1,
+                       peers: Optional[Sequence[int]] = None) -> None:
         """A fingerprinted sync of the node team on the whole call: members of a node that disagree all raise."""
         dtype_name = "" if dtype is None else str(dtype).replace("torch.", "")
         element = 0 if dtype is None else dtype.itemsize
         self._node_phase(op, call, C.agree, _COLLECTIVES[collective], dtype_name, element, count, reduce_op, wire,
-                         peer, [], DEFAULT_HANDLE)
+                         peer, [], DEFAULT_HANDLE, peers=peers)
 
     def refuse(self, collective: int, error: BaseException, role: int) -> None:
         """Refuses this member's call of ``collective`` for ``error`` (a check that failed on this member) on every
@@ -562,6 +642,9 @@ class Hierarchy:
         dtype = receive.dtype
         call = (_COLLECTIVES["all_to_all"], 0, 0, -1, 0, _dtype_id(dtype), role)  # counts differ by member
         self._begin("all_to_all")
+        if isinstance(self.link, _RuntimeLink):
+            self._all_to_all_direct(call, sends, receive, counts)
+            return
         self._agree_on_node("all_to_all", call, "all_to_all", dtype, 0)
         # 1. Every node member's send counts, then each part to the member of its receiver's lane.
         send_counts = torch.tensor([s.numel() for s in sends], dtype=torch.int64)
@@ -612,62 +695,93 @@ class Hierarchy:
                         f"expects {counts[sender]} elements from rank={self._global[sender]}, which sends {n}")
                 flat[offsets[sender]:offsets[sender] + n].copy_(piece)
 
+    def _all_to_all_direct(self, call: tuple, sends: Sequence[torch.Tensor], receive: torch.Tensor,
+                           counts: Sequence[int]) -> None:
+        """all_to_all where the link reaches every member of the other nodes (the runtime's transport): the parts
+        for this node's members through the engine, then one message each way with every member of the other nodes,
+        straight from its part of ``sends`` into its slice of ``receive``: none of the lanes' regrouping, which copies
+        each byte three more times."""
+        layout = self.layout
+        everyone = range(self.size)
+        dtype = receive.dtype
+        self._agree_on_node("all_to_all", call, "all_to_all", dtype, 0, peers=everyone)
+        # A part that lies in `receive` (an all_to_all in place) is taken first: the slices of `receive` fill while
+        # the parts for the other nodes are still to be sent.
+        start, end = receive.data_ptr(), receive.data_ptr() + receive.numel() * receive.element_size()
+        sends = [part.clone() if part.numel() and part.data_ptr() < end and
+                 start < part.data_ptr() + part.numel() * part.element_size() else part for part in sends]
+        offsets = [0]
+        for c in counts:
+            offsets.append(offsets[-1] + c)
+        flat = receive.reshape(-1)
+        slices = [flat[offsets[g]:offsets[g] + counts[g]] for g in everyone]
+        node_members = layout.members[layout.node]
+        landed = torch.empty(sum(counts[g] for g in node_members), dtype=dtype)
+        self._node_phase("all_to_all", call, C.all_to_all, [sends[g].reshape(-1).view(dtype) for g in node_members],
+                         landed, [counts[g] for g in node_members], DEFAULT_HANDLE, peers=everyone)
+        at = 0
+        for g in node_members:
+            slices[g].copy_(landed[at:at + counts[g]])
+            at += counts[g]
+        received = self.exchange("all_to_all", call, list(sends), into=[_bytes(part) for part in slices],
+                                 peers=everyone)
+        for g in everyone:
+            if layout.position[g][0] != layout.node and received[g].numel() != _bytes(slices[g]).numel():
+                raise ShmemMismatchError(
+                    f"ranks disagree on an all_to_all's counts: rank={self._global[self._me_group()]} expects "
+                    f"{counts[g]} elements from rank={self._global[g]}, which sends "
+                    f"{received[g].numel() // receive.element_size()}")
+
     def _me_group(self) -> int:
         return self.layout.members[self.layout.node][self.layout.local]
 
     # ---- point to point ------------------------------------------------------------------------------------------
 
-    def _point_to_point(self, op: str, tensor: torch.Tensor, peer: int, on_node) -> Optional[tuple]:
-        """Runs ``on_node`` (the engine's send or recv) when ``peer`` is on this node; otherwise returns the peer's
-        global rank, the tag and the deadline of the transfer across nodes."""
+    def _point_to_point(self, op: str, tensor: torch.Tensor, peer: int, on_node) -> Optional[float]:
+        """Runs ``on_node`` (the engine's send or recv) when ``peer`` is on this node; otherwise returns the deadline
+        of the transfer across nodes."""
         _check_tensor(tensor, "tensor")
         self._begin(op)
         node, local = self.layout.position[peer]
         if node == self.layout.node:
             on_node(self.node_team, tensor, local, DEFAULT_HANDLE)
             return None
-        return self._global[peer], self._tag + 1, time.monotonic() + self._timeout_sec
+        return time.monotonic() + self._timeout_sec
 
     def send(self, tensor: torch.Tensor, peer: int) -> None:
         """Sends ``tensor`` to member ``peer``: through the engine on this node, point to point across nodes."""
-        across = self._point_to_point("send", tensor, peer, C.send)
-        if across is None:
+        deadline = self._point_to_point("send", tensor, peer, C.send)
+        if deadline is None:
             return
-        rank, tag, deadline = across
         header = torch.tensor([tensor.numel() * tensor.element_size(), _dtype_id(tensor.dtype)], dtype=torch.int64)
-        posts = [lambda: dist.isend(header, dst=rank, group=self._group, tag=tag)]
+        self._transfer("send", peer, deadline, header, None)
         if header[0]:
-            payload = _bytes(tensor)
-            posts.append(lambda: dist.isend(payload, dst=rank, group=self._group, tag=tag))
-        self._transfer(posts, deadline, "send", rank)
+            self._transfer("send", peer, deadline, _bytes(tensor), None)
 
     def recv(self, tensor: torch.Tensor, peer: int) -> None:
         """Receives the next message of member ``peer`` into ``tensor`` (of the message's byte size)."""
-        across = self._point_to_point("recv", tensor, peer, C.recv)
-        if across is None:
+        deadline = self._point_to_point("recv", tensor, peer, C.recv)
+        if deadline is None:
             return
-        rank, tag, deadline = across
         header = torch.empty(2, dtype=torch.int64)
-        self._transfer([lambda: dist.irecv(header, src=rank, group=self._group, tag=tag)], deadline, "recv", rank)
+        self._transfer("recv", peer, deadline, None, header)
         nbytes = int(header[0])
         expected = tensor.numel() * tensor.element_size()
         target = _bytes(tensor) if nbytes == expected else torch.empty(nbytes, dtype=torch.uint8)
         if nbytes:
-            self._transfer([lambda: dist.irecv(target, src=rank, group=self._group, tag=tag)], deadline, "recv", rank)
+            self._transfer("recv", peer, deadline, None, target)
         if nbytes != expected:
-            raise ValueError(f"`tensor` must have the message's size ({nbytes} bytes from rank {rank}), but got "
-                             f"{expected} bytes")
+            raise ValueError(f"`tensor` must have the message's size ({nbytes} bytes from rank {self._global[peer]}), "
+                             f"but got {expected} bytes")
 
-    def _transfer(self, posts: list, deadline: float, op: str, rank: int) -> None:
-        """Posts every transfer of ``posts`` with ``rank``, then waits for each until the deadline."""
+    def _transfer(self, op: str, peer: int, deadline: float, send: Optional[torch.Tensor],
+                  receive: Optional[torch.Tensor]) -> None:
+        """One message to or from member ``peer`` of another node, under the team's send/recv tag."""
         try:
-            works = [post() for post in posts]
-            for work in works:
-                work.wait(timeout=timedelta(seconds=max(deadline - time.monotonic(), 0.05)))
-        except RuntimeError as error:
-            first = str(error).splitlines()[0] if str(error) else type(error).__name__
-            raise ShmemTimeoutError(f"cross-node {op} failed: missing_ranks=[{rank}] "
-                                    f"timeout_sec={self._timeout_sec:g} (gloo: {first})") from None
+            self.link.transfer(peer, self._tag + 1, send, receive, deadline)
+        except _LinkFailure as failure:
+            raise ShmemTimeoutError(f"cross-node {op} failed: missing_ranks=[{self._global[peer]}] "
+                                    f"timeout_sec={self._timeout_sec:g} ({self.link.name}: {failure})") from None
 
     # ---- agreement -----------------------------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -33,11 +33,21 @@ class _Root:
     references: int = 0
     nodes: tuple = (0,)  # the node of every PE (numbered by its lowest PE): the PEs whose heaps this device maps
     heap_base: int = 0  # this rank's heap address: a symmetric tensor's offset is the same on every rank
+    # What reaches each PE, as debug_state()["transports"] said at init: "self", "node", the runtime's transport to
+    # other nodes ("ucx"), or "none".
+    transports: tuple = ("self",)
 
     @property
     def spans_nodes(self) -> bool:
         """Whether the root's PEs live on more than one node."""
         return len(set(self.nodes)) > 1
+
+    def remote_transport(self, pes: Sequence[int]) -> Optional[str]:
+        """The runtime's transport to other nodes where it reaches every PE of ``pes`` that lies on another node
+        than this rank's (its name: "ucx"), else None."""
+        node = self.nodes[self.rank]
+        remote = {self.transports[pe] for pe in pes if self.nodes[pe] != node}
+        return next(iter(remote)) if len(remote) == 1 and "none" not in remote else None
 
 
 _root: Optional[_Root] = None
@@ -277,7 +287,8 @@ def acquire_root(root_group: Optional[dist.ProcessGroup], heap_size_bytes: Optio
         C.init(rank, len(ranks), all_gather, barrier, heap_size_bytes or 0)
         state = C.debug_state()
         _root = _Root(group=group, ranks=ranks, rank=rank, lifecycle=C.lifecycle(), references=1,
-                      nodes=tuple(state["nodes"]), heap_base=state["heap_base"])
+                      nodes=tuple(state["nodes"]), heap_base=state["heap_base"],
+                      transports=tuple(state["transports"]))
         return Handle(_root.lifecycle)
 
 

@@ -228,7 +228,7 @@ def barrier(*, blocking: bool = False) -> None:
     the host device that is the calling thread, so it is complete when it returns; on a :class:`Stream` (and on
     the ascend device's NPU stream) it is complete once the stream reaches it. When the root spans nodes, the
     barrier waits for the current stream first and runs on the calling thread (its step across nodes runs over the
-    root ProcessGroup).
+    runtime's transport to other nodes, or over the root ProcessGroup where the runtime has none).
 
     Args:
         blocking: also wait, before returning, until the current stream has run the barrier and everything
@@ -246,7 +246,7 @@ def barrier(*, blocking: bool = False) -> None:
         handle = current_handle()
         root = root_info()
         if root is not None and root.spans_nodes:
-            # The step across nodes runs over the root ProcessGroup, on this thread: after the stream's work.
+            # The step across nodes runs on this thread: after the stream's work.
             C.synchronize_stream(handle)
             timed_out = _across_nodes.barrier(root, lambda: C.barrier(DEFAULT_HANDLE))
             if timed_out:

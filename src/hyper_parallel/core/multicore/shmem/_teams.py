@@ -9,7 +9,8 @@ names the ranks that did not arrive. :meth:`Team.release` is local and never wai
 member has released it (64 teams may live at once besides the root's).
 
 A team whose members live on several nodes (machines that do not share memory) runs each collective hierarchically:
-node-local phases in the engine, one phase across nodes over torch.distributed (``_hierarchy``).
+node-local phases in the engine, one phase across nodes over the runtime's transport to other nodes, or over
+torch.distributed where the runtime has none (``_hierarchy``).
 """
 
 from __future__ import annotations
@@ -119,6 +120,13 @@ class Team:
     def spans_nodes(self) -> bool:
         """Whether the members live on more than one node (the collectives then run hierarchically)."""
         return self._hierarchy is not None
+
+    @property
+    def link_across_nodes(self) -> Optional[str]:
+        """What carries the phase across nodes of a team that spans nodes: the runtime's transport to other nodes
+        (``"ucx"``, as ``debug_state()["transports"]`` names it) or the team's ProcessGroup (``"gloo"``); None for a
+        team within one node."""
+        return None if self._hierarchy is None else self._hierarchy.link.name
 
     def __repr__(self) -> str:
         return f"Team(pes={list(self.pes)}, rank={self.rank}{', released' if self._released else ''})"
