@@ -34,6 +34,17 @@ enum class SignalWidth : int { k32 = 4, k64 = 8 };
 enum class GiveUpReason : int { kTimeout = 1, kInterrupted = 2, kFailed = 3 };
 const char* GiveUpReasonName(GiveUpReason reason);
 
+// One PE's part of Device::ExchangeMessages: what goes to it, where its message lands, and how that went.
+struct MessageExchange {
+  int pe = -1;
+  const void* send = nullptr;        // null: nothing is sent
+  std::size_t send_bytes = 0;
+  void* receive = nullptr;           // null: nothing is received
+  std::size_t receive_capacity = 0;
+  std::size_t received = 0;          // out: the received message's length
+  Status status;                     // out: this exchange's outcome
+};
+
 // An arrival counter of an arbitrated sync: a 64-bit word in symmetric memory. Its low 31 bits count the members that
 // arrived; a member that gives the sync up sets kGivenUpBit (and bit 31, so that the low half a futex sleeps on
 // changes too) and names itself and its reason, in the same atomic step: a counter is either complete (every member
@@ -135,18 +146,20 @@ class Device {
                       " has none: pe=" + std::to_string(pe));
   }
 
-  // Two-sided messages to a PE of reaches_remotely, for the phase across nodes of the teams that span nodes (their
-  // lane exchange, run by the framework handler): sends `send_bytes` of host memory at `send` to `pe` as one message
-  // under `tag` (null `send`: none) and receives the next message `pe` sent to this rank under `tag` into host memory
-  // at `receive`, at most `receive_capacity` bytes (null `receive`: none), its length in `*received`. Not collective
-  // (the two PEs each call it); both directions are posted at once, so two PEs never wait for each other's order, and
-  // messages from one PE under one tag arrive in the order they were sent. Not ordered with any stream; synchronous:
-  // complete when it returns, or failed naming `pe` within the timeout (a PE found gone fails it at once). A message
-  // longer than `receive_capacity` fails the call. A device without a remote transport refuses.
-  virtual Status ExchangeMessages(int pe, std::uint64_t /*tag*/, const void* /*send*/, std::size_t /*send_bytes*/,
-                                  void* /*receive*/, std::size_t /*receive_capacity*/, std::size_t* /*received*/) {
+  // Two-sided messages with PEs of reaches_remotely, for the phase across nodes of the teams that span nodes (their
+  // lane exchange, run by the framework handler). For each of `count` exchanges: sends `send_bytes` of host memory at
+  // `send` to its `pe` as one message under `tag` (null `send`: none) and receives the next message that `pe` sent to
+  // this rank under `tag` into host memory at `receive`, at most `receive_capacity` bytes (null `receive`: none).
+  // Not collective (each PE of a pair calls it). Every direction of every exchange is posted at once, so no two PEs
+  // wait for each other's order and the exchanges overlap on the wire; messages from one PE under one tag arrive in
+  // the order they were sent. Not ordered with any stream; synchronous: every exchange is complete or failed when it
+  // returns, within one timeout for all. Returns a refusal, with nothing posted, for bad input (a `pe` it does not
+  // reach, a `tag` too wide); otherwise Ok, and each exchange's own outcome in its `status` (naming its `pe`: a PE
+  // found gone fails its exchange at once, a message longer than `receive_capacity` fails it), its received length in
+  // `received`. A device without a remote transport refuses.
+  virtual Status ExchangeMessages(std::uint64_t /*tag*/, MessageExchange* exchanges, std::size_t count) {
     return StateError(std::string("a remote transport must reach `pe`, but device ") + name() +
-                      " has none: op=exchange_messages pe=" + std::to_string(pe));
+                      " has none: op=exchange_messages pe=" + (count > 0 ? std::to_string(exchanges[0].pe) : "none"));
   }
 
   // Local copies between host memory and this rank's own heap, for the runtime's own records. The heap may be

@@ -119,10 +119,9 @@ class Runtime {
   // and `symmetric`'s heap offset on `pe`), after the state and `pe` checks and `symmetric` checked against this
   // rank's heap only (no allocation lookup, no stream): the floor that Put and Get to another node stand on.
   Status RemoteTransportTransfer(bool put, void* symmetric, void* local, std::size_t bytes, int pe);
-  // Device::ExchangeMessages with `pe` (a PE of another node that the device reaches) under `tag`, after the state
-  // and `pe` checks: the transport of the lane exchange of teams that span nodes (the handlers' cross-node phase).
-  Status ExchangeMessages(int pe, std::uint64_t tag, const void* send, std::size_t send_bytes, void* receive,
-                          std::size_t receive_capacity, std::size_t* received);
+  // Device::ExchangeMessages with PEs of other nodes that the device reaches, under `tag`, after the state and `pe`
+  // checks: the transport of the phase across nodes of teams that span nodes (the handlers' cross-node phase).
+  Status ExchangeMessages(std::uint64_t tag, MessageExchange* exchanges, std::size_t count);
   Status Signal(const void* symmetric_signal, SignalWidth width, std::int64_t value, SignalOp op, int pe,
                 StreamHandle stream);
   // Put, then Signal on the same `pe`, as one operation (Device::PutWithSignal): the data is visible on `pe` before

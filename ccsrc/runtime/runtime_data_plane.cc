@@ -72,12 +72,11 @@ Status Runtime::RemoteTransportTransfer(bool put, void* symmetric, void* local, 
   return device_->RemoteTransportTransfer(put, symmetric, local, bytes, pe);
 }
 
-Status Runtime::ExchangeMessages(int pe, std::uint64_t tag, const void* send, std::size_t send_bytes, void* receive,
-                                 std::size_t receive_capacity, std::size_t* received) {
+Status Runtime::ExchangeMessages(std::uint64_t tag, MessageExchange* exchanges, std::size_t count) {
   OperationScope scope(*this);
   HP_RETURN_IF_ERROR(RequireInitialized("exchange_messages"));
-  HP_RETURN_IF_ERROR(CheckPe(pe, "pe"));
-  return device_->ExchangeMessages(pe, tag, send, send_bytes, receive, receive_capacity, received);
+  for (std::size_t i = 0; i < count; ++i) HP_RETURN_IF_ERROR(CheckPe(exchanges[i].pe, "pe"));
+  return device_->ExchangeMessages(tag, exchanges, count);
 }
 
 Status Runtime::Signal(const void* symmetric_signal, SignalWidth width, std::int64_t value, SignalOp op, int pe,

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "runtime/host/host_device.h"
@@ -69,6 +70,22 @@ void OnTwoNodes(Body&& body) {
   if (!refused.empty()) GTEST_SKIP() << "simulated nodes need a mount namespace: " << refused;
 }
 
+// One exchange with `pe` through the batched ExchangeMessages of a transport or a device: its refusal, else the
+// exchange's own outcome.
+template <typename Exchanger>
+Status ExchangeOne(Exchanger& exchanger, int pe, std::uint64_t tag, const void* send, std::size_t send_bytes,
+                   void* receive, std::size_t receive_capacity, std::size_t* received) {
+  MessageExchange exchange;
+  exchange.pe = pe;
+  exchange.send = send;
+  exchange.send_bytes = send_bytes;
+  exchange.receive = receive;
+  exchange.receive_capacity = receive_capacity;
+  HP_RETURN_IF_ERROR(exchanger.ExchangeMessages(tag, &exchange, 1));
+  if (received != nullptr) *received = exchange.received;
+  return exchange.status;
+}
+
 #ifdef HP_WITH_UCX
 
 constexpr std::size_t kHeapBytes = 4096;
@@ -81,12 +98,13 @@ void UseLoopbackTcp() {
 
 constexpr std::chrono::milliseconds kTimeout{10000};
 
-RemoteTransportArgs TwoNodes(int rank, std::vector<char>& heap, std::atomic<int>* remote_writes,
+// Rank `rank` of `ranks`, each on a node of its own.
+RemoteTransportArgs OwnNodes(int rank, int ranks, std::vector<char>& heap, std::atomic<int>* remote_writes,
                              std::chrono::milliseconds timeout) {
   RemoteTransportArgs args;
   args.rank = rank;
-  args.world_size = 2;
-  args.nodes = {0, 1};
+  args.world_size = ranks;
+  for (int pe = 0; pe < ranks; ++pe) args.nodes.push_back(pe);
   args.heap = heap.data();
   args.heap_bytes = heap.size();
   args.timeout = timeout;
@@ -105,18 +123,23 @@ std::unique_ptr<RemoteTransport> OpenAndConnect(const RemoteTransportArgs& args,
   return transport;
 }
 
-// Runs `body(rank, bootstrap, transport, heap, remote_writes)` on 2 thread-ranks of two nodes, each with its
-// transport connected over TCP on loopback.
+// Runs `body(rank, bootstrap, transport, heap, remote_writes)` on `ranks` thread-ranks, each on a node of its own
+// with its transport connected over TCP on loopback.
 template <typename Body>
-void OnTwoTransports(std::chrono::milliseconds timeout, Body&& body) {
+void OnTransports(int ranks, std::chrono::milliseconds timeout, Body&& body) {
   UseLoopbackTcp();
-  RunRanks(2, [&](int rank, Bootstrap& bootstrap) {
+  RunRanks(ranks, [&](int rank, Bootstrap& bootstrap) {
     std::vector<char> heap(kHeapBytes, 0);
     std::atomic<int> remote_writes{0};
-    auto transport = OpenAndConnect(TwoNodes(rank, heap, &remote_writes, timeout), bootstrap);
+    auto transport = OpenAndConnect(OwnNodes(rank, ranks, heap, &remote_writes, timeout), bootstrap);
     ASSERT_NE(transport, nullptr);
     body(rank, bootstrap, *transport, heap, remote_writes);
   });
+}
+
+template <typename Body>
+void OnTwoTransports(std::chrono::milliseconds timeout, Body&& body) {
+  OnTransports(2, timeout, std::forward<Body>(body));
 }
 
 TEST(RemoteTransportTest, PutGetAndBothSignalOpsReachTheOtherNodesHeap) {
@@ -261,7 +284,7 @@ TEST(RemoteTransportTest, ExchangeMessagesCarriesEachTagsMessagesInOrderBothWays
       mine.pop_back();
       std::vector<char> theirs(bytes + 64, 0);
       std::size_t received = 12345;
-      ASSERT_TRUE(IsOk(transport.ExchangeMessages(peer, 5, mine.data(), bytes, theirs.data(), theirs.size(),
+      ASSERT_TRUE(IsOk(ExchangeOne(transport, peer, 5, mine.data(), bytes, theirs.data(), theirs.size(),
                                                   &received)));
       EXPECT_EQ(received, bytes);
       theirs.resize(bytes);
@@ -274,13 +297,13 @@ TEST(RemoteTransportTest, ExchangeMessagesCarriesEachTagsMessagesInOrderBothWays
     if (rank == 0) {
       for (const int seed : {70, 80, 81}) {
         const std::vector<char> message = Message(16, seed);
-        ASSERT_TRUE(IsOk(transport.ExchangeMessages(peer, seed / 10, message.data(), 16, nullptr, 0, nullptr)));
+        ASSERT_TRUE(IsOk(ExchangeOne(transport, peer, seed / 10, message.data(), 16, nullptr, 0, nullptr)));
       }
     } else {
       for (const int seed : {80, 81, 70}) {
         std::vector<char> got(16, 0);
         std::size_t received = 0;
-        ASSERT_TRUE(IsOk(transport.ExchangeMessages(peer, seed / 10, nullptr, 0, got.data(), 16, &received)));
+        ASSERT_TRUE(IsOk(ExchangeOne(transport, peer, seed / 10, nullptr, 0, got.data(), 16, &received)));
         EXPECT_EQ(received, 16u);
         EXPECT_EQ(got, Message(16, seed)) << seed;
       }
@@ -288,14 +311,14 @@ TEST(RemoteTransportTest, ExchangeMessagesCarriesEachTagsMessagesInOrderBothWays
     ASSERT_TRUE(IsOk(bootstrap.Barrier()));
     // Bad requests fail before anything is sent: a tag too wide, this rank's own node.
     const char byte = 1;
-    EXPECT_TRUE(HasError(transport.ExchangeMessages(peer, std::uint64_t{1} << 40, &byte, 1, nullptr, 0, nullptr),
+    EXPECT_TRUE(HasError(ExchangeOne(transport, peer, std::uint64_t{1} << 40, &byte, 1, nullptr, 0, nullptr),
                          StatusCode::kInvalidArgument, "`tag` must be below 2^40, but got 1099511627776"));
-    EXPECT_TRUE(HasError(transport.ExchangeMessages(rank, 5, &byte, 1, nullptr, 0, nullptr), StatusCode::kStateError,
+    EXPECT_TRUE(HasError(ExchangeOne(transport, rank, 5, &byte, 1, nullptr, 0, nullptr), StatusCode::kStateError,
                          "UCX has no endpoint to this pe: op=exchange_messages pe=" + std::to_string(rank)));
     // A message longer than the receive's room fails the receive, naming the sender.
     std::vector<char> small(8);
     const std::vector<char> longer = Message(32, rank);
-    const Status truncated = transport.ExchangeMessages(peer, 9, longer.data(), longer.size(), small.data(),
+    const Status truncated = ExchangeOne(transport, peer, 9, longer.data(), longer.size(), small.data(),
                                                         small.size(), nullptr);
     EXPECT_EQ(truncated.code(), StatusCode::kDeviceError) << truncated.ToString();
     EXPECT_NE(truncated.message().find("remote exchange_messages (receive) failed: pe=" + std::to_string(peer)),
@@ -312,12 +335,113 @@ TEST(RemoteTransportTest, AMessageThatNeverComesTimesOutNamingThePeer) {
     if (rank == 0) {
       std::vector<char> room(64);
       const auto start = std::chrono::steady_clock::now();
-      EXPECT_TRUE(HasError(transport.ExchangeMessages(1, 3, nullptr, 0, room.data(), room.size(), nullptr),
+      EXPECT_TRUE(HasError(ExchangeOne(transport, 1, 3, nullptr, 0, room.data(), room.size(), nullptr),
                            StatusCode::kTimeout,
                            "remote exchange_messages (receive) timed out: pe=1 transport=ucx timeout_sec=0.5"));
       const auto took = std::chrono::steady_clock::now() - start;
       EXPECT_GE(took, timeout);
       EXPECT_LT(took, timeout + std::chrono::seconds(2));
+    }
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+    EXPECT_TRUE(IsOk(transport.Close()));
+  });
+}
+
+// The bytes that `sender` sends `receiver` in the batched tests: empty, eager or rendezvous, by the pair.
+std::vector<char> PairMessage(int sender, int receiver) {
+  static constexpr std::size_t kSizes[] = {0, 100, (std::size_t{1} << 20) + 3};
+  return Message(kSizes[(sender + receiver) % 3] + static_cast<std::size_t>(sender), sender * 8 + receiver);
+}
+
+TEST(RemoteTransportTest, ExchangeMessagesWithManyPesPostsThemAllAtOnce) {
+  constexpr int kRanks = 4;
+  OnTransports(kRanks, kTimeout, [](int rank, Bootstrap& bootstrap, RemoteTransport& transport, std::vector<char>&,
+                                    std::atomic<int>&) {
+    // Each rank lists its peers from the next rank on: rank 0 waits first for 1, 1 for 2, ..., 3 for 0. Taken one
+    // after the other, that is a cycle of waits; posted at once, every exchange completes.
+    std::vector<std::vector<char>> sends;
+    std::vector<std::vector<char>> rooms;
+    std::vector<MessageExchange> exchanges;
+    static constexpr char kEmpty = 0;
+    for (int step = 1; step < kRanks; ++step) {
+      const int peer = (rank + step) % kRanks;
+      sends.push_back(PairMessage(rank, peer));
+      rooms.emplace_back(PairMessage(peer, rank).size() + 64, 0);
+    }
+    for (int step = 1; step < kRanks; ++step) {
+      MessageExchange& exchange = exchanges.emplace_back();
+      exchange.pe = (rank + step) % kRanks;
+      exchange.send = sends[step - 1].empty() ? &kEmpty : sends[step - 1].data();   // null would send nothing
+      exchange.send_bytes = sends[step - 1].size();
+      exchange.receive = rooms[step - 1].data();
+      exchange.receive_capacity = rooms[step - 1].size();
+    }
+    ASSERT_TRUE(IsOk(transport.ExchangeMessages(21, exchanges.data(), exchanges.size())));
+    for (int step = 1; step < kRanks; ++step) {
+      const MessageExchange& exchange = exchanges[step - 1];
+      const std::vector<char> expected = PairMessage(exchange.pe, rank);
+      EXPECT_TRUE(IsOk(exchange.status)) << exchange.status.ToString();
+      ASSERT_EQ(exchange.received, expected.size()) << "from pe " << exchange.pe;
+      EXPECT_EQ(std::vector<char>(rooms[step - 1].begin(), rooms[step - 1].begin() + expected.size()), expected)
+          << "from pe " << exchange.pe;
+    }
+    // A batch with one bad entry is refused whole: the good entry's message is not sent (the next one under the tag
+    // is the one that arrives).
+    const char stale = 1;
+    const char fresh = 2;
+    MessageExchange refused[2];
+    refused[0].pe = rank ^ 1;
+    refused[0].send = &stale;
+    refused[0].send_bytes = 1;
+    refused[1].pe = rank;
+    refused[1].send = &stale;
+    refused[1].send_bytes = 1;
+    EXPECT_TRUE(HasError(transport.ExchangeMessages(22, refused, 2), StatusCode::kStateError,
+                         "UCX has no endpoint to this pe: op=exchange_messages pe=" + std::to_string(rank)));
+    char got = 0;
+    std::size_t received = 0;
+    EXPECT_TRUE(IsOk(ExchangeOne(transport, rank ^ 1, 22, &fresh, 1, &got, 1, &received)));
+    EXPECT_EQ(got, fresh);
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+    EXPECT_TRUE(IsOk(transport.Close()));
+  });
+}
+
+TEST(RemoteTransportTest, ABatchNamesThePeThatNeverAnsweredAndCompletesTheOthers) {
+  const auto timeout = std::chrono::milliseconds(500);
+  OnTransports(3, timeout, [timeout](int rank, Bootstrap& bootstrap, RemoteTransport& transport, std::vector<char>&,
+                                     std::atomic<int>&) {
+    const char mine = static_cast<char>(10 + rank);
+    if (rank == 0) {
+      char rooms[2] = {0, 0};
+      MessageExchange exchanges[2];
+      for (int i = 0; i < 2; ++i) {
+        exchanges[i].pe = i + 1;
+        exchanges[i].send = &mine;
+        exchanges[i].send_bytes = 1;
+        exchanges[i].receive = &rooms[i];
+        exchanges[i].receive_capacity = 1;
+      }
+      const auto start = std::chrono::steady_clock::now();
+      ASSERT_TRUE(IsOk(transport.ExchangeMessages(4, exchanges, 2)));
+      const auto took = std::chrono::steady_clock::now() - start;
+      EXPECT_TRUE(IsOk(exchanges[0].status)) << exchanges[0].status.ToString();
+      EXPECT_EQ(rooms[0], 11);
+      EXPECT_TRUE(HasError(exchanges[1].status, StatusCode::kTimeout,
+                           "remote exchange_messages (receive) timed out: pe=2 transport=ucx timeout_sec=0.5"));
+      EXPECT_GE(took, timeout);
+      EXPECT_LT(took, timeout + std::chrono::seconds(2));   // one timeout for the whole batch
+    } else if (rank == 1) {
+      char room = 0;
+      EXPECT_TRUE(IsOk(ExchangeOne(transport, 0, 4, &mine, 1, &room, 1, nullptr)));
+      EXPECT_EQ(room, 10);
+    }
+    // Rank 2 never answers; it takes rank 0's message afterwards, so that nothing is left in flight.
+    ASSERT_TRUE(IsOk(bootstrap.Barrier()));
+    if (rank == 2) {
+      char room = 0;
+      EXPECT_TRUE(IsOk(ExchangeOne(transport, 0, 4, nullptr, 0, &room, 1, nullptr)));
+      EXPECT_EQ(room, 10);
     }
     ASSERT_TRUE(IsOk(bootstrap.Barrier()));
     EXPECT_TRUE(IsOk(transport.Close()));
@@ -354,7 +478,7 @@ TEST(RemoteTransportTest, APeerThatClosedFailsTheNextCallInTimeNamingIt) {
                            "pe of another node is gone (its process exited or its node died): op=put_with_signal "
                            "pe=1 pe_node=1 transport=ucx"));
       std::vector<char> room(8);
-      EXPECT_TRUE(HasError(transport.ExchangeMessages(1, 3, src, sizeof(src), room.data(), room.size(), nullptr),
+      EXPECT_TRUE(HasError(ExchangeOne(transport, 1, 3, src, sizeof(src), room.data(), room.size(), nullptr),
                            StatusCode::kDeviceError,
                            "pe of another node is gone (its process exited or its node died): op=exchange_messages "
                            "pe=1 pe_node=1 transport=ucx"));
@@ -410,11 +534,11 @@ TEST(RemoteTransportTest, TheHostDeviceReachesAnotherNodeInStreamOrderAndWakesIt
     const std::vector<char> mine = Message(300, rank);
     std::vector<char> theirs(300);
     std::size_t received = 0;
-    EXPECT_TRUE(IsOk(device.ExchangeMessages(peer, 11, mine.data(), mine.size(), theirs.data(), theirs.size(),
+    EXPECT_TRUE(IsOk(ExchangeOne(device, peer, 11, mine.data(), mine.size(), theirs.data(), theirs.size(),
                                              &received)));
     EXPECT_EQ(received, 300u);
     EXPECT_EQ(theirs, Message(300, peer));
-    EXPECT_TRUE(HasError(device.ExchangeMessages(rank, 11, mine.data(), 1, nullptr, 0, nullptr),
+    EXPECT_TRUE(HasError(ExchangeOne(device, rank, 11, mine.data(), 1, nullptr, 0, nullptr),
                          StatusCode::kStateError,
                          "`pe` must lie on another node and be reached by a remote transport, but got pe=" +
                              std::to_string(rank) + " (op=exchange_messages transport=node)"));
@@ -480,7 +604,7 @@ TEST(RemoteTransportTest, WithoutUcxTheHostDeviceReachesItsNodeOnlyAndSaysWhy) {
     EXPECT_NE(device.remote_absence().find("pip install hyper-parallel-shmem[ucx]"), std::string::npos)
         << device.remote_absence();
     const char byte = 1;
-    EXPECT_TRUE(HasError(device.ExchangeMessages(1 - rank, 1, &byte, 1, nullptr, 0, nullptr), StatusCode::kStateError,
+    EXPECT_TRUE(HasError(ExchangeOne(device, 1 - rank, 1, &byte, 1, nullptr, 0, nullptr), StatusCode::kStateError,
                          "(op=exchange_messages transport=none reason=this build of hyper-parallel-shmem has no UCX"));
   });
 }

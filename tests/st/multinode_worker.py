@@ -774,16 +774,19 @@ def case_bad_inputs_on_a_spanning_team_raise_and_move_nothing():
     refused(ValueError, lambda: C.team_create(sorted((RANK, other)), sorted((RANK, other)).index(RANK),
                                               lambda payload: payload, lambda: None),
             "`pes` must lie on this rank's node (host device: a team's members map each other's heaps), but got")
-    # The exchange across nodes (what the teams' phase across nodes runs on) refuses before sending anything: a PE of
-    # this node, an argument that is not a tensor, and (where UCX reaches the other node) a tag too wide.
+    # The exchange across nodes (what the teams' phase across nodes runs on) refuses a whole batch before sending
+    # anything: a PE of this node (beside one of the other node), an argument that is not a tensor, an entry that is not a triple,
+    # and (where UCX reaches the other node) a tag too wide.
     byte = torch.ones(1, dtype=torch.uint8)
-    refused(shmem.ShmemStateError, lambda: C.exchange_messages(RANK ^ 1, 1, byte, None),
+    refused(shmem.ShmemStateError, lambda: C.exchange_messages(1, [(RANK ^ 1, byte, None), (other, byte, None)]),
             f"`pe` must lie on another node and be reached by a remote transport, but got pe={RANK ^ 1} "
             f"(op=exchange_messages transport=")
-    refused(TypeError, lambda: C.exchange_messages(other, 1, "bytes", None),
+    refused(TypeError, lambda: C.exchange_messages(1, [(other, "bytes", None)]),
             "`send` must be a torch.Tensor, but got str")
+    refused(ValueError, lambda: C.exchange_messages(1, [(other, byte)]),
+            "`exchanges` must hold (pe, send, receive) triples, but entry 0 has 2 items")
     if _transport_to_other_node() == "ucx":
-        refused(ValueError, lambda: C.exchange_messages(other, 1 << 40, byte, None),
+        refused(ValueError, lambda: C.exchange_messages(1 << 40, [(other, byte, None)]),
                 "`tag` must be below 2^40, but got 1099511627776")
     _still_usable(team)
     return seen

@@ -80,31 +80,43 @@ void RemoteTransportTransfer(bool put, py::handle symmetric_arg, py::handle loca
   ThrowIfError(R().RemoteTransportTransfer(put, symmetric_ptr, local_ptr, ByteSize(symmetric), pe));
 }
 
-// The lane exchange of teams that span nodes (Runtime::ExchangeMessages): `send`'s bytes to `pe` under `tag` (None:
-// nothing), the next message from `pe` under `tag` into `receive` (None: nothing); returns the received length.
-std::size_t ExchangeMessages(py::handle pe_arg, std::uint64_t tag, py::handle send_arg, py::handle receive_arg) {
-  const int pe = PeArg(pe_arg);
-  const void* send = nullptr;
-  std::size_t send_bytes = 0;
-  void* receive = nullptr;
-  std::size_t receive_capacity = 0;
+// The phase across nodes of teams that span nodes (Runtime::ExchangeMessages): under `tag`, for each `(pe, send,
+// receive)` of `exchanges`, `send`'s bytes to `pe` (None: nothing) and the next message from `pe` into `receive`
+// (None: nothing), all posted at once. Returns, per exchange, `(received length, failure)`: failure is "" where it
+// completed, else the message naming its PE. Bad input raises, with nothing posted.
+py::list ExchangeMessages(std::uint64_t tag, py::sequence exchanges_arg) {
+  std::vector<MessageExchange> exchanges(py::len(exchanges_arg));
   // An empty tensor's data pointer may be null, which the runtime reads as "no message": an empty message is sent
   // from, or received into, a byte of its own.
   char empty = 0;
-  if (!send_arg.is_none()) {
-    const at::Tensor& tensor = CpuTensorArg(send_arg, "send");
-    send_bytes = ByteSize(tensor);
-    send = send_bytes > 0 ? tensor.data_ptr() : &empty;
+  for (std::size_t i = 0; i < exchanges.size(); ++i) {
+    const py::tuple entry = exchanges_arg[i].cast<py::tuple>();
+    if (entry.size() != 3) {
+      throw py::value_error("`exchanges` must hold (pe, send, receive) triples, but entry " + std::to_string(i) +
+                            " has " + std::to_string(entry.size()) + " items");
+    }
+    MessageExchange& exchange = exchanges[i];
+    exchange.pe = PeArg(entry[0]);
+    if (!entry[1].is_none()) {
+      const at::Tensor& tensor = CpuTensorArg(entry[1], "send");
+      exchange.send_bytes = ByteSize(tensor);
+      exchange.send = exchange.send_bytes > 0 ? tensor.data_ptr() : &empty;
+    }
+    if (!entry[2].is_none()) {
+      const at::Tensor& tensor = CpuTensorArg(entry[2], "receive");
+      exchange.receive_capacity = ByteSize(tensor);
+      exchange.receive = exchange.receive_capacity > 0 ? tensor.data_ptr() : &empty;
+    }
   }
-  if (!receive_arg.is_none()) {
-    const at::Tensor& tensor = CpuTensorArg(receive_arg, "receive");
-    receive_capacity = ByteSize(tensor);
-    receive = receive_capacity > 0 ? tensor.data_ptr() : &empty;
+  {
+    py::gil_scoped_release nogil;
+    ThrowIfError(R().ExchangeMessages(tag, exchanges.data(), exchanges.size()));
   }
-  std::size_t received = 0;
-  py::gil_scoped_release nogil;
-  ThrowIfError(R().ExchangeMessages(pe, tag, send, send_bytes, receive, receive_capacity, &received));
-  return received;
+  py::list outcomes;
+  for (const MessageExchange& exchange : exchanges) {
+    outcomes.append(py::make_tuple(exchange.received, exchange.status.ok() ? "" : exchange.status.message()));
+  }
+  return outcomes;
 }
 
 void Signal(py::handle signal_arg, py::handle value_arg, py::handle pe_arg, int op, StreamHandle stream) {
@@ -174,7 +186,7 @@ void RegisterDataPlane(py::module_& m) {
   m.def("get", &OneSided<&Runtime::Get>, py::arg("dst"), py::arg("src"), py::arg("pe"), py::arg("stream"));
   m.def("remote_transport_transfer", &RemoteTransportTransfer, py::arg("put"), py::arg("symmetric"), py::arg("local"),
         py::arg("pe"));
-  m.def("exchange_messages", &ExchangeMessages, py::arg("pe"), py::arg("tag"), py::arg("send"), py::arg("receive"));
+  m.def("exchange_messages", &ExchangeMessages, py::arg("tag"), py::arg("exchanges"));
   m.def("signal", &Signal, py::arg("signal"), py::arg("value"), py::arg("pe"), py::arg("op"), py::arg("stream"));
   m.def("put_with_signal", &PutWithSignal, py::arg("dst"), py::arg("src"), py::arg("signal"), py::arg("value"),
         py::arg("pe"), py::arg("op"), py::arg("stream"));

@@ -495,10 +495,10 @@ Status HostDevice::RemoteTransportTransfer(bool put, void* symmetric, void* loca
   return put ? remote_->Put(pe, offset, local, bytes) : remote_->Get(pe, offset, local, bytes);
 }
 
-Status HostDevice::ExchangeMessages(int pe, std::uint64_t tag, const void* send, std::size_t send_bytes,
-                                    void* receive, std::size_t receive_capacity, std::size_t* received) {
-  HP_RETURN_IF_ERROR(RequireRemote(pe, "exchange_messages"));
-  return remote_->ExchangeMessages(pe, tag, send, send_bytes, receive, receive_capacity, received);
+Status HostDevice::ExchangeMessages(std::uint64_t tag, MessageExchange* exchanges, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) HP_RETURN_IF_ERROR(RequireRemote(exchanges[i].pe, "exchange_messages"));
+  if (count == 0) return Status::Ok();
+  return remote_->ExchangeMessages(tag, exchanges, count);
 }
 
 Status HostDevice::Copy(void* dst, const void* src, std::size_t bytes, StreamHandle stream, KeepAlive keep) {

@@ -70,9 +70,8 @@ class HostDevice final : public Device {
   }
   // RemoteTransport::Put or Get itself (remote_transport.h), for a PE that IsRemote.
   Status RemoteTransportTransfer(bool put, void* symmetric, void* local, std::size_t bytes, int pe) override;
-  // RemoteTransport::ExchangeMessages, for a PE that IsRemote.
-  Status ExchangeMessages(int pe, std::uint64_t tag, const void* send, std::size_t send_bytes, void* receive,
-                          std::size_t receive_capacity, std::size_t* received) override;
+  // RemoteTransport::ExchangeMessages, for PEs that IsRemote.
+  Status ExchangeMessages(std::uint64_t tag, MessageExchange* exchanges, std::size_t count) override;
   Status CopyToHeap(void* symmetric_dst, const void* host_src, std::size_t bytes) override;
   Status CopyFromHeap(void* host_dst, const void* symmetric_src, std::size_t bytes) override;
   std::size_t max_transfer_bytes() const override { return 0; }

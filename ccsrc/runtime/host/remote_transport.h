@@ -64,15 +64,12 @@ class RemoteTransport {
   virtual Status PutWithSignal(int pe, std::size_t heap_offset, const void* src, std::size_t bytes,
                                std::size_t signal_offset, SignalWidth width, std::int64_t value, SignalOp op) = 0;
 
-  // Two-sided messages, for the phase across nodes of the teams that span nodes (their lane exchange): sends one
-  // message of `send_bytes` at `send` to `pe` under `tag` (null `send`: none) and receives the next message that `pe`
-  // sent to this rank under `tag` into `receive`, at most `receive_capacity` bytes (null `receive`: none), its length
-  // in `*received`. Both are posted at once, so two ranks that exchange never wait for each other's order; messages
-  // from one PE under one tag arrive in the order they were sent. Completes before it returns, or fails naming `pe`
-  // within the timeout; a longer message than `receive_capacity` fails the call. `tag` < 2^kMessageTagBits.
+  // Two-sided messages, for the phase across nodes of the teams that span nodes (Device::ExchangeMessages): every
+  // exchange's receive and send posted at once, then all waited for within one timeout. Each PE's outcome is its
+  // exchange's `status`; the call itself refuses, posting nothing, a `pe` it does not reach or a `tag` of
+  // kMessageTagBits or more.
   static constexpr int kMessageTagBits = 40;
-  virtual Status ExchangeMessages(int pe, std::uint64_t tag, const void* send, std::size_t send_bytes, void* receive,
-                                  std::size_t receive_capacity, std::size_t* received) = 0;
+  virtual Status ExchangeMessages(std::uint64_t tag, MessageExchange* exchanges, std::size_t count) = 0;
 
   // Local: closes the endpoints, stops the progress thread, deregisters the heap. The caller makes sure no peer
   // still targets this rank's heap (the runtime's shutdown passes the bootstrap's barrier first). Bounded by the

@@ -185,43 +185,49 @@ class UcxTransport final : public RemoteTransport {
     return Complete(flush, "put_with_signal", pe);
   }
 
-  Status ExchangeMessages(int pe, std::uint64_t tag, const void* send, std::size_t send_bytes, void* receive,
-                          std::size_t receive_capacity, std::size_t* received) override {
-    HP_RETURN_IF_ERROR(CheckRange(pe, 0, 0, "exchange_messages"));
+  Status ExchangeMessages(std::uint64_t tag, MessageExchange* exchanges, std::size_t count) override {
     if (tag >> kMessageTagBits != 0) {
       return InvalidArgument("`tag` must be below 2^" + std::to_string(kMessageTagBits) + ", but got " +
                              std::to_string(tag));
     }
+    for (std::size_t i = 0; i < count; ++i) {
+      HP_RETURN_IF_ERROR(CheckRange(exchanges[i].pe, 0, 0, "exchange_messages"));
+    }
     // UCX matches a message by its tag alone: the sender's PE rides in the low bits, so that a receive takes only
-    // what `pe` sent.
+    // what its `pe` sent.
     const auto message_tag = [tag](int sender) { return tag << kSenderBits | static_cast<std::uint64_t>(sender); };
-    ucp_tag_recv_info_t info{};
-    ucp_request_param_t receive_param{};
-    receive_param.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
-    receive_param.recv_info.tag_info = &info;
-    ucp_request_param_t send_param{};
-    ucs_status_ptr_t receiving = nullptr;
-    ucs_status_ptr_t sending = nullptr;
+    std::vector<PendingMessage> pending;
+    pending.reserve(2 * count);   // never moves: UCX holds the address of each receive's `info`
     {
       std::lock_guard<std::mutex> lock(mu_);
-      // The receive first: a message that arrives meanwhile lands in place instead of in UCX's unexpected queue.
-      if (receive != nullptr) {
-        receiving = ucp_tag_recv_nbx(worker_, receive, receive_capacity, message_tag(pe), ~ucp_tag_t{0},
-                                     &receive_param);
+      // Every receive first: a message that arrives meanwhile lands in place instead of in UCX's unexpected queue.
+      for (std::size_t i = 0; i < count; ++i) {
+        MessageExchange& exchange = exchanges[i];
+        exchange.status = Status::Ok();
+        exchange.received = 0;
+        if (exchange.receive == nullptr) continue;
+        PendingMessage& receiving = pending.emplace_back(PendingMessage{&exchange, true, nullptr, {}});
+        ucp_request_param_t param{};
+        param.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
+        param.recv_info.tag_info = &receiving.info;
+        receiving.request = ucp_tag_recv_nbx(worker_, exchange.receive, exchange.receive_capacity,
+                                             message_tag(exchange.pe), ~ucp_tag_t{0}, &param);
       }
-      // The send even where the receive failed at once (a message already here, longer than the room): the peer
+      // Every send, even where its receive failed at once (a message already here, longer than the room): the peer
       // waits for it.
-      if (send != nullptr) {
-        sending = ucp_tag_send_nbx(peers_[static_cast<std::size_t>(pe)].ep, send, send_bytes,
-                                   message_tag(args_.rank), &send_param);
+      for (std::size_t i = 0; i < count; ++i) {
+        MessageExchange& exchange = exchanges[i];
+        if (exchange.send == nullptr) continue;
+        ucp_request_param_t param{};
+        pending.push_back(PendingMessage{
+            &exchange, false,
+            ucp_tag_send_nbx(peers_[static_cast<std::size_t>(exchange.pe)].ep, exchange.send, exchange.send_bytes,
+                             message_tag(args_.rank), &param),
+            {}});
       }
     }
-    // Both run until both are done: a receive that fails must not leave a send that UCX still reads.
-    const Status receive_done = Complete(receiving, "exchange_messages (receive)", pe, &info);
-    const Status send_done = Complete(sending, "exchange_messages (send)", pe);
-    HP_RETURN_IF_ERROR(receive_done);
-    HP_RETURN_IF_ERROR(send_done);
-    if (received != nullptr) *received = receive != nullptr ? info.length : 0;
+    // Every one runs until done or failed: a receive that fails must not leave a send that UCX still reads.
+    CompleteAll(pending);
     return Status::Ok();
   }
 
@@ -464,8 +470,8 @@ class UcxTransport final : public RemoteTransport {
   }
 
   // Waits for `request` (progressing the worker itself), at most the timeout; a request still running then is
-  // cancelled and the failure names the PE. A tag receive's message (its length) lands in `info`.
-  Status Complete(ucs_status_ptr_t request, const char* op, int pe, ucp_tag_recv_info_t* info = nullptr) {
+  // cancelled and the failure names the PE.
+  Status Complete(ucs_status_ptr_t request, const char* op, int pe) {
     if (request == nullptr) return Status::Ok();
     if (UCS_PTR_IS_ERR(request)) return Failure(op, pe, UCS_PTR_STATUS(request));
     const auto start = Clock::now();
@@ -475,8 +481,7 @@ class UcxTransport final : public RemoteTransport {
       {
         std::lock_guard<std::mutex> lock(mu_);
         progressed = ucp_worker_progress(worker_) != 0;
-        const ucs_status_t status =
-            info != nullptr ? ucp_tag_recv_request_test(request, info) : ucp_request_check_status(request);
+        const ucs_status_t status = ucp_request_check_status(request);
         if (status != UCS_INPROGRESS) {
           ucp_request_free(request);
           return status == UCS_OK ? Status::Ok() : Failure(op, pe, status);
@@ -496,6 +501,70 @@ class UcxTransport final : public RemoteTransport {
       }
       if (progressed) NotifyRemoteWrite();
       // The peer's progress thread must run for this to complete: leave it the core when ranks share few.
+      if (Clock::now() - start > std::chrono::microseconds(20)) sched_yield();
+    }
+  }
+
+  // One direction of one exchange of ExchangeMessages, until it completes.
+  struct PendingMessage {
+    MessageExchange* exchange;
+    bool receive;
+    ucs_status_ptr_t request;
+    ucp_tag_recv_info_t info;   // a receive's length, filled by UCX
+  };
+
+  // Complete for many requests at once, within one timeout for all: each outcome lands in its exchange (the first
+  // failure of an exchange is kept), a receive's length in its `received`.
+  void CompleteAll(std::vector<PendingMessage>& pending) {
+    const auto fail = [](PendingMessage& message, Status status) {
+      if (message.exchange->status.ok()) message.exchange->status = std::move(status);
+    };
+    const auto op = [](const PendingMessage& message) {
+      return message.receive ? "exchange_messages (receive)" : "exchange_messages (send)";
+    };
+    std::size_t open = 0;
+    for (PendingMessage& message : pending) {
+      if (message.request == nullptr) {   // complete at once
+        if (message.receive) message.exchange->received = message.info.length;
+      } else if (UCS_PTR_IS_ERR(message.request)) {
+        fail(message, Failure(op(message), message.exchange->pe, UCS_PTR_STATUS(message.request)));
+        message.request = nullptr;
+      } else {
+        ++open;
+      }
+    }
+    const auto start = Clock::now();
+    const auto deadline = start + args_.timeout;
+    while (open > 0) {
+      bool progressed = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        progressed = ucp_worker_progress(worker_) != 0;
+        const bool late = Clock::now() >= deadline;
+        for (PendingMessage& message : pending) {
+          if (message.request == nullptr) continue;
+          const int pe = message.exchange->pe;
+          const ucs_status_t status = message.receive ? ucp_tag_recv_request_test(message.request, &message.info)
+                                                      : ucp_request_check_status(message.request);
+          if (status == UCS_INPROGRESS && !late && !Lost(pe)) continue;
+          if (status == UCS_INPROGRESS) {   // it will never complete: UCX releases it once cancelled
+            ucp_request_cancel(worker_, message.request);
+            fail(message, Lost(pe) ? LostPeer(op(message), pe)
+                                   : Timeout(std::string("remote ") + op(message) + " timed out: pe=" +
+                                             std::to_string(pe) + " transport=ucx timeout_sec=" +
+                                             Decimal(std::chrono::duration<double>(args_.timeout).count())));
+          } else if (status != UCS_OK) {
+            fail(message, Failure(op(message), pe, status));
+          } else if (message.receive) {
+            message.exchange->received = message.info.length;
+          }
+          ucp_request_free(message.request);
+          message.request = nullptr;
+          --open;
+        }
+      }
+      if (progressed) NotifyRemoteWrite();
+      // The peers' progress threads must run for this to complete: leave them the core when ranks share few.
       if (Clock::now() - start > std::chrono::microseconds(20)) sched_yield();
     }
   }

@@ -135,28 +135,23 @@ _BARRIER_TAG = 1
 
 
 def _meet_other_nodes(root: _Root, transport: str) -> Optional[str]:
-    """One message each way with every PE of the other nodes, over the runtime's transport, in ascending PE order:
-    every pair of ranks meets in the same order on both sides (no cycle of waits).
+    """One message each way with every PE of the other nodes, over the runtime's transport, all posted at once.
 
     Returns:
         None once every one answered; otherwise the failure, naming the ranks that did not. A PE whose node is gone
-        fails at once and the others are still met; a timeout ends the step (each further PE would cost one more).
+        fails at once, and the others are still met within the timeout.
     """
-    mine = torch.zeros(1, dtype=torch.uint8)
-    theirs = torch.empty(1, dtype=torch.uint8)
     node = root.nodes[root.rank]
-    missing, first = [], ""
-    for pe, pe_node in enumerate(root.nodes):
-        if pe_node == node:
-            continue
-        try:
-            C.exchange_messages(pe, _BARRIER_TAG, mine, theirs)
-        except RuntimeError as error:
-            missing.append(root.ranks[pe])
-            first = first or (str(error).splitlines() or [type(error).__name__])[0]
-            if isinstance(error, ShmemTimeoutError):
-                break
-    if not missing:
+    others = [pe for pe, pe_node in enumerate(root.nodes) if pe_node != node]
+    mine = torch.zeros(1, dtype=torch.uint8)
+    rooms = torch.empty(len(others), dtype=torch.uint8)
+    try:
+        outcomes = C.exchange_messages(_BARRIER_TAG, [(pe, mine, rooms[i:i + 1]) for i, pe in enumerate(others)])
+    except RuntimeError as error:  # refused before anything was sent
+        outcomes = [(0, str(error))] * len(others)
+    failed = [(root.ranks[pe], failure) for pe, (_, failure) in zip(others, outcomes) if failure]
+    if not failed:
         return None
-    return (f"barrier across nodes failed: op=barrier missing_ranks={missing} "
+    first = (failed[0][1].splitlines() or [""])[0]
+    return (f"barrier across nodes failed: op=barrier missing_ranks={sorted(rank for rank, _ in failed)} "
             f"timeout_sec={C.read_config()['timeout_sec']:g} ({transport}: {first})")

@@ -47,7 +47,7 @@ from __future__ import annotations
 import time
 import zlib
 from datetime import timedelta
-from typing import Optional, Sequence, Union
+from typing import NamedTuple, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -197,12 +197,19 @@ class NodeLayout:
         self.position = {g: (k, i) for k, members in enumerate(self.members) for i, g in enumerate(members)}
 
 
-class _LinkFailure(Exception):
-    """A transfer across nodes that failed or timed out: the first line of the link's own message."""
-
-
 def _first_line(error: BaseException) -> str:
     return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
+class _Transfer(NamedTuple):
+    """One member's part of a link's transfer: ``send`` to group rank ``member`` and its message into ``receive``
+    (either may be None); a failure is reported under ``key``. ``send_first``: see :meth:`_GroupLink.transfer`."""
+
+    key: int
+    member: int
+    send: Optional[torch.Tensor]
+    receive: Optional[torch.Tensor]
+    send_first: Optional[bool] = None
 
 
 class _GroupLink:
@@ -214,49 +221,55 @@ class _GroupLink:
         self._group = group
         self._global = global_ranks
 
-    def transfer(self, member: int, tag: int, send: Optional[torch.Tensor], receive: Optional[torch.Tensor],
-                 deadline: float, send_first: Optional[bool] = None) -> None:
-        """Sends ``send`` to group rank ``member`` and receives its message into ``receive`` (either may be None),
-        both posted at once, or one after the other (``send_first`` True or False: on gloo a send that finds its
-        receive posted is a single hand-off), each waited for until the deadline.
+    def transfer(self, tag: int, transfers: Sequence[_Transfer], deadline: float) -> dict:
+        """Each transfer in turn, in the given order: its send and receive posted at once, or one after the other
+        (``send_first`` True or False: on gloo a send that finds its receive posted is a single hand-off), each waited
+        for until the deadline.
 
-        Raises:
-            _LinkFailure: a transfer failed (gloo refuses to post on a connection it saw close) or timed out.
+        Returns:
+            The failures: the first line of gloo's message (gloo refuses to post on a connection it saw close) or of
+            the timeout, by the transfer's key.
         """
-        rank = self._global[member]
-        posts = []
-        if send is not None:
-            posts.append(lambda: dist.isend(send, dst=rank, group=self._group, tag=tag))
-        if receive is not None:
-            posts.append(lambda: dist.irecv(receive, src=rank, group=self._group, tag=tag))
-        if send_first is False:
-            posts.reverse()
-        steps = [posts] if send_first is None else [[post] for post in posts]
-        try:
-            for step in steps:
-                for work in [post() for post in step]:
-                    work.wait(timeout=timedelta(seconds=max(deadline - time.monotonic(), 0.05)))
-        except RuntimeError as error:
-            raise _LinkFailure(_first_line(error)) from None
+        failures = {}
+        for item in transfers:
+            rank = self._global[item.member]
+            posts = []
+            if item.send is not None:
+                posts.append(lambda: dist.isend(item.send, dst=rank, group=self._group, tag=tag))
+            if item.receive is not None:
+                posts.append(lambda: dist.irecv(item.receive, src=rank, group=self._group, tag=tag))
+            if item.send_first is False:
+                posts.reverse()
+            steps = [posts] if item.send_first is None else [[post] for post in posts]
+            try:
+                for step in steps:
+                    for work in [post() for post in step]:
+                        work.wait(timeout=timedelta(seconds=max(deadline - time.monotonic(), 0.05)))
+            except RuntimeError as error:
+                failures[item.key] = _first_line(error)
+        return failures
 
 
 class _RuntimeLink:
-    """Transfers across nodes over the runtime's own transport (``C.exchange_messages``), between PEs: each call
-    posts both directions at once and completes within the runtime's timeout, or fails at once once the peer's
-    connection broke."""
+    """Transfers across nodes over the runtime's own transport (``C.exchange_messages``), between PEs: every
+    transfer of a call posted at once (they overlap on the wire), all completed within the runtime's timeout; a
+    member whose connection broke fails at once."""
 
     def __init__(self, name: str, pes: Sequence[int]) -> None:
         self.name = name
         self._pes = pes
 
-    def transfer(self, member: int, tag: int, send: Optional[torch.Tensor], receive: Optional[torch.Tensor],
-                 deadline: float, send_first: Optional[bool] = None) -> None:
-        """As :meth:`_GroupLink.transfer`; the order and the deadline are the transport's own (one timeout)."""
-        del deadline, send_first
+    def transfer(self, tag: int, transfers: Sequence[_Transfer], deadline: float) -> dict:
+        """As :meth:`_GroupLink.transfer`, but all at once; the deadline is the transport's own (one timeout)."""
+        del deadline
+        if not transfers:
+            return {}
         try:
-            C.exchange_messages(self._pes[member], tag, send, receive)
-        except RuntimeError as error:
-            raise _LinkFailure(_first_line(error)) from None
+            outcomes = C.exchange_messages(tag, [(self._pes[item.member], item.send, item.receive)
+                                                 for item in transfers])
+        except RuntimeError as error:  # refused before anything was sent: every transfer failed
+            return {item.key: _first_line(error) for item in transfers}
+        return {item.key: failure.splitlines()[0] for item, (_, failure) in zip(transfers, outcomes) if failure}
 
 
 def _link(group: dist.ProcessGroup, pes: Sequence[int], global_ranks: Sequence[int],
@@ -313,15 +326,6 @@ class Hierarchy:
         if handle != DEFAULT_HANDLE:
             C.synchronize_stream(handle)  # the phases run on this thread, after the stream's work
 
-    def _step(self, missing: dict, index: int, member: int, deadline: float, send: Optional[torch.Tensor],
-              receive: Optional[torch.Tensor], send_first: Optional[bool] = None) -> None:
-        """Sends ``send`` to ``member`` (a group rank) and receives its message into ``receive``
-        (:meth:`_GroupLink.transfer`); a member whose transfer fails or times out is ``missing[index]``."""
-        try:
-            self.link.transfer(member, self._tag, send, receive, deadline, send_first)
-        except _LinkFailure as failure:
-            missing[index] = str(failure)
-
     def _raise_missing(self, missing: dict, members: Sequence[int], op: str, give_up: bool) -> None:
         """Raises, naming the members (``members[index]`` for each index ``missing``) that did not answer, if any;
         the team is broken from then on.
@@ -375,24 +379,28 @@ class Hierarchy:
         header_bytes = _HEADER_WORDS * 8
         received: list = [None] * len(members)
         headers: dict = {}
-        missing: dict = {}
-        # Pair by pair in ascending order of the lower node: every pair of nodes meets in the same order on both sides
-        # (no cycle of waits). The headers go first, the lower node's first: a send that finds its receive already
-        # posted is a single hand-off (posting both directions at once costs twice as much on gloo). A payload up to
-        # _EAGER_BYTES rides in its header's message; longer ones then cross in both directions at once.
+        # Two rounds over the link: every header, then every longer payload. A payload up to _EAGER_BYTES rides in its
+        # header's message; longer ones then cross in both directions at once. The runtime's link posts a round's
+        # transfers all at once. gloo takes them pair by pair in ascending order of the lower node, the lower node's
+        # header first: every pair meets in the same order on both sides (no cycle of waits), and a send that finds
+        # its receive already posted is a single hand-off (posting both directions at once costs twice as much).
+        payloads, inboxes, firsts = {}, {}, []
         for k in others:
             member = members[k]
-            payload = None if sends[k] is None else _bytes(sends[k])
-            nbytes = 0 if payload is None else payload.numel()
+            payloads[k] = None if sends[k] is None else _bytes(sends[k])
+            nbytes = 0 if payloads[k] is None else payloads[k].numel()
             header = _bytes(torch.tensor([status, *call, nbytes], dtype=torch.int64))
-            first = torch.cat([header, payload]) if 0 < nbytes <= _EAGER_BYTES else header
+            first = torch.cat([header, payloads[k]]) if 0 < nbytes <= _EAGER_BYTES else header
             # Room for a header and an eager payload: both links take a message shorter than the buffer (gloo aborts
             # the process on a longer one); the header says how long the payload is.
-            inbox = torch.empty(header_bytes + _EAGER_BYTES, dtype=torch.uint8)
-            self._step(missing, k, member, deadline, first, inbox,
-                       send_first=layout.node < layout.position[member][0])
+            inboxes[k] = torch.empty(header_bytes + _EAGER_BYTES, dtype=torch.uint8)
+            firsts.append(_Transfer(k, member, first, inboxes[k], layout.node < layout.position[member][0]))
+        missing = self.link.transfer(self._tag, firsts, deadline)
+        longs = []
+        for k in others:
             if k in missing:
                 continue
+            inbox = inboxes[k]
             headers[k] = inbox[:header_bytes].view(torch.int64)
             theirs = int(headers[k][-1])
             target = None if into is None else into[k]
@@ -404,10 +412,12 @@ class Hierarchy:
                     received[k] = target.copy_(received[k])
             else:
                 received[k] = torch.empty(theirs, dtype=torch.uint8) if target is None else target
-            long_send = payload if nbytes > _EAGER_BYTES else None
+            payload = payloads[k]
+            long_send = payload if payload is not None and payload.numel() > _EAGER_BYTES else None
             long_receive = received[k] if theirs > _EAGER_BYTES else None
             if long_send is not None or long_receive is not None:
-                self._step(missing, k, member, deadline, long_send, long_receive)
+                longs.append(_Transfer(k, members[k], long_send, long_receive))
+        missing.update(self.link.transfer(self._tag, longs, deadline))
         self._raise_missing(missing, members, op, give_up=status == _OK)
         for k in others:  # every payload is in: the channels stay aligned whatever is raised now
             theirs = headers[k].tolist()
@@ -716,13 +726,18 @@ class Hierarchy:
         flat = receive.reshape(-1)
         slices = [flat[offsets[g]:offsets[g] + counts[g]] for g in everyone]
         node_members = layout.members[layout.node]
-        landed = torch.empty(sum(counts[g] for g in node_members), dtype=dtype)
+        # The node's parts land straight in `receive` where its members' slices follow each other there (members of a
+        # node with consecutive group ranks, the usual layout); elsewhere they land apart and are copied to theirs.
+        consecutive = all(b == a + 1 for a, b in zip(node_members, node_members[1:]))
+        landed = (flat[offsets[node_members[0]]:offsets[node_members[-1] + 1]] if consecutive else
+                  torch.empty(sum(counts[g] for g in node_members), dtype=dtype))
         self._node_phase("all_to_all", call, C.all_to_all, [sends[g].reshape(-1).view(dtype) for g in node_members],
                          landed, [counts[g] for g in node_members], DEFAULT_HANDLE, peers=everyone)
-        at = 0
-        for g in node_members:
-            slices[g].copy_(landed[at:at + counts[g]])
-            at += counts[g]
+        if not consecutive:
+            at = 0
+            for g in node_members:
+                slices[g].copy_(landed[at:at + counts[g]])
+                at += counts[g]
         received = self.exchange("all_to_all", call, list(sends), into=[_bytes(part) for part in slices],
                                  peers=everyone)
         for g in everyone:
@@ -777,11 +792,10 @@ class Hierarchy:
     def _transfer(self, op: str, peer: int, deadline: float, send: Optional[torch.Tensor],
                   receive: Optional[torch.Tensor]) -> None:
         """One message to or from member ``peer`` of another node, under the team's send/recv tag."""
-        try:
-            self.link.transfer(peer, self._tag + 1, send, receive, deadline)
-        except _LinkFailure as failure:
+        failures = self.link.transfer(self._tag + 1, [_Transfer(0, peer, send, receive)], deadline)
+        if failures:
             raise ShmemTimeoutError(f"cross-node {op} failed: missing_ranks=[{self._global[peer]}] "
-                                    f"timeout_sec={self._timeout_sec:g} ({self.link.name}: {failure})") from None
+                                    f"timeout_sec={self._timeout_sec:g} ({self.link.name}: {failures[0]})")
 
     # ---- agreement -----------------------------------------------------------------------------------------------
 
