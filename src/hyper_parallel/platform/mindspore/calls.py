@@ -93,6 +93,7 @@ class CAbiCalls:
         self._lock = threading.RLock()
         self._allocations: dict = {}   # address -> _Allocation, for free
         self._teams: dict = {}         # group name -> _Team
+        self._spanning: dict = {}      # group name -> whether its ranks lie on more than one node (per lifecycle)
 
     # ------------------------------------------------------------------ groups and lifecycle
     def group_key(self, group: Optional[object]) -> str:
@@ -156,13 +157,36 @@ class CAbiCalls:
         """``tensor``'s element type as the engine names it."""
         return c_runtime.ElementType(*tensors.element_type(tensor))
 
+    def _spans_nodes(self, name: str, op: str) -> bool:
+        """Whether the ranks of group ``name`` lie on more than one node (as the runtime found the nodes when it
+        started: the ranks that map each other's shared memory)."""
+        with self._lock:
+            self._ensure_runtime(op)
+            spans = self._spanning.get(name)
+            if spans is None:
+                nodes = c_runtime.debug_state()["nodes"]
+                spans = len({nodes[pe] for pe in groups.ranks(name)}) > 1
+                self._spanning[name] = spans
+            return spans
+
     def _team(self, name: str, op: str) -> _Team:
-        """The team of group ``name`` (created on its first collective: collective over the group)."""
+        """The team of group ``name`` (created on its first collective: collective over the group).
+
+        Raises:
+            ShmemValueError: the group spans nodes (the runtime's teams are node-local; this handler has no phase
+                across nodes).
+        """
         with self._lock:
             self._ensure_runtime(op)
             team = self._teams.get(name)
             if team is None:
                 pes = groups.ranks(name)
+                if self._spans_nodes(name, op):
+                    nodes = c_runtime.debug_state()["nodes"]
+                    raise ShmemValueError(
+                        f"`group` must lie on one node for {op} on MindSpore, but got ranks {pes} on nodes "
+                        f"{sorted({nodes[pe] for pe in pes})} (a group that spans nodes takes one-sided calls and "
+                        f"barrier here; torch's handler runs its collectives across nodes): op={op} group={name}")
                 me = pes.index(groups.world_rank())
                 team = _Team(c_runtime.team_create(pes, self._bootstrap(name)), pes, me)
                 self._teams[name] = team
@@ -212,6 +236,7 @@ class CAbiCalls:
             tensors.synchronize()
             c_runtime.shutdown(self._bootstrap(groups.WORLD))
             self._teams.clear()
+            self._spanning.clear()
 
     def rendezvous(self, t: Any, name: str) -> tuple:
         """Every group rank's copy of one symmetric tensor, checked to be the same range on every rank (collective
@@ -324,8 +349,20 @@ class CAbiCalls:
                                   self._address(signal, offset), int(signal.itemsize), value, op, pe)
 
     def barrier(self, name: str) -> None:
-        """A barrier of group ``name`` (creating its team on its first collective)."""
-        team = self._team(name, "barrier")
+        """A barrier of group ``name`` (creating its team on its first collective); over a group that spans nodes,
+        MindSpore's own barrier of the group, bounded by the runtime's timeout.
+
+        Raises:
+            ShmemTimeoutError: a rank did not arrive in time.
+        """
+        team = self._teams.get(name)
+        if team is None and self._spans_nodes(name, "barrier"):
+            # The runtime's teams are node-local. Every one-sided call, across nodes too, completed before it
+            # returned, so a barrier that only orders the ranks makes their writes visible after it.
+            tensors.synchronize()
+            groups.bootstrap(name).barrier()
+            return
+        team = team or self._team(name, "barrier")
         tensors.synchronize()
         c_runtime.team_barrier(team.id)
 
