@@ -112,6 +112,34 @@ def case_barrier_across_nodes_waits_for_a_late_rank():
     return {"waited_s": waited, "seen": seen, "waited_pair_s": waited_pair, "seen_pair": seen_pair}
 
 
+def case_allocation_and_free_that_differ_across_nodes_change_nothing():
+    """The runtime agrees on an allocation and a free within a node; the handler checks each across the nodes too (a
+    symmetric tensor must lie at the same heap offset on every rank for a put from another node to reach it): an
+    allocation whose size differs between the nodes, and a free of different tensors, raise on every rank, naming
+    both, with nothing allocated or freed; the next allocation lies where it would have."""
+    def active() -> int:
+        return len(symm.debug_state()["active_allocations"] or ())
+
+    before = active()
+    allocation = _raised(symm.empty, 16 if _node(RANK) == 0 else 32, ms.float32)
+    after_allocation = active()
+    a = symm.empty(16, dtype=ms.float32)
+    b = symm.empty(16, dtype=ms.float32)
+    free = _raised(symm.free, a if _node(RANK) == 0 else b)
+    after_free = active()
+    # Both still work across the nodes.
+    _fill(a, np.zeros(16, np.float32))
+    symm.barrier()
+    symm.shmem_put(a, 0, ms.Tensor(np.full(16, float(RANK), np.float32)), 0, 16, _lane_peer())
+    symm.barrier()
+    seen = a.asnumpy().copy()
+    symm.free(b)
+    symm.free(a)
+    assert after_allocation == before and after_free == before + 2, (before, after_allocation, after_free)
+    assert np.array_equal(seen, np.full(16, float(_lane_peer()), np.float32)), seen
+    return {"allocation": allocation, "free": free}
+
+
 def case_collectives_over_a_group_that_spans_nodes_are_refused():
     """MindSpore's handler runs no collective phase across nodes: an all_reduce over the world is refused on every
     rank, naming the nodes, before anything moves; one-sided calls and barriers go on afterwards."""

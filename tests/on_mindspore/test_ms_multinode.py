@@ -186,6 +186,19 @@ def test_rendezvous_and_collectives_over_a_group_that_spans_nodes_are_refused(re
             assert error["message"].startswith(expected.format(op=op)), error
 
 
+def test_an_allocation_or_a_free_that_differs_across_nodes_is_refused_on_every_rank(records: dict) -> None:
+    for rank, seen in enumerate(results(records, "case_allocation_and_free_that_differ_across_nodes_change_nothing")):
+        for what, error in seen.items():
+            assert error["type"] == "ShmemMismatchError", (rank, error)
+            assert error["message"].startswith(f"ranks disagree on a symmetric {what} across nodes: rank={rank} "), \
+                (rank, error)
+        mine, theirs = (64, 128) if rank < PER_NODE else (128, 64)
+        allocation = seen["allocation"]["message"]
+        assert f"rank={rank} bytes={mine} offset=0x" in allocation, allocation
+        other = re.search(r", rank=(\d+) bytes=(\d+) offset=", allocation)
+        assert other and int(other[1]) // PER_NODE != rank // PER_NODE and int(other[2]) == theirs, allocation
+
+
 def test_barrier_over_a_group_that_spans_nodes_waits_for_the_late_rank(records: dict) -> None:
     for rank, seen in enumerate(results(records, "case_barrier_across_nodes_waits_for_a_late_rank")):
         if rank != WORLD - 1:
