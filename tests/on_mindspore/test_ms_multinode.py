@@ -1,9 +1,10 @@
 """MindSpore's one-sided calls across nodes, on nodes simulated on this machine (tests/st/simulated_nodes.py).
 
 One msrun job of 2 nodes x 2 ranks runs every case of ms_multinode_worker.py: put, get, signal SET and ADD,
-put_with_signal (the data there when the signal is), wait_for_signal woken by the other node, seed 000's example 1
-and its push and pull modes with the producer and the consumer on different nodes, and bad inputs across nodes
-(refused, nothing written). Each rank of another node is reached through the runtime's UCX transport, over TCP on
+put_with_signal (the data there when the signal is), wait_for_signal woken by the other node, barriers over groups
+that span nodes, seed 000's example 1 and its push and pull modes with the producer and the consumer on different
+nodes, bad inputs across nodes (refused, nothing written), allocations and frees that differ between the nodes, and
+collectives over a group that spans nodes (refused: MindSpore's handler runs no phase across nodes). Each rank of another node is reached through the runtime's UCX transport, over TCP on
 loopback (the simulated nodes share one kernel: UCX's shared-memory transports would find no peer). A second job of
 2 nodes x 1 rank runs the seed's example script itself (examples/mindspore_producer_consumer.py, unchanged): its
 producer, rank 0, and its consumer, rank 1, are then on different nodes.
