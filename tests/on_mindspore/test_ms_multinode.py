@@ -130,7 +130,7 @@ def test_signals_hold_what_the_other_node_set_and_added(records: dict) -> None:
 def test_a_wait_is_woken_by_the_other_nodes_signal(records: dict) -> None:
     for rank, seen in enumerate(results(records, "case_wait_for_signal_woken_by_the_other_node")):
         if rank < PER_NODE:
-            assert 0.24 < seen["waited_s"] < 5.3, seen   # the signal came 0.3 s late; the timeout is 10 s
+            assert 0.25 < seen["waited_s"] < 5.5, seen   # the signal came 0.5 s late; the timeout is 10 s
         # A round trip across the nodes is two UCX signals and two wakes: well under the futex sleep's slices.
         assert seen["per_round_s"] < 0.1, seen
 
@@ -203,9 +203,9 @@ def test_an_allocation_or_a_free_that_differs_across_nodes_is_refused_on_every_r
 def test_barrier_over_a_group_that_spans_nodes_waits_for_the_late_rank(records: dict) -> None:
     for rank, seen in enumerate(results(records, "case_barrier_across_nodes_waits_for_a_late_rank")):
         if rank != WORLD - 1:
-            assert seen["waited_s"] > 0.2 and seen["seen"] == WORLD - 1, (rank, seen)
+            assert seen["waited_s"] > 0.25 and seen["seen"] == WORLD - 1, (rank, seen)   # 0.5 s late
         if rank == 1:
-            assert seen["waited_pair_s"] > 0.2 and seen["seen_pair"] == 100, seen
+            assert seen["waited_pair_s"] > 0.25 and seen["seen_pair"] == 100, seen
 
 
 def test_the_seed_example_script_runs_with_producer_and_consumer_on_two_nodes(tmp_path) -> None:
