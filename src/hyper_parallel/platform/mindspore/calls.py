@@ -215,7 +215,8 @@ class CAbiCalls:
         return pes[checks.rank_in_group(rank, "target_rank", len(pes))]
 
     def empty(self, dims: tuple, dtype: object = None) -> Any:
-        """A tensor of checked ``dims`` over a new allocation of the symmetric heap (collective over the world)."""
+        """A tensor of checked ``dims`` over a new allocation of the symmetric heap (collective over the world; where
+        the world spans nodes, checked against every rank of the job: :meth:`_check_across_nodes`)."""
         dtype = tensors.default_dtype() if dtype is None else dtype
         info = tensors.dtype_info(dtype)
         numel = 1
@@ -242,8 +243,9 @@ class CAbiCalls:
         return made[0]
 
     def free(self, tensor: Any) -> None:
-        """Frees the allocation a tensor from :meth:`empty` starts (collective over the world), and marks every tensor
-        made over it, and every view of them, freed."""
+        """Frees the allocation a tensor from :meth:`empty` starts (collective over the world; where the world spans
+        nodes, checked against every rank of the job first), and marks every tensor made over it, and every view of
+        them, freed."""
         _CHECKS.tensor(tensor, "tensor")
         address = tensors.address(tensor)
         with self._lock:
