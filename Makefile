@@ -27,7 +27,8 @@ deps:
 # perf tool's plot), mpi4py and MPICH (its MPI baseline), googletest from Debian (the C++ units), and ccache from
 # Debian (the three wheels' builds below share the runtime's objects through it), and UCX's wheel (the package then
 # builds with one-sided calls across nodes, which test_multinode.py checks).
-TEST_DEPS := "pytest>=8" hypothesis mypy numpy matplotlib mpi4py mpich "libucx-cu12>=1.22"
+UCX_DEP := "libucx-cu12>=1.22"
+TEST_DEPS := "pytest>=8" hypothesis mypy numpy matplotlib mpi4py mpich $(UCX_DEP)
 test-deps: deps
 	$(PYTHON) -m pip install --quiet $(TEST_DEPS)
 	@if [ ! -f /usr/include/gtest/gtest.h ] || ! command -v ccache >/dev/null; then \
@@ -104,12 +105,15 @@ test-py: install test-deps
 	$(PYTHON) -m pytest tests -q --durations=25
 
 # MindSpore's handler runs in an environment of its own: MindSpore pins numpy<2, and its wheel brings no torch. The
-# package is built there without the torch binding (the C ABI library libhp_shmem_c.so is in every build).
+# package is built there without the torch binding (the C ABI library libhp_shmem_c.so is in every build). UCX's wheel
+# is installed before the build, as test-deps does for torch's: the build then links UCX, and MindSpore's ranks reach
+# the ranks of other nodes (tests/on_mindspore/test_ms_multinode.py).
 MS_VENV := build/venv-mindspore
 MS_PYTHON := $(MS_VENV)/bin/python
 mindspore-env: deps
 	@test -x $(MS_PYTHON) || $(PYTHON) -m venv $(MS_VENV)
-	$(MS_PYTHON) -m pip install --quiet "mindspore==2.10.0" "numpy<2" "pytest>=8" hypothesis "scikit-build-core>=0.10" ninja
+	$(MS_PYTHON) -m pip install --quiet "mindspore==2.10.0" "numpy<2" "pytest>=8" hypothesis "scikit-build-core>=0.10" ninja \
+	  $(UCX_DEP)
 	$(CCACHE_ENV) $(MS_PYTHON) -m pip install --quiet --no-build-isolation --no-deps $(CCACHE_LAUNCHER) \
 	  --config-settings=build-dir=build/wheel-mindspore --config-settings=cmake.define.HP_BUILD_TORCH_BINDING=OFF .
 

@@ -2,7 +2,8 @@
 
 Each simulated node is one ``unshare --mount --uts --pid --fork --kill-child
 --propagation private`` process that sets up the node and then ``exec``'s
-``python -m torch.distributed.run`` for that node:
+the node's launcher, ``python -m torch.distributed.run`` (torchrun, the
+default) or MindSpore's ``msrun``:
 
 1. ``mount -t tmpfs tmpfs /dev/shm``: the node's own /dev/shm, so shared-memory
    heaps are visible to the node's ranks only (as on separate machines) and
@@ -18,15 +19,20 @@ Each simulated node is one ``unshare --mount --uts --pid --fork --kill-child
 6. ``torchrun --nnodes N --node-rank k --nproc-per-node M --rdzv-backend static
    --master-addr node0 --master-port P``: static rendezvous (the c10d
    rendezvous would publish an address that is not resolvable inside the UTS
-   namespaces); node 0's agent hosts the store on the free port P.
+   namespaces); node 0's agent hosts the store on the free port P. Or, with
+   ``launcher="msrun"``: ``msrun --worker_num N*M --local_worker_num M
+   --master_addr 127.0.1.1 --master_port P --node_rank k --join=True
+   --log_dir ...`` (see :data:`_MSRUN_NODE` for why node 0's msrun is told
+   that it hosts the scheduler).
 
 The network namespace is shared: every node sees the host's loopback device,
 where all of 127.0.0.0/8 is local. ``--kill-child`` plus the PID namespace make
 a node die as a whole: killing its ``unshare`` process kills everything in it,
 like a machine that goes down.
 
-Ranks tell their node by ``GROUP_RANK`` (set by torchrun), ``LOCAL_RANK`` and
-their hostname ``node{k}``.
+Ranks tell their node by ``GROUP_RANK`` and ``LOCAL_RANK`` (set by torchrun),
+or ``RANK_ID`` (msrun: ``k * M + local index``), and by their hostname
+``node{k}``.
 
 Command line: it prints each node's output as it comes, a line at a time, every
 line prefixed by ``[node{k}]``. ``--failure-grace S`` (default 10): once a node has
@@ -62,6 +68,7 @@ from typing import NamedTuple, Optional
 
 __all__ = [
     "EXIT_REFUSED",
+    "LAUNCHERS",
     "NodeResult",
     "SimulatedJob",
     "SimulatedJobTimeout",
@@ -77,6 +84,9 @@ __all__ = [
 EXIT_REFUSED = 77
 # Exit status of the command line tool when the timeout passed.
 EXIT_TIMEOUT = 3
+
+# What a node runs its ranks with: torchrun (torch.distributed.run), or MindSpore's msrun.
+LAUNCHERS = ("torchrun", "msrun")
 
 UNSHARE_ARGS = ("unshare", "--mount", "--uts", "--pid", "--fork", "--kill-child", "--propagation", "private")
 
@@ -103,6 +113,24 @@ exec "$@"
 """
 
 
+# A node's msrun, run as `python -c _MSRUN_NODE master|worker MSRUN_ARGS...`: msrun's own process manager with its own
+# arguments, but told whether this node hosts the scheduler. msrun decides that by whether --master_addr is one of the
+# machine's addresses (`ip -j addr`, then the route to it); the simulated nodes share one network namespace, so that
+# test answers alike on every node: 127.0.1.1 is no interface's address (no node would start the scheduler, and the
+# workers would wait for it), 127.0.0.1 is lo's (every node would start one on the same port). The scheduler binds
+# the master address itself, so node 0 starts it on 127.0.1.1, where the other nodes' workers reach it.
+_MSRUN_NODE = """
+import sys
+from mindspore.parallel.cluster import run
+from mindspore.parallel.cluster.process_entity import _api
+hosts_scheduler = sys.argv.pop(1) == "master"
+sys.argv[0] = "msrun"
+manager = _api._ProcessManager(run.get_args())
+manager.is_master = hosts_scheduler
+manager.run()
+"""
+
+
 class SimulatedNodesError(RuntimeError):
     """A simulated node could not be set up or run for a reason other than a refusal."""
 
@@ -114,8 +142,8 @@ class NodeResult(NamedTuple):
         node: The node's index k (its hostname is ``node{k}``).
         returncode: The exit status of the node's ``unshare`` process (torchrun's, once set up); negative: killed by
             that signal (``-signal.SIGKILL`` after :meth:`SimulatedJob.kill_node` or a timeout).
-        output: Everything the node wrote to stdout and stderr (setup, torchrun and its ranks), decoded as UTF-8
-            with undecodable bytes replaced.
+        output: Everything the node wrote to stdout and stderr (setup, the launcher and its ranks: msrun copies
+            its ranks' logs there), decoded as UTF-8 with undecodable bytes replaced.
     """
 
     node: int
@@ -249,7 +277,7 @@ def _free_port() -> int:
 
 
 class SimulatedJob:
-    """One torchrun job over ``nodes`` simulated nodes of ``nproc_per_node`` ranks each, on this machine.
+    """One torchrun or msrun job over ``nodes`` simulated nodes of ``nproc_per_node`` ranks each, on this machine.
 
     Use it as a context manager (leaving it kills every node still running and removes the job's files)::
 
@@ -257,26 +285,32 @@ class SimulatedJob:
             job.start()
             results = job.wait(timeout=60)
 
-    Global rank r lives on node ``r // nproc_per_node`` (torchrun's static rendezvous orders ranks by node rank).
+    Global rank r lives on node ``r // nproc_per_node`` (torchrun's static rendezvous orders ranks by node rank;
+    msrun numbers node k's ranks from ``k * nproc_per_node`` when given ``--node_rank``).
     """
 
     def __init__(self, nodes: int, nproc_per_node: int, args: Sequence[str], env: Optional[Mapping[str, str]] = None,
-                 cwd: Optional[str] = None, python: Optional[str] = None) -> None:
+                 cwd: Optional[str] = None, python: Optional[str] = None, launcher: str = "torchrun") -> None:
         """Describe the job; nothing starts before :meth:`start`.
 
         Args:
             nodes: Number of simulated nodes, 1 to 254.
             nproc_per_node: Ranks per node, at least 1.
-            args: What torchrun runs in each rank: a script and its arguments, or ``["-m", module, ...]``.
+            args: What the launcher runs in each rank: a script and its arguments, or ``["-m", module, ...]``
+                (torchrun) or ``["python", "-m", module, ...]`` (msrun).
             env: Variables set on top of this process's environment (which is passed through: PYTHONPATH,
                 HYPER_PARALLEL_*, OMP_NUM_THREADS, ...). ``PYTHONUNBUFFERED=1`` is added unless given, so the output
                 of a killed node is not lost in its buffers. Each node gets a ``TMPDIR`` of its own in the job's
-                temporary directory (torchrun leaves its log directories there), removed with the job.
+                temporary directory (torchrun leaves its log directories there), removed with the job. With
+                msrun, ``python``'s directory comes first on ``PATH``: msrun starts its ranks with ``python``.
             cwd: Working directory of the nodes; this process's when None.
-            python: The interpreter that runs torchrun; ``sys.executable`` when None.
+            python: The interpreter that runs the launcher; ``sys.executable`` when None.
+            launcher: ``"torchrun"`` or ``"msrun"`` (MindSpore's, which ``python`` must have; its ranks' logs are
+                in the node's output, its scheduler's in ``node0-msrun-logs/scheduler.log`` of
+                :attr:`directory` while the job runs).
 
         Raises:
-            ValueError: ``nodes``, ``nproc_per_node`` or ``args`` is out of range.
+            ValueError: ``nodes``, ``nproc_per_node``, ``args`` or ``launcher`` is out of range.
         """
         if not 1 <= nodes <= 254:
             raise ValueError(f"`nodes` must be in [1, 254], but got {nodes}")
@@ -284,12 +318,17 @@ class SimulatedJob:
             raise ValueError(f"`nproc_per_node` must be at least 1, but got {nproc_per_node}")
         if not args:
             raise ValueError("`args` must name what the ranks run, but got an empty list")
+        if launcher not in LAUNCHERS:
+            raise ValueError(f"`launcher` must be one of {', '.join(LAUNCHERS)}, but got {launcher!r}")
         self.nodes = nodes
         self.nproc_per_node = nproc_per_node
         self.args = list(args)
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.cwd = cwd
         self.python = python or sys.executable
+        self.launcher = launcher
+        if launcher == "msrun":
+            self.env["PATH"] = os.path.dirname(self.python) + os.pathsep + self.env.get("PATH", "")
         self.port: Optional[int] = None
         self._dir: Optional[str] = None
         self._procs: list[subprocess.Popen[bytes]] = []
@@ -311,7 +350,7 @@ class SimulatedJob:
         self.close()
 
     def start(self) -> None:
-        """Start every node (its setup, then torchrun); returns at once.
+        """Start every node (its setup, then its launcher); returns at once.
 
         The nodes die with the thread that calls this (PR_SET_PDEATHSIG), so a launcher killed before
         :meth:`close` leaves no node behind; call it from a thread that outlives the job.
@@ -327,10 +366,7 @@ class SimulatedJob:
         self.port = _free_port()
         try:
             for k in range(self.nodes):
-                torchrun = [self.python, "-m", "torch.distributed.run", "--nnodes", str(self.nodes),
-                            "--node-rank", str(k), "--nproc-per-node", str(self.nproc_per_node),
-                            "--rdzv-backend", "static", "--master-addr", node_name(0),
-                            "--master-port", str(self.port), *self.args]
+                launch = self._launch_command(k)
                 log = os.path.join(self._dir, f"{node_name(k)}.log")
                 self._logs.append(log)
                 # The node's own TMPDIR, removed with the job: torchrun leaves its log directories there.
@@ -340,12 +376,26 @@ class SimulatedJob:
                 with open(log, "wb") as out:
                     # start_new_session: a terminal's Ctrl-C reaches this process only, whose close() ends the nodes.
                     self._procs.append(subprocess.Popen(
-                        _node_command(node_name(k), hosts, nsswitch, torchrun), stdin=subprocess.DEVNULL,
+                        _node_command(node_name(k), hosts, nsswitch, launch), stdin=subprocess.DEVNULL,
                         stdout=out, stderr=subprocess.STDOUT, env=env, cwd=self.cwd, start_new_session=True,
                         preexec_fn=functools.partial(_die_with_parent, os.getpid())))
         except BaseException:
             self.close()
             raise
+
+    def _launch_command(self, k: int) -> list[str]:
+        """The command node ``k`` runs once set up: its launcher, node 0 hosting the rendezvous (torchrun's store,
+        msrun's scheduler) on :attr:`port`."""
+        if self.launcher == "torchrun":
+            return [self.python, "-m", "torch.distributed.run", "--nnodes", str(self.nodes), "--node-rank", str(k),
+                    "--nproc-per-node", str(self.nproc_per_node), "--rdzv-backend", "static",
+                    "--master-addr", node_name(0), "--master-port", str(self.port), *self.args]
+        assert self._dir is not None
+        # The master as an address: msrun would resolve a name itself, and the scheduler binds what it is given.
+        return [self.python, "-c", _MSRUN_NODE, "master" if k == 0 else "worker",
+                f"--worker_num={self.nodes * self.nproc_per_node}", f"--local_worker_num={self.nproc_per_node}",
+                f"--master_addr={node_address(0)}", f"--master_port={self.port}", f"--node_rank={k}",
+                "--join=True", f"--log_dir={os.path.join(self._dir, f'{node_name(k)}-msrun-logs')}", *self.args]
 
     def output(self, k: int) -> str:
         """Return what node ``k`` has written so far (stdout and stderr together).
@@ -553,18 +603,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         The exit status.
     """
     parser = argparse.ArgumentParser(
-        description="Run a torchrun job on N simulated nodes x M ranks on this machine (own /dev/shm, hostname "
-                    "node{k} resolving to 127.0.1.{k+1}, static rendezvous at node0).",
+        description="Run a torchrun or msrun job on N simulated nodes x M ranks on this machine (own /dev/shm, "
+                    "hostname node{k} resolving to 127.0.1.{k+1}, rendezvous at node0).",
         epilog=f"exit status: 0 every node succeeded, 1 some node failed, 2 bad usage, {EXIT_TIMEOUT} timeout, "
                f"{EXIT_REFUSED} this machine refuses the namespaces")
     parser.add_argument("--nodes", type=int, default=2, help="number of simulated nodes (default 2)")
     parser.add_argument("--nproc-per-node", type=int, default=2, help="ranks per node (default 2)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds before every node is killed "
                         "(default 600)")
+    parser.add_argument("--launcher", choices=LAUNCHERS, default="torchrun", help="what starts each node's ranks "
+                        "(default torchrun; msrun: MindSpore's, run by this interpreter)")
     parser.add_argument("--failure-grace", type=float, default=10.0, help="seconds the other nodes get to end "
                         "after a node failed, before they are killed (default 10)")
-    parser.add_argument("args", nargs=argparse.REMAINDER, help="-- then what torchrun runs: a script and its "
-                        "arguments, or -m module ...")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="-- then what the launcher runs: a script and its "
+                        "arguments, or -m module ... (msrun: python -m module ...)")
     ns = parser.parse_args(argv)
     args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
     if not args:
@@ -580,7 +632,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     started = time.monotonic()
     printer = _LinePrinter(ns.nodes)
-    with SimulatedJob(ns.nodes, ns.nproc_per_node, args) as job:
+    with SimulatedJob(ns.nodes, ns.nproc_per_node, args, launcher=ns.launcher) as job:
         job.start()
         stop = threading.Event()
         follower = threading.Thread(target=_follow, args=(job, printer, stop), daemon=True)

@@ -209,6 +209,32 @@ def test_command_line_needs_a_command() -> None:
     assert "must follow `--`" in done.stderr, done.stderr
 
 
+def test_a_launcher_it_does_not_know_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"^`launcher` must be one of torchrun, msrun, but got 'mpirun'$"):
+        SimulatedJob(NODES, NPROC, [WORKER, "sleep"], launcher="mpirun")
+
+
+def test_msrun_nodes_number_their_ranks_from_node_rank_and_node0_hosts_the_scheduler() -> None:
+    """The msrun command of each node (test_ms_multinode.py runs real msrun jobs, where MindSpore is installed):
+    node-major rank ids through --node_rank, the scheduler at node0's address, and only node0 starting it; msrun
+    starts its ranks with `python` from PATH: the given interpreter's."""
+    python = "/opt/ms/bin/python"
+    job = SimulatedJob(NODES, NPROC, ["worker.py", "--flag"], python=python, launcher="msrun")
+    try:
+        job.start()
+        commands = [job._launch_command(k) for k in range(NODES)]  # noqa: SLF001 (what each node execs)
+        assert job.env["PATH"].split(os.pathsep)[0] == "/opt/ms/bin"
+        for k, command in enumerate(commands):
+            assert command[:2] == [python, "-c"], command
+            assert command[3] == ("master" if k == 0 else "worker"), command
+            assert command[4:10] == [f"--worker_num={NODES * NPROC}", f"--local_worker_num={NPROC}",
+                                     f"--master_addr={node_address(0)}", f"--master_port={job.port}",
+                                     f"--node_rank={k}", "--join=True"], command
+            assert command[10].startswith("--log_dir=") and command[11:] == ["worker.py", "--flag"], command
+    finally:
+        job.close()
+
+
 def _probe_in_subprocess(prefix: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """Run unshare_refusal() in a fresh interpreter (its answer is cached per process); print its answer or error."""
     code = ("import simulated_nodes as s\n"

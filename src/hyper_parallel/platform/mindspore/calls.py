@@ -16,6 +16,7 @@ the runtime's calls complete before they return.
 
 from __future__ import annotations
 
+import struct
 import threading
 import weakref
 from array import array
@@ -24,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hyper_parallel.core.multicore import c_runtime, call_site, snapshot
-from hyper_parallel.core.multicore.errors import ShmemError, ShmemStateError, ShmemValueError
+from hyper_parallel.core.multicore.errors import (ShmemError, ShmemMismatchError, ShmemOutOfMemoryError,
+                                                 ShmemStateError, ShmemValueError)
 from hyper_parallel.core.symmetric_memory import checks
 from hyper_parallel.core.symmetric_memory.checks import Checks
 from hyper_parallel.platform.mindspore import autograd, groups, tensors
@@ -36,6 +38,20 @@ _ALIGNMENT = 64   # bytes, the runtime face's default: a cache line
 _LOG_DEBUG = 0   # the runtime's debug log level: allocations are logged with the user's call site
 
 _WIRE_WIDTH = {"float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+# A rank's part of an allocation's or a free's check across nodes: what happened on its node (_AGREED, or the failure's
+# kind), then the heap offset and the bytes.
+_ACROSS_NODES = struct.Struct("<qqq")
+_AGREED, _OUT_OF_MEMORY, _MISMATCH, _FAILED = 0, 1, 2, 3
+_FAILURE_CLASSES = {_OUT_OF_MEMORY: ShmemOutOfMemoryError, _MISMATCH: ShmemMismatchError, _FAILED: ShmemStateError}
+
+
+def _failure_kind(error: BaseException) -> int:
+    if isinstance(error, ShmemOutOfMemoryError):
+        return _OUT_OF_MEMORY
+    if isinstance(error, ShmemMismatchError):
+        return _MISMATCH
+    return _FAILED
 
 
 def _call_site() -> str:
@@ -93,6 +109,7 @@ class CAbiCalls:
         self._lock = threading.RLock()
         self._allocations: dict = {}   # address -> _Allocation, for free
         self._teams: dict = {}         # group name -> _Team
+        self._spanning: dict = {}      # group name -> whether its ranks lie on more than one node (per lifecycle)
 
     # ------------------------------------------------------------------ groups and lifecycle
     def group_key(self, group: Optional[object]) -> str:
@@ -156,13 +173,36 @@ class CAbiCalls:
         """``tensor``'s element type as the engine names it."""
         return c_runtime.ElementType(*tensors.element_type(tensor))
 
+    def _spans_nodes(self, name: str, op: str) -> bool:
+        """Whether the ranks of group ``name`` lie on more than one node (as the runtime found the nodes when it
+        started: the ranks that map each other's shared memory)."""
+        with self._lock:
+            self._ensure_runtime(op)
+            spans = self._spanning.get(name)
+            if spans is None:
+                nodes = c_runtime.debug_state()["nodes"]
+                spans = len({nodes[pe] for pe in groups.ranks(name)}) > 1
+                self._spanning[name] = spans
+            return spans
+
     def _team(self, name: str, op: str) -> _Team:
-        """The team of group ``name`` (created on its first collective: collective over the group)."""
+        """The team of group ``name`` (created on its first collective: collective over the group).
+
+        Raises:
+            ShmemValueError: the group spans nodes (the runtime's teams are node-local; this handler has no phase
+                across nodes).
+        """
         with self._lock:
             self._ensure_runtime(op)
             team = self._teams.get(name)
             if team is None:
                 pes = groups.ranks(name)
+                if self._spans_nodes(name, op):
+                    nodes = c_runtime.debug_state()["nodes"]
+                    raise ShmemValueError(
+                        f"`group` must lie on one node for {op} on MindSpore, but got ranks {pes} on nodes "
+                        f"{sorted({nodes[pe] for pe in pes})} (a group that spans nodes takes one-sided calls and "
+                        f"barrier here; torch's handler runs its collectives across nodes): op={op} group={name}")
                 me = pes.index(groups.world_rank())
                 team = _Team(c_runtime.team_create(pes, self._bootstrap(name)), pes, me)
                 self._teams[name] = team
@@ -175,7 +215,8 @@ class CAbiCalls:
         return pes[checks.rank_in_group(rank, "target_rank", len(pes))]
 
     def empty(self, dims: tuple, dtype: object = None) -> Any:
-        """A tensor of checked ``dims`` over a new allocation of the symmetric heap (collective over the world)."""
+        """A tensor of checked ``dims`` over a new allocation of the symmetric heap (collective over the world; where
+        the world spans nodes, checked against every rank of the job: :meth:`_check_across_nodes`)."""
         dtype = tensors.default_dtype() if dtype is None else dtype
         info = tensors.dtype_info(dtype)
         numel = 1
@@ -183,14 +224,28 @@ class CAbiCalls:
             numel *= d
         with self._lock:
             self._ensure_runtime("empty")
-            allocation = c_runtime.allocate(numel * info.itemsize, _ALIGNMENT, _call_site())
+            across = self._spans_nodes(groups.WORLD, "empty")
+            try:
+                allocation = c_runtime.allocate(numel * info.itemsize, _ALIGNMENT, _call_site())
+            except ShmemError as error:
+                if across:   # the other nodes' ranks learn of it instead of waiting for this rank
+                    self._check_across_nodes("allocation", _failure_kind(error), -1, -1)
+                raise
+            if across:
+                try:
+                    self._check_across_nodes("allocation", _AGREED, allocation.heap_offset, allocation.bytes)
+                except ShmemError:
+                    # Every rank of this node saw the same records: they all free it again.
+                    c_runtime.free(allocation.id, _call_site())
+                    raise
             made = tensors.wrap(allocation.address, dims, dtype)
             self._allocations[allocation.address] = _Allocation(allocation, [made])
         return made[0]
 
     def free(self, tensor: Any) -> None:
-        """Frees the allocation a tensor from :meth:`empty` starts (collective over the world), and marks every tensor
-        made over it, and every view of them, freed."""
+        """Frees the allocation a tensor from :meth:`empty` starts (collective over the world; where the world spans
+        nodes, checked against every rank of the job first), and marks every tensor made over it, and every view of
+        them, freed."""
         _CHECKS.tensor(tensor, "tensor")
         address = tensors.address(tensor)
         with self._lock:
@@ -199,10 +254,45 @@ class CAbiCalls:
                 raise ShmemValueError(f"`tensor` must be a tensor from symm.empty (not freed yet), but got one at "
                                       f"{address:#x}")
             tensors.synchronize()
+            if self._spans_nodes(groups.WORLD, "free"):
+                self._check_across_nodes("free", _AGREED, allocation.info.heap_offset, allocation.info.bytes)
             c_runtime.free(allocation.info.id, _call_site())
             del self._allocations[address]
             tensors.invalidate(allocation.tensors() + [(tensor, None)], allocation.info.id,
                                c_runtime.debug_state()["lifecycle"])
+
+    def _check_across_nodes(self, what: str, status: int, offset: int, nbytes: int) -> None:
+        """Checks an allocation or a free against every rank of the job (the world spans nodes): the runtime checks
+        each against the ranks of this node only (each node maps its own ranks' heaps), but a symmetric tensor must lie
+        at the same heap offset on every rank of the job for the one-sided calls across nodes to reach it. Over
+        MindSpore's world group, bounded by the runtime's timeout.
+
+        Args:
+            what: ``"allocation"`` or ``"free"``, as the messages name it.
+            status: what happened on this rank's node: ``_AGREED``, or the kind of its failure.
+            offset: the allocation's heap offset on this rank (-1 after a failure).
+            nbytes: its bytes (-1 after a failure).
+
+        Raises:
+            ShmemMismatchError: a rank of another node allocated or frees elsewhere (both named).
+            ShmemOutOfMemoryError, ShmemMismatchError, ShmemStateError: a rank of another node failed (named; that
+                rank raised the cause).
+            ShmemTimeoutError: a rank did not come in time.
+        """
+        exchange = groups.bootstrap(groups.WORLD)
+        gathered = exchange.all_gather(_ACROSS_NODES.pack(status, offset, nbytes))
+        if status != _AGREED:
+            return   # the caller raises its own failure
+        records = [_ACROSS_NODES.unpack_from(gathered, r * _ACROSS_NODES.size) for r in range(exchange.size)]
+        for rank, (their_status, _offset, _bytes) in enumerate(records):
+            if their_status != _AGREED:
+                raise _FAILURE_CLASSES[their_status](f"symmetric {what} failed on another node's rank: rank={rank} "
+                                                     f"this_rank={exchange.rank} (that rank raised the cause)")
+        for rank, (_status, their_offset, their_bytes) in enumerate(records):
+            if (their_offset, their_bytes) != (offset, nbytes):
+                raise ShmemMismatchError(f"ranks disagree on a symmetric {what} across nodes: rank={exchange.rank} "
+                                         f"bytes={nbytes} offset={offset:#x}, rank={rank} bytes={their_bytes} "
+                                         f"offset={their_offset:#x}")
 
     def shutdown(self) -> None:
         """Releases the runtime (collective over the world); nothing to do when it is not running."""
@@ -212,6 +302,7 @@ class CAbiCalls:
             tensors.synchronize()
             c_runtime.shutdown(self._bootstrap(groups.WORLD))
             self._teams.clear()
+            self._spanning.clear()
 
     def rendezvous(self, t: Any, name: str) -> tuple:
         """Every group rank's copy of one symmetric tensor, checked to be the same range on every rank (collective
@@ -324,8 +415,20 @@ class CAbiCalls:
                                   self._address(signal, offset), int(signal.itemsize), value, op, pe)
 
     def barrier(self, name: str) -> None:
-        """A barrier of group ``name`` (creating its team on its first collective)."""
-        team = self._team(name, "barrier")
+        """A barrier of group ``name`` (creating its team on its first collective); over a group that spans nodes,
+        MindSpore's own barrier of the group, bounded by the runtime's timeout.
+
+        Raises:
+            ShmemTimeoutError: a rank did not arrive in time.
+        """
+        team = self._teams.get(name)
+        if team is None and self._spans_nodes(name, "barrier"):
+            # The runtime's teams are node-local. Every one-sided call, across nodes too, completed before it
+            # returned, so a barrier that only orders the ranks makes their writes visible after it.
+            tensors.synchronize()
+            groups.bootstrap(name).barrier()
+            return
+        team = team or self._team(name, "barrier")
         tensors.synchronize()
         c_runtime.team_barrier(team.id)
 
