@@ -265,6 +265,27 @@ CLASSES_BY_CODE = {
 }
 
 
+# What happened on a rank, as the number that the ranks exchange when they check an allocation or a free across
+# nodes (the torch root's and MindSpore's handler's checks): nothing wrong, or the kind of its failure.
+AGREED, OUT_OF_MEMORY_KIND, MISMATCH_KIND, FAILED_KIND = 0, 1, 2, 3
+_CLASSES_BY_KIND = {OUT_OF_MEMORY_KIND: ShmemOutOfMemoryError, MISMATCH_KIND: ShmemMismatchError,
+                    FAILED_KIND: ShmemStateError}
+
+
+def failure_kind(error: BaseException) -> int:
+    """The kind of ``error`` as a rank reports it to the others: OUT_OF_MEMORY_KIND, MISMATCH_KIND or FAILED_KIND."""
+    if isinstance(error, ShmemOutOfMemoryError):
+        return OUT_OF_MEMORY_KIND
+    if isinstance(error, ShmemMismatchError):
+        return MISMATCH_KIND
+    return FAILED_KIND
+
+
+def failure_class(kind: int) -> type:
+    """The class the other ranks raise for a rank's failure of ``kind`` (a :func:`failure_kind`)."""
+    return _CLASSES_BY_KIND[kind]
+
+
 def register_binding(binding) -> None:
     """Tells a binding which Python class to raise for each runtime status code.
 

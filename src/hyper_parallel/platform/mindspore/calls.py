@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hyper_parallel.core.multicore import c_runtime, call_site, snapshot
-from hyper_parallel.core.multicore.errors import (ShmemError, ShmemMismatchError, ShmemOutOfMemoryError,
-                                                 ShmemStateError, ShmemValueError)
+from hyper_parallel.core.multicore.errors import (AGREED, ShmemError, ShmemMismatchError, ShmemStateError,
+                                                 ShmemValueError, failure_class, failure_kind)
 from hyper_parallel.core.symmetric_memory import checks
 from hyper_parallel.core.symmetric_memory.checks import Checks
 from hyper_parallel.platform.mindspore import autograd, groups, tensors
@@ -39,19 +39,9 @@ _LOG_DEBUG = 0   # the runtime's debug log level: allocations are logged with th
 
 _WIRE_WIDTH = {"float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
 
-# A rank's part of an allocation's or a free's check across nodes: what happened on its node (_AGREED, or the failure's
-# kind), then the heap offset and the bytes.
+# A rank's part of an allocation's or a free's check across nodes: what happened on its node (AGREED, or the failure's
+# kind: errors.failure_kind), then the heap offset and the bytes.
 _ACROSS_NODES = struct.Struct("<qqq")
-_AGREED, _OUT_OF_MEMORY, _MISMATCH, _FAILED = 0, 1, 2, 3
-_FAILURE_CLASSES = {_OUT_OF_MEMORY: ShmemOutOfMemoryError, _MISMATCH: ShmemMismatchError, _FAILED: ShmemStateError}
-
-
-def _failure_kind(error: BaseException) -> int:
-    if isinstance(error, ShmemOutOfMemoryError):
-        return _OUT_OF_MEMORY
-    if isinstance(error, ShmemMismatchError):
-        return _MISMATCH
-    return _FAILED
 
 
 def _call_site() -> str:
@@ -229,11 +219,11 @@ class CAbiCalls:
                 allocation = c_runtime.allocate(numel * info.itemsize, _ALIGNMENT, _call_site())
             except ShmemError as error:
                 if across:   # the other nodes' ranks learn of it instead of waiting for this rank
-                    self._check_across_nodes("allocation", _failure_kind(error), -1, -1)
+                    self._check_across_nodes("allocation", failure_kind(error), -1, -1)
                 raise
             if across:
                 try:
-                    self._check_across_nodes("allocation", _AGREED, allocation.heap_offset, allocation.bytes)
+                    self._check_across_nodes("allocation", AGREED, allocation.heap_offset, allocation.bytes)
                 except ShmemError:
                     # Every rank of this node saw the same records: they all free it again.
                     c_runtime.free(allocation.id, _call_site())
@@ -255,7 +245,7 @@ class CAbiCalls:
                                       f"{address:#x}")
             tensors.synchronize()
             if self._spans_nodes(groups.WORLD, "free"):
-                self._check_across_nodes("free", _AGREED, allocation.info.heap_offset, allocation.info.bytes)
+                self._check_across_nodes("free", AGREED, allocation.info.heap_offset, allocation.info.bytes)
             c_runtime.free(allocation.info.id, _call_site())
             del self._allocations[address]
             tensors.invalidate(allocation.tensors() + [(tensor, None)], allocation.info.id,
@@ -269,7 +259,7 @@ class CAbiCalls:
 
         Args:
             what: ``"allocation"`` or ``"free"``, as the messages name it.
-            status: what happened on this rank's node: ``_AGREED``, or the kind of its failure.
+            status: what happened on this rank's node: ``AGREED``, or the kind of its failure.
             offset: the allocation's heap offset on this rank (-1 after a failure).
             nbytes: its bytes (-1 after a failure).
 
@@ -281,12 +271,12 @@ class CAbiCalls:
         """
         exchange = groups.bootstrap(groups.WORLD)
         gathered = exchange.all_gather(_ACROSS_NODES.pack(status, offset, nbytes))
-        if status != _AGREED:
+        if status != AGREED:
             return   # the caller raises its own failure
         records = [_ACROSS_NODES.unpack_from(gathered, r * _ACROSS_NODES.size) for r in range(exchange.size)]
         for rank, (their_status, _offset, _bytes) in enumerate(records):
-            if their_status != _AGREED:
-                raise _FAILURE_CLASSES[their_status](f"symmetric {what} failed on another node's rank: rank={rank} "
+            if their_status != AGREED:
+                raise failure_class(their_status)(f"symmetric {what} failed on another node's rank: rank={rank} "
                                                      f"this_rank={exchange.rank} (that rank raised the cause)")
         for rank, (_status, their_offset, their_bytes) in enumerate(records):
             if (their_offset, their_bytes) != (offset, nbytes):

@@ -18,24 +18,16 @@ import torch
 from hyper_parallel.core.multicore.shmem._binding import C
 from hyper_parallel.core.multicore.shmem._lifecycle import _all_gather_bytes, _Root
 from hyper_parallel.core.multicore.errors import (
+    AGREED,
     ShmemMismatchError,
-    ShmemOutOfMemoryError,
-    ShmemStateError,
     ShmemTimeoutError,
+    failure_class,
+    failure_kind,
 )
 
-# One rank's part of a check: what happened locally (_OK or the failure's kind), then three op-specific numbers.
+# One rank's part of a check: what happened locally (AGREED or the failure's kind, errors.failure_kind), then three
+# op-specific numbers.
 _RECORD = struct.Struct("<qqqq")
-_OK, _OUT_OF_MEMORY, _MISMATCH, _FAILED = 0, 1, 2, 3
-_FAILURE_CLASSES = {_OUT_OF_MEMORY: ShmemOutOfMemoryError, _MISMATCH: ShmemMismatchError, _FAILED: ShmemStateError}
-
-
-def _kind(error: BaseException) -> int:
-    if isinstance(error, ShmemOutOfMemoryError):
-        return _OUT_OF_MEMORY
-    if isinstance(error, ShmemMismatchError):
-        return _MISMATCH
-    return _FAILED
 
 
 def _exchange(root: _Root, op: str, status: int, a: int, b: int, c: int) -> list:
@@ -52,8 +44,8 @@ def _exchange(root: _Root, op: str, status: int, a: int, b: int, c: int) -> list
 
 def _raise_for_other_failure(records: list, me: int, op: str) -> None:
     for rank, (status, *_rest) in enumerate(records):
-        if status != _OK and rank != me:
-            raise _FAILURE_CLASSES[status](f"symmetric {op} failed on another node's rank: rank={rank} "
+        if status != AGREED and rank != me:
+            raise failure_class(status)(f"symmetric {op} failed on another node's rank: rank={rank} "
                                            f"root_rank={me} (that rank raised the cause)")
 
 
@@ -70,11 +62,11 @@ def empty(root: _Root, allocate: Callable[[], torch.Tensor]) -> torch.Tensor:
     try:
         tensor = allocate()
     except Exception as error:
-        _exchange(root, "allocate", _kind(error), 0, 0, 0)
+        _exchange(root, "allocate", failure_kind(error), 0, 0, 0)
         raise
     offset = tensor.data_ptr() - root.heap_base
     nbytes = tensor.numel() * tensor.element_size()
-    records = _exchange(root, "allocate", _OK, offset, nbytes, 0)
+    records = _exchange(root, "allocate", AGREED, offset, nbytes, 0)
     try:
         _raise_for_other_failure(records, root.rank, "allocation")
         for rank, (_status, their_offset, their_bytes, _unused) in enumerate(records):
@@ -98,7 +90,7 @@ def free(root: _Root, tensor: torch.Tensor, release: Callable[[], None]) -> None
     """
     offset = tensor.data_ptr() - root.heap_base if isinstance(tensor, torch.Tensor) else -1
     nbytes = tensor.numel() * tensor.element_size() if isinstance(tensor, torch.Tensor) else -1
-    records = _exchange(root, "free", _OK, offset, nbytes, 0)
+    records = _exchange(root, "free", AGREED, offset, nbytes, 0)
     for rank, (_status, their_offset, their_bytes, _unused) in enumerate(records):
         if (their_offset, their_bytes) != (offset, nbytes):
             raise ShmemMismatchError(
