@@ -227,6 +227,30 @@ int hp_shmem_barrier(void) {
   return Call([&]() -> Status { return R().Barrier(kDefaultStream); });
 }
 
+int hp_shmem_exchange_messages(uint64_t tag, hp_shmem_message_exchange* exchanges, size_t count) {
+  std::string first_failure;
+  const int code = Call([&]() -> Status {
+    HP_RETURN_IF_ERROR(NonNullData(exchanges, count, "exchanges"));
+    std::vector<hp::shmem::MessageExchange> batch(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      batch[i].pe = exchanges[i].pe;
+      batch[i].send = exchanges[i].send;
+      batch[i].send_bytes = exchanges[i].send_bytes;
+      batch[i].receive = exchanges[i].receive;
+      batch[i].receive_capacity = exchanges[i].receive_capacity;
+    }
+    HP_RETURN_IF_ERROR(R().ExchangeMessages(tag, batch.data(), count));
+    for (std::size_t i = 0; i < count; ++i) {
+      exchanges[i].received = batch[i].received;
+      exchanges[i].status = batch[i].status.ok() ? HP_SHMEM_OK : Code(batch[i].status.code());
+      if (!batch[i].status.ok() && first_failure.empty()) first_failure = batch[i].status.message();
+    }
+    return Status::Ok();
+  });
+  if (code == HP_SHMEM_OK) hp::shmem::capi::LastError() = first_failure;
+  return code;
+}
+
 int hp_shmem_reduce(void* dst, size_t dst_bytes, const void* symmetric_src, size_t src_bytes, int dtype,
                     int reduce_op, const int* pes, int npes) {
   return Call([&]() -> Status {

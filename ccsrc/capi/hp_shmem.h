@@ -28,7 +28,7 @@ extern "C" {
 #define HP_SHMEM_API __attribute__((visibility("default")))
 
 /* Bumped on every incompatible change; a caller checks it before anything else. */
-#define HP_SHMEM_ABI_VERSION 5
+#define HP_SHMEM_ABI_VERSION 6
 
 /* The runtime's StatusCode values (runtime/status.h), asserted equal there. */
 typedef enum {
@@ -158,6 +158,26 @@ HP_SHMEM_API int hp_shmem_put_with_signal(void* symmetric_dst, const void* src, 
 HP_SHMEM_API int hp_shmem_wait_signal(const void* symmetric_signal, int signal_bytes, int compare_op, int64_t value);
 /* Collective over the root's ranks of this node: every earlier put is visible everywhere after it. */
 HP_SHMEM_API int hp_shmem_barrier(void);
+
+/* One PE's part of hp_shmem_exchange_messages: what goes to it, where its message lands, and how that went. */
+typedef struct {
+  int pe;                   /* a root rank of another node that the device reaches */
+  const void* send;         /* NULL: nothing is sent (an empty message needs a pointer) */
+  size_t send_bytes;
+  void* receive;            /* NULL: nothing is received */
+  size_t receive_capacity;
+  size_t received;          /* out: the received message's length */
+  int status;               /* out: HP_SHMEM_OK, or the code of this exchange's failure */
+} hp_shmem_message_exchange;
+
+/* Two-sided messages with PEs of other nodes (the host device's transport across nodes; the phase across nodes of
+ * the handlers' collectives). For each exchange: `send_bytes` at `send` to `pe` as one message under `tag`, and the
+ * next message that `pe` sent this rank under `tag` into `receive`, at most `receive_capacity` bytes. Not collective
+ * (each PE of a pair calls it); every exchange is posted at once and all complete or fail within one timeout. A
+ * refusal (a PE this device does not reach, a tag of 2^40 or more) returns its code with nothing sent. Otherwise
+ * HP_SHMEM_OK, each exchange's own outcome in its `status` (a PE found gone fails at once, a longer message than the
+ * room fails), and hp_shmem_last_error() the message of the first exchange that failed ("" when none did). */
+HP_SHMEM_API int hp_shmem_exchange_messages(uint64_t tag, hp_shmem_message_exchange* exchanges, size_t count);
 /* dst[i] = op over `pes` (in their order) of symmetric_src[i] on each pe. */
 HP_SHMEM_API int hp_shmem_reduce(void* dst, size_t dst_bytes, const void* symmetric_src, size_t src_bytes, int dtype,
                                  int reduce_op, const int* pes, int npes);

@@ -775,6 +775,16 @@ TEST(Capi, ArgumentErrorsHaveExactMessagesAndChangeNothing) {
                   hp_shmem_all_to_all(team, sends, send_bytes, 2, a.address, 8, counts, -2, &kInt32, HP_SHMEM_ROLE_FORWARD));
     REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`needed` must be a non-null pointer, but got NULL",
                   hp_shmem_debug_state_json(nullptr, 0, nullptr));
+    // The exchange across nodes: both ranks share this node, which no transport across nodes serves.
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`exchanges` must be a non-null pointer, but got NULL",
+                  hp_shmem_exchange_messages(1, nullptr, 1));
+    hp_shmem_message_exchange exchange{1 - me.rank, &dummy, 4, nullptr, 0, 7, 5};
+    REQUIRE_ERROR(HP_SHMEM_STATE_ERROR,
+                  "`pe` must lie on another node and be reached by a remote transport, but got pe=" +
+                      std::to_string(1 - me.rank) + " (op=exchange_messages transport=none)",
+                  hp_shmem_exchange_messages(1, &exchange, 1));
+    REQUIRE(exchange.received == 7 && exchange.status == 5);   // refused whole: nothing written back
+    REQUIRE_OK(hp_shmem_exchange_messages(1, nullptr, 0));
 
     // Nothing changed: same state, same allocations, and the next collective still agrees on every rank (the
     // collectives' refusals went through the team's first sync, where every member failed alike).

@@ -7,6 +7,8 @@ raised. A case checks what it sees exactly (numpy's ``array_equal`` against valu
 test asserts on besides. The calls are the user API's (``hyper_parallel.core.symmetric_memory`` on
 ``mindspore.Tensor``), which MindSpore's handler runs through the runtime's C ABI; the bad inputs also go to the C ABI
 directly, below the API's own checks. ``HP_MS_PER_NODE`` says how many ranks each node has (msrun does not say).
+
+``ms_multinode_worker.py node_death OUT_DIR`` runs the node-death scenario instead (:func:`_node_death`).
 """
 
 from __future__ import annotations
@@ -476,11 +478,42 @@ def _run_cases() -> bool:
     return held
 
 
+def _node_death(out_dir: str) -> None:
+    """The node-death scenario: node 1's ranks announce they are ready and wait to be killed; node 0's ranks announce
+    they are entering the world barrier, which the test then kills node 1 during, and record how it failed (class,
+    message, when) before they leave. The test kills node 0 afterwards (msrun would wait for node 1 forever)."""
+    probe = symm.empty(1, dtype=ms.int32)   # the runtime starts, and connects the other node
+    md.barrier()
+    if _node(RANK) == 1:
+        open(os.path.join(out_dir, f"ready{RANK}"), "w").close()
+        time.sleep(3600)   # killed with its node
+    while not all(os.path.exists(os.path.join(out_dir, f"ready{r}")) for r in range(PER_NODE, WORLD)):
+        time.sleep(0.05)
+    open(os.path.join(out_dir, f"waiting{RANK}"), "w").close()
+    record: dict = {}
+    start = time.monotonic()
+    try:
+        while time.monotonic() - start < 60:   # until node 1 is gone, which fails the barrier
+            symm.barrier()
+            if os.path.exists(os.path.join(out_dir, "node1_killed")):
+                break
+        record["barrier"] = {"raised": "nothing"}
+    except Exception as error:  # noqa: BLE001 (the record names it)
+        record["barrier"] = {"raised": f"{type(error).__name__}: {error}", "ended": time.time()}
+    record["transports"] = symm.debug_state()["transports"]
+    del probe   # never freed: the free is collective over both nodes
+    with open(os.path.join(out_dir, f"rank{RANK}.json"), "w", encoding="utf-8") as f:
+        json.dump(record, f)
+    os._exit(0)   # no shutdown: it is collective over the world, half of which is gone
+
+
 def main() -> None:
     global RANK, WORLD, PER_NODE
     communication.init()
     RANK, WORLD = md.get_rank(), md.get_world_size()
     PER_NODE = int(os.environ["HP_MS_PER_NODE"])
+    if len(sys.argv) > 2 and sys.argv[1] == "node_death":
+        _node_death(sys.argv[2])
     if not _run_cases():
         # A failed case may have left its allocations, which shutdown would refuse: the records say what failed.
         sys.exit(1)

@@ -20,6 +20,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -215,3 +216,35 @@ def test_the_seed_example_script_runs_with_producer_and_consumer_on_two_nodes(tm
     assert all(r.returncode == 0 for r in ended), _outputs(ended)
     consumer = ended[1].output
     assert "rank 1 received 4096 halves" in consumer and "intact=True" in consumer, consumer[-8000:]
+
+
+def test_a_dead_node_fails_the_world_barrier_at_once_naming_its_ranks(tmp_path) -> None:
+    """symm.barrier over the world meets the other node's ranks over the runtime's transport: when node 1 dies while
+    node 0's ranks are in it, they fail as soon as its connections close, naming its ranks, not at the timeout."""
+    env = _env(str(tmp_path), PER_NODE)
+    with SimulatedJob(NODES, PER_NODE, [WORKER, "node_death", str(tmp_path)], env=env, launcher="msrun") as job:
+        job.start()
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        announced = [f"ready{rank}" for rank in range(PER_NODE, WORLD)] + [f"waiting{rank}" for rank in range(PER_NODE)]
+        while not all((tmp_path / name).exists() for name in announced):
+            assert time.monotonic() < deadline, f"the nodes never got ready:\n{job.output(0)}\n{job.output(1)}"
+            assert all(code is None for code in job.poll()), f"a node ended early:\n{job.output(0)}\n{job.output(1)}"
+            time.sleep(0.1)
+        time.sleep(0.5)   # node 0's ranks are in their barriers by now
+        killed_at = time.time()
+        job.kill_node(1)
+        (tmp_path / "node1_killed").touch()
+        records = [tmp_path / f"rank{rank}.json" for rank in range(PER_NODE)]
+        deadline = time.monotonic() + 3 * TIMEOUT_SEC + 30
+        while not all(record.exists() for record in records):
+            assert time.monotonic() < deadline, f"node 0 never recorded the failure:\n{job.output(0)}"
+            time.sleep(0.1)
+        job.kill_node(0)
+    for rank in range(PER_NODE):
+        record = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        barrier = record["barrier"]
+        assert barrier["raised"].startswith("ShmemTimeoutError: barrier across nodes failed: op=barrier "
+                                            f"missing_ranks=[{PER_NODE}, {PER_NODE + 1}] "), barrier
+        assert "(ucx: " in barrier["raised"], barrier
+        assert killed_at < barrier["ended"] < killed_at + TIMEOUT_SEC / 4, (killed_at, barrier)
+        assert set(record["transports"][PER_NODE:]) <= {"lost", "ucx"}, record

@@ -22,7 +22,7 @@ from typing import Optional
 from hyper_parallel.core.multicore import errors, runtime_logs, ucx_libraries
 
 LIBRARY_NAME = "libhp_shmem_c.so"
-ABI_VERSION = 5   # HP_SHMEM_ABI_VERSION of the header this module was written against
+ABI_VERSION = 6   # HP_SHMEM_ABI_VERSION of the header this module was written against
 
 
 class _Bootstrap(ctypes.Structure):
@@ -38,6 +38,12 @@ class _Bootstrap(ctypes.Structure):
 
 class _ElementType(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("bytes", ctypes.c_size_t), ("reduce_dtype", ctypes.c_int)]
+
+
+class _MessageExchange(ctypes.Structure):
+    _fields_ = [("pe", ctypes.c_int), ("send", ctypes.c_void_p), ("send_bytes", ctypes.c_size_t),
+                ("receive", ctypes.c_void_p), ("receive_capacity", ctypes.c_size_t), ("received", ctypes.c_size_t),
+                ("status", ctypes.c_int)]
 
 
 class _Allocation(ctypes.Structure):
@@ -89,6 +95,7 @@ _SIGNATURES = {
                                  ctypes.c_int, ctypes.c_int],
     "hp_shmem_wait_signal": [_P, ctypes.c_int, ctypes.c_int, ctypes.c_int64],
     "hp_shmem_barrier": [],
+    "hp_shmem_exchange_messages": [ctypes.c_uint64, ctypes.POINTER(_MessageExchange), ctypes.c_size_t],
     "hp_shmem_team_create": [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.POINTER(_Bootstrap),
                              ctypes.POINTER(ctypes.c_uint64)],
     "hp_shmem_team_release": [ctypes.c_uint64],
@@ -361,6 +368,31 @@ def wait_signal(address: int, width: int, cmp: str, value: int) -> None:
 def barrier() -> None:
     """Every rank of this node's root arrives; earlier puts are visible everywhere after it."""
     _call("barrier", "hp_shmem_barrier")
+
+
+def exchange_messages(tag: int, exchanges: Sequence[tuple[int, Optional[int], int, Optional[int], int]]
+                      ) -> tuple[list[int], list[int], str]:
+    """Two-sided messages with PEs of other nodes, all posted at once: for each ``(pe, send, send_bytes, receive,
+    receive_capacity)`` (addresses, None: nothing that way), the bytes at ``send`` to ``pe`` under ``tag``, and
+    ``pe``'s next message under ``tag`` into ``receive``. Each completes or fails within the runtime's timeout.
+
+    Returns:
+        The received bytes of each exchange, the indices of those that failed (a PE found gone, a timeout, a message
+        longer than the room), and the first failure's message ("" when none failed).
+
+    Raises:
+        ShmemStateError, ShmemValueError: refused with nothing sent (a PE this device does not reach, a tag of 2^40 or
+            more).
+    """
+    batch = (_MessageExchange * len(exchanges))()
+    for entry, (pe, send, send_bytes, receive, capacity) in zip(batch, exchanges):
+        entry.pe, entry.send, entry.send_bytes = pe, send, send_bytes
+        entry.receive, entry.receive_capacity = receive, capacity
+    lib = library()
+    _check(lib.hp_shmem_exchange_messages(tag, batch, len(exchanges)), "exchange_messages")
+    failed = [i for i, entry in enumerate(batch) if entry.status != 0]
+    first = lib.hp_shmem_last_error().decode("utf-8", "replace") if failed else ""
+    return [entry.received for entry in batch], failed, first
 
 
 def team_create(pes: Sequence[int], bootstrap: Bootstrap) -> int:

@@ -16,6 +16,7 @@ the runtime's calls complete before they return.
 
 from __future__ import annotations
 
+import ctypes
 import struct
 import threading
 import weakref
@@ -26,7 +27,7 @@ from typing import Any, Optional
 
 from hyper_parallel.core.multicore import c_runtime, call_site, snapshot
 from hyper_parallel.core.multicore.errors import (AGREED, ShmemError, ShmemMismatchError, ShmemStateError,
-                                                 ShmemValueError, failure_class, failure_kind)
+                                                 ShmemTimeoutError, ShmemValueError, failure_class, failure_kind)
 from hyper_parallel.core.symmetric_memory import checks
 from hyper_parallel.core.symmetric_memory.checks import Checks
 from hyper_parallel.platform.mindspore import autograd, groups, tensors
@@ -42,6 +43,9 @@ _WIRE_WIDTH = {"float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1
 # A rank's part of an allocation's or a free's check across nodes: what happened on its node (AGREED, or the failure's
 # kind: errors.failure_kind), then the heap offset and the bytes.
 _ACROSS_NODES = struct.Struct("<qqq")
+# The world barrier's messages across nodes on the runtime's transport (its exchanges' tag: MindSpore's handler runs
+# no other exchange across nodes).
+_BARRIER_TAG = 1
 
 
 def _call_site() -> str:
@@ -100,6 +104,7 @@ class CAbiCalls:
         self._allocations: dict = {}   # address -> _Allocation, for free
         self._teams: dict = {}         # group name -> _Team
         self._spanning: dict = {}      # group name -> whether its ranks lie on more than one node (per lifecycle)
+        self._across: Optional[tuple] = None   # the other nodes' PEs and the transport to them (per lifecycle)
 
     # ------------------------------------------------------------------ groups and lifecycle
     def group_key(self, group: Optional[object]) -> str:
@@ -174,6 +179,38 @@ class CAbiCalls:
                 spans = len({nodes[pe] for pe in groups.ranks(name)}) > 1
                 self._spanning[name] = spans
             return spans
+
+    def _other_nodes(self) -> tuple:
+        """The PEs of the other nodes, and the runtime's transport to them ("ucx") where it reaches every one (the
+        runtime connects every rank of the other nodes or none, agreed at init), else None: as the runtime said when
+        this lifecycle's first barrier asked (a rank found gone since fails the exchange at once)."""
+        with self._lock:
+            if self._across is None:
+                state = c_runtime.debug_state()
+                node = state["nodes"][state["rank"]]
+                others = [pe for pe, pe_node in enumerate(state["nodes"]) if pe_node != node]
+                names = {state["transports"][pe] for pe in others} - {"lost"}
+                transport = next(iter(names), None) if len(names) <= 1 and "none" not in names else None
+                self._across = (others, transport)
+            return self._across
+
+    def _meet_other_nodes(self, others: list, transport: str) -> None:
+        """One message each way with every rank of the other nodes (``others``) over the runtime's transport, all
+        posted at once.
+
+        Raises:
+            ShmemTimeoutError: some did not answer within the runtime's timeout, or their node is gone (each named).
+        """
+        mine = ctypes.create_string_buffer(1)
+        rooms = ctypes.create_string_buffer(len(others))
+        base = ctypes.addressof(rooms)
+        _, failed, first = c_runtime.exchange_messages(
+            _BARRIER_TAG, [(pe, ctypes.addressof(mine), 1, base + i, 1) for i, pe in enumerate(others)])
+        if failed:
+            raise ShmemTimeoutError(
+                f"barrier across nodes failed: op=barrier missing_ranks={[others[i] for i in failed]} "
+                f"timeout_sec={c_runtime.read_config()['timeout_sec']:g} ({transport}: "
+                f"{first.splitlines()[0] if first else 'failed'})")
 
     def _team(self, name: str, op: str) -> _Team:
         """The team of group ``name`` (created on its first collective: collective over the group).
@@ -293,6 +330,7 @@ class CAbiCalls:
             c_runtime.shutdown(self._bootstrap(groups.WORLD))
             self._teams.clear()
             self._spanning.clear()
+            self._across = None
 
     def rendezvous(self, t: Any, name: str) -> tuple:
         """Every group rank's copy of one symmetric tensor, checked to be the same range on every rank (collective
@@ -405,18 +443,27 @@ class CAbiCalls:
                                   self._address(signal, offset), int(signal.itemsize), value, op, pe)
 
     def barrier(self, name: str) -> None:
-        """A barrier of group ``name`` (creating its team on its first collective); over a group that spans nodes,
-        MindSpore's own barrier of the group, bounded by the runtime's timeout.
+        """A barrier of group ``name`` (creating its team on its first collective). Over the world when it spans
+        nodes: this node's barrier, one message each way with every rank of the other nodes over the runtime's
+        transport, this node's barrier again (:meth:`_meet_other_nodes`). Over another group that spans nodes, or
+        where the runtime reaches no other node: MindSpore's own barrier of the group, bounded by the runtime's
+        timeout.
 
         Raises:
-            ShmemTimeoutError: a rank did not arrive in time.
+            ShmemTimeoutError: a rank did not arrive in time, or the runtime found its node gone (named).
         """
         team = self._teams.get(name)
         if team is None and self._spans_nodes(name, "barrier"):
             # The runtime's teams are node-local. Every one-sided call, across nodes too, completed before it
             # returned, so a barrier that only orders the ranks makes their writes visible after it.
             tensors.synchronize()
-            groups.bootstrap(name).barrier()
+            others, transport = self._other_nodes() if name == groups.WORLD else ([], None)
+            if transport is not None:
+                c_runtime.barrier()
+                self._meet_other_nodes(others, transport)
+                c_runtime.barrier()
+            else:
+                groups.bootstrap(name).barrier()
             return
         team = team or self._team(name, "barrier")
         tensors.synchronize()
