@@ -224,21 +224,14 @@ def test_a_dead_node_fails_the_world_barrier_at_once_naming_its_ranks(tmp_path) 
     env = _env(str(tmp_path), PER_NODE)
     with SimulatedJob(NODES, PER_NODE, [WORKER, "node_death", str(tmp_path)], env=env, launcher="msrun") as job:
         job.start()
-        deadline = time.monotonic() + JOB_TIMEOUT_S
         announced = [f"ready{rank}" for rank in range(PER_NODE, WORLD)] + [f"waiting{rank}" for rank in range(PER_NODE)]
-        while not all((tmp_path / name).exists() for name in announced):
-            assert time.monotonic() < deadline, f"the nodes never got ready:\n{job.output(0)}\n{job.output(1)}"
-            assert all(code is None for code in job.poll()), f"a node ended early:\n{job.output(0)}\n{job.output(1)}"
-            time.sleep(0.1)
+        job.wait_for_paths([str(tmp_path / name) for name in announced], timeout=JOB_TIMEOUT_S)
         time.sleep(0.5)   # node 0's ranks are in their barriers by now
         killed_at = time.time()
         job.kill_node(1)
         (tmp_path / "node1_killed").touch()
-        records = [tmp_path / f"rank{rank}.json" for rank in range(PER_NODE)]
-        deadline = time.monotonic() + 3 * TIMEOUT_SEC + 30
-        while not all(record.exists() for record in records):
-            assert time.monotonic() < deadline, f"node 0 never recorded the failure:\n{job.output(0)}"
-            time.sleep(0.1)
+        job.wait_for_paths([str(tmp_path / f"rank{rank}.json") for rank in range(PER_NODE)],
+                           timeout=3 * TIMEOUT_SEC + 30, running=[0])
         job.kill_node(0)
     for rank in range(PER_NODE):
         record = json.loads((tmp_path / f"rank{rank}.json").read_text())

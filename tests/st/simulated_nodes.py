@@ -425,6 +425,32 @@ class SimulatedJob:
             raise SimulatedNodesError("a simulated job is polled after start()")
         return [p.poll() for p in self._procs]
 
+    def wait_for_paths(self, paths: Sequence[str], timeout: float, running: Optional[Sequence[int]] = None) -> None:
+        """Wait until every one of ``paths`` exists (files the ranks create to say where they are), while the nodes
+        of ``running`` (every node when None) keep running.
+
+        Args:
+            paths: The files to wait for.
+            timeout: Seconds to wait at most.
+            running: The nodes that must not end meanwhile.
+
+        Raises:
+            SimulatedNodesError: The timeout passed, or a node of ``running`` ended (the message has the nodes'
+                output and the paths still missing).
+        """
+        nodes = range(self.nodes) if running is None else running
+        deadline = time.monotonic() + timeout
+        while True:
+            missing = [path for path in paths if not os.path.exists(path)]
+            if not missing:
+                return
+            ended = [k for k, code in enumerate(self.poll()) if k in nodes and code is not None]
+            if ended or time.monotonic() >= deadline:
+                outputs = "\n".join(f"--- {node_name(k)} ---\n{self.output(k)[-6000:]}" for k in range(self.nodes))
+                raise SimulatedNodesError(f"simulated nodes never wrote what was awaited: missing={missing} "
+                                          f"ended_nodes={ended} timeout_s={timeout:g}\n{outputs}")
+            time.sleep(0.1)
+
     def namespace_pid(self, k: int) -> int:
         """Return the host PID of node ``k``'s PID 1: ``nsenter -t PID -m -u -p`` runs a command inside the node
         (its /dev/shm, hostname and processes), as MPI's launcher does (simulated_mpi.py).

@@ -127,25 +127,17 @@ def test_every_collective_on_more_nodes_or_more_ranks_per_node(tmp_path, nodes: 
 def test_a_dead_node_is_named_by_the_others_in_time(tmp_path) -> None:
     with SimulatedJob(NODES, PER_NODE, [WORKER, "node_death", str(tmp_path)], env=_env()) as job:
         job.start()
-        deadline = time.monotonic() + 120
         # Node 1 ready to die; with UCX, node 0's ranks waiting for a signal from it.
         announced = [f"ready{rank}" for rank in range(PER_NODE, WORLD)]
         announced += [f"waiting{rank}" for rank in range(PER_NODE)] if UCX_INSTALLED else []
-        while not all((tmp_path / name).exists() for name in announced):
-            assert time.monotonic() < deadline, f"node 1 never got ready:\n{job.output(0)}\n{job.output(1)}"
-            assert all(code is None for code in job.poll()), f"a node ended early:\n{job.output(0)}\n{job.output(1)}"
-            time.sleep(0.1)
+        job.wait_for_paths([str(tmp_path / name) for name in announced], timeout=120)
         time.sleep(0.5)  # the waits are asleep by now
         killed_at = time.time()
         job.kill_node(1)
         (tmp_path / "node1_killed").touch()
         # Node 0's ranks record what they saw and leave; torchrun's agent would then wait for node 1's forever.
-        records = [tmp_path / f"rank{rank}.json" for rank in range(PER_NODE)]
-        deadline = time.monotonic() + 3 * TIMEOUT_SEC + 30
-        while not all(record.exists() for record in records):
-            assert time.monotonic() < deadline, f"node 0 never recorded the failure:\n{job.output(0)}"
-            assert job.poll()[0] is None, f"node 0 ended early:\n{job.output(0)}"
-            time.sleep(0.1)
+        job.wait_for_paths([str(tmp_path / f"rank{rank}.json") for rank in range(PER_NODE)],
+                           timeout=3 * TIMEOUT_SEC + 30, running=[0])
         job.kill_node(0)
     dead = [str(rank) for rank in range(PER_NODE, WORLD)]
     for rank in range(PER_NODE):

@@ -25,6 +25,7 @@ from simulated_nodes import (
     EXIT_TIMEOUT,
     SimulatedJob,
     SimulatedJobTimeout,
+    SimulatedNodesError,
     node_address,
     node_name,
     process_alive,
@@ -139,6 +140,12 @@ def test_killed_node_shows_the_kill_and_the_other_node_fails_by_itself() -> None
 def test_timeout_kills_every_node_and_names_them() -> None:
     with SimulatedJob(NODES, NPROC, [WORKER, "sleep"]) as job:
         job.start()
+        # A file that never comes: the wait for it ends at its timeout, naming it and the nodes that ended (none).
+        never = os.path.join(job.directory, "never")
+        with pytest.raises(SimulatedNodesError) as waited:
+            job.wait_for_paths([never], timeout=0.5)
+        assert str(waited.value).startswith(f"simulated nodes never wrote what was awaited: missing=['{never}'] "
+                                            "ended_nodes=[] timeout_s=0.5\n--- node0 ---"), str(waited.value)
         with pytest.raises(SimulatedJobTimeout) as caught:
             job.wait(1.0)
     assert caught.value.running == list(range(NODES))
