@@ -9,14 +9,15 @@ SHELL := /bin/bash
 .PHONY: deps test-deps install demo perf perf-multinode perf-one-sided-multinode perf-mindspore test test-cpp test-cpp-sanitize test-py \
 	test-mindspore mindspore-env torch214-env test-torch214 clean
 
-# What building and installing the package needs, and no more (`make demo` installs only these): torch, scikit-build-core
-# and ninja, and cmake with a C++ compiler from Debian where the machine has none. TORCH is the suite's torch, 2.13.0's
+# What building and installing the package needs, and no more (`make demo` installs only these): torch and numpy (its
+# run-time dependencies: the package installs with --no-deps), scikit-build-core and ninja, and cmake with a C++
+# compiler from Debian where the machine has none. TORCH is the suite's torch, 2.13.0's
 # CPU wheel; any torch >= 2.13 builds the package, CPU or CUDA wheel, without a CUDA toolkit (`make demo TORCH=torch`
 # keeps the one installed).
 TORCH ?= torch==2.13.0
-BUILD_DEPS := "$(TORCH)" "scikit-build-core>=0.10" ninja
+BUILD_DEPS := "$(TORCH)" numpy "scikit-build-core>=0.10" ninja
 deps:
-	@echo "== Installing the build requirements: $(TORCH), scikit-build-core, ninja"
+	@echo "== Installing the build requirements: $(TORCH), numpy, scikit-build-core, ninja"
 	$(PYTHON) -m pip install --quiet $(BUILD_DEPS)
 	@if ! command -v cmake >/dev/null || ! command -v c++ >/dev/null; then \
 	  echo "== Installing cmake and g++ from Debian"; \

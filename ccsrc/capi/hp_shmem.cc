@@ -7,6 +7,7 @@
 // C boundary.
 #include "capi/hp_shmem.h"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -479,6 +480,46 @@ int hp_shmem_refuse(uint64_t team, int collective, int status, const char* messa
     }
     return R().Refuse(team, static_cast<Collective>(collective), Status(static_cast<hp::shmem::StatusCode>(status), message),
                       kDefaultStream, call_role);
+  });
+}
+
+int hp_shmem_agree(uint64_t team, int collective, const char* dtype, size_t element_bytes, uint64_t count,
+                   int reduce_op, int wire, int peer, const int64_t* values, size_t value_count, int role,
+                   int64_t* rows, size_t rows_capacity, size_t* row_lengths, size_t members) {
+  return Call([&]() -> Status {
+    HP_RETURN_IF_ERROR(NonNull(dtype, "dtype"));
+    HP_RETURN_IF_ERROR(NonNullData(values, value_count, "values"));
+    HP_RETURN_IF_ERROR(NonNullData(row_lengths, members, "row_lengths"));
+    HP_ASSIGN_OR_RETURN(const CallRole call_role, hp::shmem::CallRoleFromNumber(role));
+    // Every member publishes as many values as this one (the engine's staging holds equal shares).
+    if (rows_capacity < members * value_count) {
+      return hp::shmem::InvalidArgument("`rows_capacity` must hold members x value_count = " +
+                                        std::to_string(members * value_count) + " values, but got " +
+                                        std::to_string(rows_capacity));
+    }
+    if (rows_capacity > 0) HP_RETURN_IF_ERROR(NonNull(rows, "rows"));
+    const hp::shmem::Fingerprint fingerprint = hp::shmem::CallFingerprint(
+        static_cast<std::uint32_t>(collective), static_cast<std::uint32_t>(reduce_op), static_cast<std::uint32_t>(wire),
+        peer, count, element_bytes, dtype, call_role);
+    HP_ASSIGN_OR_RETURN(const std::vector<std::vector<std::int64_t>> agreed,
+                        R().Agree(team, fingerprint, std::vector<std::int64_t>(values, values + value_count),
+                                  kDefaultStream));
+    if (agreed.size() != members) {
+      return hp::shmem::InvalidArgument("`members` must be the team's size " + std::to_string(agreed.size()) +
+                                        ", but got " + std::to_string(members));
+    }
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < members; ++i) {
+      if (at + agreed[i].size() > rows_capacity) {
+        return hp::shmem::InvalidArgument("`rows_capacity` must hold every member's values (" +
+                                          std::to_string(at + agreed[i].size()) + " so far), but got " +
+                                          std::to_string(rows_capacity));
+      }
+      std::copy(agreed[i].begin(), agreed[i].end(), rows + at);
+      row_lengths[i] = agreed[i].size();
+      at += agreed[i].size();
+    }
+    return Status::Ok();
   });
 }
 

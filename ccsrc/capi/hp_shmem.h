@@ -28,7 +28,7 @@ extern "C" {
 #define HP_SHMEM_API __attribute__((visibility("default")))
 
 /* Bumped on every incompatible change; a caller checks it before anything else. */
-#define HP_SHMEM_ABI_VERSION 6
+#define HP_SHMEM_ABI_VERSION 7
 
 /* The runtime's StatusCode values (runtime/status.h), asserted equal there. */
 typedef enum {
@@ -235,6 +235,15 @@ HP_SHMEM_API int hp_shmem_recv(uint64_t team, void* data, size_t bytes, const hp
  * code, `message` its text): every member of the team fails the call with it, naming this rank. Returns `status`
  * (or an earlier member's refusal), with hp_shmem_last_error() giving the message every member reports. */
 HP_SHMEM_API int hp_shmem_refuse(uint64_t team, int collective, int status, const char* message, int role);
+/* A fingerprinted sync of the team on one call, publishing `value_count` int64 values (collective over the team): the
+ * handlers' phases across nodes begin each collective with it, so that members of a node whose calls differ all fail
+ * (HP_SHMEM_MISMATCH, naming both calls). The call: `collective` (a Collective value), `dtype` ("" for none) of
+ * `element_bytes`, `count` elements, `reduce_op` (a ReduceOp value + 1, 0 for none), `wire`, `peer` (a group rank, -1
+ * for none), `role`. Every member's values land in `rows` in group-rank order, member i's `row_lengths[i]` of them
+ * (`members` entries: the team's size); room for fewer than all of them is refused before the sync. */
+HP_SHMEM_API int hp_shmem_agree(uint64_t team, int collective, const char* dtype, size_t element_bytes, uint64_t count,
+                                int reduce_op, int wire, int peer, const int64_t* values, size_t value_count,
+                                int role, int64_t* rows, size_t rows_capacity, size_t* row_lengths, size_t members);
 /* This rank gives up the team's next sync (a failure of its own, e.g. across nodes): members waiting there fail at
  * once with `message`. Local, never waits; returns HP_SHMEM_OK once done. */
 HP_SHMEM_API int hp_shmem_give_up(uint64_t team, const char* message);

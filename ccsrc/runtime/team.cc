@@ -65,6 +65,20 @@ std::string RoleNameOf(std::uint32_t role) {
 
 }  // namespace
 
+Fingerprint CallFingerprint(std::uint32_t collective, std::uint32_t reduce_op, std::uint32_t wire, std::int32_t peer,
+                            std::uint64_t count, std::uint64_t element_bytes, const std::string& dtype, CallRole role) {
+  Fingerprint fingerprint{};
+  fingerprint.collective = collective;
+  fingerprint.reduce_op = reduce_op;
+  fingerprint.wire = wire;
+  fingerprint.peer = peer;
+  fingerprint.count = count;
+  fingerprint.element_bytes = element_bytes;
+  fingerprint.role = static_cast<std::uint32_t>(role);
+  dtype.copy(fingerprint.dtype, sizeof(fingerprint.dtype) - 1);
+  return fingerprint;
+}
+
 std::string DescribeFingerprint(const Fingerprint& f) {
   std::string text = "collective=" + CollectiveNameOf(f.collective) + " sequence=" + std::to_string(f.sequence);
   if (f.dtype[0] != '\0') text += std::string(" dtype=") + std::string(f.dtype, strnlen(f.dtype, sizeof(f.dtype)));

@@ -89,6 +89,10 @@ struct Fingerprint {
   std::int32_t refusal;     // a StatusCode when this rank refuses the call (its statement says why), 0 otherwise
 };
 static_assert(sizeof(Fingerprint) == 128, "a fingerprint is laid out the same on every rank");
+// A call's fingerprint from the fields a handler's agree entry names (the sync fills in the rest). `dtype`: at most
+// 23 characters, "" for none; a longer name is cut, which only a mismatch message would show.
+Fingerprint CallFingerprint(std::uint32_t collective, std::uint32_t reduce_op, std::uint32_t wire, std::int32_t peer,
+                            std::uint64_t count, std::uint64_t element_bytes, const std::string& dtype, CallRole role);
 // "collective=all_reduce sequence=3 dtype=float32 count=8 op=sum wire=full": what a message names of a call.
 std::string DescribeFingerprint(const Fingerprint& fingerprint);
 // The first field on which two calls differ ("" when they agree).

@@ -701,6 +701,44 @@ TEST_P(CapiWorld, MismatchIsSeenByEveryRankAndTheTeamRecovers) {
   }));
 }
 
+// hp_shmem_agree: every member's values in group-rank order; members whose calls differ all fail, each naming both
+// calls, and the team stays usable; too little room for the rows is refused before the sync.
+TEST_P(CapiWorld, AgreePublishesEveryMembersValuesAndEveryMemberSeesADifferentCall) {
+  ExpectAllRanksPass(RunRanks(GetParam(), [](Rank& me) {
+    InitRoot(me);
+    const std::size_t n = static_cast<std::size_t>(me.world_size);
+    const std::uint64_t team = CreateRootTeam(me);
+    constexpr int kAllReduce = 3;   // the Collective numbering's all_reduce (hp_shmem_numberings_json)
+    constexpr int kSumPlusOne = 1;  // ReduceOp sum + 1
+    const std::int64_t mine[2] = {me.rank, 100 + me.rank};
+    std::vector<std::int64_t> rows(2 * n, -1);
+    std::vector<std::size_t> lengths(n, 0);
+    REQUIRE_OK(hp_shmem_agree(team, kAllReduce, "float32", 4, 8, kSumPlusOne, HP_SHMEM_WIRE_FULL, -1, mine, 2,
+                              HP_SHMEM_ROLE_FORWARD, rows.data(), rows.size(), lengths.data(), n));
+    for (std::size_t i = 0; i < n; ++i) {
+      REQUIRE(lengths[i] == 2);
+      REQUIRE(rows[2 * i] == static_cast<std::int64_t>(i) && rows[2 * i + 1] == 100 + static_cast<std::int64_t>(i));
+    }
+    // Rank 0 says 4 elements, the others 8: every rank fails, naming both counts.
+    REQUIRE_RC(HP_SHMEM_MISMATCH,
+               hp_shmem_agree(team, kAllReduce, "float32", 4, me.rank == 0 ? 4 : 8, kSumPlusOne, HP_SHMEM_WIRE_FULL,
+                              -1, nullptr, 0, HP_SHMEM_ROLE_FORWARD, nullptr, 0, lengths.data(), n));
+    const std::string mismatch = hp_shmem_last_error();
+    REQUIRE(mismatch.find("count=4") != std::string::npos && mismatch.find("count=8") != std::string::npos);
+    // No values: a plain fingerprinted sync, which the team still makes.
+    REQUIRE_OK(hp_shmem_agree(team, kAllReduce, "float32", 4, 8, kSumPlusOne, HP_SHMEM_WIRE_FULL, -1, nullptr, 0,
+                              HP_SHMEM_ROLE_FORWARD, nullptr, 0, lengths.data(), n));
+    REQUIRE_RC(HP_SHMEM_INVALID_ARGUMENT,
+               hp_shmem_agree(team, kAllReduce, "float32", 4, 8, kSumPlusOne, HP_SHMEM_WIRE_FULL, -1, mine, 2,
+                              HP_SHMEM_ROLE_FORWARD, rows.data(), 2 * n - 1, lengths.data(), n));
+    REQUIRE(std::string(hp_shmem_last_error()) == "`rows_capacity` must hold members x value_count = " +
+                                                      std::to_string(2 * n) + " values, but got " +
+                                                      std::to_string(2 * n - 1));
+    REQUIRE_OK(hp_shmem_team_release(team));
+    ShutdownRoot(me);
+  }));
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, CapiWorld, ::testing::Values(2, 4, 8),
                          [](const ::testing::TestParamInfo<int>& info) { return std::to_string(info.param) + "Ranks"; });
 

@@ -145,14 +145,79 @@ def case_allocation_and_free_that_differ_across_nodes_change_nothing():
     return {"allocation": allocation, "free": free}
 
 
-def case_collectives_over_a_group_that_spans_nodes_are_refused():
-    """MindSpore's handler runs no collective phase across nodes: an all_reduce over the world is refused on every
-    rank, naming the nodes, before anything moves; one-sided calls and barriers go on afterwards."""
-    t = ms.Tensor(np.full(4, float(RANK), np.float32))
-    error = _raised(symm.shmem_allreduce, t)
+def _world_sum(values: Callable[[int], np.ndarray]) -> np.ndarray:
+    """What a sum over every rank gives, from what each rank contributes."""
+    return np.sum([values(r) for r in range(WORLD)], axis=0)
+
+
+def case_collectives_over_a_group_that_spans_nodes():
+    """Every collective over the world, which spans both nodes, in phases (the node's engine, then the other node over
+    UCX): each result exactly numpy's (the values are small integers, exact in every dtype and wire format used)."""
+    mine = lambda r, n: (np.arange(n) % 13 + 3 * r).astype(np.float32)   # noqa: E731
+    seen = {}
+    for count in (10, 7, 70000):   # 7: a count the node's members do not split evenly; 70000: past the eager size
+        t = ms.Tensor(mine(RANK, count))
+        symm.shmem_allreduce(t)
+        assert np.array_equal(t.asnumpy(), _world_sum(lambda r: mine(r, count))), (count, t.asnumpy()[:8])
+    t = ms.Tensor(np.array([RANK, -RANK, 7 * RANK], np.int32))
+    symm.shmem_allreduce(t, op="max")
+    assert t.asnumpy().tolist() == [WORLD - 1, 0, 7 * (WORLD - 1)], t.asnumpy()
+    t = ms.Tensor(np.full(5, 4.0 * RANK, np.float32))
+    symm.shmem_allreduce(t, op="avg")
+    assert np.array_equal(t.asnumpy(), np.full(5, 2.0 * (WORLD - 1), np.float32)), t.asnumpy()
+    t = ms.Tensor(mine(RANK, 9)).astype(ms.bfloat16)
+    symm.shmem_allreduce(t)
+    assert np.array_equal(t.astype(ms.float32).asnumpy(), _world_sum(lambda r: mine(r, 9))), t
+    for wire in ("bfloat16", "float8_e4m3fn"):   # small integers: exact in both formats, and their sums in float32
+        t = ms.Tensor(mine(RANK, 40) % 5)
+        symm.shmem_allreduce(t, low_precision_dtype=wire)
+        assert np.array_equal(t.asnumpy(), _world_sum(lambda r: mine(r, 40) % 5)), (wire, t.asnumpy())
+        out = ms.Tensor(np.zeros(6, np.float32))
+        symm.shmem_reduce_scatter(out, ms.Tensor(mine(RANK, 6 * WORLD) % 5), low_precision_dtype=wire)
+        expected = _world_sum(lambda r: mine(r, 6 * WORLD) % 5)[6 * RANK:6 * RANK + 6]
+        assert np.array_equal(out.asnumpy(), expected), (wire, out.asnumpy(), expected)
+    gathered = ms.Tensor(np.zeros(3 * WORLD, np.float32))
+    symm.shmem_allgather(gathered, ms.Tensor(np.full(3, float(RANK), np.float32)))
+    assert np.array_equal(gathered.asnumpy(), np.repeat(np.arange(WORLD, dtype=np.float32), 3)), gathered.asnumpy()
+    out = ms.Tensor(np.zeros(5, np.float32))
+    symm.shmem_reduce_scatter(out, ms.Tensor(mine(RANK, 5 * WORLD)))
+    assert np.array_equal(out.asnumpy(), _world_sum(lambda r: mine(r, 5 * WORLD))[5 * RANK:5 * RANK + 5]), out
+    # all_to_all: rank r sends rank j r + j + 1 values of 100 r + j; parts of other lengths on every pair.
+    sends = [ms.Tensor(np.full(RANK + j + 1, 100 * RANK + j, np.int64)) for j in range(WORLD)]
+    counts = [i + RANK + 1 for i in range(WORLD)]
+    receive = ms.Tensor(np.zeros(sum(counts), np.int64))
+    symm.shmem_alltoall(sends, receive, counts)
+    expected = np.concatenate([np.full(i + RANK + 1, 100 * i + RANK, np.int64) for i in range(WORLD)])
+    assert np.array_equal(receive.asnumpy(), expected), receive.asnumpy()
+    seen["alltoall"] = receive.asnumpy()[:4].tolist()
+    # send/recv with the lane peer: node0 sends first, node1 receives first.
+    message = ms.Tensor(np.arange(6, dtype=np.float32) + RANK)
+    got = ms.Tensor(np.zeros(6, np.float32))
+    if _node(RANK) == 0:
+        symm.shmem_send(message, _lane_peer())
+        symm.shmem_recv(got, _lane_peer())
+    else:
+        symm.shmem_recv(got, _lane_peer())
+        symm.shmem_send(message, _lane_peer())
+    assert np.array_equal(got.asnumpy(), np.arange(6, dtype=np.float32) + _lane_peer()), got.asnumpy()
     symm.barrier()
-    assert np.array_equal(t.asnumpy(), np.full(4, float(RANK), np.float32)), t.asnumpy()
-    return {"error": error}
+    debug = symm.debug_state()
+    seen["teams"] = len(debug.get("teams", []))
+    return seen
+
+
+def case_collectives_across_nodes_that_disagree_fail_on_every_rank():
+    """Node 0 reduces 4 values, node 1 8: every rank raises ShmemMismatchError naming both calls; a bad input on one
+    rank (rank 0's output of another size) is refused on every rank with its message; the group then works on."""
+    t = ms.Tensor(np.ones(4 if _node(RANK) == 0 else 8, np.float32))
+    mismatch = _raised(symm.shmem_allreduce, t)
+    assert np.array_equal(t.asnumpy(), np.ones(t.shape[0], np.float32)), t.asnumpy()   # nothing was written
+    out = ms.Tensor(np.zeros(3 if RANK == 0 else 2, np.float32))
+    refused = _raised(symm.shmem_reduce_scatter, out, ms.Tensor(np.ones(2 * WORLD, np.float32)))
+    t = ms.Tensor(np.full(4, float(RANK), np.float32))
+    symm.shmem_allreduce(t)
+    assert np.array_equal(t.asnumpy(), np.full(4, float(WORLD * (WORLD - 1) // 2), np.float32)), t.asnumpy()
+    return {"mismatch": mismatch, "refused": refused}
 
 
 def case_put_across_nodes():

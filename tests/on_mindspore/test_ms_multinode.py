@@ -3,9 +3,10 @@
 One msrun job of 2 nodes x 2 ranks runs every case of ms_multinode_worker.py: put, get, signal SET and ADD,
 put_with_signal (the data there when the signal is), wait_for_signal woken by the other node, barriers over groups
 that span nodes, seed 000's example 1 and its push and pull modes with the producer and the consumer on different
-nodes, bad inputs across nodes (refused, nothing written), allocations and frees that differ between the nodes, and
-collectives over a group that spans nodes (refused: MindSpore's handler runs no phase across nodes). Each rank of another node is reached through the runtime's UCX transport, over TCP on
-loopback (the simulated nodes share one kernel: UCX's shared-memory transports would find no peer). A second job of
+nodes, bad inputs across nodes (refused, nothing written), allocations and frees that differ between the nodes, every
+collective and send/recv over a group that spans nodes (the phases of core/multicore/hierarchy.py over the C ABI),
+calls that disagree across nodes (every rank raises), and rendezvous over such a group (refused). Each rank of another
+node is reached through the runtime's UCX transport, over TCP on loopback (the simulated nodes share one kernel: UCX's shared-memory transports would find no peer). A second job of
 2 nodes x 1 rank runs the seed's example script itself (examples/mindspore_producer_consumer.py, unchanged): its
 producer, rank 0, and its consumer, rank 1, are then on different nodes.
 
@@ -176,16 +177,23 @@ def test_bad_inputs_across_nodes_are_refused_with_the_projects_messages(records:
         assert messages["c_put_pe_outside_world"] == f"`pe` must be in [0, {WORLD}), but got {WORLD}", messages
 
 
-def test_rendezvous_and_collectives_over_a_group_that_spans_nodes_are_refused(records: dict) -> None:
-    expected = (f"`group` must lie on one node for {{op}} on MindSpore, but got ranks {list(range(WORLD))} on nodes "
-                f"[0, {PER_NODE}] (a group that spans nodes takes one-sided calls and barrier here; torch's handler "
-                f"runs its collectives across nodes): op={{op}} group=")
-    for case, op in (("case_rendezvous_across_nodes_is_refused", "rendezvous"),
-                     ("case_collectives_over_a_group_that_spans_nodes_are_refused", "shmem_allreduce")):
-        for seen in results(records, case):
-            error = seen["error"]
-            assert error["type"] == "ShmemValueError", error
-            assert error["message"].startswith(expected.format(op=op)), error
+def test_rendezvous_over_a_group_that_spans_nodes_is_refused(records: dict) -> None:
+    expected = (f"`group` must lie on one node for rendezvous on MindSpore, but got ranks {list(range(WORLD))} on "
+                f"nodes [0, {PER_NODE}] (a group that spans nodes takes one-sided calls, barrier, the collectives and "
+                f"send/recv here): op=rendezvous group=")
+    for seen in results(records, "case_rendezvous_across_nodes_is_refused"):
+        error = seen["error"]
+        assert error["type"] == "ShmemValueError", error
+        assert error["message"].startswith(expected), error
+
+
+def test_collectives_across_nodes_that_disagree_fail_on_every_rank_naming_both(records: dict) -> None:
+    for rank, seen in enumerate(results(records, "case_collectives_across_nodes_that_disagree_fail_on_every_rank")):
+        mismatch, refused = seen["mismatch"], seen["refused"]
+        assert mismatch["type"] == "ShmemMismatchError", (rank, mismatch)
+        assert "count=4" in mismatch["message"] and "count=8" in mismatch["message"], (rank, mismatch)
+        assert refused["type"] == "ShmemValueError", (rank, refused)
+        assert "refused by rank 0" in refused["message"], (rank, refused)
 
 
 def test_an_allocation_or_a_free_that_differs_across_nodes_is_refused_on_every_rank(records: dict) -> None:

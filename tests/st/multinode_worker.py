@@ -754,11 +754,11 @@ def case_bad_inputs_on_a_spanning_team_raise_and_move_nothing():
             raise AssertionError(f"accepted: {fragments}")
 
     refused(ValueError, lambda: team.all_reduce(torch.ones(4), input=torch.ones(5)),
-            "`input` must have the dtype and size of `tensor` (torch.float32, 4), but got torch.float32, 5")
+            "`input` must have the dtype and size of `tensor` (float32, 4), but got float32, 5")
     refused(ValueError, lambda: team.all_reduce(torch.ones(4, dtype=torch.int32), "avg"),
             "`op` must be sum, max or min for int32, but got avg")
     refused(ValueError, lambda: team.reduce_scatter(torch.empty(2), torch.ones(7)),
-            f"`input` must hold {WORLD} x output's 2 elements of torch.float32, but got 7 of torch.float32")
+            f"`input` must hold {WORLD} x output's 2 elements of float32, but got 7 of float32")
     refused(ValueError, lambda: team.all_gather(torch.empty(3), torch.ones(1)),
             f"`output` must hold {WORLD} x input's 4 bytes, but got 12 bytes")
     refused(ValueError, lambda: team.all_to_all([torch.ones(1)] * (WORLD - 1), torch.empty(WORLD), [1] * WORLD),

@@ -91,6 +91,13 @@ def test_the_shared_runtime_modules_import_no_framework():
     assert shared <= {p.name for p in (_PACKAGE / "core/multicore").glob("*.py")}
 
 
+def test_the_phases_across_nodes_import_no_framework():
+    """Both handlers run them; numpy is their array, which each framework's tensors share memory with."""
+    assert _offending("core/multicore", ("torch", "mindspore", "hyper_parallel.core.multicore.shmem",
+                                         "hyper_parallel.platform")).get("hierarchy.py") is None
+    assert (_PACKAGE / "core/multicore/hierarchy.py").is_file()
+
+
 def test_the_check_reads_imports():
     """The reader above sees what a forbidden import looks like (so that an empty result means something)."""
     found = _offending("platform/torch", ("torch",))

@@ -6,7 +6,6 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include <cstring>
 #include <limits>
 #include <map>
 #include <memory>
@@ -354,15 +353,9 @@ std::vector<std::vector<std::int64_t>> TeamAgree(std::uint64_t team, int collect
                                                  std::uint64_t element_bytes, std::uint64_t count, int reduce_op,
                                                  int wire, int peer, const std::vector<std::int64_t>& values,
                                                  StreamHandle stream, int role) {
-  Fingerprint fingerprint{};
-  fingerprint.collective = static_cast<std::uint32_t>(collective);
-  fingerprint.reduce_op = static_cast<std::uint32_t>(reduce_op);
-  fingerprint.wire = static_cast<std::uint32_t>(wire);
-  fingerprint.peer = peer;
-  fingerprint.count = count;
-  fingerprint.element_bytes = element_bytes;
-  fingerprint.role = static_cast<std::uint32_t>(RoleArg(role));
-  std::strncpy(fingerprint.dtype, dtype.c_str(), sizeof(fingerprint.dtype) - 1);
+  const Fingerprint fingerprint =
+      CallFingerprint(static_cast<std::uint32_t>(collective), static_cast<std::uint32_t>(reduce_op),
+                      static_cast<std::uint32_t>(wire), peer, count, element_bytes, dtype, RoleArg(role));
   Result<std::vector<std::vector<std::int64_t>>> rows = StateError("agree did not run");
   {
     py::gil_scoped_release nogil;

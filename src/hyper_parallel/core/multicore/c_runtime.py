@@ -22,7 +22,7 @@ from typing import Optional
 from hyper_parallel.core.multicore import errors, runtime_logs, ucx_libraries
 
 LIBRARY_NAME = "libhp_shmem_c.so"
-ABI_VERSION = 6   # HP_SHMEM_ABI_VERSION of the header this module was written against
+ABI_VERSION = 7   # HP_SHMEM_ABI_VERSION of the header this module was written against
 
 
 class _Bootstrap(ctypes.Structure):
@@ -118,6 +118,9 @@ _SIGNATURES = {
     "hp_shmem_recv": [ctypes.c_uint64, _P, ctypes.c_size_t, ctypes.POINTER(_ElementType), ctypes.c_int],
     "hp_shmem_refuse": [ctypes.c_uint64, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int],
     "hp_shmem_give_up": [ctypes.c_uint64, ctypes.c_char_p],
+    "hp_shmem_agree": [ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, ctypes.c_int,
+                       ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t), ctypes.c_size_t],
     "hp_shmem_debug_state_json": [ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],
     "hp_shmem_log_forward": [ctypes.c_int],
     "hp_shmem_log_wait": [ctypes.c_int],
@@ -506,6 +509,33 @@ def refuse(team: int, collective: str, error: BaseException, role: str = "forwar
     """
     _call(collective, "hp_shmem_refuse", team, _code("collectives", collective),
           _code("status_codes", errors.project_code(error)), str(error).encode(), _code("call_roles", role))
+
+
+def agree(team: int, members: int, collective: str, dtype: str, element_bytes: int, count: int,
+          reduce_op: Optional[str], wire: Optional[str], peer: int, values: Sequence[int],
+          role: str = "forward") -> list:
+    """A fingerprinted sync of the team on one call that publishes ``values`` (collective over the team's
+    ``members``; each publishes as many): members whose calls differ all raise ShmemMismatchError, naming both.
+
+    Args:
+        reduce_op: the call's reduce op, None for none; wire: its wire format, None for the tensor's own dtype;
+            peer: a group rank, -1 for none.
+
+    Returns:
+        Every member's values, in group-rank order.
+    """
+    n = len(values)
+    mine = (ctypes.c_int64 * n)(*values)
+    rows = (ctypes.c_int64 * (n * members))()
+    lengths = (ctypes.c_size_t * members)()
+    _call(collective, "hp_shmem_agree", team, _code("collectives", collective), dtype.encode(), element_bytes, count,
+          0 if reduce_op is None else _code("reduce_ops", reduce_op) + 1, _wire(wire), peer, mine, n,
+          _code("call_roles", role), rows, n * members, lengths, members)
+    result, at = [], 0
+    for length in lengths:
+        result.append(list(rows[at:at + length]))
+        at += length
+    return result
 
 
 def give_up(team: int, message: str) -> None:

@@ -30,7 +30,8 @@ from hyper_parallel.core.multicore.errors import (AGREED, ShmemError, ShmemMisma
                                                  ShmemTimeoutError, ShmemValueError, failure_class, failure_kind)
 from hyper_parallel.core.symmetric_memory import checks
 from hyper_parallel.core.symmetric_memory.checks import Checks
-from hyper_parallel.platform.mindspore import autograd, groups, tensors
+from hyper_parallel.core.multicore.hierarchy import Hierarchy
+from hyper_parallel.platform.mindspore import across_nodes, autograd, groups, tensors
 
 # The checks this handler runs itself (free's tensor, before the runtime is asked).
 _CHECKS = Checks(tensors)
@@ -56,11 +57,12 @@ def _call_site() -> str:
 @dataclass
 class _Team:
     """A runtime team over the C ABI: its id, its members' world ranks (PEs, in group-rank order), this rank's
-    group rank."""
+    group rank; for a group that spans nodes, its phases (the id is then its node team's)."""
 
     id: int
     pes: list
     me: int
+    hierarchy: Optional[Hierarchy] = None
 
 
 @dataclass
@@ -78,6 +80,10 @@ class _Allocation:
         alive = [(tensor(), array()) for tensor, array in self.views]
         return self.made + [pair for pair in alive if pair[0] is not None and pair[1] is not None]
 
+
+# What a group that spans nodes does not take on this handler: rendezvous maps the members' heaps, which only a node
+# shares, and MoE's exchange runs in the engine of one node.
+_WITHIN_A_NODE = ("rendezvous", "shmem_moe_dispatch", "shmem_moe_combine")
 
 # The engine's call each public collective begins with on this handler (a refusal stands for it; its name is in
 # every rank's message).
@@ -136,6 +142,8 @@ class CAbiCalls:
             except (ValueError, TypeError, ShmemError):   # no team for this rank to meet its peers in
                 raise error from None
         tensors.synchronize()
+        if team.hierarchy is not None:
+            team.hierarchy.refuse(_ENGINE_CALLS[operation], error, "forward")
         c_runtime.refuse(team.id, _ENGINE_CALLS[operation], error)
         raise error   # not reached: the runtime raises the refusal
 
@@ -213,25 +221,31 @@ class CAbiCalls:
                 f"{first.splitlines()[0] if first else 'failed'})")
 
     def _team(self, name: str, op: str) -> _Team:
-        """The team of group ``name`` (created on its first collective: collective over the group).
+        """The team of group ``name`` (created on its first collective: collective over the group). A group that
+        spans nodes runs its collectives in phases (:mod:`.across_nodes`).
 
         Raises:
-            ShmemValueError: the group spans nodes (the runtime's teams are node-local; this handler has no phase
-                across nodes).
+            ShmemValueError: the group spans nodes, for an operation that stays within a node here (rendezvous, MoE
+                dispatch and combine), or where the runtime does not reach the other nodes.
         """
         with self._lock:
             self._ensure_runtime(op)
             team = self._teams.get(name)
+            spans = team.hierarchy is not None if team is not None else self._spans_nodes(name, op)
+            if spans and op in _WITHIN_A_NODE:
+                pes, nodes = groups.ranks(name), c_runtime.debug_state()["nodes"]
+                raise ShmemValueError(
+                    f"`group` must lie on one node for {op} on MindSpore, but got ranks {pes} on nodes "
+                    f"{sorted({nodes[pe] for pe in pes})} (a group that spans nodes takes one-sided calls, barrier, "
+                    f"the collectives and send/recv here): op={op} group={name}")
             if team is None:
                 pes = groups.ranks(name)
-                if self._spans_nodes(name, op):
-                    nodes = c_runtime.debug_state()["nodes"]
-                    raise ShmemValueError(
-                        f"`group` must lie on one node for {op} on MindSpore, but got ranks {pes} on nodes "
-                        f"{sorted({nodes[pe] for pe in pes})} (a group that spans nodes takes one-sided calls and "
-                        f"barrier here; torch's handler runs its collectives across nodes): op={op} group={name}")
                 me = pes.index(groups.world_rank())
-                team = _Team(c_runtime.team_create(pes, self._bootstrap(name)), pes, me)
+                if spans:
+                    hierarchy = across_nodes.make_hierarchy(name, pes, me, self._other_nodes()[1], op)
+                    team = _Team(hierarchy.engine.node_team, pes, me, hierarchy)
+                else:
+                    team = _Team(c_runtime.team_create(pes, self._bootstrap(name)), pes, me)
                 self._teams[name] = team
             return team
 
@@ -453,6 +467,9 @@ class CAbiCalls:
             ShmemTimeoutError: a rank did not arrive in time, or the runtime found its node gone (named).
         """
         team = self._teams.get(name)
+        if team is not None and team.hierarchy is not None:
+            team.hierarchy.barrier("forward")
+            return
         if team is None and self._spans_nodes(name, "barrier"):
             # The runtime's teams are node-local. Every one-sided call, across nodes too, completed before it
             # returned, so a barrier that only orders the ranks makes their writes visible after it.
@@ -555,6 +572,9 @@ class CAbiCalls:
         """all_gather on checked arguments (no autograd): ``output`` receives every member's ``data``."""
         team = self._team(name, "shmem_allgather")
         tensors.synchronize()
+        if team.hierarchy is not None:
+            team.hierarchy.all_gather(output, data, role)
+            return output
         c_runtime.all_gather(team.id, tensors.address(output), tensors.nbytes(output), tensors.address(data),
                              tensors.nbytes(data), self._element(data), role)
         return output
@@ -563,6 +583,9 @@ class CAbiCalls:
         """all_reduce in place on checked arguments (no autograd)."""
         team = self._team(name, "shmem_allreduce")
         tensors.synchronize()
+        if team.hierarchy is not None:
+            team.hierarchy.all_reduce(tensor, op, wire, None, role)
+            return tensor
         c_runtime.all_reduce(team.id, tensors.address(tensor), None, tensors.nbytes(tensor),
                              tensors.dtype_info(tensor.dtype).reduce, op, wire, role)
         return tensor
@@ -572,6 +595,9 @@ class CAbiCalls:
         """reduce_scatter on checked arguments (no autograd)."""
         team = self._team(name, "shmem_reduce_scatter")
         tensors.synchronize()
+        if team.hierarchy is not None:
+            team.hierarchy.reduce_scatter(output, data, op, wire, role)
+            return output
         c_runtime.reduce_scatter(team.id, tensors.address(output), tensors.nbytes(output), tensors.address(data),
                                  tensors.nbytes(data), tensors.dtype_info(data.dtype).reduce, op, wire, role)
         return output
@@ -581,6 +607,9 @@ class CAbiCalls:
         """all_to_all on checked arguments (no autograd)."""
         team = self._team(name, "shmem_alltoall")
         tensors.synchronize()
+        if team.hierarchy is not None:
+            team.hierarchy.all_to_all(sends, receive, receive_counts, role)
+            return receive
         c_runtime.all_to_all(team.id, [(tensors.address(t), tensors.nbytes(t)) for t in sends],
                              tensors.address(receive), tensors.nbytes(receive), list(receive_counts),
                              self._element(receive), role)
@@ -608,6 +637,9 @@ class CAbiCalls:
         team = self._registered_team(name, "shmem_send")
         peer = checks.peer(dst, "dst_rank", len(team.pes), team.me)
         tensors.synchronize()
+        if team.hierarchy is not None:
+            team.hierarchy.send(t, peer)
+            return
         c_runtime.send(team.id, tensors.address(t), tensors.nbytes(t), self._element(t), peer)
 
     def recv(self, t: Any, src: int, name: str) -> Any:
@@ -616,6 +648,9 @@ class CAbiCalls:
         team = self._registered_team(name, "shmem_recv")
         peer = checks.peer(src, "src_rank", len(team.pes), team.me)
         tensors.synchronize()
+        if team.hierarchy is not None:
+            team.hierarchy.recv(t, peer)
+            return t
         c_runtime.recv(team.id, tensors.address(t), tensors.nbytes(t), self._element(t), peer)
         return t
 

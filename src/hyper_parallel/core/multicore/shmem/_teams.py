@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 import torch.distributed as dist
 
 from hyper_parallel.core.multicore.shmem._binding import C
-from hyper_parallel.core.multicore.shmem._hierarchy import Hierarchy
 from hyper_parallel.core.multicore.shmem._lifecycle import _bootstrap, _local_bootstrap, require_root
 from hyper_parallel.core.multicore.shmem._streams import current_handle
 from hyper_parallel.core.multicore.errors import (
@@ -32,6 +31,9 @@ from hyper_parallel.core.multicore.errors import (
     attach_fields,
     project_code,
 )
+
+if TYPE_CHECKING:
+    from hyper_parallel.core.multicore.hierarchy import Hierarchy
 
 # The numberings are the runtime's (runtime/team.h, ops/reduce_op.h, runtime/status.h): exported once, never retyped.
 COLLECTIVES: dict = dict(C.collectives())
@@ -98,8 +100,11 @@ class Team:
             if isinstance(offers, str):
                 raise ShmemTimeoutError(offers)
             if len(set(self.nodes)) > 1:
-                self._hierarchy = Hierarchy(group, pes, me, root, int.from_bytes(offers[:4], "little"))
-                self._id = self._hierarchy.node_team
+                # numpy, which the phases across nodes work on, is imported only by a team that spans nodes.
+                from hyper_parallel.core.multicore.shmem._hierarchy import make_hierarchy
+
+                self._hierarchy = make_hierarchy(group, pes, me, root, int.from_bytes(offers[:4], "little"))
+                self._id = self._hierarchy.engine.node_team
             else:
                 self._id = C.team_create(list(pes), me, *bootstrap)
         except Exception as error:
@@ -157,7 +162,7 @@ class Team:
         """Every member arrives; everything enqueued before it is visible to every member (``role``: what the
         barrier is for, a name of :data:`CALL_ROLES`)."""
         if self._hierarchy is not None:
-            return self._spanning("team_barrier", self._hierarchy.barrier, CALL_ROLES[role])
+            return self._spanning("team_barrier", self._hierarchy.barrier, _role(role))
         self._call("team_barrier", C.team_barrier, role=CALL_ROLES[role])
 
     def _spanning(self, name: str, fn, *args):
@@ -180,7 +185,7 @@ class Team:
         member takes the copy-free path. ``role``: what the call is for (:data:`CALL_ROLES`).
         """
         if self._hierarchy is not None:
-            return self._spanning("all_gather", self._hierarchy.all_gather, output, input, CALL_ROLES[role])
+            return self._spanning("all_gather", self._hierarchy.all_gather, output, input, _role(role))
         try:
             C.all_gather(self._id, output, input, current_handle(), CALL_ROLES[role])
         except Exception as error:
@@ -215,8 +220,8 @@ class Team:
         """
         number = REDUCE_OPS.get(op) if type(op) is str else None
         if self._hierarchy is not None:
-            return self._spanning("all_reduce", self._hierarchy.all_reduce, tensor, _reduce_op(op), _wire(wire),
-                                  _wire_dtype(wire), input, CALL_ROLES[role])
+            return self._spanning("all_reduce", self._hierarchy.all_reduce, tensor, _op_name(op), _wire_name(wire),
+                                  input, _role(role))
         try:
             C.all_reduce(self._id, tensor, input, _reduce_op(op) if number is None else number, current_handle(),
                          0 if wire is None else _wire(wire), CALL_ROLES[role])
@@ -230,8 +235,8 @@ class Team:
         :meth:`all_reduce`)."""
         number = REDUCE_OPS.get(op) if type(op) is str else None
         if self._hierarchy is not None:
-            return self._spanning("reduce_scatter", self._hierarchy.reduce_scatter, output, input, _reduce_op(op),
-                                  _wire(wire), _wire_dtype(wire), CALL_ROLES[role])
+            return self._spanning("reduce_scatter", self._hierarchy.reduce_scatter, output, input, _op_name(op),
+                                  _wire_name(wire), _role(role))
         try:
             C.reduce_scatter(self._id, output, input, _reduce_op(op) if number is None else number, current_handle(),
                              0 if wire is None else _wire(wire), CALL_ROLES[role])
@@ -249,7 +254,7 @@ class Team:
         receive_counts = receive_counts if type(receive_counts) in (list, tuple) else list(receive_counts)
         if self._hierarchy is not None:
             return self._spanning("all_to_all", self._hierarchy.all_to_all, sends, receive, receive_counts,
-                                  CALL_ROLES[role])
+                                  _role(role))
         try:
             C.all_to_all(self._id, sends, receive, receive_counts, current_handle(), CALL_ROLES[role])
         except Exception as error:
@@ -332,10 +337,9 @@ class Team:
         """
         dtype_name = "" if dtype is None else str(dtype).replace("torch.", "")
         if self._hierarchy is not None:
-            return self._spanning("agree", self._hierarchy.agree, COLLECTIVES[collective], dtype_name,
-                                  0 if dtype is None else dtype.itemsize, count,
-                                  0 if op is None else REDUCE_OPS[op] + 1, _wire(wire), peer, list(values),
-                                  CALL_ROLES[role])
+            return self._spanning("agree", self._hierarchy.agree, _collective(collective), dtype_name,
+                                  0 if dtype is None else dtype.itemsize, count, None if op is None else _op_name(op),
+                                  _wire_name(wire), peer, list(values), _role(role))
         return self._call("agree", C.agree, COLLECTIVES[collective], dtype_name,
                           0 if dtype is None else dtype.itemsize, count, 0 if op is None else REDUCE_OPS[op] + 1,
                           _wire(wire), peer, list(values), role=CALL_ROLES[role])
@@ -357,8 +361,7 @@ class Team:
             member fails this call)". ``error`` itself when the team runs no call any more (nobody waits for it).
         """
         if self._hierarchy is not None:
-            return self._spanning(collective, self._hierarchy.refuse, COLLECTIVES[collective], error,
-                                  CALL_ROLES[role])
+            return self._spanning(collective, self._hierarchy.refuse, _collective(collective), error, _role(role))
         if self._released:
             raise error
         self._call(collective, C.refuse, COLLECTIVES[collective], _STATUS_CODES[project_code(error)], str(error),
@@ -392,9 +395,29 @@ def _wire(wire: Optional[object]) -> int:
     return number
 
 
-def _wire_dtype(wire: Optional[object]) -> Optional[torch.dtype]:
-    """A wire format as a torch dtype (the cross-node phase casts with torch), from a dtype or its name."""
-    return getattr(torch, wire) if type(wire) is str else wire
+def _wire_name(wire: Optional[object]) -> Optional[str]:
+    """A wire format's name (None: the tensor's own dtype), from a low-precision dtype or its name."""
+    number = _wire(wire)
+    return None if number == 0 else next(name for name, n in WIRE_FORMATS.items() if n == number)
+
+
+def _op_name(op: object) -> str:
+    """A checked reduce op's name."""
+    _reduce_op(op)
+    return str(op)
+
+
+def _role(role: str) -> str:
+    """A checked call role's name."""
+    CALL_ROLES[role]
+    return role
+
+
+def _collective(collective: str) -> str:
+    """A checked collective's name."""
+    if collective not in COLLECTIVES:
+        raise ValueError(f"`collective` must be one of {', '.join(COLLECTIVES)}, but got {collective!r}")
+    return collective
 
 
 #: Whether a call on these tensors may skip torch's dispatcher: plain tensors (no subclass), nothing autograd
