@@ -419,6 +419,52 @@ int hp_shmem_moe_exchange(uint64_t team, int direction, int experts, const void*
   });
 }
 
+static_assert(HP_SHMEM_MOE_ROW_HEADER == hp::shmem::kMoeRowHeader, "the C ABI's MoE row is the engine's");
+
+int hp_shmem_moe_row(int direction, int experts, int members, const int64_t* in_splits, const int64_t* in_offsets,
+                     int64_t input_rows, int64_t output_rows, int64_t* row, size_t row_capacity) {
+  return Call([&]() -> Status {
+    HP_ASSIGN_OR_RETURN(const hp::shmem::MoeExchangeArgs x,
+                        hp::shmem::MoeStepArgs(direction, experts, 0, input_rows, output_rows));
+    if (members < 1) {
+      return hp::shmem::InvalidArgument("`members` must be positive, but got " + std::to_string(members));
+    }
+    const std::size_t nsplits = static_cast<std::size_t>(members) * static_cast<std::size_t>(experts);
+    HP_RETURN_IF_ERROR(NonNull(in_splits, "in_splits"));
+    HP_RETURN_IF_ERROR(NonNull(row, "row"));
+    const std::size_t length = hp::shmem::kMoeRowHeader + 2 * nsplits;
+    if (row_capacity < length) {
+      return hp::shmem::InvalidArgument("`row_capacity` must be at least " + std::to_string(length) +
+                                        " values, but got " + std::to_string(row_capacity));
+    }
+    const std::vector<std::int64_t> published = hp::shmem::MoePublishedRow(x, members, in_splits, in_offsets, -1);
+    std::copy(published.begin(), published.end(), row);
+    return Status::Ok();
+  });
+}
+
+int hp_shmem_moe_plan(int direction, int experts, int64_t major_align, int members, const int64_t* rows,
+                      size_t row_length, int me, int64_t* splits, int64_t* offsets, int64_t* from) {
+  return Call([&]() -> Status {
+    HP_ASSIGN_OR_RETURN(const hp::shmem::MoeExchangeArgs x,
+                        hp::shmem::MoeStepArgs(direction, experts, major_align, 0, 0));
+    if (members < 1) {
+      return hp::shmem::InvalidArgument("`members` must be positive, but got " + std::to_string(members));
+    }
+    for (const auto& [pointer, name] : {std::pair<const void*, const char*>{rows, "rows"}, {splits, "splits"},
+                                        {offsets, "offsets"}, {from, "from"}}) {
+      HP_RETURN_IF_ERROR(NonNull(pointer, name));
+    }
+    std::vector<std::vector<std::int64_t>> every(static_cast<std::size_t>(members));
+    for (std::size_t r = 0; r < every.size(); ++r) every[r].assign(rows + r * row_length, rows + (r + 1) * row_length);
+    HP_ASSIGN_OR_RETURN(const hp::shmem::MoeLayout layout, hp::shmem::PlanMoeExchange(x, every, me));
+    std::copy(layout.splits.begin(), layout.splits.end(), splits);
+    std::copy(layout.offsets.begin(), layout.offsets.end(), offsets);
+    std::copy(layout.from.begin(), layout.from.end(), from);
+    return Status::Ok();
+  });
+}
+
 int hp_shmem_wire_row_bytes(int wire, size_t row_elems, size_t* bytes) {
   return Call([&]() -> Status {
     HP_ASSIGN_OR_RETURN(const hp::shmem::ops::LowFormat format, hp::shmem::capi::LowWireArg(wire));

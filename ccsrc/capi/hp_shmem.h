@@ -28,7 +28,7 @@ extern "C" {
 #define HP_SHMEM_API __attribute__((visibility("default")))
 
 /* Bumped on every incompatible change; a caller checks it before anything else. */
-#define HP_SHMEM_ABI_VERSION 7
+#define HP_SHMEM_ABI_VERSION 8
 
 /* The runtime's StatusCode values (runtime/status.h), asserted equal there. */
 typedef enum {
@@ -214,6 +214,20 @@ HP_SHMEM_API int hp_shmem_moe_exchange(uint64_t team, int direction, int experts
                                        int64_t input_rows, void* output, int64_t output_rows, size_t row_bytes,
                                        const int64_t* in_splits, const int64_t* in_offsets, int64_t major_align,
                                        int64_t* out_splits, int64_t* out_offsets, int role);
+/* MoE across nodes: the two steps every member takes before an exchange moves anything, as the engine's exchange takes
+ * them, for the handlers' phases of a team that spans nodes (core/multicore/hierarchy.py). Local, never wait.
+ * hp_shmem_moe_row: what this rank publishes of its call (`in_splits`, and `in_offsets` or NULL: members x experts
+ * int64 each) into `row`, HP_SHMEM_MOE_ROW_HEADER + 2 x members x experts values.
+ * hp_shmem_moe_plan: from every member's published row (`rows`: members x `row_length` values, group-rank order),
+ * where member `me`'s chunks land (`splits`, `offsets`: its out_splits and out_offsets) and where each starts on its
+ * source (`from`), members x experts each. A member's bad split table or a receiver's output too small fails with
+ * HP_SHMEM_INVALID_ARGUMENT and the message every member raises (as hp_shmem_moe_exchange's). */
+#define HP_SHMEM_MOE_ROW_HEADER 6
+HP_SHMEM_API int hp_shmem_moe_row(int direction, int experts, int members, const int64_t* in_splits,
+                                  const int64_t* in_offsets, int64_t input_rows, int64_t output_rows, int64_t* row,
+                                  size_t row_capacity);
+HP_SHMEM_API int hp_shmem_moe_plan(int direction, int experts, int64_t major_align, int members, const int64_t* rows,
+                                   size_t row_length, int me, int64_t* splits, int64_t* offsets, int64_t* from);
 /* The MoE row codec (ops/host/codec.h, HostEncodeRows): what a handler sends for dispatch and combine in a
  * low-precision `wire` (an hp_shmem_wire other than HP_SHMEM_WIRE_FULL). Local, on the calling thread, on host memory;
  * no lifecycle needed. A wire row of `row_elems` values takes hp_shmem_wire_row_bytes bytes: float16 and bfloat16

@@ -1055,4 +1055,38 @@ TEST(Capi, RowCodecEncodesAndDecodesWithoutALifecycle) {
   }));
 }
 
+// The MoE exchange's two local steps through the C ABI (what the phases of a team that spans nodes run): two members,
+// two experts each. Member 0 sends 1 and 2 rows to member 1's experts 0 and 1; member 1 sends 3 and 0 rows to member
+// 0's. Dispatch lays member 1's output out expert-major with regions aligned to 4 rows: expert 0 gets member 0's row
+// at row 0 (member 1's own chunk is empty), expert 1 member 0's 2 rows at row 4. A member's output too small fails
+// every member alike, naming the rank, the expert and both sizes.
+TEST(Capi, MoeRowAndPlanAreTheEnginesSteps) {
+  ExpectAllRanksPass(RunRanks(1, [](Rank&) {
+    const int n = 2, experts = 2;
+    const std::int64_t splits[2][4] = {{0, 0, 1, 2}, {3, 0, 0, 0}};
+    const std::size_t length = HP_SHMEM_MOE_ROW_HEADER + 2 * 4;
+    std::vector<std::int64_t> rows(n * length, -1);
+    REQUIRE_OK(hp_shmem_moe_row(0, experts, n, splits[0], nullptr, 3, 8, rows.data(), length));
+    REQUIRE_OK(hp_shmem_moe_row(0, experts, n, splits[1], nullptr, 3, 8, rows.data() + length, length));
+    REQUIRE(rows[0] == 0 && rows[4] == 8 && rows[5] == -1);           // no finding, its output's rows, no heap offset
+    REQUIRE(rows[HP_SHMEM_MOE_ROW_HEADER + 4 + 3] == 1);                // chunk 3 starts after chunk 2's row
+    std::int64_t out_splits[4], out_offsets[4], from[4];
+    REQUIRE_OK(hp_shmem_moe_plan(0, experts, 4, n, rows.data(), length, 1, out_splits, out_offsets, from));
+    const std::int64_t want_splits[4] = {1, 0, 2, 0}, want_offsets[4] = {0, 1, 4, 6}, want_from[4] = {0, 3, 1, 3};
+    for (int i = 0; i < 4; ++i) {
+      REQUIRE(out_splits[i] == want_splits[i] && out_offsets[i] == want_offsets[i] && from[i] == want_from[i]);
+    }
+    // Member 1's output holds 5 rows: expert 1's region (rows 4-5) overflows it.
+    REQUIRE_OK(hp_shmem_moe_row(0, experts, n, splits[1], nullptr, 3, 5, rows.data() + length, length));
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT,
+                  "moe_dispatch: `out` of rank 1 must hold the 6 rows its peers send (the overflow starts at expert 3, "
+                  "local expert 1 of rank 1), but got 5 rows (every rank raises; nothing was written)",
+                  hp_shmem_moe_plan(0, experts, 4, n, rows.data(), length, 0, out_splits, out_offsets, from));
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`direction` must be 0 (dispatch) or 1 (combine), but got 2",
+                  hp_shmem_moe_row(2, experts, n, splits[0], nullptr, 3, 8, rows.data(), length));
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`row_capacity` must be at least 14 values, but got 13",
+                  hp_shmem_moe_row(0, experts, n, splits[0], nullptr, 3, 8, rows.data(), length - 1));
+  }));
+}
+
 }  // namespace

@@ -32,6 +32,11 @@ import hyper_parallel.core.symmetric_memory as symm
 from hyper_parallel.core.multicore import c_runtime
 from hyper_parallel.platform.mindspore import tensors as ms_tensors
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shared"))
+import symm_api_cases  # noqa: E402  (the user API's cases written once for both frameworks)
+from ms_fw import MindSporeFramework  # noqa: E402
+
 RANK = WORLD = PER_NODE = 0
 SET, ADD = 0, 1                      # signal_op
 EQ, GE = 0, 4                        # compare_op
@@ -517,6 +522,15 @@ def case_rendezvous_across_nodes_is_refused():
     symm.free(buf)
     assert np.array_equal(after, np.full(8, float(_lane_peer()), np.float32)), after
     return {"error": error}
+
+
+def case_moe_dispatch_and_combine_across_nodes():
+    """The user API's MoE cases, written once for both frameworks (tests/shared/symm_api_cases.py), over the world
+    and over sub-groups that span both nodes (evens {0, 2}, odds {1, 3}), as torch's multinode job runs them: every
+    token laid out and brought back, an output too small refused on every rank, low-precision rows."""
+    fw = MindSporeFramework()
+    for name in ("moe_dispatch_and_combine", "moe_receive_buffer_too_small", "moe_low_precision"):
+        symm_api_cases.run(fw, name)
 
 
 CASES = [value for name, value in list(globals().items()) if name.startswith("case_")]

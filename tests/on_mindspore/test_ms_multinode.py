@@ -5,7 +5,8 @@ put_with_signal (the data there when the signal is), wait_for_signal woken by th
 that span nodes, seed 000's example 1 and its push and pull modes with the producer and the consumer on different
 nodes, bad inputs across nodes (refused, nothing written), allocations and frees that differ between the nodes, every
 collective and send/recv over a group that spans nodes (the phases of core/multicore/hierarchy.py over the C ABI),
-calls that disagree across nodes (every rank raises), and rendezvous over such a group (refused). Each rank of another
+calls that disagree across nodes (every rank raises), the user API's MoE cases over groups that span nodes, and
+rendezvous over such a group (refused). Each rank of another
 node is reached through the runtime's UCX transport, over TCP on loopback (the simulated nodes share one kernel: UCX's shared-memory transports would find no peer). A second job of
 2 nodes x 1 rank runs the seed's example script itself (examples/mindspore_producer_consumer.py, unchanged): its
 producer, rank 0, and its consumer, rank 1, are then on different nodes.

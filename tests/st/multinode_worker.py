@@ -25,6 +25,10 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tolerances import assert_sums_close  # noqa: E402  (beside this file)
+from symm_fw_torch import TorchFramework  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shared"))
+import symm_api_cases  # noqa: E402  (the user API's cases written once for both frameworks)
 
 import hyper_parallel.core.symmetric_memory as symm  # noqa: E402
 from hyper_parallel.core.multicore import shmem  # noqa: E402
@@ -790,6 +794,17 @@ def case_bad_inputs_on_a_spanning_team_raise_and_move_nothing():
                 "`tag` must be below 2^40, but got 1099511627776")
     _still_usable(team)
     return seen
+
+
+def case_moe_dispatch_and_combine_across_nodes():
+    """The user API's MoE cases, written once for both frameworks (tests/shared/symm_api_cases.py), here over the
+    world and over sub-groups that span both nodes (evens {0, 2}, odds {1, 3}): dispatch lays every token out where
+    torch's all_to_all_vdev_2d would, into ordinary and symmetric outputs, combine brings every one back, an output
+    one row short fails every rank alike with nothing written, and low-precision rows cross the nodes."""
+    fw = TorchFramework()
+    for name in ("moe_dispatch_and_combine", "moe_receive_buffer_too_small", "moe_low_precision"):
+        symm_api_cases.run(fw, name)
+    return shmem.root_team().link_across_nodes
 
 
 CASES = [value for name, value in list(globals().items()) if name.startswith("case_")]

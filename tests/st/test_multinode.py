@@ -5,7 +5,7 @@ job runs every case of multinode_worker.py (every collective against gloo, group
 user API and fused ops, one-sided calls across nodes (through UCX where it is installed, refused with the remedy
 where not: the primitives, the seed's producer/consumer, push and pull examples, a hypothesis sweep of put/get
 windows), mismatches within and across nodes, an allocation that differs across
-nodes); two more check every collective on 4 nodes x 2 ranks and 2 nodes x 4; another kills a node while the other
+nodes, the user API's MoE cases over groups that span nodes); two more check every collective on 4 nodes x 2 ranks and 2 nodes x 4; another kills a node while the other
 one waits for a signal from it (through UCX) and checks that the wait and the collectives after it fail in time,
 naming the dead ranks; and a short hp-shmem-perf run under mpiexec (simulated_mpi.py) checks the one-sided rows
 across the nodes beside the UCX floor and MPI's RMA.

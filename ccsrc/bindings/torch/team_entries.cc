@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
 #include <limits>
 #include <map>
 #include <memory>
@@ -364,6 +365,29 @@ std::vector<std::vector<std::int64_t>> TeamAgree(std::uint64_t team, int collect
   return ValueOrThrow(std::move(rows));
 }
 
+// MoE across nodes (the phases of core/multicore/hierarchy.py): what this rank publishes of its call, and its layout
+// from every member's published row, as the engine's exchange computes them (collectives/moe.h).
+std::vector<std::int64_t> MoeRow(int direction, int experts, int members, const std::vector<std::int64_t>& in_splits,
+                                 const std::optional<std::vector<std::int64_t>>& in_offsets, std::int64_t input_rows,
+                                 std::int64_t output_rows) {
+  const MoeExchangeArgs x = ValueOrThrow(MoeStepArgs(direction, experts, 0, input_rows, output_rows));
+  const auto nsplits = static_cast<std::size_t>(std::max(members, 0)) * static_cast<std::size_t>(experts);
+  if (members < 1 || in_splits.size() != nsplits || (in_offsets && in_offsets->size() != nsplits)) {
+    throw StatusError(InvalidArgument("`in_splits` and `in_offsets` must hold members x experts = " +
+                                      std::to_string(nsplits) + " values, but got " +
+                                      std::to_string(in_splits.size()) + " and " +
+                                      (in_offsets ? std::to_string(in_offsets->size()) : std::string("none"))));
+  }
+  return MoePublishedRow(x, members, in_splits.data(), in_offsets ? in_offsets->data() : nullptr, -1);
+}
+
+py::tuple MoePlan(int direction, int experts, std::int64_t major_align,
+                  const std::vector<std::vector<std::int64_t>>& rows, int me) {
+  const MoeExchangeArgs x = ValueOrThrow(MoeStepArgs(direction, experts, major_align, 0, 0));
+  const MoeLayout layout = ValueOrThrow(PlanMoeExchange(x, rows, me));
+  return py::make_tuple(layout.splits, layout.offsets, layout.from);
+}
+
 // A refusal of the call `collective` that the Python side decided (a destroyed group, a freed tensor): raised on
 // every member, naming this rank. `code`: a status code of status_codes().
 void TeamRefuse(std::uint64_t team, int collective, int code, const std::string& message, StreamHandle stream,
@@ -422,6 +446,10 @@ void RegisterTeams(py::module_& m) {
   m.def("refuse", &TeamRefuse, py::arg("team"), py::arg("collective"), py::arg("code"), py::arg("message"),
         py::arg("stream"), py::arg("role") = 0);
   m.def("give_up", &TeamGiveUp, py::arg("team"), py::arg("message"));
+  m.def("moe_row", &MoeRow, py::arg("direction"), py::arg("experts"), py::arg("members"), py::arg("in_splits"),
+        py::arg("in_offsets"), py::arg("input_rows"), py::arg("output_rows"));
+  m.def("moe_plan", &MoePlan, py::arg("direction"), py::arg("experts"), py::arg("major_align"), py::arg("rows"),
+        py::arg("me"));
 }
 
 }  // namespace hp::shmem::torch_binding

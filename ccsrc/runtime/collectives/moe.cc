@@ -26,8 +26,9 @@ struct Finding {
   std::int64_t a = 0, b = 0, c = 0;
 };
 
-// A member's published row: its own verdict, its sizes, then its splits and source offsets (every chunk's first row).
-constexpr std::size_t kVerdict = 0, kOutputRows = 4, kHeapOffset = 5, kHeader = 6;
+// A member's published row (MoePublishedRow): its own verdict and its finding's three values, its output's rows, its
+// input's heap offset, then its splits and source offsets (every chunk's first row).
+constexpr std::size_t kVerdict = 0, kOutputRows = 4, kHeapOffset = 5, kHeader = kMoeRowHeader;
 
 std::int64_t SaturatingAdd(std::int64_t x, std::int64_t y) {
   std::int64_t sum = 0;
@@ -149,6 +150,89 @@ Status WriteFromHost(Device& device, void* dst, std::vector<std::int64_t> values
 
 }  // namespace
 
+Result<MoeExchangeArgs> MoeStepArgs(int direction, int experts, std::int64_t major_align, std::int64_t input_rows,
+                                    std::int64_t output_rows) {
+  if (direction != 0 && direction != 1) {
+    return InvalidArgument("`direction` must be 0 (dispatch) or 1 (combine), but got " + std::to_string(direction));
+  }
+  if (experts < 1 || major_align < 0 || input_rows < 0 || output_rows < 0) {
+    return InvalidArgument("`experts` must be positive and `major_align` and the row counts non-negative, but got "
+                           "experts=" + std::to_string(experts) + " major_align=" + std::to_string(major_align) +
+                           " input_rows=" + std::to_string(input_rows) + " output_rows=" + std::to_string(output_rows));
+  }
+  MoeExchangeArgs x;
+  x.direction = direction == 0 ? MoeDirection::kDispatch : MoeDirection::kCombine;
+  x.op = direction == 0 ? "moe_dispatch" : "moe_combine";
+  x.experts = experts;
+  x.major_align = major_align;
+  x.input_rows = input_rows;
+  x.output_rows = output_rows;
+  return x;
+}
+
+std::vector<std::int64_t> MoePublishedRow(const MoeExchangeArgs& x, int members, const std::int64_t* splits,
+                                          const std::int64_t* offsets, std::int64_t heap_offset) {
+  const std::size_t nsplits = static_cast<std::size_t>(members) * static_cast<std::size_t>(x.experts);
+  std::vector<std::int64_t> row(kHeader + 2 * nsplits, 0);
+  Finding own;
+  std::int64_t packed = 0;
+  for (std::size_t t = 0; t < nsplits; ++t) {
+    const std::int64_t split = splits[t];
+    const std::int64_t start = offsets != nullptr ? offsets[t] : packed;
+    row[kHeader + t] = split;
+    row[kHeader + nsplits + t] = start;
+    packed = SaturatingAdd(packed, std::max<std::int64_t>(split, 0));
+    if (own.verdict != Verdict::kOk) continue;
+    if (split < 0) {
+      own = {Verdict::kNegativeSplit, static_cast<std::int64_t>(t), split, 0};
+    } else if (start < 0 || SaturatingAdd(start, split) > x.input_rows) {
+      own = {Verdict::kOutsideInput, static_cast<std::int64_t>(t), SaturatingAdd(start, split), x.input_rows};
+    }
+  }
+  row[kVerdict] = static_cast<std::int64_t>(own.verdict);
+  row[1] = own.a;
+  row[2] = own.b;
+  row[3] = own.c;
+  row[kOutputRows] = x.output_rows;
+  row[kHeapOffset] = heap_offset;
+  return row;
+}
+
+Result<MoeLayout> PlanMoeExchange(const MoeExchangeArgs& x, const std::vector<std::vector<std::int64_t>>& rows,
+                                  int me) {
+  const int n = static_cast<int>(rows.size());
+  const std::size_t length = kHeader + 2 * static_cast<std::size_t>(n) * static_cast<std::size_t>(x.experts);
+  for (int r = 0; r < n; ++r) {
+    if (rows[static_cast<std::size_t>(r)].size() != length) {
+      return InvalidArgument("`rows` must hold " + std::to_string(length) + " values each (" +
+                             std::to_string(kHeader) + " + 2 x members x experts), but got " +
+                             std::to_string(rows[static_cast<std::size_t>(r)].size()) + " from member " +
+                             std::to_string(r));
+    }
+  }
+  if (me < 0 || me >= n) {
+    return InvalidArgument("`me` must be in [0, " + std::to_string(n) + "), but got " + std::to_string(me));
+  }
+  // The verdicts, in group-rank order: each member's own first, then every receiver's room.
+  for (int r = 0; r < n; ++r) {
+    const auto& row = rows[static_cast<std::size_t>(r)];
+    if (row[kVerdict] == 0) continue;
+    const Finding found{static_cast<Verdict>(row[kVerdict]), row[1], row[2], row[3]};
+    return InvalidArgument(DescribeFinding(x, found, r, x.experts));
+  }
+  MoeLayout mine;
+  for (int q = 0; q < n; ++q) {
+    Layout l = LayoutOf(x, rows, q);
+    if (l.first_overflow >= 0) {
+      const Finding found{Verdict::kOutputTooSmall, l.first_overflow, l.needed,
+                          rows[static_cast<std::size_t>(q)][kOutputRows]};
+      return InvalidArgument(DescribeFinding(x, found, q, x.experts));
+    }
+    if (q == me) mine = MoeLayout{std::move(l.splits), std::move(l.offsets), std::move(l.from)};
+  }
+  return mine;
+}
+
 Status Runtime::MoeExchange(const MoeExchangeArgs& x, StreamHandle stream, KeepAlive keep) {
   OperationScope scope(*this);
   HP_RETURN_IF_ERROR(Record(RequireInitialized(x.op)));
@@ -182,28 +266,8 @@ Status Runtime::MoeExchange(const MoeExchangeArgs& x, StreamHandle stream, KeepA
   }
   const std::int64_t heap_offset =
       Resolve(x.input, static_cast<std::size_t>(x.input_rows) * x.row_bytes).heap_offset;
-  std::vector<std::int64_t> mine(kHeader + 2 * nsplits, 0);
-  Finding own;
-  std::int64_t packed = 0;
-  for (std::size_t t = 0; t < nsplits; ++t) {
-    const std::int64_t split = splits[t];
-    const std::int64_t start = x.in_offsets != nullptr ? offsets[t] : packed;
-    mine[kHeader + t] = split;
-    mine[kHeader + nsplits + t] = start;
-    packed = SaturatingAdd(packed, std::max<std::int64_t>(split, 0));
-    if (own.verdict != Verdict::kOk) continue;
-    if (split < 0) {
-      own = {Verdict::kNegativeSplit, static_cast<std::int64_t>(t), split, 0};
-    } else if (start < 0 || SaturatingAdd(start, split) > x.input_rows) {
-      own = {Verdict::kOutsideInput, static_cast<std::int64_t>(t), SaturatingAdd(start, split), x.input_rows};
-    }
-  }
-  mine[kVerdict] = static_cast<std::int64_t>(own.verdict);
-  mine[1] = own.a;
-  mine[2] = own.b;
-  mine[3] = own.c;
-  mine[kOutputRows] = x.output_rows;
-  mine[kHeapOffset] = heap_offset;
+  const std::vector<std::int64_t> mine =
+      MoePublishedRow(x, n, splits.data(), x.in_offsets != nullptr ? offsets.data() : nullptr, heap_offset);
 
   // 2. Every member's row, in one fingerprinted sync (Agree stages rows beyond its count row through the team's
   // staging; a row longer than a member's share of it takes a sync per share): every member then knows every
@@ -234,24 +298,11 @@ Status Runtime::MoeExchange(const MoeExchangeArgs& x, StreamHandle stream, KeepA
     }
   }
 
-  // 3. The verdicts, in group-rank order: each member's own first, then every receiver's room. Every member raises
-  // the same error before anything is written.
-  for (int r = 0; r < n; ++r) {
-    const auto& row = rows[static_cast<std::size_t>(r)];
-    if (row[kVerdict] == 0) continue;
-    const Finding found{static_cast<Verdict>(row[kVerdict]), row[1], row[2], row[3]};
-    return Record(InvalidArgument(DescribeFinding(x, found, r, ne)));
-  }
-  Layout layout;
-  for (int q = 0; q < n; ++q) {
-    Layout l = LayoutOf(x, rows, q);
-    if (l.first_overflow >= 0) {
-      const Finding found{Verdict::kOutputTooSmall, l.first_overflow, l.needed,
-                          rows[static_cast<std::size_t>(q)][kOutputRows]};
-      return Record(InvalidArgument(DescribeFinding(x, found, q, ne)));
-    }
-    if (q == me) layout = std::move(l);
-  }
+  // 3. The verdicts and this member's layout (PlanMoeExchange): every member raises the same error before anything is
+  // written.
+  auto planned = PlanMoeExchange(x, rows, me);
+  if (!planned.ok()) return Record(planned.status());
+  const MoeLayout layout = std::move(planned).value();
   HP_RETURN_IF_ERROR(Record(WriteFromHost(*device_, x.out_splits, layout.splits, stream)));
   HP_RETURN_IF_ERROR(Record(WriteFromHost(*device_, x.out_offsets, layout.offsets, stream)));
   // The receiving chunk i comes from group rank `source_of(i)`.
@@ -370,7 +421,9 @@ Status Runtime::MoeExchange(const MoeExchangeArgs& x, StreamHandle stream, KeepA
   std::vector<std::pair<const void*, std::size_t>> parts;
   parts.reserve(static_cast<std::size_t>(n));
   const bool contiguous = dispatch && x.in_offsets == nullptr;   // rank-major and packed: a receiver's part is whole
-  if (!contiguous) send_staging->resize(static_cast<std::size_t>(packed) * x.row_bytes);
+  std::size_t packed = 0;   // every split is non-negative here (PlanMoeExchange refused the others)
+  for (std::int64_t split : splits) packed += static_cast<std::size_t>(split);
+  if (!contiguous) send_staging->resize(packed * x.row_bytes);
   std::size_t at = 0;
   for (int r = 0; r < n; ++r) {
     const std::size_t first = at;

@@ -20,7 +20,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
+#include "runtime/status.h"
 #include "runtime/team.h"
 
 namespace hp::shmem {
@@ -48,5 +50,31 @@ struct MoeExchangeArgs {
   std::int64_t* out_offsets = nullptr;        // n x experts, written once every member agreed
   CallRole role = CallRole::kForward;         // a gradient's exchange never pairs with a forward one
 };
+
+// The two steps every member of an exchange takes before anything moves, as pure functions: the engine's exchange
+// (Runtime::MoeExchange) runs them, and so do the handlers' phases of a team that spans nodes
+// (core/multicore/hierarchy.py), so that both lay out, check and word their errors alike.
+//
+// The arguments these steps read (op, direction, experts, major_align and the row counts), from a handler's numbers:
+// `direction` 0 (dispatch) or 1 (combine), `experts` positive, the rest non-negative.
+Result<MoeExchangeArgs> MoeStepArgs(int direction, int experts, std::int64_t major_align, std::int64_t input_rows,
+                                    std::int64_t output_rows);
+
+// 1. What a member publishes of its own call (`x`'s experts, row counts and offsets' presence; `splits`, and
+//    `offsets` or null, hold members x experts values): its own finding on its split tables (a negative split, a chunk
+//    outside `input`), its output's rows, its input's heap offset (-1: memory the peers cannot read), its splits and
+//    each chunk's first row. kMoeRowHeader + 2 x members x experts values.
+constexpr std::size_t kMoeRowHeader = 6;
+std::vector<std::int64_t> MoePublishedRow(const MoeExchangeArgs& x, int members, const std::int64_t* splits,
+                                          const std::int64_t* offsets, std::int64_t heap_offset);
+
+// 2. From every member's published row (group-rank order, the same on every member), member `me`'s layout: where
+//    each chunk it receives lands (its out_splits and out_offsets) and where it starts on its source (`from`), all
+//    indexed as the receiver's out_splits. The first finding a member published, else the first receiver whose
+//    output is too small, fails with the message every member raises (InvalidArgument).
+struct MoeLayout {
+  std::vector<std::int64_t> splits, offsets, from;
+};
+Result<MoeLayout> PlanMoeExchange(const MoeExchangeArgs& x, const std::vector<std::vector<std::int64_t>>& rows, int me);
 
 }  // namespace hp::shmem

@@ -22,7 +22,7 @@ from typing import Optional
 from hyper_parallel.core.multicore import errors, runtime_logs, ucx_libraries
 
 LIBRARY_NAME = "libhp_shmem_c.so"
-ABI_VERSION = 7   # HP_SHMEM_ABI_VERSION of the header this module was written against
+ABI_VERSION = 8   # HP_SHMEM_ABI_VERSION of the header this module was written against
 
 
 class _Bootstrap(ctypes.Structure):
@@ -118,6 +118,12 @@ _SIGNATURES = {
     "hp_shmem_recv": [ctypes.c_uint64, _P, ctypes.c_size_t, ctypes.POINTER(_ElementType), ctypes.c_int],
     "hp_shmem_refuse": [ctypes.c_uint64, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int],
     "hp_shmem_give_up": [ctypes.c_uint64, ctypes.c_char_p],
+    "hp_shmem_moe_row": [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int64),
+                         ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64),
+                         ctypes.c_size_t],
+    "hp_shmem_moe_plan": [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.POINTER(ctypes.c_int64),
+                          ctypes.c_size_t, ctypes.c_int, ctypes.POINTER(ctypes.c_int64),
+                          ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)],
     "hp_shmem_agree": [ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_int,
                        ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, ctypes.c_int,
                        ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t), ctypes.c_size_t],
@@ -487,6 +493,40 @@ def encode_rows(wire: str, dtype: str, data: int, rows: int, row_elems: int, out
 def decode_rows(wire: str, data: int, rows: int, row_elems: int, dtype: str, out: int) -> None:
     """Decodes ``rows`` MoE wire rows at ``data`` into ``rows`` x ``row_elems`` values of ``dtype`` at ``out``."""
     _call("decode_rows", "hp_shmem_decode_rows", _wire(wire), data, rows, row_elems, _code("dtypes", dtype), out)
+
+
+# A member's published row of an MoE exchange: this many values, then 2 x members x experts (hp_shmem.h).
+MOE_ROW_HEADER = 6
+
+
+def moe_row(direction: str, experts: int, members: int, in_splits: Sequence[int], in_offsets: Optional[Sequence[int]],
+            input_rows: int, output_rows: int) -> list:
+    """What this rank publishes of its MoE exchange (``direction`` "dispatch" or "combine"; the split tables as
+    lists of members x ``experts`` values), as the engine's exchange publishes it: local."""
+    n = members * experts
+    splits = (ctypes.c_int64 * n)(*in_splits)
+    offsets = None if in_offsets is None else (ctypes.c_int64 * n)(*in_offsets)
+    row = (ctypes.c_int64 * (MOE_ROW_HEADER + 2 * n))()
+    _call("moe_" + direction, "hp_shmem_moe_row", 0 if direction == "dispatch" else 1, experts, members, splits,
+          offsets, input_rows, output_rows, row, len(row))
+    return list(row)
+
+
+def moe_plan(direction: str, experts: int, major_align: int, rows: Sequence[Sequence[int]], me: int) -> tuple:
+    """Member ``me``'s layout of an MoE exchange from every member's published row: ``(splits, offsets, from)``
+    (lists of members x experts values), as the engine's exchange lays it out: local.
+
+    Raises:
+        ShmemValueError: a member's bad split table, or a receiver's output too small, with the message every member
+            raises.
+    """
+    members, length = len(rows), len(rows[0])
+    flat = (ctypes.c_int64 * (members * length))(*(value for row in rows for value in row))
+    n = members * experts
+    splits, offsets, starts = (ctypes.c_int64 * n)(), (ctypes.c_int64 * n)(), (ctypes.c_int64 * n)()
+    _call("moe_" + direction, "hp_shmem_moe_plan", 0 if direction == "dispatch" else 1, experts, major_align,
+          members, flat, length, me, splits, offsets, starts)
+    return list(splits), list(offsets), list(starts)
 
 
 def send(team: int, data: int, nbytes: int, element: ElementType, peer: int) -> None:

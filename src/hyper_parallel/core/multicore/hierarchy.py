@@ -166,6 +166,14 @@ class NodeEngine(Protocol):
         """The runtime's two-sided messages: ``(pe, send, receive)`` arrays each, all posted at once; each
         exchange's ``(received bytes, failure message or "")``. Raises RuntimeError when refused (nothing sent)."""
 
+    def moe_row(self, direction: str, experts: int, members: int, in_splits: list, in_offsets: Optional[list],
+                input_rows: int, output_rows: int) -> list:
+        """What this member publishes of an MoE exchange (the engine's step, ``runtime/collectives/moe.h``)."""
+
+    def moe_plan(self, direction: str, experts: int, major_align: int, rows: list, me: int) -> tuple:
+        """Member ``me``'s MoE layout from every member's published row: ``(splits, offsets, from)``; raises the
+        error every member raises (the engine's step)."""
+
     def encode(self, values: Buffer, wire: str) -> np.ndarray:
         """``values`` in the low-precision wire format ``wire``: the bytes that travel."""
 
@@ -670,12 +678,17 @@ class Hierarchy:
         self._check("all_to_all", role, all(c >= 0 for c in counts) and sum(counts) == rec.count,
                     f"`receive_counts` must be non-negative and sum to receive's {rec.count} elements, but got "
                     f"{counts}")
+        self._all_to_all_arrays([p.data for p in parts], rec, counts, role)
+
+    def _all_to_all_arrays(self, sends: Sequence[np.ndarray], rec: Buffer, counts: Sequence[int], role: str) -> None:
+        """all_to_all of checked arrays: ``sends[j]`` to member j, ``rec`` gets member i's part after the counts (in
+        ``rec``'s elements) of members < i."""
         call = self._call("all_to_all", role, dtype=rec.dtype)  # counts differ by member
         self._begin("all_to_all")
         if isinstance(self.link, RuntimeLink):
-            self._all_to_all_direct(call, [p.data for p in parts], rec, counts)
+            self._all_to_all_direct(call, sends, rec, counts)
         else:
-            self._all_to_all_lanes(call, [p.data for p in parts], rec, counts)
+            self._all_to_all_lanes(call, sends, rec, counts)
 
     def _mismatched_counts(self, sender: int, expected: int, sent: int) -> ShmemMismatchError:
         return ShmemMismatchError(
@@ -763,6 +776,75 @@ class Hierarchy:
         for g in everyone:
             if layout.position[g][0] != layout.node and received[g].size != slices[g].size:
                 raise self._mismatched_counts(g, counts[g], received[g].size // itemsize)
+
+    def moe(self, direction: str, input: Any, input_rows: int, output: Any, output_rows: int, in_splits: Any,
+            in_offsets: Optional[Any], out_table: Any, experts: int, major_align: int, role: str) -> None:
+        """MoE dispatch or combine of ``input``'s rows (dim 0) into ``output`` (``runtime/collectives/moe.h``'s
+        layouts) across nodes: every member's published row agreed on by every member, each member's layout planned
+        alike by the engine's own steps (a bad split table or an output too small raises the same error on every
+        member before anything moves), then one all_to_all of the rows and the receiver's placement.
+
+        Args:
+            direction: "dispatch" or "combine".
+            input, output: the rows sent and received (``input_rows`` and ``output_rows`` of them, along dim 0), of
+                one dtype and row size.
+            in_splits, in_offsets: the int64 split table (members x ``experts``) and where each chunk starts in
+                ``input`` (None: packed in split order).
+            out_table: 2 x members x ``experts`` int64, receiving the layout's splits and offsets.
+            experts: experts per member; major_align: dispatch's alignment of each expert's region in rows.
+            role: the call's role.
+        """
+        op = "moe_" + direction
+        n, nsplits = self.size, self.size * experts
+        inp, out, splits, table = self._buffers(op, role, input=input, output=output, in_splits=in_splits,
+                                                out_splits_offsets=out_table)
+        offsets = None if in_offsets is None else self._buffers(op, role, in_offsets=in_offsets)[0]
+        row_bytes = (inp.data.size // input_rows if input_rows else out.data.size // output_rows if output_rows
+                     else 0)
+        self._check(op, role, inp.dtype == out.dtype and inp.data.size == input_rows * row_bytes and
+                    out.data.size == output_rows * row_bytes,
+                    f"`output` must have the dtype and row size of `input` (rows along dim 0), but got input "
+                    f"{inp.dtype} ({input_rows} rows of {row_bytes} bytes) and output {out.dtype} ({output_rows} rows "
+                    f"of {out.data.size // output_rows if output_rows else 0} bytes)")
+        for name, buffer, count in (("in_splits", splits, nsplits), ("in_offsets", offsets, nsplits),
+                                    ("out_splits_offsets", table, 2 * nsplits)):
+            if buffer is not None:
+                self._check(op, role, buffer.dtype == "int64" and buffer.count == count,
+                            f"`{name}` must be {count} int64 values (group size x experts), but got {buffer.count} "
+                            f"{buffer.dtype} values")
+        self._begin(op)
+        mine = self.engine.moe_row(direction, experts, n, splits.data.view(np.int64).tolist(),
+                                   None if offsets is None else offsets.data.view(np.int64).tolist(), input_rows,
+                                   output_rows)
+        # Every member's call, agreed within the node and across nodes, as the engine's exchange agrees on it.
+        rows = self.agree(op, "moe_rows", row_bytes, len(mine), None, None, -1, mine, role)
+        # Where each chunk this member receives lands (where it starts on its source concerns only its source).
+        landing, places, _ = self.engine.moe_plan(direction, experts, major_align, rows, self._me_group())
+        dispatch = direction == "dispatch"
+        # To each receiver, its chunks expert after expert; from each source, its chunks for this member likewise.
+        header = len(mine) - 2 * nsplits
+        sizes, starts = mine[header:header + nsplits], mine[header + nsplits:]
+        sends = []
+        for r in range(n):
+            chunks = [r * experts + e if dispatch else e * n + r for e in range(experts)]
+            pieces = [inp.data[starts[t] * row_bytes:(starts[t] + sizes[t]) * row_bytes] for t in chunks]
+            sends.append(pieces[0] if len(pieces) == 1 else np.concatenate(pieces))
+        received = [[e * n + s if dispatch else s * experts + e for e in range(experts)] for s in range(n)]
+        counts = [sum(landing[i] for i in chunks) * row_bytes for chunks in received]
+        total = sum(counts)
+        # Combine's output is rank-major and packed: the all_to_all's own order.
+        target = out.data[:total] if not dispatch else np.empty(total, dtype=np.uint8)
+        self._all_to_all_arrays(sends, Buffer(target, "uint8", 1), counts, role)
+        if dispatch:
+            at = 0
+            for chunks in received:
+                for i in chunks:
+                    size = landing[i] * row_bytes
+                    out.data[places[i] * row_bytes:places[i] * row_bytes + size] = target[at:at + size]
+                    at += size
+        layout = table.data.view(np.int64)
+        layout[:nsplits] = landing
+        layout[nsplits:] = places
 
     def _me_group(self) -> int:
         return self.layout.members[self.layout.node][self.layout.local]

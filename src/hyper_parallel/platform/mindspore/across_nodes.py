@@ -98,6 +98,15 @@ class CAbiNodeEngine:
         return [(n, (first or "failed") if i in failures else "") for i, n in enumerate(received)]
 
     @staticmethod
+    def moe_row(direction: str, experts: int, members: int, in_splits: list, in_offsets: Optional[list],
+                input_rows: int, output_rows: int) -> list:
+        return c_runtime.moe_row(direction, experts, members, in_splits, in_offsets, input_rows, output_rows)
+
+    @staticmethod
+    def moe_plan(direction: str, experts: int, major_align: int, rows: list, me: int) -> tuple:
+        return c_runtime.moe_plan(direction, experts, major_align, rows, me)
+
+    @staticmethod
     def encode(values: Buffer, wire: str) -> np.ndarray:
         # One row of the runtime's row codec: the format MindSpore's MoE exchange sends its rows in.
         payload = np.empty(c_runtime.wire_row_bytes(wire, values.count), dtype=np.uint8)

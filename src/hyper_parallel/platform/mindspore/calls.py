@@ -82,8 +82,8 @@ class _Allocation:
 
 
 # What a group that spans nodes does not take on this handler: rendezvous maps the members' heaps, which only a node
-# shares, and MoE's exchange runs in the engine of one node.
-_WITHIN_A_NODE = ("rendezvous", "shmem_moe_dispatch", "shmem_moe_combine")
+# shares.
+_WITHIN_A_NODE = ("rendezvous",)
 
 # The engine's call each public collective begins with on this handler (a refusal stands for it; its name is in
 # every rank's message).
@@ -557,11 +557,15 @@ class CAbiCalls:
             send, receive = data, output
             row_bytes = int(data.itemsize) * row_elems
             tensors.synchronize()
-        c_runtime.moe_exchange(team.id, direction, experts, tensors.address(send), rows_in, tensors.address(receive),
-                               rows_out, row_bytes, tensors.address(in_splits),
-                               None if in_offsets is None else tensors.address(in_offsets), major_align,
-                               tensors.address(out_table), tensors.address(out_table) + 8 * tensors.numel(in_splits),
-                               role)
+        if team.hierarchy is not None:
+            team.hierarchy.moe(direction, send, rows_in, receive, rows_out, in_splits, in_offsets, out_table, experts,
+                               major_align, role)
+        else:
+            c_runtime.moe_exchange(team.id, direction, experts, tensors.address(send), rows_in,
+                                   tensors.address(receive), rows_out, row_bytes, tensors.address(in_splits),
+                                   None if in_offsets is None else tensors.address(in_offsets), major_align,
+                                   tensors.address(out_table),
+                                   tensors.address(out_table) + 8 * tensors.numel(in_splits), role)
         if low:
             c_runtime.decode_rows(wire, tensors.address(receive), rows_out, row_elems,
                                   tensors.dtype_info(output.dtype).name, tensors.address(decoded))

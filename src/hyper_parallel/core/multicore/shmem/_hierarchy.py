@@ -148,6 +148,16 @@ class _TorchNodeEngine:
         return C.exchange_messages(tag, [(pe, _tensor(send), _tensor(receive)) for pe, send, receive in exchanges])
 
     @staticmethod
+    def moe_row(direction: str, experts: int, members: int, in_splits: list, in_offsets: Optional[list],
+                input_rows: int, output_rows: int) -> list:
+        return C.moe_row(0 if direction == "dispatch" else 1, experts, members, in_splits, in_offsets, input_rows,
+                         output_rows)
+
+    @staticmethod
+    def moe_plan(direction: str, experts: int, major_align: int, rows: list, me: int) -> tuple:
+        return C.moe_plan(0 if direction == "dispatch" else 1, experts, major_align, rows, me)
+
+    @staticmethod
     def encode(values: Buffer, wire: str) -> np.ndarray:
         count = values.count
         fp8 = wire not in ("float16", "bfloat16")

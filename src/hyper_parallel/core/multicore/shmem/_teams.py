@@ -279,13 +279,13 @@ class Team:
         Raises:
             ValueError: on every member, the same, before anything is written: bad splits, or an ``output`` too
                 small for what the peers send (naming the rank, the expert and both sizes).
-            ShmemStateError: a team whose members span nodes (the exchange runs inside one node).
         """
         if direction not in ("dispatch", "combine"):
             raise ValueError(f"`direction` must be 'dispatch' or 'combine', but got {direction!r}")
         if self._hierarchy is not None:
-            raise ShmemStateError(f"moe_{direction} runs inside one node: op=moe_{direction} "
-                                  f"team_ranks={list(self.pes)} (the team spans nodes)")
+            return self._spanning("moe_" + direction, self._hierarchy.moe, direction, input, _rows(input), output,
+                                  _rows(output), in_splits, in_offsets, out_splits_offsets, experts, major_align,
+                                  _role(role))
         try:
             C.moe_exchange(self._id, 0 if direction == "dispatch" else 1, input, output, in_splits, in_offsets,
                            out_splits_offsets, experts, major_align, current_handle(), CALL_ROLES[role])
@@ -399,6 +399,11 @@ def _wire_name(wire: Optional[object]) -> Optional[str]:
     """A wire format's name (None: the tensor's own dtype), from a low-precision dtype or its name."""
     number = _wire(wire)
     return None if number == 0 else next(name for name, n in WIRE_FORMATS.items() if n == number)
+
+
+def _rows(tensor: object) -> int:
+    """A tensor's rows (dim 0), 0 for what has none (the phases refuse its size then)."""
+    return tensor.size(0) if isinstance(tensor, torch.Tensor) and tensor.dim() > 0 else 0
 
 
 def _op_name(op: object) -> str:
