@@ -6,7 +6,8 @@ BUILD_SAN := build/cpp-sanitize
 # bash, for pipefail in `install`'s filtered build log.
 SHELL := /bin/bash
 
-.PHONY: deps test-deps install demo perf perf-multinode perf-one-sided-multinode perf-mindspore test test-cpp test-cpp-sanitize test-py \
+.PHONY: deps test-deps install demo perf perf-multinode perf-one-sided-multinode perf-mindspore perf-mindspore-multinode \
+	test test-cpp test-cpp-sanitize test-py \
 	test-mindspore mindspore-env torch214-env test-torch214 clean
 
 # What building and installing the package needs, and no more (`make demo` installs only these): torch and numpy (its
@@ -145,6 +146,13 @@ perf-mindspore: mindspore-env
 	  --local_worker_num=2 --master_port=$$($(MS_PYTHON) -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])') \
 	  --log_dir=build/perf-mindspore-logs --join=True python -m hyper_parallel.perf.mindspore $(PERF_MS_ARGS) \
 	  --json perf-mindspore.json
+
+# MindSpore across simulated nodes (docs/mindspore.md): 2 nodes x 2 ranks under msrun, ours (the phases across nodes
+# over UCX) beside mccl, whose reduce_scatter and all_to_all have no CPU kernel.
+perf-mindspore-multinode: mindspore-env
+	UCX_TLS=tcp,self GLOG_v=3 $(MS_PYTHON) tests/st/simulated_nodes.py --nodes 2 --nproc-per-node 2 --launcher msrun \
+	  --timeout 1500 -- python -m hyper_parallel.perf.mindspore --op all -b 8 -e 8M -f 8 -r 5 \
+	  --json perf-mindspore-multinode.json
 
 clean:
 	rm -rf build
