@@ -586,6 +586,18 @@ def _node_death(out_dir: str) -> None:
     os._exit(0)   # no shutdown: it is collective over the world, half of which is gone
 
 
+def _without_a_transport(out_dir: str) -> None:
+    """The job runs with UCX unable to serve (UCX_TLS names no transport it has): the runtime reaches no other node, so
+    a collective over the world, which spans both, is refused on every rank naming the remedy; the barrier still
+    works (MindSpore's own). Each rank records what it saw."""
+    error = _raised(symm.shmem_allreduce, ms.Tensor(np.ones(4, np.float32)))
+    symm.barrier()
+    record = {"error": error, "transports": symm.debug_state()["transports"]}
+    with open(os.path.join(out_dir, f"rank{RANK}.json"), "w", encoding="utf-8") as f:
+        json.dump(record, f)
+    symm.shutdown()
+
+
 def main() -> None:
     global RANK, WORLD, PER_NODE
     communication.init()
@@ -593,6 +605,9 @@ def main() -> None:
     PER_NODE = int(os.environ["HP_MS_PER_NODE"])
     if len(sys.argv) > 2 and sys.argv[1] == "node_death":
         _node_death(sys.argv[2])
+    if len(sys.argv) > 2 and sys.argv[1] == "without_a_transport":
+        _without_a_transport(sys.argv[2])
+        return
     if not _run_cases():
         # A failed case may have left its allocations, which shutdown would refuse: the records say what failed.
         sys.exit(1)

@@ -227,6 +227,27 @@ def test_the_seed_example_script_runs_with_producer_and_consumer_on_two_nodes(tm
     assert "rank 1 received 4096 halves" in consumer and "intact=True" in consumer, consumer[-8000:]
 
 
+def test_collectives_across_nodes_without_a_transport_are_refused_naming_the_remedy(tmp_path) -> None:
+    """UCX unable to serve (UCX_TLS=no_such_transport): MindSpore's collectives cross nodes over the runtime's transport
+    only, so one over the world is refused on every rank, naming the group's nodes and the remedy."""
+    env = dict(_env(str(tmp_path), PER_NODE), UCX_TLS="no_such_transport")
+    with SimulatedJob(NODES, PER_NODE, [WORKER, "without_a_transport", str(tmp_path)], env=env,
+                      launcher="msrun") as job:
+        job.start()
+        ended = job.wait(timeout=JOB_TIMEOUT_S, failure_grace=10)
+    assert all(r.returncode == 0 for r in ended), _outputs(ended)
+    for rank in range(WORLD):
+        record = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert "none" in record["transports"], record
+        error = record["error"]
+        assert error["type"] == "ShmemValueError", error
+        assert error["message"] == (
+            f"`group` must lie on one node for shmem_allreduce where the runtime reaches no other node, but got ranks "
+            f"{list(range(WORLD))} on nodes [0, {PER_NODE}] (MindSpore's collectives cross nodes over the runtime's "
+            f"transport: build the package with UCX, pip install hyper-parallel-shmem[ucx]): op=shmem_allreduce "
+            f"group=hccl_world_group"), error
+
+
 def test_a_dead_node_fails_the_world_barrier_at_once_naming_its_ranks(tmp_path) -> None:
     """symm.barrier over the world meets the other node's ranks over the runtime's transport: when node 1 dies while
     node 0's ranks are in it, they fail as soon as its connections close, naming its ranks, not at the timeout."""

@@ -772,6 +772,17 @@ def case_bad_inputs_on_a_spanning_team_raise_and_move_nothing():
     refused(ValueError, lambda: team.all_reduce(torch.ones(4, 2).t()), "`tensor` must be a contiguous CPU tensor")
     refused(TypeError, lambda: team.all_gather([1.0], torch.ones(1)), "`output` must be a torch.Tensor, but got list")
     refused(ValueError, lambda: team.send(torch.ones(1), RANK), "`peer` must be another group rank in [0, 4)")
+    # MoE's exchange on the spanning team checks its own arguments in the phases across nodes (the user API checks
+    # them before; the runtime face's Team does not).
+    splits = torch.zeros(WORLD, dtype=torch.int64)
+    table = torch.zeros(2, WORLD, dtype=torch.int64)
+    refused(ValueError, lambda: team.moe_exchange("dispatch", torch.ones(4, 2), torch.ones(4, 3), splits, None, table,
+                                                  1),
+            "`output` must have the dtype and row size of `input` (rows along dim 0), but got input float32 (4 rows "
+            "of 8 bytes) and output float32 (4 rows of 12 bytes)")
+    refused(ValueError, lambda: team.moe_exchange("dispatch", torch.ones(4, 2), torch.ones(4, 2), splits[:3], None,
+                                                  table, 1),
+            f"`in_splits` must be {WORLD} int64 values (group size x experts), but got 3 int64 values")
     # The runtime's own teams are node-local: a direct call with a rank of the other node is refused before any
     # exchange (the library's teams never ask it).
     other = (RANK + 2) % WORLD
