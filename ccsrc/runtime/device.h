@@ -237,6 +237,18 @@ class Device {
   virtual Status ReduceEncoded(ops::LowFormat format, DataType dtype, ReduceOp op, const void* own,
                                WireRun symmetric_src, const std::vector<int>& pes, std::size_t count, void* out,
                                WireRun reencode, StreamHandle stream, KeepAlive keep) = 0;
+  // MoE's wire rows (ops/wire_format.h, WireRowBytes), on this device and in `stream` order: an NPU's rows never
+  // pass through host memory. Encodes `rows` rows of `row_elems` values of `dtype` (floating point, wider than
+  // `format`), contiguous at `src`, into `rows` wire rows at `dst`: this rank's memory, heap or not, not overlapping.
+  // A float16 or bfloat16 row is the plain cast, as Encode's; an fp8 row is its float32 scale, then its codes
+  // (ops/host/codec.h, HostEncodeRows). Local, not collective; a format the device lacks is refused as
+  // CheckWireFormat refuses it, before anything is enqueued.
+  virtual Status EncodeRows(ops::LowFormat format, DataType dtype, const void* src, std::size_t rows,
+                            std::size_t row_elems, void* dst, StreamHandle stream, KeepAlive keep) = 0;
+  // EncodeRows undone: the `rows` wire rows at `src` decoded into `rows` x `row_elems` values of `dtype` at `out`
+  // (each value its code's exact value, rounded once into `dtype`).
+  virtual Status DecodeRows(ops::LowFormat format, const void* src, std::size_t rows, std::size_t row_elems,
+                            DataType dtype, void* out, StreamHandle stream, KeepAlive keep) = 0;
   // The address of `symmetric`'s heap offset on `pe` (a local heap address in, an address on `pe` out), for
   // kernels and tensors that read or write a peer's memory directly. Not ordered with any stream: the caller
   // orders the accesses (signals, barriers).

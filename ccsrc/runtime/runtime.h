@@ -140,6 +140,14 @@ class Runtime {
   // Where [symmetric, symmetric + bytes), a range of one active allocation, lies on `pe` (rank inside the root),
   // for reading and writing a peer's copy directly; `what` names the argument in errors. Nothing is ordered.
   Result<void*> PeerAddress(const void* symmetric, std::size_t bytes, int pe, const char* what) const;
+  // MoE's wire rows on this rank's device, in `stream` order (Device::EncodeRows, DecodeRows): what a handler sends
+  // for dispatch and combine in a low-precision format, encoded and decoded where the rows are (an NPU's never pass
+  // through host memory). Local, not collective. `dtype` must be floating point and wider than `format`; the
+  // buffers are this rank's memory, heap or not, not overlapping (the caller's check: it knows their extents).
+  Status EncodeRows(ops::LowFormat format, DataType dtype, const void* src, std::size_t rows, std::size_t row_elems,
+                    void* dst, StreamHandle stream, KeepAlive keep);
+  Status DecodeRows(ops::LowFormat format, const void* src, std::size_t rows, std::size_t row_elems, DataType dtype,
+                    void* out, StreamHandle stream, KeepAlive keep);
   // Teams (team.h) and their collectives (collectives/engine.h). A team id names a team of this lifecycle.
   //
   // Collective over `bootstrap`, whose ranks are the members in group-rank order (`pes`: their PEs). The first team

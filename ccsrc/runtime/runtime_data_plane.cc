@@ -1,10 +1,11 @@
-// The Runtime's one-sided data plane: put, get, signal, wait, reduce, peer addresses and the node barrier, each
-// checked, then handed to the device (runtime.h).
+// The Runtime's one-sided data plane: put, get, signal, wait, reduce, peer addresses, MoE's row codec and the node
+// barrier, each checked, then handed to the device (runtime.h).
 #include "runtime/runtime.h"
 
 #include <algorithm>
 #include <utility>
 
+#include "ops/wire_format.h"
 #include "runtime/logging.h"
 #include "runtime/transfer.h"
 
@@ -15,6 +16,26 @@ Status CheckSameBytes(std::size_t dst_bytes, std::size_t src_bytes) {
   if (src_bytes == dst_bytes) return Status::Ok();
   return InvalidArgument("`src` must have as many bytes as `dst` (" + std::to_string(dst_bytes) + "), but got " +
                          std::to_string(src_bytes));
+}
+
+// The MoE row codec's arguments: values that may travel in `format`, and memory wherever there are values.
+Status CheckRowCodec(ops::LowFormat format, DataType dtype, const void* wide, const char* wide_name,
+                     const void* wire, const char* wire_name, std::size_t rows) {
+  if (!ops::IsLowFormat(static_cast<int>(format))) {
+    return InvalidArgument("`format` must be a wire format, but got " + std::to_string(static_cast<int>(format)));
+  }
+  if (*ops::LowFormatRefusal(format, dtype, ReduceOp::kSum) != '\0') {
+    return InvalidArgument(std::string("`dtype` must be a floating-point dtype wider than ") +
+                           ops::LowFormatName(format) + ", but got " + DataTypeName(dtype));
+  }
+  if (rows == 0) return Status::Ok();
+  for (const auto& [pointer, name] : {std::pair{wide, wide_name}, std::pair{wire, wire_name}}) {
+    if (pointer == nullptr) {
+      return InvalidArgument(std::string("`") + name + "` must be memory of " + std::to_string(rows) +
+                             " rows, but got a null pointer");
+    }
+  }
+  return Status::Ok();
 }
 }  // namespace
 
@@ -170,6 +191,24 @@ Result<void*> Runtime::PeerAddress(const void* symmetric, std::size_t bytes, int
   Result<void*> peer = device_->PeerAddress(symmetric, pe);
   if (!peer.ok()) return Record(peer.status());
   return peer;
+}
+
+Status Runtime::EncodeRows(ops::LowFormat format, DataType dtype, const void* src, std::size_t rows,
+                           std::size_t row_elems, void* dst, StreamHandle stream, KeepAlive keep) {
+  OperationScope scope(*this);
+  HP_RETURN_IF_ERROR(Record(RequireInitialized("encode_rows")));
+  HP_RETURN_IF_ERROR(Record(CheckRowCodec(format, dtype, src, "src", dst, "dst", rows)));
+  if (rows == 0) return Status::Ok();
+  return Record(device_->EncodeRows(format, dtype, src, rows, row_elems, dst, stream, std::move(keep)));
+}
+
+Status Runtime::DecodeRows(ops::LowFormat format, const void* src, std::size_t rows, std::size_t row_elems,
+                           DataType dtype, void* out, StreamHandle stream, KeepAlive keep) {
+  OperationScope scope(*this);
+  HP_RETURN_IF_ERROR(Record(RequireInitialized("decode_rows")));
+  HP_RETURN_IF_ERROR(Record(CheckRowCodec(format, dtype, out, "out", src, "src", rows)));
+  if (rows == 0) return Status::Ok();
+  return Record(device_->DecodeRows(format, src, rows, row_elems, dtype, out, stream, std::move(keep)));
 }
 
 Status Runtime::Barrier(StreamHandle stream) {

@@ -75,6 +75,14 @@ class HostForwardingDevice : public Device {
                        StreamHandle stream, KeepAlive keep) override {
     return host_.ReduceEncoded(format, dtype, op, own, src, pes, count, out, reencode, stream, std::move(keep));
   }
+  Status EncodeRows(ops::LowFormat format, DataType dtype, const void* src, std::size_t rows, std::size_t row_elems,
+                    void* dst, StreamHandle stream, KeepAlive keep) override {
+    return host_.EncodeRows(format, dtype, src, rows, row_elems, dst, stream, std::move(keep));
+  }
+  Status DecodeRows(ops::LowFormat format, const void* src, std::size_t rows, std::size_t row_elems, DataType dtype,
+                    void* out, StreamHandle stream, KeepAlive keep) override {
+    return host_.DecodeRows(format, src, rows, row_elems, dtype, out, stream, std::move(keep));
+  }
   Result<void*> PeerAddress(const void* symmetric, int pe) const override { return host_.PeerAddress(symmetric, pe); }
   Status Barrier(StreamHandle stream) override { return host_.Barrier(stream); }
   bool arbitrates() const override { return host_.arbitrates(); }

@@ -1842,6 +1842,48 @@ TEST_F(AscendDeviceTest, WireFormatsCastWithAclnnCastReadPeersInPlaceAndFp8IsRef
   });
 }
 
+// MoE's wire rows on the NPU (Device::EncodeRows, DecodeRows): one aclnnCast over every row on the caller's stream,
+// NPU memory to NPU memory (the fakes fault on host memory there), only enqueued: no synchronization, no blocking
+// copy, no page-locked staging through the host. The fp8 rows are refused, as the fp8 runs are.
+TEST_F(AscendDeviceTest, MoeWireRowsAreOneCastOnTheStreamAndNeverLeaveTheNpu) {
+  constexpr std::size_t kRows = 3, kRowElems = 4, kCount = kRows * kRowElems;
+  RunNpuRanks(1, [](int rank, Bootstrap& bootstrap) {
+    AscendDevice device;
+    ASSERT_TRUE(IsOk(device.Init(Args(rank, 1), bootstrap)));
+    auto stream = device.CreateStream();
+    ASSERT_TRUE(stream.ok());
+    // Multiples of 3/8 up to 2.25: exact in bfloat16, so the decoded rows are the values.
+    std::vector<float> values(kCount);
+    for (std::size_t i = 0; i < kCount; ++i) values[i] = (static_cast<float>(i) - 5.0f) * 0.375f;
+    const std::size_t wire_bytes = kRows * ops::WireRowBytes(ops::LowFormat::kBFloat16, kRowElems);
+    ASSERT_EQ(wire_bytes, kCount * 2);
+    const NpuBuffer wide(kCount * 4), wire(wire_bytes), back(kCount * 4);
+    WriteValues(wide.data(), values);
+    FakeCann::ResetCounters();
+    ASSERT_TRUE(IsOk(device.EncodeRows(ops::LowFormat::kBFloat16, DataType::kFloat32, wide.data(), kRows, kRowElems,
+                                       wire.data(), stream.value(), nullptr)));
+    ASSERT_TRUE(IsOk(device.DecodeRows(ops::LowFormat::kBFloat16, wire.data(), kRows, kRowElems, DataType::kFloat32,
+                                       back.data(), stream.value(), nullptr)));
+    const fakes::FakeCounters enqueued = FakeCann::Counters();
+    EXPECT_EQ(enqueued.stream_synchronizations, 0u);
+    EXPECT_EQ(enqueued.blocking_copies, 0u);
+    EXPECT_EQ(enqueued.host_mallocs, 0u);
+    EXPECT_EQ(CallsOf(rank, "aclnnCast").size(), 2u);   // one cast each way, whatever the rows
+    ASSERT_TRUE(IsOk(device.SynchronizeStream(stream.value())));
+    EXPECT_EQ(ReadValues<float>(back.data(), kCount), values);
+    EXPECT_EQ(ReadValues<std::uint16_t>(wire.data(), 2), (std::vector<std::uint16_t>{0xbff0, 0xbfc0}));   // -1.875, -1.5
+    EXPECT_TRUE(HasError(device.EncodeRows(ops::LowFormat::kFloat8E4M3Fn, DataType::kFloat32, wide.data(), kRows,
+                                           kRowElems, wire.data(), stream.value(), nullptr),
+                         StatusCode::kDeviceError, "float8_e4m3fn needs a block-scaled fp8 cast kernel"));
+    EXPECT_TRUE(HasError(device.DecodeRows(ops::LowFormat::kFloat16, wire.data(), kRows, kRowElems,
+                                           DataType::kFloat16, back.data(), stream.value(), nullptr),
+                         StatusCode::kInvalidArgument,
+                         "`dtype` must be a floating-point dtype wider than float16, but got float16"));
+    ASSERT_TRUE(IsOk(device.DestroyStream(stream.value())));
+    ASSERT_TRUE(IsOk(device.Finalize()));
+  });
+}
+
 TEST_F(AscendDeviceTest, RuntimeReduceRunsOnTheAscendDevice) {
   RunNpuRanks(2, [](int rank, Bootstrap& bootstrap) {
     Runtime runtime;

@@ -10,6 +10,7 @@
 
 #include "bindings/torch/allocations.h"
 #include "bindings/torch/arguments.h"
+#include "bindings/torch/call_support.h"
 #include "bindings/torch/status_error.h"
 #include "ops/host/codec.h"
 #include "ops/reduce_op.h"
@@ -285,18 +286,30 @@ void CheckWireRows(const at::Tensor& wire, const char* wire_name, ops::LowFormat
 
 // MoE rows (ops/host/codec.h, HostEncodeRows): the rows (first dimension) of the values `wide` to or from their
 // wire rows `wire`, encoding (`wide` is `src`, `wire` is `dst`) or decoding (`wire` is `src`, `wide` is `out`).
-void CodeRows(py::handle wide_arg, py::handle wire_arg, const std::string& format_name, bool encode) {
+// Without `stream`: CPU tensors, by the host kernels on the calling thread. With it: tensors of the active tensor
+// device, by the runtime's device on that stream (Runtime::EncodeRows: an NPU's rows stay on the NPU).
+void CodeRows(py::handle wide_arg, py::handle wire_arg, const std::string& format_name, bool encode,
+              std::optional<StreamHandle> stream) {
   const ops::LowFormat format = LowFormatByName(format_name);
   const char* wide_name = encode ? "src" : "out";
   const char* wire_name = encode ? "dst" : "src";
-  const at::Tensor& wide = CpuTensorArg(wide_arg, wide_name);
+  const at::Tensor& wide = stream ? TensorArg(wide_arg, wide_name) : CpuTensorArg(wide_arg, wide_name);
   const DataType dtype = CodecFloatArg(wide, wide_name);
-  const at::Tensor& wire = CpuTensorArg(wire_arg, wire_name);
+  const at::Tensor& wire = stream ? TensorArg(wire_arg, wire_name) : CpuTensorArg(wire_arg, wire_name);
   const auto [rows, row_elems] = RowShape(wide, wide_name);
   CheckWireRows(wire, wire_name, format, rows, row_elems, wide_name);
   CheckDisjoint(wide, wide_name, wire, wire_name);
   void* wide_ptr = DataPointer(wide, wide_name);
   void* wire_ptr = DataPointer(wire, wire_name);
+  if (stream) {
+    KeepAlive keep = Keep(*stream, wide, wire);
+    py::gil_scoped_release nogil;
+    const StreamHandle on = OnStream(*stream);
+    ThrowIfError(encode ? R().EncodeRows(format, dtype, wide_ptr, rows, row_elems,
+                                         wire_ptr, on, std::move(keep))
+                        : R().DecodeRows(format, wire_ptr, rows, row_elems, dtype, wide_ptr, on, std::move(keep)));
+    return;
+  }
   bool done;
   {
     py::gil_scoped_release nogil;
@@ -309,12 +322,14 @@ void CodeRows(py::handle wide_arg, py::handle wire_arg, const std::string& forma
 }  // namespace
 
 void RegisterCodec(py::module_& m) {
-  m.def("encode_rows", [](py::handle src, py::handle dst, const std::string& format) {
-    CodeRows(src, dst, format, true);
-  }, py::arg("src"), py::arg("dst"), py::arg("format"));
-  m.def("decode_rows", [](py::handle src, py::handle out, const std::string& format) {
-    CodeRows(out, src, format, false);
-  }, py::arg("src"), py::arg("out"), py::arg("format"));
+  m.def("encode_rows", [](py::handle src, py::handle dst, const std::string& format,
+                          std::optional<StreamHandle> stream) {
+    CodeRows(src, dst, format, true, stream);
+  }, py::arg("src"), py::arg("dst"), py::arg("format"), py::arg("stream") = py::none());
+  m.def("decode_rows", [](py::handle src, py::handle out, const std::string& format,
+                          std::optional<StreamHandle> stream) {
+    CodeRows(out, src, format, false, stream);
+  }, py::arg("src"), py::arg("out"), py::arg("format"), py::arg("stream") = py::none());
   m.def("wire_row_bytes", [](const std::string& format, std::size_t row_elems) {
     return ops::WireRowBytes(LowFormatByName(format), row_elems);
   }, py::arg("format"), py::arg("row_elems"));

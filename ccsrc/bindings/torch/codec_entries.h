@@ -6,8 +6,8 @@
 
 namespace hp::shmem::torch_binding {
 
-// Adds encode, decode, reduce_encoded, scale_block and the MoE row codec (encode_rows, decode_rows,
-// wire_row_bytes) to `m`.
+// Adds encode, decode, reduce_encoded, scale_block and the MoE row codec (encode_rows, decode_rows: on the calling
+// thread, or given a stream on the runtime's device in that stream's order; wire_row_bytes) to `m`.
 void RegisterCodec(pybind11::module_& m);
 
 }  // namespace hp::shmem::torch_binding

@@ -358,6 +358,34 @@ Status AscendDevice::Decode(ops::LowFormat format, WireRun symmetric_src, int pe
   return Completed(stream, acl_stream, std::move(keep), what);
 }
 
+// A float16 or bfloat16 wire row is the plain cast of its values (ops/wire_format.h: no scale), so `rows` rows are
+// one cast of rows x row_elems values, as Encode's and Decode's runs are.
+Status AscendDevice::EncodeRows(ops::LowFormat format, DataType dtype, const void* src, std::size_t rows,
+                                std::size_t row_elems, void* dst, StreamHandle stream, KeepAlive keep) {
+  HP_RETURN_IF_ERROR(CheckWireCall("EncodeRows", format, dtype));
+  const std::size_t count = rows * row_elems;
+  if (count == 0) return Status::Ok();
+  const std::string what = std::string("op=EncodeRows format=") + ops::LowFormatName(format) + " dtype=" +
+                           DataTypeName(dtype) + " rows=" + std::to_string(rows) + " row_elems=" +
+                           std::to_string(row_elems);
+  void* acl_stream = Resolve(stream);
+  HP_RETURN_IF_ERROR(EnqueueCast(dst, WireDataType(format), src, dtype, count, acl_stream, what));
+  return Completed(stream, acl_stream, std::move(keep), what);
+}
+
+Status AscendDevice::DecodeRows(ops::LowFormat format, const void* src, std::size_t rows, std::size_t row_elems,
+                                DataType dtype, void* out, StreamHandle stream, KeepAlive keep) {
+  HP_RETURN_IF_ERROR(CheckWireCall("DecodeRows", format, dtype));
+  const std::size_t count = rows * row_elems;
+  if (count == 0) return Status::Ok();
+  const std::string what = std::string("op=DecodeRows format=") + ops::LowFormatName(format) + " dtype=" +
+                           DataTypeName(dtype) + " rows=" + std::to_string(rows) + " row_elems=" +
+                           std::to_string(row_elems);
+  void* acl_stream = Resolve(stream);
+  HP_RETURN_IF_ERROR(EnqueueCast(out, dtype, src, WireDataType(format), count, acl_stream, what));
+  return Completed(stream, acl_stream, std::move(keep), what);
+}
+
 Status AscendDevice::ReduceEncoded(ops::LowFormat format, DataType dtype, ReduceOp op, const void* own,
                                    WireRun symmetric_src, const std::vector<int>& pes, std::size_t count, void* out,
                                    WireRun reencode, StreamHandle stream, KeepAlive keep) {

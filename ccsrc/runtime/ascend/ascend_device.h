@@ -175,7 +175,8 @@ class AscendDevice final : public Device {
 
   // Low-precision communication in float16 and bfloat16: aclnnCast on the stream, peers' runs read in place
   // (aclshmem_ptr), each decoded into the stream's scratch buffer and added with aclnnInplaceAdd in the tensor's dtype;
-  // the fp8 formats are refused (no block-scaled cast kernel in CANN's operator library).
+  // MoE's wire rows of those formats are the same cast over all the rows at once. The fp8 formats are refused (no
+  // block-scaled cast kernel in CANN's operator library).
   Status CheckWireFormat(ops::LowFormat format) const override;
   Status Encode(ops::LowFormat format, DataType dtype, const void* src, std::size_t count, WireRun dst,
                 StreamHandle stream, KeepAlive keep) override;
@@ -184,6 +185,10 @@ class AscendDevice final : public Device {
   Status ReduceEncoded(ops::LowFormat format, DataType dtype, ReduceOp op, const void* own, WireRun symmetric_src,
                        const std::vector<int>& pes, std::size_t count, void* out, WireRun reencode,
                        StreamHandle stream, KeepAlive keep) override;
+  Status EncodeRows(ops::LowFormat format, DataType dtype, const void* src, std::size_t rows, std::size_t row_elems,
+                    void* dst, StreamHandle stream, KeepAlive keep) override;
+  Status DecodeRows(ops::LowFormat format, const void* src, std::size_t rows, std::size_t row_elems, DataType dtype,
+                    void* out, StreamHandle stream, KeepAlive keep) override;
 
   int device_id() const { return device_id_; }            // frozen at Init (-1 before)
   std::size_t local_mem_size() const { return local_mem_size_; }   // what CANN was asked for (heap_size() - extra)

@@ -637,6 +637,28 @@ Status HostDevice::Decode(ops::LowFormat format, WireRun symmetric_src, int pe, 
   });
 }
 
+Status HostDevice::EncodeRows(ops::LowFormat format, DataType dtype, const void* src, std::size_t rows,
+                              std::size_t row_elems, void* dst, StreamHandle stream, KeepAlive keep) {
+  HP_RETURN_IF_ERROR(CheckWireFormat(format));
+  return Submit(stream, [=, keep = std::move(keep)] {
+    if (!ops::HostEncodeRows(format, dtype, src, rows, row_elems, dst)) {
+      return Internal("host codec cannot encode this: " + WireWhat("EncodeRows", format, dtype, rows * row_elems));
+    }
+    return Status::Ok();
+  });
+}
+
+Status HostDevice::DecodeRows(ops::LowFormat format, const void* src, std::size_t rows, std::size_t row_elems,
+                              DataType dtype, void* out, StreamHandle stream, KeepAlive keep) {
+  HP_RETURN_IF_ERROR(CheckWireFormat(format));
+  return Submit(stream, [=, keep = std::move(keep)] {
+    if (!ops::HostDecodeRows(format, src, rows, row_elems, dtype, out)) {
+      return Internal("host codec cannot decode this: " + WireWhat("DecodeRows", format, dtype, rows * row_elems));
+    }
+    return Status::Ok();
+  });
+}
+
 Status HostDevice::ReduceEncoded(ops::LowFormat format, DataType dtype, ReduceOp op, const void* own,
                                  WireRun symmetric_src, const std::vector<int>& pes, std::size_t count, void* out,
                                  WireRun reencode, StreamHandle stream, KeepAlive keep) {

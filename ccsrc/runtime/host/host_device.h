@@ -103,6 +103,10 @@ class HostDevice final : public Device {
   Status ReduceEncoded(ops::LowFormat format, DataType dtype, ReduceOp op, const void* own, WireRun symmetric_src,
                        const std::vector<int>& pes, std::size_t count, void* out, WireRun reencode,
                        StreamHandle stream, KeepAlive keep) override;
+  Status EncodeRows(ops::LowFormat format, DataType dtype, const void* src, std::size_t rows, std::size_t row_elems,
+                    void* dst, StreamHandle stream, KeepAlive keep) override;
+  Status DecodeRows(ops::LowFormat format, const void* src, std::size_t rows, std::size_t row_elems, DataType dtype,
+                    void* out, StreamHandle stream, KeepAlive keep) override;
   Result<void*> PeerAddress(const void* symmetric, int pe) const override;
   Status Barrier(StreamHandle stream) override;
   // Atomics on the counter in the first member's mapping; waits as every wait (spin, then futex on the counter).

@@ -352,14 +352,18 @@ def _moe(team: shmem.Team, direction: str, output: torch.Tensor, data: torch.Ten
     if wire in (low_precision.FULL, low_precision.DEFAULT) or team.size == 1:
         team.moe_exchange(direction, data, output, in_splits, in_offsets, out_table, experts, major_align, role)
         return
-    # The runtime's row codec works on host memory: an accelerator's rows are encoded and decoded through the host.
-    send = codec.encode_rows(data.detach().contiguous().cpu(), wire)
-    receive = send.new_zeros((output.shape[0], send.shape[1]))
-    if data.device.type != "cpu":
-        send, receive = send.to(data.device), receive.to(data.device)
+    # Encoded and decoded by the runtime's device on the current stream, where the rows are (an NPU's stay on it).
+    # Rows no chunk lands in (dispatch's alignment padding) decode to zeros.
+    rows = data.detach().contiguous()
+    row_bytes = codec.wire_row_bytes(wire, rows.shape[1:].numel())
+    send = torch.empty((rows.shape[0], row_bytes), dtype=torch.uint8, device=rows.device)
+    codec.encode_rows_on_device(rows, send, wire)
+    receive = torch.zeros((output.shape[0], row_bytes), dtype=torch.uint8, device=output.device)
     team.moe_exchange(direction, send, receive, in_splits, in_offsets, out_table, experts, major_align, role)
-    decoded = torch.empty(output.shape, dtype=output.dtype)
-    output.copy_(codec.decode_rows(receive.cpu(), wire, decoded))
+    decoded = output if output.is_contiguous() else torch.empty(output.shape, dtype=output.dtype, device=output.device)
+    codec.decode_rows_on_device(receive, wire, decoded)
+    if decoded is not output:
+        output.copy_(decoded)
 
 
 def _send_op(tensor: torch.Tensor, dst: int, group_name: str) -> torch.Tensor:

@@ -9,7 +9,9 @@ NaN, or (e4m3fn) with ``e`` above 119, has a NaN scale and decodes to NaN. The b
 torch's casts on the same definition, bit for bit.
 
 The kernels are vectorised C++ (``ccsrc/ops/host/codec.h``) that run on the calling thread; the binding checks the
-tensors (in C++: this sits on the hot path of every low-precision piece).
+tensors (in C++: this sits on the hot path of every low-precision piece). MoE's rows have a second entry,
+:func:`encode_rows_on_device` / :func:`decode_rows_on_device`: the same rows, by the runtime's device on the current
+stream (the host device runs these kernels there; an NPU casts its rows itself).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from hyper_parallel.core.multicore.shmem._binding import C
 from hyper_parallel.core.multicore.errors import type_name
 from hyper_parallel.core.multicore.shmem._checks import check_choice
+from hyper_parallel.core.multicore.shmem._streams import current_handle
 
 #: Values per scale.
 BLOCK: int = C.scale_block
@@ -187,4 +190,42 @@ def decode_rows(wire: torch.Tensor, name: str, out: torch.Tensor) -> torch.Tenso
             overlapping tensors. Nothing is written.
     """
     C.decode_rows(wire, out, name)
+    return out
+
+
+def encode_rows_on_device(src: torch.Tensor, dst: torch.Tensor, name: str) -> None:
+    """:func:`encode_rows` by the runtime's device, on the current stream (``Runtime::EncodeRows``): the tensors
+    stay where they are, an NPU's rows are encoded on the NPU. The same codes as :func:`encode_rows` on the host
+    device; the ascend device carries float16 and bfloat16 only (no fp8 cast kernel), and refuses the fp8 formats.
+
+    Args:
+        src: a contiguous tensor of the active tensor device, of at least one dimension, of float32, float64,
+            float16 or bfloat16.
+        dst: a contiguous uint8 tensor of the same device, ``(src.shape[0], wire_row_bytes(name, row_elems))``,
+            apart from ``src``.
+        name: float16, bfloat16, float8_e4m3fn or float8_e5m2.
+
+    Raises:
+        TypeError: a tensor of the wrong dtype.
+        ValueError: an unknown format, sizes that do not match, a tensor on another device, overlapping tensors.
+        ShmemStateError: no runtime. ShmemDeviceError: a format the device does not carry.
+    """
+    C.encode_rows(src, dst, name, current_handle())
+
+
+def decode_rows_on_device(wire: torch.Tensor, name: str, out: torch.Tensor) -> torch.Tensor:
+    """:func:`encode_rows_on_device` undone (:func:`decode_rows` by the runtime's device, on the current stream).
+
+    Args:
+        wire: a contiguous uint8 tensor of the active tensor device, ``out.shape[0]`` wire rows.
+        name: the format ``wire`` is in.
+        out: a contiguous tensor of the same device, of float32, float64, float16 or bfloat16, apart from ``wire``.
+
+    Returns:
+        ``out``.
+
+    Raises:
+        As :func:`encode_rows_on_device`.
+    """
+    C.decode_rows(wire, out, name, current_handle())
     return out
