@@ -194,7 +194,10 @@ def test_collectives_across_nodes_that_disagree_fail_on_every_rank_naming_both(r
         assert mismatch["type"] == "ShmemMismatchError", (rank, mismatch)
         assert "count=4" in mismatch["message"] and "count=8" in mismatch["message"], (rank, mismatch)
         assert refused["type"] == "ShmemValueError", (rank, refused)
-        assert "refused by rank 0" in refused["message"], (rank, refused)
+        # Node 0's team of the group refused it, and names the whole group first; node 1 heard it from its lane.
+        assert refused["message"].endswith(
+            f" (refused by rank 0: op=reduce_scatter team_ranks=[{','.join(map(str, range(WORLD)))}] "
+            f"node_team_ranks=[{','.join(map(str, range(PER_NODE)))}]; every member fails this call)"), (rank, refused)
 
 
 def test_an_allocation_or_a_free_that_differs_across_nodes_is_refused_on_every_rank(records: dict) -> None:

@@ -166,7 +166,9 @@ def make_hierarchy(group: str, pes: Sequence[int], me: int, transport: Optional[
         raise ShmemValueError(f"{error}: op={op} group={group}") from None
     word = int.from_bytes(groups.bootstrap(group).all_gather(os.urandom(4))[:4], "little")
     members = layout.members[layout.node]
-    node_team = c_runtime.team_create([pes[g] for g in members], _node_bootstrap(group, members, layout.local))
+    # The node team knows the whole group, so that every message of its phases names the group's ranks.
+    node_team = c_runtime.node_team_create([pes[g] for g in members], list(pes),
+                                           _node_bootstrap(group, members, layout.local))
     engine = CAbiNodeEngine(node_team, len(members))
     link = RuntimeLink(transport, tuple(pes), engine.exchange_messages)
     return Hierarchy(engine, link, layout, tuple(pes), word, c_runtime.read_config()["timeout_sec"])
