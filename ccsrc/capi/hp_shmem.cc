@@ -280,6 +280,26 @@ int hp_shmem_team_create(const int* pes, int npes, const hp_shmem_bootstrap* boo
   });
 }
 
+int hp_shmem_node_team_create(const int* pes, int npes, const int* serves, int nserves,
+                              const hp_shmem_bootstrap* bootstrap, uint64_t* team) {
+  return Call([&]() -> Status {
+    HP_RETURN_IF_ERROR(NonNegative(npes, "npes"));
+    if (npes > 0) HP_RETURN_IF_ERROR(NonNull(pes, "pes"));
+    HP_RETURN_IF_ERROR(NonNegative(nserves, "nserves"));
+    // An empty list would make a plain team: a node team always serves a team.
+    if (nserves == 0) return hp::shmem::InvalidArgument("`nserves` must be at least 1, but got 0");
+    HP_RETURN_IF_ERROR(NonNull(serves, "serves"));
+    HP_RETURN_IF_ERROR(CBootstrap::Check(bootstrap));
+    HP_RETURN_IF_ERROR(NonNull(team, "team"));
+    const std::vector<int> members(pes, pes + npes);
+    const std::vector<int> whole(serves, serves + nserves);
+    CBootstrap adapter(*bootstrap);
+    HP_ASSIGN_OR_RETURN(const std::uint64_t created, R().CreateTeam(members, adapter, whole));
+    *team = created;
+    return Status::Ok();
+  });
+}
+
 int hp_shmem_team_release(uint64_t team) {
   return Call([&]() -> Status { return R().ReleaseTeam(team); });
 }

@@ -28,7 +28,7 @@ extern "C" {
 #define HP_SHMEM_API __attribute__((visibility("default")))
 
 /* Bumped on every incompatible change; a caller checks it before anything else. */
-#define HP_SHMEM_ABI_VERSION 8
+#define HP_SHMEM_ABI_VERSION 9
 
 /* The runtime's StatusCode values (runtime/status.h), asserted equal there. */
 typedef enum {
@@ -184,6 +184,11 @@ HP_SHMEM_API int hp_shmem_reduce(void* dst, size_t dst_bytes, const void* symmet
 
 /* Teams: the members' PEs in group-rank order. Collective over `bootstrap` (rank = group rank). */
 HP_SHMEM_API int hp_shmem_team_create(const int* pes, int npes, const hp_shmem_bootstrap* bootstrap, uint64_t* team);
+/* A node team: this node's members (`pes`) of a team that spans nodes, whose every PE `serves` lists in its group-rank
+ * order (holding every PE of `pes`; the same on every member). Its messages name that whole team:
+ * "team_ranks=[0,1,2,3] node_team_ranks=[0,1]". Collective over `bootstrap` (rank = group rank in `pes`). */
+HP_SHMEM_API int hp_shmem_node_team_create(const int* pes, int npes, const int* serves, int nserves,
+                                           const hp_shmem_bootstrap* bootstrap, uint64_t* team);
 /* Local, never waits; later calls on the team are refused. */
 HP_SHMEM_API int hp_shmem_team_release(uint64_t team);
 

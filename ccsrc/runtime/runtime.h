@@ -152,7 +152,11 @@ class Runtime {
   //
   // Collective over `bootstrap`, whose ranks are the members in group-rank order (`pes`: their PEs). The first team
   // of a lifecycle must be the root team (every PE, in order): it reserves the team pool, collectively over the root.
-  Result<std::uint64_t> CreateTeam(const std::vector<int>& pes, Bootstrap& bootstrap);
+  // `serves`: for a node team (this node's members of a team that spans nodes), the PEs of that whole team in its
+  // group-rank order, which the team's messages then name (Team::serves); every member passes the same, and it holds
+  // every PE of `pes`. Empty for any other team.
+  Result<std::uint64_t> CreateTeam(const std::vector<int>& pes, Bootstrap& bootstrap,
+                                   const std::vector<int>& serves = {});
   // Local, never waits; calls of the team after it are refused.
   Status ReleaseTeam(std::uint64_t team);
   Result<TeamView> DescribeTeam(std::uint64_t team) const;

@@ -64,7 +64,8 @@ Status Runtime::ReserveTeamPool() {
   return Status::Ok();
 }
 
-Result<std::uint64_t> Runtime::CreateTeam(const std::vector<int>& pes, Bootstrap& bootstrap) {
+Result<std::uint64_t> Runtime::CreateTeam(const std::vector<int>& pes, Bootstrap& bootstrap,
+                                          const std::vector<int>& serves) {
   OperationScope scope(*this);
   HP_RETURN_IF_ERROR(Record(RequireInitialized("team_create")));
   const auto n = static_cast<int>(pes.size());
@@ -87,6 +88,21 @@ Result<std::uint64_t> Runtime::CreateTeam(const std::vector<int>& pes, Bootstrap
       }
     }
   }
+  for (std::size_t i = 0; i < serves.size(); ++i) {
+    HP_RETURN_IF_ERROR(Record(CheckPe(serves[i], ("serves[" + std::to_string(i) + "]").c_str())));
+    for (std::size_t j = 0; j < i; ++j) {
+      if (serves[j] == serves[i]) {
+        return Record(InvalidArgument("`serves` must be distinct, but got " + std::to_string(serves[i]) +
+                                      " at positions " + std::to_string(j) + " and " + std::to_string(i)));
+      }
+    }
+  }
+  for (std::size_t i = 0; i < pes.size() && !serves.empty(); ++i) {
+    if (std::find(serves.begin(), serves.end(), pes[i]) == serves.end()) {
+      return Record(InvalidArgument("`serves` must hold every pe of `pes`, but got none equal to pes[" +
+                                    std::to_string(i) + "]=" + std::to_string(pes[i])));
+    }
+  }
   if (bootstrap.world_size() != n || bootstrap.rank() < 0 || bootstrap.rank() >= n ||
       pes[static_cast<std::size_t>(bootstrap.rank())] != rank_) {
     return Record(InvalidArgument("`pes` must list this rank (" + std::to_string(rank_) + ") at the group rank of its "
@@ -103,7 +119,7 @@ Result<std::uint64_t> Runtime::CreateTeam(const std::vector<int>& pes, Bootstrap
     HP_RETURN_IF_ERROR(Record(ReserveTeamPool()));
   }
   InterruptsBlocked no_interrupts;   // the bootstrap takes Python's lock: see interrupt.h
-  auto team = teams_.Create(*device_, pes, bootstrap.rank(), bootstrap);
+  auto team = teams_.Create(*device_, pes, bootstrap.rank(), bootstrap, serves);
   if (!team.ok()) return Record(team.status());
   return team.value()->id;
 }

@@ -162,10 +162,32 @@ char* Team::MailboxPiece(int sender, int index) const {
                                    piece;
 }
 
-std::string Team::Describe() const {
-  std::string text = "team_ranks=[";
-  for (std::size_t i = 0; i < pes.size(); ++i) text += (i ? "," : "") + std::to_string(pes[i]);
+namespace {
+std::string RankList(const std::vector<int>& ranks) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < ranks.size(); ++i) text += (i ? "," : "") + std::to_string(ranks[i]);
   return text + "]";
+}
+
+// FNV-1a over the PEs a node team serves: what its members compare at creation (a fixed-size offer).
+std::uint64_t ServesHash(const std::vector<int>& serves) {
+  std::uint64_t hash = 14695981039346656037ull;
+  auto mix = [&hash](std::uint64_t word) {
+    for (int b = 0; b < 8; ++b) {
+      hash ^= (word >> (8 * b)) & 0xFF;
+      hash *= 1099511628211ull;
+    }
+  };
+  mix(serves.size());
+  for (int pe : serves) mix(static_cast<std::uint32_t>(pe));
+  return hash;
+}
+}  // namespace
+
+std::string Team::Describe() const {
+  // A node team's members know the whole team as the user made it; its own ranks are a detail of the phases.
+  if (!serves.empty()) return "team_ranks=" + RankList(serves) + " node_team_ranks=" + RankList(pes);
+  return "team_ranks=" + RankList(pes);
 }
 
 void TeamPool::Reset(void* memory, const TeamPoolLayout& layout, std::uint64_t lifecycle, std::vector<int> root_pes) {
@@ -201,7 +223,7 @@ Result<bool> TeamPool::SlotFree(Device& device, int slot) const {
 }
 
 Result<std::shared_ptr<Team>> TeamPool::Create(Device& device, const std::vector<int>& pes, int me,
-                                                Bootstrap& bootstrap) {
+                                                Bootstrap& bootstrap, const std::vector<int>& serves) {
   std::lock_guard<std::mutex> lock(mu_);
   if (memory_ == nullptr) return Internal("team pool is not allocated: op=team_create");
   const int n = static_cast<int>(pes.size());
@@ -213,10 +235,12 @@ Result<std::shared_ptr<Team>> TeamPool::Create(Device& device, const std::vector
     std::int32_t pe;
     std::int32_t members;
     std::uint64_t free_mask[2];   // bit s: slot s is free on this rank
+    std::uint64_t serves;         // ServesHash(Team::serves)
   };
   Offer mine{};
   mine.pe = pes[static_cast<std::size_t>(me)];
   mine.members = n;
+  mine.serves = ServesHash(serves);
   for (int s = 0; s < kTeamSlots; ++s) {
     HP_ASSIGN_OR_RETURN(bool free, SlotFree(device, s));
     if (free) mine.free_mask[s / 64] |= std::uint64_t{1} << (s % 64);
@@ -230,6 +254,10 @@ Result<std::shared_ptr<Team>> TeamPool::Create(Device& device, const std::vector
       return Mismatch("ranks disagree on a team's members: group_rank=" + std::to_string(i) + " expected_pe=" +
                       std::to_string(pes[static_cast<std::size_t>(i)]) + " observed_pe=" + std::to_string(theirs.pe) +
                       " expected_members=" + std::to_string(n) + " observed_members=" + std::to_string(theirs.members));
+    }
+    if (theirs.serves != mine.serves) {
+      return Mismatch("ranks disagree on the team a node team serves: rank=" + std::to_string(mine.pe) + " serves=" +
+                      RankList(serves) + ", rank=" + std::to_string(theirs.pe) + " serves another list");
     }
   }
   // 3. The lowest slot free on every member (slot 0 only for the whole root in root order).
@@ -261,6 +289,7 @@ Result<std::shared_ptr<Team>> TeamPool::Create(Device& device, const std::vector
   team->slot = chosen;
   team->pes = pes;
   team->me = me;
+  team->serves = serves;
   team->base = chosen_base;
   team->layout = &chosen_layout;
   team->first_counter = first_counter_;

@@ -194,6 +194,9 @@ struct Team {
   int slot = -1;
   std::vector<int> pes;   // PE (rank in the root) of every group rank
   int me = -1;            // this rank's group rank
+  // A node team (the members on this node of a team that spans nodes, whose phases run over it): the PEs of that
+  // whole team, in its group-rank order, so that its messages name the team the user made. Empty for other teams.
+  std::vector<int> serves;
   int size() const { return static_cast<int>(pes.size()); }
   int my_pe() const { return pes[static_cast<std::size_t>(me)]; }
   char* base = nullptr;   // the slot in this rank's heap
@@ -255,7 +258,8 @@ struct Team {
   // The mailbox piece `index` (0 .. kMailboxPieces-1) from group rank `sender`: a header and its payload.
   char* MailboxPiece(int sender, int index) const;
   std::size_t mailbox_payload_bytes() const;
-  std::string Describe() const;   // "team_ranks=[0,2]"
+  // "team_ranks=[0,2]"; a node team names the whole team first: "team_ranks=[0,1,2,3] node_team_ranks=[0,1]".
+  std::string Describe() const;
 };
 
 // The teams of one lifecycle: the pool, its slots on this rank, and the live teams.
@@ -270,8 +274,10 @@ class TeamPool {
 
   // Collective over `bootstrap`, whose ranks are the team's members in group-rank order: agrees on a slot, zeroes
   // its signal words and tables here, and waits for every member to have done so. `pes` are the members' PEs
-  // (checked by the caller); `me` this rank's group rank.
-  Result<std::shared_ptr<Team>> Create(Device& device, const std::vector<int>& pes, int me, Bootstrap& bootstrap);
+  // (checked by the caller); `me` this rank's group rank; `serves` Team::serves (checked by the caller; the members
+  // must pass the same).
+  Result<std::shared_ptr<Team>> Create(Device& device, const std::vector<int>& pes, int me, Bootstrap& bootstrap,
+                                       const std::vector<int>& serves = {});
   // Where a new team's counters start (0; tests start them near the 32-bit wrap).
   void set_first_counter(std::uint64_t counter) { first_counter_ = counter; }
   // Local, never waits: tells every member that this rank is done with the team's slot.

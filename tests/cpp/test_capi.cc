@@ -676,6 +676,28 @@ TEST_P(CapiWorld, TeamsAndCollectives) {
     REQUIRE_OK(hp_shmem_team_release(sub));
     REQUIRE_RC(HP_SHMEM_STATE_ERROR, hp_shmem_team_barrier(sub, HP_SHMEM_ROLE_FORWARD));   // released: refused
 
+    // The same halves as node teams of the whole world (as the phases of a team that spans nodes make them): a
+    // refusal by a half's first member names the whole team, then the half's own ranks.
+    std::vector<int> every(static_cast<std::size_t>(n));
+    std::iota(every.begin(), every.end(), 0);
+    std::uint64_t node = 0;
+    REQUIRE_OK(hp_shmem_node_team_create(pes.data(), static_cast<int>(pes.size()), every.data(), n, &sub_bootstrap,
+                                         &node));
+    const int barrier = 1;   // Collective::kBarrier
+    const int refused = me.rank == pes[0]
+                            ? hp_shmem_refuse(node, barrier, HP_SHMEM_STATE_ERROR, "this half says no", HP_SHMEM_ROLE_FORWARD)
+                            : hp_shmem_team_barrier(node, HP_SHMEM_ROLE_FORWARD);
+    REQUIRE(refused == HP_SHMEM_STATE_ERROR);
+    std::string node_ranks;
+    for (int pe : pes) node_ranks += (node_ranks.empty() ? "" : ",") + std::to_string(pe);
+    std::string whole;
+    for (int pe : every) whole += (whole.empty() ? "" : ",") + std::to_string(pe);
+    REQUIRE(std::string(hp_shmem_last_error()) ==
+            "this half says no (refused by rank " + std::to_string(pes[0]) + ": op=barrier team_ranks=[" + whole +
+                "] node_team_ranks=[" + node_ranks + "]; every member fails this call)");
+    REQUIRE_OK(hp_shmem_team_barrier(node, HP_SHMEM_ROLE_FORWARD));
+    REQUIRE_OK(hp_shmem_team_release(node));
+
     REQUIRE_OK(hp_shmem_team_barrier(team, HP_SHMEM_ROLE_FORWARD));
     REQUIRE_OK(hp_shmem_team_release(team));
     ShutdownRoot(me);
@@ -766,6 +788,13 @@ TEST(Capi, ArgumentErrorsHaveExactMessagesAndChangeNothing) {
                   hp_shmem_team_create(pes, 2, &me.bootstrap, nullptr));
     REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`npes` must be >= 0, but got -1",
                   hp_shmem_team_create(pes, -1, &me.bootstrap, nullptr));
+    std::uint64_t node = 0;
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`nserves` must be at least 1, but got 0",
+                  hp_shmem_node_team_create(pes, 2, pes, 0, &me.bootstrap, &node));
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`serves` must be a non-null pointer, but got NULL",
+                  hp_shmem_node_team_create(pes, 2, nullptr, 2, &me.bootstrap, &node));
+    REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`team` must be a non-null pointer, but got NULL",
+                  hp_shmem_node_team_create(pes, 2, pes, 2, &me.bootstrap, nullptr));
     REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`pes` must be a non-null pointer, but got NULL",
                   hp_shmem_reduce(a.address, 4, a.address, 4, HP_SHMEM_FLOAT32, 0, nullptr, 2));
     REQUIRE_ERROR(HP_SHMEM_INVALID_ARGUMENT, "`out` must be a non-null pointer, but got NULL",

@@ -749,6 +749,72 @@ TEST(TeamTest, BadArgumentsAreRefused) {
   });
 }
 
+TEST(TeamTest, DescribeNamesTheWholeTeamOfANodeTeam) {
+  Team team;
+  team.pes = {0, 2};
+  EXPECT_EQ(team.Describe(), "team_ranks=[0,2]");
+  team.serves = {4, 0, 2, 6};
+  EXPECT_EQ(team.Describe(), "team_ranks=[4,0,2,6] node_team_ranks=[0,2]");
+}
+
+// A node team (this node's members of a team that spans nodes) names the whole team it serves in every message its
+// members raise: a refusal and a mismatch on one node team, both node teams at once. Bad `serves` lists are refused
+// on every member before anything is exchanged, and members that disagree on it all raise.
+TEST(TeamTest, ANodeTeamNamesTheWholeTeamItServes) {
+  RunRanks(4, [](int rank, Bootstrap& bootstrap) {
+    Runtime runtime;
+    ASSERT_TRUE(IsOk(runtime.Init(HostConfig(), std::make_unique<host::HostDevice>(), bootstrap)));
+    auto root = runtime.CreateTeam(AllPes(4), bootstrap);
+    ASSERT_TRUE(root.ok()) << root.status().ToString();
+    const std::vector<int> half = rank < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3};
+    const std::string node_ranks = rank < 2 ? "[0,1]" : "[2,3]";
+    SplitBootstrap split(bootstrap, half);
+    EXPECT_TRUE(HasError(runtime.CreateTeam(half, split, {0, 2}).status(), StatusCode::kInvalidArgument,
+                         "`serves` must hold every pe of `pes`, but got none equal to pes[1]=" +
+                             std::to_string(half[1])));
+    EXPECT_TRUE(HasError(runtime.CreateTeam(half, split, {0, 1, 2, 4}).status(), StatusCode::kInvalidArgument,
+                         "`serves[3]` must be in [0, 4), but got 4"));
+    EXPECT_TRUE(HasError(runtime.CreateTeam(half, split, {0, 1, 2, 3, 2}).status(), StatusCode::kInvalidArgument,
+                         "`serves` must be distinct, but got 2 at positions 2 and 4"));
+    // The second member of each node team lists the whole team in another order.
+    const std::vector<int> listed = rank % 2 == 0 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{1, 0, 3, 2};
+    const Status disagreed = runtime.CreateTeam(half, split, listed).status();
+    EXPECT_TRUE(HasError(disagreed, StatusCode::kMismatch, "ranks disagree on the team a node team serves: rank=" +
+                                                               std::to_string(rank)))
+        << disagreed.ToString();
+    EXPECT_TRUE(Contains(disagreed.message(), "rank=" + std::to_string(rank ^ 1) + " serves another list"))
+        << disagreed.message();
+
+    auto node = runtime.CreateTeam(half, split, {0, 1, 2, 3});
+    ASSERT_TRUE(node.ok()) << node.status().ToString();
+    const std::string whole = "team_ranks=[0,1,2,3] node_team_ranks=" + node_ranks;
+    std::int32_t ints[2] = {rank, rank};
+    const int refuser = half[1];
+    const Status refused = runtime.AllReduce(node.value(), ints, 8, DataType::kInt32,
+                                             rank == refuser ? ReduceOp::kAvg : ReduceOp::kSum, kDefaultStream, nullptr);
+    EXPECT_TRUE(HasError(refused, StatusCode::kInvalidArgument,
+                         "`op` must be sum, max or min for int32, but got avg (refused by rank " +
+                             std::to_string(refuser) + ": op=all_reduce " + whole + "; every member fails this call)"))
+        << refused.ToString();
+    float values[8] = {};
+    const Status mismatch = runtime.AllReduce(node.value(), values, rank == half[0] ? 16 : 32, DataType::kFloat32,
+                                              ReduceOp::kSum, kDefaultStream, nullptr);
+    EXPECT_TRUE(HasError(mismatch, StatusCode::kMismatch, "ranks disagree on a collective (count): " + whole + " rank " +
+                                                              std::to_string(rank) + " calls "))
+        << mismatch.ToString();
+    ASSERT_TRUE(IsOk(runtime.AllReduce(node.value(), ints, 8, DataType::kInt32, ReduceOp::kSum, kDefaultStream, nullptr)));
+    EXPECT_EQ(ints[0], half[0] + half[1]);
+    // The root team is no node team: its messages name its own ranks only.
+    const Status plain = runtime.AllReduce(root.value(), ints, 8, DataType::kInt32,
+                                           rank == 3 ? ReduceOp::kAvg : ReduceOp::kSum, kDefaultStream, nullptr);
+    EXPECT_TRUE(Contains(plain.message(), "(refused by rank 3: op=all_reduce team_ranks=[0,1,2,3]; every member"))
+        << plain.ToString();
+    EXPECT_TRUE(IsOk(runtime.ReleaseTeam(node.value())));
+    EXPECT_TRUE(IsOk(runtime.ReleaseTeam(root.value())));
+    EXPECT_TRUE(IsOk(runtime.Shutdown(bootstrap)));
+  });
+}
+
 // A message of another size or dtype is drained and refused on both sides: the receiver's recv fails naming what was
 // sent, the sender's next send or recv with it fails once; the next message arrives.
 TEST(TeamTest, AMessageOfAnotherSizeOrDtypeIsRefusedOnBothSides) {

@@ -31,6 +31,7 @@ from mindspore.mint import distributed as md
 import hyper_parallel.core.symmetric_memory as symm
 from hyper_parallel.core.multicore import c_runtime
 from hyper_parallel.platform.mindspore import tensors as ms_tensors
+from hyper_parallel.platform.mindspore.handler import HANDLER
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shared"))
@@ -38,6 +39,7 @@ import symm_api_cases  # noqa: E402  (the user API's cases written once for both
 from ms_fw import MindSporeFramework  # noqa: E402
 
 RANK = WORLD = PER_NODE = 0
+NODES = 2
 SET, ADD = 0, 1                      # signal_op
 EQ, GE = 0, 4                        # compare_op
 # How late a rank comes to a barrier or raises a signal that others wait for: the waits must last at least half of it
@@ -120,6 +122,53 @@ def case_barrier_across_nodes_waits_for_a_late_rank():
     if RANK == 1:
         assert waited_pair > LATE_S / 2 and seen_pair == 100, (waited_pair, seen_pair)
     return {"waited_s": waited, "seen": seen, "waited_pair_s": waited_pair, "seen_pair": seen_pair}
+
+
+def _group_team(name: str) -> dict:
+    """What MindSpore's handler holds for group ``name``: whether it has a team, and whether that team runs phases
+    across nodes (and on how many nodes)."""
+    team = HANDLER.calls._teams.get(name)   # noqa: SLF001 (the handler's record of the group is what is checked)
+    return {"team": team is not None, "nodes": None if team is None or team.hierarchy is None
+            else team.hierarchy.layout.count}
+
+
+def case_barrier_first_on_a_group_that_spans_nodes_runs_through_its_team():
+    """symm.barrier as the first call on a sub-group that spans both nodes (every rank, under a name of its own) makes
+    the group's team, as the group's first collective would, and runs its barrier across nodes: the put each rank
+    made into its lane peer on the other node before the barrier (the last rank 0.5 s late) is there after it. The
+    runtime holds one more team (this node's team of the group), the handler's record of the group runs phases on 2
+    nodes, and send/recv over the group work at once (they need the group's team)."""
+    name = "hp_barrier_first"
+    communication.create_group(name, list(range(WORLD)))   # group rank = world rank
+    word = symm.empty(1, dtype=ms.int64)
+    _fill(word, np.full(1, -1, np.int64))
+    symm.barrier()   # over the world: no put below lands before every rank has filled its word
+    before = {"live_teams": symm.debug_state()["live_teams"], **_group_team(name)}
+    if RANK == WORLD - 1:
+        time.sleep(LATE_S)
+    symm.shmem_put(word, 0, ms.Tensor([RANK], ms.int64), 0, 1, _lane_peer(), group=name)
+    start = time.monotonic()
+    symm.barrier(group=name)
+    waited = time.monotonic() - start
+    seen = int(word.asnumpy()[0])
+    after = {"live_teams": symm.debug_state()["live_teams"], **_group_team(name)}
+    message = ms.Tensor(np.arange(4, dtype=np.float32) + RANK)
+    got = ms.Tensor(np.zeros(4, np.float32))
+    if _node(RANK) == 0:
+        symm.shmem_send(message, _lane_peer(), group=name)
+        symm.shmem_recv(got, _lane_peer(), group=name)
+    else:
+        symm.shmem_recv(got, _lane_peer(), group=name)
+        symm.shmem_send(message, _lane_peer(), group=name)
+    symm.barrier()
+    symm.free(word)
+    assert seen == _lane_peer(), seen
+    if RANK != WORLD - 1:
+        assert waited > LATE_S / 2, waited
+    assert before == {"live_teams": before["live_teams"], "team": False, "nodes": None}, before
+    assert after == {"live_teams": before["live_teams"] + 1, "team": True, "nodes": NODES}, (before, after)
+    assert np.array_equal(got.asnumpy(), np.arange(4, dtype=np.float32) + _lane_peer()), got.asnumpy()
+    return {"waited_s": waited, "seen": seen, "before": before, "after": after}
 
 
 def case_allocation_and_free_that_differ_across_nodes_change_nothing():
@@ -589,10 +638,17 @@ def _node_death(out_dir: str) -> None:
 def _without_a_transport(out_dir: str) -> None:
     """The job runs with UCX unable to serve (UCX_TLS names no transport it has): the runtime reaches no other node, so
     a collective over the world, which spans both, is refused on every rank naming the remedy; the barrier still
-    works (MindSpore's own). Each rank records what it saw."""
+    works (MindSpore's own), over the world and over a sub-group that spans both nodes (which gets no team). Each rank
+    records what it saw."""
     error = _raised(symm.shmem_allreduce, ms.Tensor(np.ones(4, np.float32)))
     symm.barrier()
-    record = {"error": error, "transports": symm.debug_state()["transports"]}
+    # A sub-group that spans both nodes has no team here: its barrier is MindSpore's own, and makes none.
+    name = "hp_no_transport"
+    communication.create_group(name, list(range(WORLD)))
+    teams = symm.debug_state()["live_teams"]
+    symm.barrier(group=name)
+    sub_group = {"live_teams_added": symm.debug_state()["live_teams"] - teams, **_group_team(name)}
+    record = {"error": error, "transports": symm.debug_state()["transports"], "sub_group_barrier": sub_group}
     with open(os.path.join(out_dir, f"rank{RANK}.json"), "w", encoding="utf-8") as f:
         json.dump(record, f)
     symm.shutdown()

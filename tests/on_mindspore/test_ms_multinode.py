@@ -194,7 +194,10 @@ def test_collectives_across_nodes_that_disagree_fail_on_every_rank_naming_both(r
         assert mismatch["type"] == "ShmemMismatchError", (rank, mismatch)
         assert "count=4" in mismatch["message"] and "count=8" in mismatch["message"], (rank, mismatch)
         assert refused["type"] == "ShmemValueError", (rank, refused)
-        assert "refused by rank 0" in refused["message"], (rank, refused)
+        # Node 0's team of the group refused it, and names the whole group first; node 1 heard it from its lane.
+        assert refused["message"].endswith(
+            f" (refused by rank 0: op=reduce_scatter team_ranks=[{','.join(map(str, range(WORLD)))}] "
+            f"node_team_ranks=[{','.join(map(str, range(PER_NODE)))}]; every member fails this call)"), (rank, refused)
 
 
 def test_an_allocation_or_a_free_that_differs_across_nodes_is_refused_on_every_rank(records: dict) -> None:
@@ -218,6 +221,18 @@ def test_barrier_over_a_group_that_spans_nodes_waits_for_the_late_rank(records: 
             assert seen["waited_pair_s"] > 0.25 and seen["seen_pair"] == 100, seen
 
 
+def test_a_barrier_as_a_groups_first_call_across_nodes_makes_its_team(records: dict) -> None:
+    """The case checked the put before the barrier on every rank; here: the group had no team before its barrier and
+    one that runs phases on both nodes after it, one more runtime team (the node team) on every rank."""
+    case = "case_barrier_first_on_a_group_that_spans_nodes_runs_through_its_team"
+    for rank, seen in enumerate(results(records, case)):
+        assert seen["seen"] == (rank + PER_NODE) % WORLD, (rank, seen)
+        assert (seen["before"]["team"], seen["after"]["team"], seen["after"]["nodes"]) == (False, True, NODES), seen
+        assert seen["after"]["live_teams"] == seen["before"]["live_teams"] + 1, (rank, seen)
+        if rank != WORLD - 1:
+            assert seen["waited_s"] > 0.25, (rank, seen)   # the last rank came 0.5 s late
+
+
 def test_the_seed_example_script_runs_with_producer_and_consumer_on_two_nodes(tmp_path) -> None:
     """examples/mindspore_producer_consumer.py, unchanged, on 2 nodes x 1 rank: rank 0 produces on node0, rank 1
     consumes on node1, through UCX."""
@@ -229,7 +244,8 @@ def test_the_seed_example_script_runs_with_producer_and_consumer_on_two_nodes(tm
 
 def test_collectives_across_nodes_without_a_transport_are_refused_naming_the_remedy(tmp_path) -> None:
     """UCX unable to serve (UCX_TLS=no_such_transport): MindSpore's collectives cross nodes over the runtime's transport
-    only, so one over the world is refused on every rank, naming the group's nodes and the remedy."""
+    only, so one over the world is refused on every rank, naming the group's nodes and the remedy; a barrier over a
+    sub-group that spans the nodes is MindSpore's own there, and makes no team."""
     env = dict(_env(str(tmp_path), PER_NODE), UCX_TLS="no_such_transport")
     with SimulatedJob(NODES, PER_NODE, [WORKER, "without_a_transport", str(tmp_path)], env=env,
                       launcher="msrun") as job:
@@ -239,6 +255,8 @@ def test_collectives_across_nodes_without_a_transport_are_refused_naming_the_rem
     for rank in range(WORLD):
         record = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert "none" in record["transports"], record
+        # A sub-group that spans the nodes: MindSpore's own barrier, and no team made for it.
+        assert record["sub_group_barrier"] == {"live_teams_added": 0, "team": False, "nodes": None}, record
         error = record["error"]
         assert error["type"] == "ShmemValueError", error
         assert error["message"] == (

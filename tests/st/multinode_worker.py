@@ -746,6 +746,14 @@ def case_allocation_mismatch_across_nodes_changes_nothing():
 def case_bad_inputs_on_a_spanning_team_raise_and_move_nothing():
     team = shmem.root_team()
     seen = []
+    # Every rank passes the same bad input: each node's lowest rank is the one its node team names, and the message
+    # names the whole team (every rank of the job), then this node's members.
+    node = [r for r in range(WORLD) if NODE_OF[r] == NODE_OF[RANK]]
+    whole = (f"team_ranks=[{','.join(map(str, range(WORLD)))}] "
+             f"node_team_ranks=[{','.join(map(str, node))}]")
+
+    def by_the_team(op):
+        return f" (refused by rank {node[0]}: op={op} {whole}; every member fails this call)"
 
     def refused(exc, call, *fragments):
         try:
@@ -758,19 +766,25 @@ def case_bad_inputs_on_a_spanning_team_raise_and_move_nothing():
             raise AssertionError(f"accepted: {fragments}")
 
     refused(ValueError, lambda: team.all_reduce(torch.ones(4), input=torch.ones(5)),
-            "`input` must have the dtype and size of `tensor` (float32, 4), but got float32, 5")
+            "`input` must have the dtype and size of `tensor` (float32, 4), but got float32, 5",
+            by_the_team("all_reduce"))
     refused(ValueError, lambda: team.all_reduce(torch.ones(4, dtype=torch.int32), "avg"),
-            "`op` must be sum, max or min for int32, but got avg")
+            "`op` must be sum, max or min for int32, but got avg" + by_the_team("all_reduce"))
     refused(ValueError, lambda: team.reduce_scatter(torch.empty(2), torch.ones(7)),
-            f"`input` must hold {WORLD} x output's 2 elements of float32, but got 7 of float32")
+            f"`input` must hold {WORLD} x output's 2 elements of float32, but got 7 of float32"
+            + by_the_team("reduce_scatter"))
     refused(ValueError, lambda: team.all_gather(torch.empty(3), torch.ones(1)),
-            f"`output` must hold {WORLD} x input's 4 bytes, but got 12 bytes")
+            f"`output` must hold {WORLD} x input's 4 bytes, but got 12 bytes" + by_the_team("all_gather"))
     refused(ValueError, lambda: team.all_to_all([torch.ones(1)] * (WORLD - 1), torch.empty(WORLD), [1] * WORLD),
-            f"`sends` and `receive_counts` must have one entry per member ({WORLD}), but got {WORLD - 1} and {WORLD}")
+            f"`sends` and `receive_counts` must have one entry per member ({WORLD}), but got {WORLD - 1} and {WORLD}"
+            + by_the_team("all_to_all"))
     refused(ValueError, lambda: team.all_to_all([torch.ones(1)] * WORLD, torch.empty(WORLD), [2] * WORLD),
-            f"`receive_counts` must be non-negative and sum to receive's {WORLD} elements, but got")
-    refused(ValueError, lambda: team.all_reduce(torch.ones(4, 2).t()), "`tensor` must be a contiguous CPU tensor")
-    refused(TypeError, lambda: team.all_gather([1.0], torch.ones(1)), "`output` must be a torch.Tensor, but got list")
+            f"`receive_counts` must be non-negative and sum to receive's {WORLD} elements, but got",
+            by_the_team("all_to_all"))
+    refused(ValueError, lambda: team.all_reduce(torch.ones(4, 2).t()), "`tensor` must be a contiguous CPU tensor",
+            by_the_team("all_reduce"))
+    refused(TypeError, lambda: team.all_gather([1.0], torch.ones(1)),
+            "`output` must be a torch.Tensor, but got list" + by_the_team("all_gather"))
     refused(ValueError, lambda: team.send(torch.ones(1), RANK), "`peer` must be another group rank in [0, 4)")
     # MoE's exchange on the spanning team checks its own arguments in the phases across nodes (the user API checks
     # them before; the runtime face's Team does not).
@@ -779,10 +793,11 @@ def case_bad_inputs_on_a_spanning_team_raise_and_move_nothing():
     refused(ValueError, lambda: team.moe_exchange("dispatch", torch.ones(4, 2), torch.ones(4, 3), splits, None, table,
                                                   1),
             "`output` must have the dtype and row size of `input` (rows along dim 0), but got input float32 (4 rows "
-            "of 8 bytes) and output float32 (4 rows of 12 bytes)")
+            "of 8 bytes) and output float32 (4 rows of 12 bytes)" + by_the_team("moe_dispatch"))
     refused(ValueError, lambda: team.moe_exchange("dispatch", torch.ones(4, 2), torch.ones(4, 2), splits[:3], None,
                                                   table, 1),
-            f"`in_splits` must be {WORLD} int64 values (group size x experts), but got 3 int64 values")
+            f"`in_splits` must be {WORLD} int64 values (group size x experts), but got 3 int64 values"
+            + by_the_team("moe_dispatch"))
     # The runtime's own teams are node-local: a direct call with a rank of the other node is refused before any
     # exchange (the library's teams never ask it).
     other = (RANK + 2) % WORLD

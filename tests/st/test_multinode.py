@@ -93,7 +93,9 @@ def test_a_mismatch_inside_one_node_reaches_the_other_node(case_results: dict) -
     messages = [case_results[rank]["case_mismatch_within_a_node_reaches_the_other_node"]["value"]
                 for rank in range(WORLD)]
     for rank in range(PER_NODE):   # each names both calls, its own first
-        assert "ranks disagree on a collective (collective): team_ranks=[0,1] " in messages[rank], messages[rank]
+        # Named after the whole team (every rank of the job), then node 0's members, whose node team found it.
+        assert ("ranks disagree on a collective (collective): team_ranks=[0,1,2,3] node_team_ranks=[0,1] rank "
+                in messages[rank]), messages[rank]
         assert "rank 1 calls collective=all_gather" in messages[rank], messages[rank]
         assert "rank 0 calls collective=all_reduce" in messages[rank], messages[rank]
     for rank in range(PER_NODE, WORLD):

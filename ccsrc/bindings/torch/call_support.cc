@@ -29,9 +29,10 @@ DataType ReduceDtypeArg(const at::Tensor& dst, const at::Tensor& src) {
                               DtypeName(src.scalar_type())));
 }
 
-std::vector<int> PesArg(py::handle value) {
+std::vector<int> PesArg(py::handle value, const char* name) {
   if (!PyList_Check(value.ptr()) && !PyTuple_Check(value.ptr())) {
-    throw StatusError(TypeError("`pes` must be a list or tuple of ints, but got " + PyTypeName(value)));
+    throw StatusError(TypeError(std::string("`") + name + "` must be a list or tuple of ints, but got " +
+                                PyTypeName(value)));
   }
   const Py_ssize_t size = PySequence_Fast_GET_SIZE(value.ptr());
   PyObject** items = PySequence_Fast_ITEMS(value.ptr());
@@ -45,8 +46,8 @@ std::vector<int> PesArg(py::handle value) {
       pes[static_cast<std::size_t>(i)] = static_cast<int>(pe);
       continue;
     }
-    const std::string name = "pes[" + std::to_string(i) + "]";
-    pes[static_cast<std::size_t>(i)] = static_cast<int>(IntArg(items[i], name.c_str(), std::numeric_limits<int>::min(),
+    const std::string item = std::string(name) + "[" + std::to_string(i) + "]";
+    pes[static_cast<std::size_t>(i)] = static_cast<int>(IntArg(items[i], item.c_str(), std::numeric_limits<int>::min(),
                                                                std::numeric_limits<int>::max(), "a C int"));
   }
   return pes;

@@ -58,6 +58,6 @@ StreamHandle OnStream(StreamHandle stream);
 DataType ReduceDtypeArg(const at::Tensor& dst, const at::Tensor& src);
 
 // A list or tuple of ints; their range is the runtime's check.
-std::vector<int> PesArg(pybind11::handle value);
+std::vector<int> PesArg(pybind11::handle value, const char* name = "pes");
 
 }  // namespace hp::shmem::torch_binding

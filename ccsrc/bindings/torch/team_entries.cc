@@ -70,13 +70,16 @@ ElementType ElementTypeOf(const at::Tensor& tensor) {
   return type;
 }
 
-std::uint64_t TeamCreate(py::handle pes_arg, int group_rank, py::object all_gather, py::object barrier) {
+// `serves` (a node team's whole team, Runtime::CreateTeam): None or empty for any other team.
+std::uint64_t TeamCreate(py::handle pes_arg, int group_rank, py::object all_gather, py::object barrier,
+                         py::handle serves_arg) {
   const std::vector<int> pes = PesArg(pes_arg);
+  const std::vector<int> serves = serves_arg.is_none() ? std::vector<int>{} : PesArg(serves_arg, "serves");
   PyBootstrap bootstrap(group_rank, static_cast<int>(pes.size()), std::move(all_gather), std::move(barrier));
   Result<std::uint64_t> team = StateError("team was not created");
   {
     py::gil_scoped_release nogil;   // the bootstrap takes the GIL back for each exchange
-    team = R().CreateTeam(pes, bootstrap);
+    team = R().CreateTeam(pes, bootstrap, serves);
   }
   return ValueOrThrow(std::move(team));
 }
@@ -423,7 +426,8 @@ constexpr const char* kReduceScatterArgs[] = {"team", "output", "input", "op", "
 void RegisterTeams(py::module_& m) {
   AddFastFunction(m, "plain_eager", &PlainEagerEntry,
                   "plain_eager(*tensors): whether a call on them may skip torch's dispatcher");
-  m.def("team_create", &TeamCreate, py::arg("pes"), py::arg("group_rank"), py::arg("all_gather"), py::arg("barrier"));
+  m.def("team_create", &TeamCreate, py::arg("pes"), py::arg("group_rank"), py::arg("all_gather"), py::arg("barrier"),
+        py::arg("serves") = py::none());
   m.def("team_release", [](std::uint64_t team) { ThrowIfError(R().ReleaseTeam(team)); }, py::arg("team"));
   m.def("team_describe", &TeamDescribe, py::arg("team"));
   m.def("team_barrier", &TeamBarrier, py::arg("team"), py::arg("stream"), py::arg("role") = 0);

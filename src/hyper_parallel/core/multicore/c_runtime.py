@@ -22,7 +22,7 @@ from typing import Optional
 from hyper_parallel.core.multicore import errors, runtime_logs, ucx_libraries
 
 LIBRARY_NAME = "libhp_shmem_c.so"
-ABI_VERSION = 8   # HP_SHMEM_ABI_VERSION of the header this module was written against
+ABI_VERSION = 9   # HP_SHMEM_ABI_VERSION of the header this module was written against
 
 
 class _Bootstrap(ctypes.Structure):
@@ -98,6 +98,8 @@ _SIGNATURES = {
     "hp_shmem_exchange_messages": [ctypes.c_uint64, ctypes.POINTER(_MessageExchange), ctypes.c_size_t],
     "hp_shmem_team_create": [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.POINTER(_Bootstrap),
                              ctypes.POINTER(ctypes.c_uint64)],
+    "hp_shmem_node_team_create": [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.POINTER(ctypes.c_int),
+                                  ctypes.c_int, ctypes.POINTER(_Bootstrap), ctypes.POINTER(ctypes.c_uint64)],
     "hp_shmem_team_release": [ctypes.c_uint64],
     "hp_shmem_team_barrier": [ctypes.c_uint64, ctypes.c_int],
     "hp_shmem_all_gather": [ctypes.c_uint64, _P, ctypes.c_size_t, _P, ctypes.c_size_t, ctypes.POINTER(_ElementType),
@@ -409,6 +411,33 @@ def team_create(pes: Sequence[int], bootstrap: Bootstrap) -> int:
     array = (ctypes.c_int * len(pes))(*pes)
     out = ctypes.c_uint64()
     _call("team_create", "hp_shmem_team_create", array, len(pes), ctypes.byref(bootstrap.struct), ctypes.byref(out))
+    return out.value
+
+
+def node_team_create(pes: Sequence[int], serves: Sequence[int], bootstrap: Bootstrap) -> int:
+    """The node team of a team that spans nodes: this node's members ``pes`` (in group-rank order), serving the whole
+    team ``serves`` (every member's PE, in its group-rank order), whose ranks the node team's messages then name
+    ("team_ranks=[0,1,2,3] node_team_ranks=[0,1]"). Collective over ``bootstrap``'s group (the node's members).
+
+    Args:
+        pes: the PEs of this node's members, in the team's group-rank order.
+        serves: the PEs of every member of the whole team, in its group-rank order; holds every PE of ``pes``, the
+            same on every member.
+        bootstrap: the exchange of this node's members (rank = index in ``pes``).
+
+    Returns:
+        The node team's id.
+
+    Raises:
+        ShmemValueError: ``pes`` not all on this node, ``serves`` missing one of them, a PE out of range or repeated.
+        ShmemMismatchError: the members passed different lists.
+        ShmemTimeoutError: a member did not arrive in time.
+    """
+    members = (ctypes.c_int * len(pes))(*pes)
+    whole = (ctypes.c_int * len(serves))(*serves)
+    out = ctypes.c_uint64()
+    _call("team_create", "hp_shmem_node_team_create", members, len(pes), whole, len(serves),
+          ctypes.byref(bootstrap.struct), ctypes.byref(out))
     return out.value
 
 

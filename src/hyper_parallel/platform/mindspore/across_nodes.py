@@ -135,8 +135,38 @@ def _node_bootstrap(group: str, members: Sequence[int], local: int) -> c_runtime
     return c_runtime.Bootstrap(local, len(members), all_gather, exchange.barrier)
 
 
-def make_hierarchy(group: str, pes: Sequence[int], me: int, transport: Optional[str], op: str) -> Hierarchy:
-    """The phases of group ``group``, which spans nodes: its node team (made here) and the runtime's link.
+def make_node_team(group: str, pes: Sequence[int], me: int, op: str) -> int:
+    """This node's team of group ``group``, which spans nodes: a runtime team of the group's ranks on this node, made
+    knowing every rank of the group, whose ranks its messages then name.
+
+    Collective over the group's ranks (every node makes its own at the same time).
+
+    Args:
+        group: the group's name.
+        pes: the world rank (PE) of every group rank.
+        me: this rank's group rank.
+        op: the public call that makes the team, for messages.
+
+    Returns:
+        The node team's id.
+
+    Raises:
+        ShmemValueError: the nodes hold different numbers of the group's ranks.
+        ShmemTimeoutError: a rank did not arrive in time.
+    """
+    try:
+        layout = NodeLayout(pes, me, c_runtime.debug_state()["nodes"])
+    except ValueError as error:
+        raise ShmemValueError(f"{error}: op={op} group={group}") from None
+    members = layout.members[layout.node]
+    return c_runtime.node_team_create([pes[g] for g in members], list(pes),
+                                      _node_bootstrap(group, members, layout.local))
+
+
+def make_hierarchy(group: str, pes: Sequence[int], me: int, transport: Optional[str], op: str,
+                   node_team: Optional[int] = None) -> Hierarchy:
+    """The phases of group ``group``, which spans nodes: its node team (made here unless given) and the runtime's
+    link.
 
     Collective over the group's ranks (they call it in the same order).
 
@@ -147,6 +177,11 @@ def make_hierarchy(group: str, pes: Sequence[int], me: int, transport: Optional[
         transport: the runtime's transport to every rank of the other nodes ("ucx"), or None where it does not reach
             every one.
         op: the public call that makes the team, for messages.
+        node_team: this node's team of the group, made already (:func:`make_node_team`), or None: made here. The
+            hierarchy owns it from then on.
+
+    Returns:
+        The group's phases; its ``engine.node_team`` is the node team's id.
 
     Raises:
         ShmemValueError: the runtime does not reach every rank of the other nodes (a package without UCX), or the
@@ -165,8 +200,8 @@ def make_hierarchy(group: str, pes: Sequence[int], me: int, transport: Optional[
     except ValueError as error:
         raise ShmemValueError(f"{error}: op={op} group={group}") from None
     word = int.from_bytes(groups.bootstrap(group).all_gather(os.urandom(4))[:4], "little")
-    members = layout.members[layout.node]
-    node_team = c_runtime.team_create([pes[g] for g in members], _node_bootstrap(group, members, layout.local))
-    engine = CAbiNodeEngine(node_team, len(members))
+    if node_team is None:
+        node_team = make_node_team(group, pes, me, op)
+    engine = CAbiNodeEngine(node_team, layout.per_node)
     link = RuntimeLink(transport, tuple(pes), engine.exchange_messages)
     return Hierarchy(engine, link, layout, tuple(pes), word, c_runtime.read_config()["timeout_sec"])

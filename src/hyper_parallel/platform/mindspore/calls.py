@@ -111,6 +111,9 @@ class CAbiCalls:
         self._teams: dict = {}         # group name -> _Team
         self._spanning: dict = {}      # group name -> whether its ranks lie on more than one node (per lifecycle)
         self._across: Optional[tuple] = None   # the other nodes' PEs and the transport to them (per lifecycle)
+        # Where the world spans nodes: this node's team of the world, made when the runtime starts, until the world's
+        # team takes it (per lifecycle).
+        self._world_node_team: Optional[int] = None
 
     # ------------------------------------------------------------------ groups and lifecycle
     def group_key(self, group: Optional[object]) -> str:
@@ -165,7 +168,21 @@ class CAbiCalls:
         groups.require_initialized(op)
         if c_runtime.state() == "initialized":
             return
-        c_runtime.init(self._bootstrap(groups.WORLD), heap_size_bytes)
+        with self._lock:
+            if c_runtime.state() == "initialized":   # another thread started it meanwhile
+                return
+            c_runtime.init(self._bootstrap(groups.WORLD), heap_size_bytes)
+            if self._spans_nodes(groups.WORLD, op):
+                # The runtime makes a team of some of a node's ranks only once the team of all of them holds the team
+                # pool (collective over the node). A group that spans nodes gathers only its own ranks when its first
+                # call makes its team, so this node's team of the world is made now, with the runtime (collective
+                # over the world), before any other; the world's team takes it as its node team.
+                pes = groups.ranks(groups.WORLD)
+                try:
+                    self._world_node_team = across_nodes.make_node_team(groups.WORLD, pes,
+                                                                        pes.index(groups.world_rank()), op)
+                except ShmemValueError:
+                    pass   # nodes of different sizes: no team spans them (every rank sees it alike, before exchanging)
 
     def _bootstrap(self, group: str) -> c_runtime.Bootstrap:
         """The runtime's bootstrap over the handler's exchange of ``group``."""
@@ -242,7 +259,10 @@ class CAbiCalls:
                 pes = groups.ranks(name)
                 me = pes.index(groups.world_rank())
                 if spans:
-                    hierarchy = across_nodes.make_hierarchy(name, pes, me, self._other_nodes()[1], op)
+                    made = self._world_node_team if name == groups.WORLD else None
+                    hierarchy = across_nodes.make_hierarchy(name, pes, me, self._other_nodes()[1], op, made)
+                    if made is not None:
+                        self._world_node_team = None   # the world's hierarchy owns it now
                     team = _Team(hierarchy.engine.node_team, pes, me, hierarchy)
                 else:
                     team = _Team(c_runtime.team_create(pes, self._bootstrap(name)), pes, me)
@@ -345,6 +365,7 @@ class CAbiCalls:
             self._teams.clear()
             self._spanning.clear()
             self._across = None
+            self._world_node_team = None   # released with the lifecycle
 
     def rendezvous(self, t: Any, name: str) -> tuple:
         """Every group rank's copy of one symmetric tensor, checked to be the same range on every rank (collective
@@ -457,33 +478,46 @@ class CAbiCalls:
                                   self._address(signal, offset), int(signal.itemsize), value, op, pe)
 
     def barrier(self, name: str) -> None:
-        """A barrier of group ``name`` (creating its team on its first collective). Over the world when it spans
-        nodes: this node's barrier, one message each way with every rank of the other nodes over the runtime's
-        transport, this node's barrier again (:meth:`_meet_other_nodes`). Over another group that spans nodes, or
-        where the runtime reaches no other node: MindSpore's own barrier of the group, bounded by the runtime's
-        timeout.
+        """A barrier of group ``name``.
+
+        Over a group that spans nodes, where the runtime reaches every rank of the other nodes: its team's barrier
+        across nodes (the node team's barrier, one message each way with the lane, the node team's barrier again),
+        the team made first where the group has none yet, as its first collective would make it (collective over the
+        group: every member calls barrier). The world without a team yet meets the other nodes without making one:
+        this node's barrier, one message each way with every rank of the other nodes over the runtime's transport,
+        this node's barrier again (:meth:`_meet_other_nodes`). Where the runtime reaches no other node, a group that
+        spans nodes has no team (the handler refuses one): MindSpore's own barrier of the group, bounded by the
+        runtime's timeout. Over a group within one node: its team's barrier (made on the first call).
+
+        Every one-sided call, across nodes too, completes before it returns, so a barrier that orders the ranks makes
+        the writes before it visible after it.
+
+        Args:
+            name: the group's name.
 
         Raises:
             ShmemTimeoutError: a rank did not arrive in time, or the runtime found its node gone (named).
+            ShmemValueError: a group that spans nodes with different numbers of its ranks on them (its team cannot be
+                made; every member raises it).
         """
         team = self._teams.get(name)
-        if team is not None and team.hierarchy is not None:
-            team.hierarchy.barrier("forward")
-            return
         if team is None and self._spans_nodes(name, "barrier"):
-            # The runtime's teams are node-local. Every one-sided call, across nodes too, completed before it
-            # returned, so a barrier that only orders the ranks makes their writes visible after it.
-            tensors.synchronize()
-            others, transport = self._other_nodes() if name == groups.WORLD else ([], None)
-            if transport is not None:
+            others, transport = self._other_nodes()
+            if transport is None:
+                tensors.synchronize()
+                groups.bootstrap(name).barrier()
+                return
+            if name == groups.WORLD:
+                tensors.synchronize()
                 c_runtime.barrier()
                 self._meet_other_nodes(others, transport)
                 c_runtime.barrier()
-            else:
-                groups.bootstrap(name).barrier()
-            return
+                return
         team = team or self._team(name, "barrier")
         tensors.synchronize()
+        if team.hierarchy is not None:
+            team.hierarchy.barrier("forward")
+            return
         c_runtime.team_barrier(team.id)
 
     # ------------------------------------------------------------------ collectives

@@ -199,7 +199,9 @@ def make_hierarchy(group: dist.ProcessGroup, pes: Sequence[int], me: int, root: 
     layout = NodeLayout(pes, me, root.nodes)
     node_members = layout.members[layout.node]
     all_gather, barrier = _bootstrap(group, "team_create", members=node_members)
-    engine = _TorchNodeEngine(C.team_create([pes[g] for g in node_members], layout.local, all_gather, barrier))
+    # The node team knows the whole team, so that every message of its phases names the team's ranks.
+    engine = _TorchNodeEngine(C.team_create([pes[g] for g in node_members], layout.local, all_gather, barrier,
+                                            serves=list(pes)))
     global_ranks = tuple(root.ranks[pe] for pe in pes)
     transport = root.remote_transport(pes)
     link = (_GroupLink(group, global_ranks) if transport is None else

@@ -358,7 +358,9 @@ class Team:
         Raises:
             The class of ``error``'s status on every member (ShmemValueError, ShmemTypeError, ShmemStateError),
             with ``error``'s message and the refusing rank: "... (refused by rank R: op=... team_ranks=[...]; every
-            member fails this call)". ``error`` itself when the team runs no call any more (nobody waits for it).
+            member fails this call)"; on a team that spans nodes, its node team's words, naming the whole team and
+            then the refusing node's members ("team_ranks=[0,1,2,3] node_team_ranks=[0,1]"). ``error`` itself when
+            the team runs no call any more (nobody waits for it).
         """
         if self._hierarchy is not None:
             return self._spanning(collective, self._hierarchy.refuse, _collective(collective), error, _role(role))
